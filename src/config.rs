@@ -1,0 +1,308 @@
+//! Validated settings shared by the parts of an instance.
+//!
+//! Validation happens once, when a builder builds; every check names the
+//! setting and the range that would work. The service-wide settings among
+//! them are also recorded in `{N}:meta` (see [`crate::meta`]) so that
+//! instances of one service cannot silently disagree.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::error::{Error, Result};
+
+/// Default round interval `I`.
+pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(1);
+/// Default tolerated clock skew `S`.
+pub const DEFAULT_SKEW: Duration = Duration::from_millis(50);
+/// Default lease margin (about the round latency on a LAN, DESIGN.md §4 rule 6).
+pub const DEFAULT_LEASE_MARGIN: Duration = Duration::from_millis(20);
+/// Smallest interval accepted: below it a round's latency, the timer
+/// granularity and the skew allowance leave no room for the protocol.
+pub const MIN_INTERVAL: Duration = Duration::from_millis(100);
+/// Largest interval accepted: beyond it membership changes take hours to show.
+pub const MAX_INTERVAL: Duration = Duration::from_secs(3600);
+/// Longest service name accepted.
+pub const MAX_NAME_LEN: usize = 100;
+
+/// The name of a service: all instances with one name split one queue.
+///
+/// It becomes part of every key (`{name}:…`), so it may not contain the
+/// characters of the key layout (`{`, `}`, `:`, `/`), whitespace or control
+/// characters, and it is 1 to [`MAX_NAME_LEN`] characters long.
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct ServiceName(Arc<str>);
+
+impl ServiceName {
+    /// Validates `name`.
+    ///
+    /// ```
+    /// use peerq::config::ServiceName;
+    /// assert!(ServiceName::new("mail-sender").is_ok());
+    /// assert!(ServiceName::new("mail:sender").is_err());
+    /// ```
+    pub fn new(name: &str) -> Result<Self> {
+        const RULE: &str = "a name is 1 to 100 characters, without `{`, `}`, `:`, `/`, whitespace \
+                            or control characters (it becomes part of every Redis key)";
+        if name.is_empty() {
+            return Err(Error::invalid("name", format!("the name is empty; {RULE}")));
+        }
+        if name.chars().count() > MAX_NAME_LEN {
+            return Err(Error::invalid(
+                "name",
+                format!("the name has {} characters; {RULE}", name.chars().count()),
+            ));
+        }
+        if let Some(c) = name
+            .chars()
+            .find(|c| matches!(c, '{' | '}' | ':' | '/') || c.is_whitespace() || c.is_control())
+        {
+            return Err(Error::invalid(
+                "name",
+                format!("{name:?} contains {c:?}; {RULE}"),
+            ));
+        }
+        Ok(ServiceName(name.into()))
+    }
+
+    /// The name as a string.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for ServiceName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl fmt::Debug for ServiceName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&*self.0, f)
+    }
+}
+
+/// How the peer indexer derives an instance's index (DESIGN.md §2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Indexing {
+    /// The seed's algorithm: `INCR` of the round's counter; the index is the
+    /// order in which the writes reached Redis. Instances whose offsets lie
+    /// closer together than the network jitter can swap indices between
+    /// epochs, which moves partitions for nothing.
+    Incr,
+    /// `ZADD` of the instance's offset into the round's sorted set; the index
+    /// is the rank of the offset, read in the next round. Stable while the
+    /// membership is.
+    #[default]
+    Ranked,
+}
+
+impl Indexing {
+    /// The mode's name as stored in `{N}:meta`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Indexing::Incr => "incr",
+            Indexing::Ranked => "ranked",
+        }
+    }
+}
+
+impl fmt::Display for Indexing {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The indexer's service-wide settings, validated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct IndexerSettings {
+    pub(crate) interval: Duration,
+    pub(crate) skew: Duration,
+    pub(crate) lease_margin: Duration,
+    pub(crate) indexing: Indexing,
+}
+
+impl Default for IndexerSettings {
+    fn default() -> Self {
+        IndexerSettings {
+            interval: DEFAULT_INTERVAL,
+            skew: DEFAULT_SKEW,
+            lease_margin: DEFAULT_LEASE_MARGIN,
+            indexing: Indexing::default(),
+        }
+    }
+}
+
+impl IndexerSettings {
+    /// Checks the ranges of DESIGN.md §2 and §4.
+    pub(crate) fn validate(&self) -> Result<()> {
+        let i = self.interval;
+        if !(MIN_INTERVAL..=MAX_INTERVAL).contains(&i) {
+            return Err(Error::invalid(
+                "interval",
+                format!(
+                    "{} is out of range; the interval must be between {} and {}",
+                    fmt_duration(i),
+                    fmt_duration(MIN_INTERVAL),
+                    fmt_duration(MAX_INTERVAL)
+                ),
+            ));
+        }
+        if self.lease_margin >= i / 4 {
+            return Err(Error::invalid(
+                "lease_margin",
+                format!(
+                    "{} is too large for an interval of {}; it must be below interval/4 = {} \
+                     (about the round latency, 20ms on a LAN)",
+                    fmt_duration(self.lease_margin),
+                    fmt_duration(i),
+                    fmt_duration(i / 4)
+                ),
+            ));
+        }
+        // Beyond I/4 - margin the counts of one interval can be read before
+        // all its writes landed, and two instances own one partition.
+        let max_skew = i / 4 - self.lease_margin;
+        if self.skew >= max_skew {
+            return Err(Error::invalid(
+                "skew",
+                format!(
+                    "{} is too large: the tolerated clock skew must be below interval/4 - \
+                     lease_margin = {} (interval {}, lease_margin {}); raise the interval or \
+                     synchronise the clocks better",
+                    fmt_duration(self.skew),
+                    fmt_duration(max_skew),
+                    fmt_duration(i),
+                    fmt_duration(self.lease_margin)
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The `{N}:meta` fields these settings are recorded as.
+    pub(crate) fn meta_fields(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("interval", fmt_duration(self.interval)),
+            ("skew", fmt_duration(self.skew)),
+            ("lease_margin", fmt_duration(self.lease_margin)),
+            ("indexing", self.indexing.as_str().to_owned()),
+        ]
+    }
+}
+
+/// Formats a duration exactly and readably: `1s`, `250ms`, `1500us`.
+///
+/// Used for `{N}:meta` values, so two equal durations always format alike.
+pub(crate) fn fmt_duration(d: Duration) -> String {
+    let us = d.as_micros();
+    if us.is_multiple_of(1_000_000) {
+        format!("{}s", us / 1_000_000)
+    } else if us.is_multiple_of(1000) {
+        format!("{}ms", us / 1000)
+    } else {
+        format!("{us}us")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn settings(interval_ms: u64, skew_ms: u64, margin_ms: u64) -> IndexerSettings {
+        IndexerSettings {
+            interval: Duration::from_millis(interval_ms),
+            skew: Duration::from_millis(skew_ms),
+            lease_margin: Duration::from_millis(margin_ms),
+            indexing: Indexing::Ranked,
+        }
+    }
+
+    fn setting_of(r: Result<()>) -> &'static str {
+        match r {
+            Err(Error::InvalidSetting { setting, .. }) => setting,
+            other => panic!("expected an invalid setting, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn defaults_are_valid() {
+        IndexerSettings::default().validate().unwrap();
+    }
+
+    #[test]
+    fn names_with_key_syntax_are_rejected() {
+        for bad in [
+            "",
+            "a{b",
+            "a}b",
+            "a:b",
+            "a/b",
+            "a b",
+            "a\nb",
+            &"x".repeat(101),
+        ] {
+            let err = ServiceName::new(bad).unwrap_err().to_string();
+            assert!(err.contains("`name`"), "{err}");
+            assert!(err.contains("1 to 100 characters"), "{err}");
+        }
+        for good in ["mail-sender", "a", "Mail_Sender.v2", &"x".repeat(100)] {
+            ServiceName::new(good).unwrap();
+        }
+    }
+
+    #[test]
+    fn interval_zero_or_absurd_is_rejected_with_the_range() {
+        for ms in [0, 1, 99, 3_600_001] {
+            let r = settings(ms, 0, 0).validate();
+            let msg = r.as_ref().unwrap_err().to_string();
+            assert!(msg.contains("between 100ms and 3600s"), "{msg}");
+            assert_eq!(setting_of(r), "interval");
+        }
+        settings(100, 0, 0).validate().unwrap();
+    }
+
+    #[test]
+    fn skew_of_a_quarter_interval_minus_margin_is_rejected() {
+        // I = 1s, margin 20ms: S must stay below 230ms.
+        assert_eq!(setting_of(settings(1000, 230, 20).validate()), "skew");
+        assert_eq!(setting_of(settings(1000, 250, 0).validate()), "skew");
+        settings(1000, 229, 20).validate().unwrap();
+        let msg = settings(1000, 300, 20).validate().unwrap_err().to_string();
+        assert!(
+            msg.contains("below interval/4 - lease_margin = 230ms"),
+            "{msg}"
+        );
+    }
+
+    #[test]
+    fn lease_margin_of_a_quarter_interval_is_rejected() {
+        assert_eq!(
+            setting_of(settings(1000, 0, 250).validate()),
+            "lease_margin"
+        );
+    }
+
+    #[test]
+    fn durations_format_exactly() {
+        assert_eq!(fmt_duration(Duration::from_secs(2)), "2s");
+        assert_eq!(fmt_duration(Duration::from_millis(1500)), "1500ms");
+        assert_eq!(fmt_duration(Duration::from_micros(1500)), "1500us");
+        assert_eq!(fmt_duration(Duration::ZERO), "0s");
+    }
+
+    proptest! {
+        /// Whatever validates keeps the skew below I/4 - margin, so the writes
+        /// of one interval land before its counts are read (DESIGN.md §2).
+        #[test]
+        fn valid_settings_keep_the_skew_bound(i in 0u64..5000, s in 0u64..2000, m in 0u64..2000) {
+            let st = settings(i, s, m);
+            if st.validate().is_ok() {
+                prop_assert!(st.skew + st.lease_margin < st.interval / 4);
+                prop_assert!(st.interval >= MIN_INTERVAL);
+            }
+        }
+    }
+}

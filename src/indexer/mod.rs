@@ -1,0 +1,389 @@
+//! The peer indexer (DESIGN.md §2): each instance learns its
+//! `(index, replicas)` once per interval from an atomic write to a
+//! per-interval Redis key, with no coordinator.
+//!
+//! Round `n` runs at local time `I * n + offset` and writes key
+//! `{N}:<n + 1>`. In the next round the instance reads what the service wrote
+//! in that key and learns its assignment for epoch `n + 2`:
+//!
+//! - [`Indexing::Ranked`] (default): `ZADD` of the instance's offset; index =
+//!   rank of the offset + 1, replicas = the set's size.
+//! - [`Indexing::Incr`] (the seed): `INCR`; index = the value it returned,
+//!   replicas = the counter's final value.
+//!
+//! The indexer owns the rounds and the instance's standing; it does not know
+//! about partitions or handovers. Its output is a [`watch`] channel of
+//! [`Standing`]: consumers always want the newest standing, and one that
+//! falls behind sees an epoch gap and fences itself, which is the safe side.
+
+mod round;
+mod schedule;
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use deadpool_redis::{Pool, Runtime};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::assignment::Assignment;
+use crate::clock::{Clock, SystemClock};
+use crate::config::{IndexerSettings, Indexing, ServiceName};
+use crate::error::{Error, Result};
+use crate::instance::InstanceId;
+use crate::meta;
+
+use self::round::RoundLoop;
+use self::schedule::Schedule;
+
+/// Where an instance stands after a round.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Standing {
+    /// Started, not assigned yet: the first assignment comes one to two
+    /// intervals after start.
+    Joining,
+    /// Assigned for an epoch: the instance may process the partitions its
+    /// assignment owns, until the lease of the epoch ends.
+    Assigned(Assignment),
+    /// No assignment for `epoch`: the instance must not process.
+    Fenced {
+        /// The epoch the instance holds no assignment for.
+        epoch: u64,
+        /// Why.
+        reason: FenceReason,
+    },
+    /// A graceful leave finished: the instance was not counted in the round
+    /// before `epoch`, so the others have taken its place. The indexer has
+    /// stopped.
+    Left {
+        /// The first epoch without this instance.
+        epoch: u64,
+    },
+}
+
+impl Standing {
+    /// The assignment, if the instance holds one.
+    pub fn assignment(&self) -> Option<Assignment> {
+        match self {
+            Standing::Assigned(a) => Some(*a),
+            _ => None,
+        }
+    }
+}
+
+/// Why an instance holds no assignment for an epoch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum FenceReason {
+    /// The round woke too far into its interval (the process was paused or
+    /// starved) and skipped its write, so it counts as missed.
+    LateRound {
+        /// How far into the interval it woke.
+        into: Duration,
+    },
+    /// The round's Redis commands failed or did not answer in time.
+    RoundFailed {
+        /// The error, as text.
+        error: String,
+    },
+    /// The instance was not counted in the previous round (it missed it or
+    /// was fenced), so it has no index for this epoch. It is counted again
+    /// in this round and assigned from the next.
+    NotCounted,
+    /// The instance's clock is off Redis's clock by more than the tolerated
+    /// skew; it writes no rounds until it is back within.
+    ClockSkew {
+        /// This instance's clock minus Redis's, in microseconds.
+        offset_us: i64,
+        /// The tolerated skew.
+        tolerated: Duration,
+    },
+    /// Redis returned counts that break `1 <= index <= replicas` (a round key
+    /// was changed or lost); the instance does not trust them.
+    Inconsistent {
+        /// The index the instance held.
+        index: u64,
+        /// The count it read.
+        replicas: u64,
+    },
+}
+
+impl fmt::Display for FenceReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            FenceReason::LateRound { into } => {
+                write!(
+                    f,
+                    "round woke {into:?} into its interval, too late to write"
+                )
+            }
+            FenceReason::RoundFailed { error } => write!(f, "round failed: {error}"),
+            FenceReason::NotCounted => f.write_str("not counted in the previous round"),
+            FenceReason::ClockSkew {
+                offset_us,
+                tolerated,
+            } => write!(
+                f,
+                "clock is {:.1} ms off redis TIME, beyond the tolerated skew of {tolerated:?}",
+                *offset_us as f64 / 1000.0
+            ),
+            FenceReason::Inconsistent { index, replicas } => {
+                write!(f, "inconsistent round: index {index} of {replicas}")
+            }
+        }
+    }
+}
+
+/// Builds an [`Indexer`].
+///
+/// ```no_run
+/// # async fn demo() -> peerq::Result<()> {
+/// use std::time::Duration;
+/// use peerq::indexer::Indexer;
+///
+/// let handle = Indexer::builder()
+///     .name("mail-sender")
+///     .redis("redis://127.0.0.1/")
+///     .interval(Duration::from_secs(1))
+///     .build()?
+///     .start()
+///     .await?;
+/// let mut standing = handle.standing();
+/// while standing.changed().await.is_ok() {
+///     println!("{:?}", *standing.borrow());
+/// }
+/// # Ok(()) }
+/// ```
+#[must_use]
+pub struct IndexerBuilder {
+    name: Option<String>,
+    settings: IndexerSettings,
+    clock: Arc<dyn Clock>,
+    pool: Option<Pool>,
+    url: Option<String>,
+    instance_id: Option<InstanceId>,
+}
+
+impl fmt::Debug for IndexerBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("IndexerBuilder")
+            .field("name", &self.name)
+            .field("settings", &self.settings)
+            .field("clock", &self.clock)
+            .field("url", &self.url)
+            .finish_non_exhaustive()
+    }
+}
+
+impl IndexerBuilder {
+    /// The service name (required).
+    pub fn name(mut self, name: impl Into<String>) -> Self {
+        self.name = Some(name.into());
+        self
+    }
+
+    /// Connect to Redis at `url` (a pool is created for it).
+    pub fn redis(mut self, url: impl Into<String>) -> Self {
+        self.url = Some(url.into());
+        self
+    }
+
+    /// Use this connection pool (takes precedence over [`redis`](Self::redis)).
+    pub fn pool(mut self, pool: Pool) -> Self {
+        self.pool = Some(pool);
+        self
+    }
+
+    /// The round interval `I` (default 1 s; 100 ms to 1 h). Service-wide.
+    pub fn interval(mut self, interval: Duration) -> Self {
+        self.settings.interval = interval;
+        self
+    }
+
+    /// The tolerated clock skew `S` (default 50 ms; below `I/4 - lease_margin`).
+    /// Service-wide.
+    pub fn skew(mut self, skew: Duration) -> Self {
+        self.settings.skew = skew;
+        self
+    }
+
+    /// The lease margin (default 20 ms; below `I/4`). Service-wide.
+    pub fn lease_margin(mut self, margin: Duration) -> Self {
+        self.settings.lease_margin = margin;
+        self
+    }
+
+    /// The indexing mode (default [`Indexing::Ranked`]). Service-wide.
+    pub fn indexing(mut self, indexing: Indexing) -> Self {
+        self.settings.indexing = indexing;
+        self
+    }
+
+    /// The wall clock to schedule rounds by (default [`SystemClock`]); tests
+    /// give instances skewed clocks with it.
+    pub fn clock(mut self, clock: impl Clock) -> Self {
+        self.clock = Arc::new(clock);
+        self
+    }
+
+    /// This instance's id (default [`InstanceId::generate`]).
+    pub fn instance_id(mut self, id: InstanceId) -> Self {
+        self.instance_id = Some(id);
+        self
+    }
+
+    /// Validates the settings. Nothing touches Redis yet.
+    pub fn build(self) -> Result<Indexer> {
+        let name = ServiceName::new(self.name.as_deref().unwrap_or_default())?;
+        self.settings.validate()?;
+        let pool = match (self.pool, self.url) {
+            (Some(pool), _) => pool,
+            (None, Some(url)) => {
+                deadpool_redis::Config::from_url(url).create_pool(Some(Runtime::Tokio1))?
+            }
+            (None, None) => {
+                return Err(Error::invalid(
+                    "redis",
+                    "no Redis given; call .redis(url) or .pool(pool)",
+                ));
+            }
+        };
+        // A constant offset in [0, I/2), drawn once: it keeps the order in
+        // which instances act stable from interval to interval.
+        let offset = self.settings.interval.mul_f64(rand::random::<f64>() / 2.0);
+        let offset = offset.min(self.settings.interval / 2 - Duration::from_nanos(1));
+        Ok(Indexer {
+            name,
+            id: self.instance_id.unwrap_or_else(InstanceId::generate),
+            schedule: Schedule::new(self.settings.interval, self.settings.skew, offset),
+            offset,
+            settings: self.settings,
+            clock: self.clock,
+            pool,
+        })
+    }
+}
+
+/// A validated, not yet running peer indexer. [`start`](Indexer::start) it.
+pub struct Indexer {
+    name: ServiceName,
+    id: InstanceId,
+    settings: IndexerSettings,
+    schedule: Schedule,
+    offset: Duration,
+    clock: Arc<dyn Clock>,
+    pool: Pool,
+}
+
+impl fmt::Debug for Indexer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Indexer")
+            .field("name", &self.name)
+            .field("id", &self.id)
+            .field("settings", &self.settings)
+            .field("offset", &self.offset)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Indexer {
+    /// A builder with the defaults.
+    pub fn builder() -> IndexerBuilder {
+        IndexerBuilder {
+            name: None,
+            settings: IndexerSettings::default(),
+            clock: Arc::new(SystemClock),
+            pool: None,
+            url: None,
+            instance_id: None,
+        }
+    }
+
+    /// Checks the settings against the service's `{N}:meta` (recording them
+    /// if this is the first instance), then starts the rounds in a task.
+    ///
+    /// Fails with [`Error::SettingsMismatch`] naming every setting that
+    /// differs from the service's.
+    pub async fn start(self) -> Result<IndexerHandle> {
+        let mut conn = self.pool.get().await?;
+        meta::ensure(&mut *conn, &self.name, &self.settings.meta_fields()).await?;
+        drop(conn);
+        let (tx, rx) = watch::channel(Standing::Joining);
+        let stop = CancellationToken::new();
+        let leave = CancellationToken::new();
+        let rounds = RoundLoop {
+            name: self.name,
+            id: self.id.clone(),
+            settings: self.settings,
+            schedule: self.schedule,
+            clock: self.clock,
+            pool: self.pool,
+            tx,
+            counted: None,
+            clock_fenced: false,
+        };
+        let task = tokio::spawn(rounds.run(stop.clone(), leave.clone()));
+        Ok(IndexerHandle {
+            id: self.id,
+            offset: self.offset,
+            standing: rx,
+            stop,
+            leave,
+            task,
+        })
+    }
+}
+
+/// A running peer indexer. Dropping it stops the rounds at once.
+#[derive(Debug)]
+pub struct IndexerHandle {
+    id: InstanceId,
+    offset: Duration,
+    standing: watch::Receiver<Standing>,
+    stop: CancellationToken,
+    leave: CancellationToken,
+    task: JoinHandle<()>,
+}
+
+impl IndexerHandle {
+    /// A receiver of this instance's standing, updated after every round.
+    pub fn standing(&self) -> watch::Receiver<Standing> {
+        self.standing.clone()
+    }
+
+    /// This instance's id.
+    pub fn instance_id(&self) -> &InstanceId {
+        &self.id
+    }
+
+    /// This instance's constant round offset, in `[0, I/2)`.
+    pub fn offset(&self) -> Duration {
+        self.offset
+    }
+
+    /// Begins a graceful leave (DESIGN.md §4 rule 7): stop writing rounds,
+    /// keep emitting the assignment already earned, then publish
+    /// [`Standing::Left`] at the first round without an index and stop.
+    pub fn leave(&self) {
+        self.leave.cancel();
+    }
+
+    /// Stops the rounds at once (no graceful leave) and waits for the task.
+    pub async fn stop(mut self) {
+        self.stop.cancel();
+        let _ = (&mut self.task).await;
+    }
+
+    /// Waits until the indexer has stopped by itself (after a graceful leave).
+    pub async fn finished(mut self) {
+        let _ = (&mut self.task).await;
+    }
+}
+
+impl Drop for IndexerHandle {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}

@@ -1,0 +1,209 @@
+//! When rounds run and which number they use: the pure arithmetic of
+//! DESIGN.md §2, kept apart from I/O so it can be tested exhaustively.
+
+use std::time::Duration;
+
+/// The slack, beyond twice the skew, that a round keeps before the end of
+/// its interval: timer lateness plus the round's own latency.
+const LATE_SLACK: Duration = Duration::from_millis(50);
+
+/// One instance's round schedule: round `n` runs at local time `I * n + offset`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Schedule {
+    interval: Duration,
+    offset: Duration,
+    late_end: Duration,
+}
+
+/// What a round that wakes at some local time may do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Plan {
+    /// Write, and finish before `deadline` (local time), or count as missed.
+    OnTime {
+        /// The round number (the key it writes, the epoch it emits).
+        number: u64,
+        /// The local time by which the round's reply must be in.
+        deadline: Duration,
+    },
+    /// Too far into the interval: the write could land after the others
+    /// read the count. The round counts as missed.
+    Late {
+        /// The round number.
+        number: u64,
+        /// How far into its interval the round woke.
+        into: Duration,
+    },
+}
+
+impl Schedule {
+    /// A schedule with interval `interval`, tolerated skew `skew` and this
+    /// instance's constant `offset` (below `interval / 2`).
+    pub(crate) fn new(interval: Duration, skew: Duration, offset: Duration) -> Self {
+        debug_assert!(offset < interval / 2);
+        // A write later than this after its interval began is skipped
+        // (DESIGN.md §2). Offsets are below I/2, so a round on time never is.
+        let late_end = (interval / 2).max(interval.saturating_sub(2 * skew + LATE_SLACK));
+        Schedule {
+            interval,
+            offset,
+            late_end,
+        }
+    }
+
+    /// The local time at which round `n` runs: `I * n + offset`.
+    pub(crate) fn round_time(&self, n: u64) -> Duration {
+        duration_from_nanos(self.interval.as_nanos() * u128::from(n) + self.offset.as_nanos())
+    }
+
+    /// The round number of round `n`, from its scheduled time, never from a
+    /// fresh clock read: `floor((I * n + offset) / I) + 1`, which is `n + 1`.
+    pub(crate) fn number(&self, n: u64) -> u64 {
+        let number = self.round_time(n).as_nanos() / self.interval.as_nanos() + 1;
+        u64::try_from(number).unwrap_or(u64::MAX)
+    }
+
+    /// The first round whose scheduled time is at or after `now`.
+    pub(crate) fn first_round_from(&self, now: Duration) -> u64 {
+        let i = self.interval.as_nanos();
+        let since = now.saturating_sub(self.offset).as_nanos();
+        u64::try_from(since.div_ceil(i)).unwrap_or(u64::MAX)
+    }
+
+    /// The round after round `n` finished at `now`: `n + 1`, or later when
+    /// the process fell behind (skipped rounds are not run at all, so no key
+    /// is written twice and none late).
+    pub(crate) fn next_round(&self, n: u64, now: Duration) -> u64 {
+        (n + 1).max(self.first_round_from(now))
+    }
+
+    /// What round `n` may do when it wakes at local time `now`.
+    pub(crate) fn plan(&self, n: u64, now: Duration) -> Plan {
+        let number = self.number(n);
+        let start = self.interval_start(number);
+        let into = now.saturating_sub(start);
+        if into >= self.late_end {
+            Plan::Late { number, into }
+        } else {
+            Plan::OnTime {
+                number,
+                deadline: start + self.late_end,
+            }
+        }
+    }
+
+    /// Where the interval of round `number` begins: `(number - 1) * I`.
+    pub(crate) fn interval_start(&self, number: u64) -> Duration {
+        duration_from_nanos(self.interval.as_nanos() * u128::from(number.saturating_sub(1)))
+    }
+
+    /// This instance's constant offset within each interval.
+    pub(crate) fn offset(&self) -> Duration {
+        self.offset
+    }
+
+    /// How long into its interval a round may still write.
+    #[cfg(test)]
+    pub(crate) fn late_end(&self) -> Duration {
+        self.late_end
+    }
+}
+
+fn duration_from_nanos(nanos: u128) -> Duration {
+    let secs = u64::try_from(nanos / 1_000_000_000).unwrap_or(u64::MAX);
+    Duration::new(secs, (nanos % 1_000_000_000) as u32)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    const MS: Duration = Duration::from_millis(1);
+
+    #[test]
+    fn late_end_is_the_larger_of_half_and_interval_minus_skew() {
+        let s = Schedule::new(1000 * MS, 100 * MS, Duration::ZERO);
+        assert_eq!(s.late_end(), 750 * MS); // 1000 - 200 - 50
+        let s = Schedule::new(1000 * MS, 240 * MS, Duration::ZERO);
+        assert_eq!(s.late_end(), 500 * MS); // max(500, 470)
+    }
+
+    #[test]
+    fn example_round() {
+        let s = Schedule::new(1000 * MS, 50 * MS, 300 * MS);
+        let now = Duration::from_millis(41_100);
+        let n = s.first_round_from(now);
+        assert_eq!(n, 41);
+        assert_eq!(s.round_time(n), Duration::from_millis(41_300));
+        assert_eq!(s.number(n), 42);
+        assert_eq!(s.interval_start(42), Duration::from_secs(41));
+        assert_eq!(
+            s.plan(n, Duration::from_millis(41_301)),
+            Plan::OnTime {
+                number: 42,
+                deadline: Duration::from_millis(41_850)
+            }
+        );
+        assert_eq!(
+            s.plan(n, Duration::from_millis(41_900)),
+            Plan::Late {
+                number: 42,
+                into: Duration::from_millis(900)
+            }
+        );
+        // Woken 2.5 intervals late: the rounds in between are skipped.
+        assert_eq!(s.next_round(n, Duration::from_millis(43_800)), 44);
+        assert_eq!(s.next_round(n, Duration::from_millis(41_400)), 42);
+    }
+
+    proptest! {
+        /// `number` is the seed's `floor((I n + offset) / I) + 1 = n + 1` for
+        /// every offset in `[0, I/2)`, including 0 where `ceil(now / I)`
+        /// would name the previous interval's key.
+        #[test]
+        fn number_is_n_plus_one(i_ms in 100u64..10_000, off_frac in 0.0f64..0.5, n in 0u64..10_000_000_000) {
+            let i = Duration::from_millis(i_ms);
+            let off = i.mul_f64(off_frac).min(i / 2 - Duration::from_nanos(1));
+            let s = Schedule::new(i, Duration::ZERO, off);
+            prop_assert_eq!(s.number(n), n + 1);
+        }
+
+        /// The first round from `now` is the earliest one scheduled at or
+        /// after `now`.
+        #[test]
+        fn first_round_is_the_next_scheduled(i_ms in 100u64..10_000, off_frac in 0.0f64..0.5, now_ms in 0u64..4_000_000_000_000) {
+            let i = Duration::from_millis(i_ms);
+            let off = i.mul_f64(off_frac).min(i / 2 - Duration::from_nanos(1));
+            let s = Schedule::new(i, Duration::ZERO, off);
+            let now = Duration::from_millis(now_ms);
+            let n = s.first_round_from(now);
+            prop_assert!(s.round_time(n) >= now);
+            prop_assert!(n == 0 || s.round_time(n - 1) < now);
+        }
+
+        /// A round that wakes on time, or late by less than the slack the
+        /// skew leaves, writes; one woken at or past the late end does not.
+        #[test]
+        fn rounds_on_time_are_never_skipped(i_ms in 100u64..10_000, s_frac in 0.0f64..0.25, off_frac in 0.0f64..0.5, n in 1u64..1_000_000_000, late_us in 0u64..20_000_000) {
+            let i = Duration::from_millis(i_ms);
+            let off = i.mul_f64(off_frac).min(i / 2 - Duration::from_nanos(1));
+            let s = Schedule::new(i, i.mul_f64(s_frac), off);
+            prop_assert!(s.late_end() >= i / 2 && s.late_end() < i);
+            let on_time = matches!(s.plan(n, s.round_time(n)), Plan::OnTime { .. });
+            prop_assert!(on_time);
+            let woke = s.round_time(n) + Duration::from_micros(late_us);
+            let into = woke - s.interval_start(s.number(n));
+            match s.plan(n, woke) {
+                Plan::OnTime { number, deadline } => {
+                    prop_assert!(into < s.late_end());
+                    prop_assert_eq!(deadline, s.interval_start(number) + s.late_end());
+                }
+                Plan::Late { into: got, .. } => {
+                    prop_assert!(into >= s.late_end());
+                    prop_assert_eq!(got, into);
+                }
+            }
+            prop_assert!(s.next_round(n, woke) > n);
+        }
+    }
+}

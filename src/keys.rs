@@ -1,0 +1,44 @@
+//! Every Redis key name of peerq, in one place (DESIGN.md §3).
+//!
+//! Braces are literal Redis Cluster hash tags: the coordination keys of one
+//! service (`{N}:…`) share one slot, and the keys of one partition
+//! (`{N/p}:…`) share another, so every script touches keys of one slot only.
+
+use crate::config::ServiceName;
+
+/// The key of one indexer round: a counter (`Incr`) or a sorted set (`Ranked`).
+pub(crate) fn round(name: &ServiceName, number: u64) -> String {
+    format!("{{{name}}}:{number}")
+}
+
+/// The hash of service-wide settings, written on first use.
+pub(crate) fn meta(name: &ServiceName) -> String {
+    format!("{{{name}}}:meta")
+}
+
+/// The hash of release marks: partition -> newest epoch it was released for.
+#[allow(dead_code)] // used by the transition coordinator (handover issue)
+pub(crate) fn transition(name: &ServiceName) -> String {
+    format!("{{{name}}}:transition")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_follow_the_design_layout() {
+        let n = ServiceName::new("mail-sender").unwrap();
+        assert_eq!(round(&n, 42), "{mail-sender}:42");
+        assert_eq!(meta(&n), "{mail-sender}:meta");
+        assert_eq!(transition(&n), "{mail-sender}:transition");
+    }
+
+    #[test]
+    fn service_keys_share_one_hash_tag() {
+        let n = ServiceName::new("svc").unwrap();
+        for k in [round(&n, 1), meta(&n), transition(&n)] {
+            assert!(k.starts_with("{svc}:"), "{k}");
+        }
+    }
+}
