@@ -309,11 +309,10 @@ impl Indexer {
     pub async fn start(self) -> Result<IndexerHandle> {
         let mut conn = self.pool.get().await?;
         meta::ensure(&mut *conn, &self.name, &self.settings.meta_fields()).await?;
-        drop(conn);
         let (tx, rx) = watch::channel(Standing::Joining);
         let stop = CancellationToken::new();
         let leave = CancellationToken::new();
-        let rounds = RoundLoop {
+        let mut rounds = RoundLoop {
             name: self.name,
             id: self.id.clone(),
             settings: self.settings,
@@ -324,6 +323,10 @@ impl Indexer {
             counted: None,
             clock_fenced: false,
         };
+        // Measured at start too, so a bad clock is reported before the first
+        // round (which measures again and fences).
+        rounds.check_clock(&mut conn).await?;
+        drop(conn);
         let task = tokio::spawn(rounds.run(stop.clone(), leave.clone()));
         Ok(IndexerHandle {
             id: self.id,

@@ -180,7 +180,7 @@ impl RoundLoop {
     /// Measures this instance's clock against Redis `TIME`, corrected by
     /// half the round trip. Returns the fence reason while the offset
     /// exceeds the tolerated skew.
-    async fn check_clock(
+    pub(super) async fn check_clock(
         &mut self,
         conn: &mut deadpool_redis::Connection,
     ) -> Result<Option<FenceReason>> {

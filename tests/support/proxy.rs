@@ -1,0 +1,347 @@
+//! A TCP proxy in front of one Redis server, so a test can take Redis away
+//! from one instance (the one connected through the proxy) while the others
+//! keep it.
+//!
+//! Plain std threads: one accepts, two per connection pump bytes. Every open
+//! connection is kept in a registry, with clones of both sockets, so `cut`
+//! and `Drop` can shut them down from outside; a shut-down socket wakes its
+//! pump threads, which then end.
+
+use std::collections::HashMap;
+use std::io::{ErrorKind, Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::thread::{self, JoinHandle};
+use std::time::Duration;
+
+/// How long the accept loop sleeps when nothing is waiting. The listener is
+/// non-blocking so the loop can see `stop` without a wake-up connection.
+const ACCEPT_POLL: Duration = Duration::from_millis(2);
+/// Connect timeout to the target; it is local, so this only matters if the
+/// target is gone in an unusual way.
+const UPSTREAM_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// What the proxy does with traffic.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// Bytes flow both ways.
+    Forward,
+    /// Open connections were closed; new ones are accepted and closed at once.
+    Cut,
+    /// Bytes are read and dropped both ways; new connections are accepted
+    /// and never answered.
+    Blackhole,
+}
+
+/// One client connection through the proxy.
+#[derive(Debug)]
+struct Conn {
+    client: TcpStream,
+    /// `None` for a connection accepted during a blackhole: it never reaches
+    /// the target.
+    upstream: Option<TcpStream>,
+    /// Some bytes were dropped (or it never had an upstream), so the Redis
+    /// protocol on it is out of step: a request went unanswered. It is
+    /// closed on `restore`, so the client reconnects instead of matching
+    /// later replies to the wrong requests.
+    tainted: bool,
+}
+
+impl Conn {
+    /// Shuts down both sockets, which the client sees as the connection
+    /// closing and which wakes the pump threads blocked on them.
+    fn close(&self) {
+        let _ = self.client.shutdown(Shutdown::Both);
+        if let Some(upstream) = &self.upstream {
+            let _ = upstream.shutdown(Shutdown::Both);
+        }
+    }
+}
+
+/// State shared between the handle and the threads.
+#[derive(Debug)]
+struct State {
+    mode: Mode,
+    /// Open connections by id. A connection leaves the registry only by
+    /// being closed, so every pump thread's socket is eventually shut down.
+    conns: HashMap<u64, Conn>,
+    next_id: u64,
+}
+
+#[derive(Debug)]
+struct Shared {
+    state: Mutex<State>,
+    stop: AtomicBool,
+    /// Pump threads, joined on drop.
+    pumps: Mutex<Vec<JoinHandle<()>>>,
+}
+
+impl Shared {
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Closes one connection and forgets it; a no-op if it is already gone.
+    fn close(&self, id: u64) {
+        if let Some(conn) = self.state().conns.remove(&id) {
+            conn.close();
+        }
+    }
+
+    /// Closes every open connection and forgets it.
+    fn close_all(&self) {
+        for (_, conn) in self.state().conns.drain() {
+            conn.close();
+        }
+    }
+}
+
+/// A TCP proxy on a free `127.0.0.1` port, forwarding to a target port.
+///
+/// [`cut`](Self::cut) makes the link fail loudly (connections close),
+/// [`blackhole`](Self::blackhole) makes it fail silently (requests hang),
+/// [`restore`](Self::restore) heals it. Dropping it stops listening, closes
+/// every connection and joins its threads.
+#[derive(Debug)]
+pub struct Proxy {
+    port: u16,
+    shared: Arc<Shared>,
+    acceptor: Option<JoinHandle<()>>,
+}
+
+impl Proxy {
+    /// Starts forwarding from a free local port to `127.0.0.1:<target_port>`.
+    pub fn start(target_port: u16) -> Proxy {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind proxy listener");
+        listener
+            .set_nonblocking(true)
+            .expect("make proxy listener non-blocking");
+        let port = listener
+            .local_addr()
+            .expect("proxy listener address")
+            .port();
+        let target = SocketAddr::from(([127, 0, 0, 1], target_port));
+        let shared = Arc::new(Shared {
+            state: Mutex::new(State {
+                mode: Mode::Forward,
+                conns: HashMap::new(),
+                next_id: 0,
+            }),
+            stop: AtomicBool::new(false),
+            pumps: Mutex::new(Vec::new()),
+        });
+        let acceptor = {
+            let shared = Arc::clone(&shared);
+            thread::Builder::new()
+                .name(format!("proxy-{port}-accept"))
+                .spawn(move || accept_loop(&listener, target, &shared))
+                .expect("spawn proxy accept thread")
+        };
+        Proxy {
+            port,
+            shared,
+            acceptor: Some(acceptor),
+        }
+    }
+
+    /// The port clients connect to.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// `redis://127.0.0.1:<port>/`.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    /// Closes every open connection now, and closes new ones as soon as they
+    /// are accepted, until [`restore`](Self::restore). Clients see a
+    /// connection error at once, not a timeout.
+    pub fn cut(&self) {
+        let mut state = self.shared.state();
+        state.mode = Mode::Cut;
+        for (_, conn) in state.conns.drain() {
+            conn.close();
+        }
+    }
+
+    /// Keeps connections open but drops every byte both ways, and accepts
+    /// new connections without ever answering: clients see a hang, not an
+    /// error. Connections that lose bytes are closed on
+    /// [`restore`](Self::restore).
+    pub fn blackhole(&self) {
+        self.shared.state().mode = Mode::Blackhole;
+    }
+
+    /// Back to forwarding. Connections closed by `cut` stay closed, and
+    /// connections that lost bytes to a blackhole are closed now (their
+    /// replies would no longer match their requests); clients reconnect.
+    /// Connections that were idle during a blackhole keep working.
+    pub fn restore(&self) {
+        let mut state = self.shared.state();
+        state.mode = Mode::Forward;
+        state.conns.retain(|_, conn| {
+            if conn.tainted {
+                conn.close();
+            }
+            !conn.tainted
+        });
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::SeqCst);
+        // Cut first, so a connection the acceptor is handling right now is
+        // closed on registration instead of outliving the proxy.
+        self.cut();
+        if let Some(acceptor) = self.acceptor.take() {
+            let _ = acceptor.join();
+        }
+        // The acceptor is gone, so nothing registers anymore.
+        self.shared.close_all();
+        let pumps = std::mem::take(
+            &mut *self
+                .shared
+                .pumps
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner),
+        );
+        for pump in pumps {
+            let _ = pump.join();
+        }
+    }
+}
+
+/// Accepts until `stop`; the listener is dropped (stops listening) when it
+/// returns.
+fn accept_loop(listener: &TcpListener, target: SocketAddr, shared: &Arc<Shared>) {
+    while !shared.stop.load(Ordering::SeqCst) {
+        match listener.accept() {
+            Ok((client, _)) => handle(client, target, shared),
+            // WouldBlock: nobody waiting. Anything else (such as running out
+            // of file descriptors) is transient for a test proxy: back off.
+            Err(_) => thread::sleep(ACCEPT_POLL),
+        }
+    }
+}
+
+/// Registers one accepted connection according to the current mode and
+/// starts its pump threads.
+fn handle(client: TcpStream, target: SocketAddr, shared: &Arc<Shared>) {
+    // Accepted sockets inherit non-blocking mode on some platforms (macOS).
+    if client.set_nonblocking(false).is_err() {
+        return;
+    }
+    let _ = client.set_nodelay(true);
+    // Connect outside the lock; the mode is checked again on registration.
+    let upstream = if shared.state().mode == Mode::Forward {
+        match TcpStream::connect_timeout(&target, UPSTREAM_CONNECT_TIMEOUT) {
+            Ok(upstream) => {
+                let _ = upstream.set_nodelay(true);
+                Some(upstream)
+            }
+            // The target is down: the client sees its connection close, as
+            // it would see a refused connect without the proxy.
+            Err(_) => return,
+        }
+    } else {
+        None
+    };
+
+    let mut state = shared.state();
+    let tainted = match (state.mode, &upstream) {
+        (Mode::Cut, _) => {
+            let _ = client.shutdown(Shutdown::Both);
+            if let Some(upstream) = &upstream {
+                let _ = upstream.shutdown(Shutdown::Both);
+            }
+            return;
+        }
+        (Mode::Forward, Some(_)) => false,
+        // Blackhole now, or mode flipped to Forward after we skipped the
+        // upstream connect: never answered, so out of step from the start.
+        _ => true,
+    };
+    // Each pump owns clones of the sockets it reads and writes; the registry
+    // keeps one more of each so others can shut them down.
+    let Ok(client_read) = client.try_clone() else {
+        return;
+    };
+    let pumps = match &upstream {
+        Some(upstream) => {
+            let (Ok(client_write), Ok(upstream_read), Ok(upstream_write)) = (
+                client.try_clone(),
+                upstream.try_clone(),
+                upstream.try_clone(),
+            ) else {
+                return;
+            };
+            vec![
+                (client_read, Some(upstream_write)),
+                (upstream_read, Some(client_write)),
+            ]
+        }
+        None => vec![(client_read, None)],
+    };
+    let id = state.next_id;
+    state.next_id += 1;
+    state.conns.insert(
+        id,
+        Conn {
+            client,
+            upstream,
+            tainted,
+        },
+    );
+    drop(state);
+
+    let mut handles = shared.pumps.lock().unwrap_or_else(PoisonError::into_inner);
+    handles.retain(|handle| !handle.is_finished());
+    for (from, to) in pumps {
+        let pump_shared = Arc::clone(shared);
+        match thread::Builder::new()
+            .name(format!("proxy-conn-{id}"))
+            .spawn(move || pump(id, from, to, &pump_shared))
+        {
+            Ok(handle) => handles.push(handle),
+            Err(_) => shared.close(id),
+        }
+    }
+}
+
+/// Copies `from` to `to` while the proxy forwards, drops the bytes while it
+/// blackholes (or when there is no `to`), and closes the whole connection
+/// when either side ends, as a TCP proxy would.
+fn pump(id: u64, mut from: TcpStream, mut to: Option<TcpStream>, shared: &Shared) {
+    let mut buf = [0u8; 16 * 1024];
+    loop {
+        let n = match from.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(err) if err.kind() == ErrorKind::Interrupted => continue,
+            Err(_) => break,
+        };
+        let forward = {
+            let mut state = shared.state();
+            let mode = state.mode;
+            match state.conns.get_mut(&id) {
+                // Closed by `cut` or by the other pump.
+                None => break,
+                Some(conn) if mode == Mode::Forward && !conn.tainted => true,
+                Some(conn) => {
+                    conn.tainted = true;
+                    false
+                }
+            }
+        };
+        if forward
+            && let Some(to) = to.as_mut()
+            && to.write_all(&buf[..n]).is_err()
+        {
+            break;
+        }
+    }
+    shared.close(id);
+}

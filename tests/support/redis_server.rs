@@ -1,0 +1,415 @@
+//! One private `redis-server` process per [`RedisServer`]: a free port, its own
+//! temp dir, no config file, and ways to restart, crash and freeze it.
+//!
+//! The process is a child of the test process and is killed on drop (also
+//! when the test panics). If the test process itself is SIGKILLed, the
+//! server is orphaned; nothing here can prevent that without `unsafe`.
+
+use std::fs::{self, OpenOptions};
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use deadpool_redis::redis;
+
+/// How long a server may take to answer PING after it is spawned, and to
+/// exit after SHUTDOWN.
+const READY_TIMEOUT: Duration = Duration::from_secs(10);
+/// How often the harness polls the server while waiting for it.
+const POLL_INTERVAL: Duration = Duration::from_millis(10);
+/// Timeout of the harness's own control connections (PING, INFO, SHUTDOWN):
+/// short, so a paused or dying server never blocks a test.
+const CONTROL_TIMEOUT: Duration = Duration::from_millis(500);
+/// Fresh ports to try when another process grabs ours between the probe
+/// bind and the server's bind.
+const FRESH_PORT_ATTEMPTS: usize = 5;
+/// Tries to bind the same port again on restart, in case the kernel is slow
+/// to release it.
+const SAME_PORT_ATTEMPTS: usize = 20;
+/// Lines of the server's log quoted in a panic message.
+const LOG_TAIL_LINES: usize = 30;
+
+const NOT_FOUND: &str = "redis-server not found on PATH: install it (Debian/Ubuntu: \
+    `sudo apt-get install -y redis-server`; macOS: `brew install redis`), \
+    or run `scripts/test`, which installs it";
+
+/// How a [`RedisServer`] persists its data.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ServerOptions {
+    /// `true`: `--appendonly yes --appendfsync always`, so every acknowledged
+    /// write survives [`RedisServer::kill_and_restart`]. `false` (default): no
+    /// persistence at all.
+    pub aof: bool,
+}
+
+/// A private `redis-server` process, listening on `127.0.0.1` on a free
+/// port, with its own data dir under the system temp dir.
+///
+/// Dropping it sends SIGCONT (in case it is paused) then SIGKILL, waits for
+/// the process and removes the dir.
+#[derive(Debug)]
+pub struct RedisServer {
+    port: u16,
+    dir: PathBuf,
+    opts: ServerOptions,
+    /// `None` only between stopping one process and spawning the next.
+    child: Option<Child>,
+    /// Pid of the running process, 0 when there is none. Shared with the
+    /// thread `pause_for` leaves behind, so that thread only resumes the
+    /// process it paused, never a later one.
+    pid: Arc<AtomicU32>,
+}
+
+/// Why a spawned server did not come up in a way the caller can retry.
+enum LaunchError {
+    /// Another process holds the port.
+    AddrInUse,
+}
+
+impl RedisServer {
+    /// Starts a server with no persistence (`--save "" --appendonly no`).
+    pub fn start() -> RedisServer {
+        RedisServer::start_with(ServerOptions::default())
+    }
+
+    /// Starts a server with the given options and waits until it answers PING.
+    ///
+    /// Panics if `redis-server` is not on PATH or does not come up within
+    /// 10 s; the message quotes the end of its log.
+    pub fn start_with(opts: ServerOptions) -> RedisServer {
+        ensure_redis_server();
+        let mut server = RedisServer {
+            port: 0,
+            dir: make_temp_dir(),
+            opts,
+            child: None,
+            pid: Arc::new(AtomicU32::new(0)),
+        };
+        for _ in 0..FRESH_PORT_ATTEMPTS {
+            server.port = free_port();
+            match server.launch() {
+                Ok(()) => return server,
+                Err(LaunchError::AddrInUse) => continue,
+            }
+        }
+        panic!(
+            "redis-server found no free port in {FRESH_PORT_ATTEMPTS} attempts; last log:\n{}",
+            server.log_tail()
+        );
+    }
+
+    /// The port the server listens on; it stays the same across restarts.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// `redis://127.0.0.1:<port>/`.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    /// The server's data dir (`dump.rdb`, `appendonlydir/`, `redis.log`).
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Pid of the current server process (it changes on restart).
+    pub fn pid(&self) -> u32 {
+        self.pid.load(Ordering::SeqCst)
+    }
+
+    /// A redis-rs client for [`url`](Self::url).
+    pub fn client(&self) -> redis::Client {
+        redis::Client::open(self.url()).expect("redis url is valid")
+    }
+
+    /// A deadpool-redis pool on [`url`](Self::url), for the tokio runtime.
+    /// Creating it connects nothing; it needs a runtime only when used.
+    pub fn pool(&self) -> deadpool_redis::Pool {
+        deadpool_redis::Config::from_url(self.url())
+            .create_pool(Some(deadpool_redis::Runtime::Tokio1))
+            .expect("deadpool-redis pool config is valid")
+    }
+
+    /// Graceful restart on the same port and dir, keeping the data.
+    ///
+    /// Sends `SHUTDOWN SAVE`, which writes `dump.rdb` even though `--save ""`
+    /// turned snapshots off, waits for the process to exit, starts a new one
+    /// and waits until it answers PING (that is, until it has loaded the
+    /// data: a loading server answers PING with `-LOADING`). Without AOF the
+    /// new process loads `dump.rdb` (Redis loads it at start whatever
+    /// `--save` says); with AOF it loads the AOF, which is at least as new.
+    pub fn restart(&mut self) {
+        // A stopped process would never handle SHUTDOWN.
+        self.resume();
+        if let Ok(mut con) = super::connect(&self.url(), CONTROL_TIMEOUT) {
+            // On success the server closes the connection, so the reply is an
+            // I/O error; a real failure shows up as the process not exiting.
+            // EINTR may come before the command is sent, so send it again
+            // then; a second SHUTDOWN only waits behind the first.
+            let shutdown = redis::cmd("SHUTDOWN").arg("SAVE").clone();
+            let _ = super::retry_interrupted(|| shutdown.exec(&mut con));
+        }
+        self.wait_for_exit();
+        self.relaunch();
+    }
+
+    /// Crash and restart: SIGKILL, then a new process on the same port and
+    /// dir. It keeps only what the AOF held (everything acknowledged, since
+    /// `appendfsync always`), and nothing without AOF.
+    pub fn kill_and_restart(&mut self) {
+        self.kill();
+        if !self.opts.aof {
+            // A `dump.rdb` left by an earlier `restart()` would bring back
+            // old data, which a server without persistence never has.
+            let _ = fs::remove_file(self.dir.join("dump.rdb"));
+        }
+        self.relaunch();
+    }
+
+    /// Freezes the server with SIGSTOP: it stops answering, but its
+    /// connections stay open and new TCP connects still complete (the
+    /// kernel accepts into the backlog).
+    pub fn pause(&self) {
+        signal(self.pid(), "STOP");
+    }
+
+    /// Thaws a paused server with SIGCONT.
+    pub fn resume(&self) {
+        signal(self.pid(), "CONT");
+    }
+
+    /// Pauses the server now and resumes it after `d` from a background
+    /// thread; returns at once. If the server is restarted or dropped in the
+    /// meantime, the new process is left alone.
+    pub fn pause_for(&self, d: Duration) {
+        let pid = self.pid();
+        self.pause();
+        let current = Arc::clone(&self.pid);
+        thread::spawn(move || {
+            thread::sleep(d);
+            if current.load(Ordering::SeqCst) == pid {
+                signal(pid, "CONT");
+            }
+        });
+    }
+
+    /// Spawns a server on `self.port` and waits until it answers PING.
+    fn launch(&mut self) -> Result<(), LaunchError> {
+        let log = self.dir.join("redis.log");
+        let stderr = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join("stderr.log"))
+            .expect("create redis-server stderr file");
+        let port = self.port.to_string();
+        let appendonly = if self.opts.aof { "yes" } else { "no" };
+        let mut cmd = Command::new("redis-server");
+        cmd.args(["--port", &port, "--bind", "127.0.0.1", "--daemonize", "no"])
+            .arg("--dir")
+            .arg(&self.dir)
+            .arg("--logfile")
+            .arg(&log)
+            .args(["--save", "", "--appendonly", appendonly]);
+        if self.opts.aof {
+            cmd.args(["--appendfsync", "always"]);
+        }
+        let child = cmd
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(stderr)
+            .spawn()
+            .unwrap_or_else(|err| panic!("spawn redis-server: {err}"));
+        self.pid.store(child.id(), Ordering::SeqCst);
+        self.child = Some(child);
+
+        let deadline = Instant::now() + READY_TIMEOUT;
+        loop {
+            let exited = self
+                .child
+                .as_mut()
+                .and_then(|child| child.try_wait().ok().flatten());
+            if let Some(status) = exited {
+                self.child = None;
+                self.pid.store(0, Ordering::SeqCst);
+                let tail = self.log_tail();
+                if tail.contains("Address already in use") {
+                    return Err(LaunchError::AddrInUse);
+                }
+                panic!("redis-server exited at start ({status}); log:\n{tail}");
+            }
+            // Another server that won the port race would answer too, so
+            // check that the one answering is ours.
+            if self.answering_pid() == Some(self.pid()) {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                self.kill();
+                panic!(
+                    "redis-server on port {} did not answer PING within {READY_TIMEOUT:?}; log:\n{}",
+                    self.port,
+                    self.log_tail()
+                );
+            }
+            thread::sleep(POLL_INTERVAL);
+        }
+    }
+
+    /// Starts a new process on the same port after the old one is gone.
+    fn relaunch(&mut self) {
+        for _ in 0..SAME_PORT_ATTEMPTS {
+            match self.launch() {
+                Ok(()) => return,
+                Err(LaunchError::AddrInUse) => thread::sleep(Duration::from_millis(100)),
+            }
+        }
+        panic!(
+            "redis-server could not bind port {} again; log:\n{}",
+            self.port,
+            self.log_tail()
+        );
+    }
+
+    /// The `process_id` of the server answering on our port, if it answers
+    /// PING and has finished loading.
+    fn answering_pid(&self) -> Option<u32> {
+        let mut con = super::connect(&self.url(), CONTROL_TIMEOUT).ok()?;
+        let pong: String = redis::cmd("PING").query(&mut con).ok()?;
+        if pong != "PONG" {
+            return None;
+        }
+        let info: String = redis::cmd("INFO").arg("server").query(&mut con).ok()?;
+        info.lines()
+            .find_map(|line| line.strip_prefix("process_id:"))
+            .and_then(|pid| pid.trim().parse().ok())
+    }
+
+    /// Waits for the process to exit after SHUTDOWN; panics (after killing
+    /// it) if it does not.
+    fn wait_for_exit(&mut self) {
+        let deadline = Instant::now() + READY_TIMEOUT;
+        while let Some(child) = self.child.as_mut() {
+            if let Ok(Some(_)) = child.try_wait() {
+                self.child = None;
+                self.pid.store(0, Ordering::SeqCst);
+                return;
+            }
+            if Instant::now() >= deadline {
+                self.kill();
+                panic!(
+                    "redis-server on port {} did not exit after SHUTDOWN SAVE; log:\n{}",
+                    self.port,
+                    self.log_tail()
+                );
+            }
+            thread::sleep(POLL_INTERVAL);
+        }
+    }
+
+    /// SIGCONT then SIGKILL the process and reap it. Never panics: it runs
+    /// in `Drop`, possibly while a test is already panicking.
+    fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            // A stopped process still dies of SIGKILL, but resuming first
+            // keeps the kernel from holding it in the stopped state.
+            signal(child.id(), "CONT");
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        self.pid.store(0, Ordering::SeqCst);
+    }
+
+    /// The last lines of the server's log and stderr, for panic messages.
+    fn log_tail(&self) -> String {
+        let mut out = String::new();
+        for name in ["redis.log", "stderr.log"] {
+            let text = fs::read(self.dir.join(name))
+                .map(|bytes| String::from_utf8_lossy(&bytes).into_owned())
+                .unwrap_or_default();
+            let lines: Vec<&str> = text.lines().collect();
+            let start = lines.len().saturating_sub(LOG_TAIL_LINES);
+            for line in &lines[start..] {
+                out.push_str(line);
+                out.push('\n');
+            }
+        }
+        out
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.kill();
+        let _ = fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Panics with one clear line when `redis-server` cannot be run; checked
+/// once per process.
+fn ensure_redis_server() {
+    static FOUND: OnceLock<bool> = OnceLock::new();
+    let found = *FOUND.get_or_init(|| {
+        Command::new("redis-server")
+            .arg("--version")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok()
+    });
+    if !found {
+        panic!("{NOT_FOUND}");
+    }
+}
+
+/// A port that was free a moment ago. Racy by nature: the caller retries
+/// when the server cannot bind it.
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .map(|addr| addr.port())
+        .expect("bind a probe socket on 127.0.0.1")
+}
+
+/// Creates a fresh dir under the system temp dir.
+fn make_temp_dir() -> PathBuf {
+    loop {
+        let dir = std::env::temp_dir().join(format!(
+            "peerq-redis-{}-{:08x}",
+            std::process::id(),
+            rand::random::<u32>()
+        ));
+        match fs::create_dir(&dir) {
+            Ok(()) => return dir,
+            Err(err) if err.kind() == std::io::ErrorKind::AlreadyExists => continue,
+            Err(err) => panic!("create redis temp dir {}: {err}", dir.display()),
+        }
+    }
+}
+
+/// Sends `SIG<name>` to `pid` with the `kill` command (`unsafe` is
+/// forbidden, so no libc). Returns whether it was delivered; pid 0 (no
+/// process) is skipped, as it would mean the whole process group.
+pub(super) fn signal(pid: u32, name: &str) -> bool {
+    if pid == 0 {
+        return false;
+    }
+    Command::new("kill")
+        .arg(format!("-{name}"))
+        .arg(pid.to_string())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|status| status.success())
+}
+
+/// Whether a process with this pid exists (`kill -0`), for tests that check
+/// a server is really gone.
+pub fn process_exists(pid: u32) -> bool {
+    signal(pid, "0")
+}
