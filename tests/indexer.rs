@@ -386,11 +386,12 @@ async fn missed_round_then_rejoin(proxy_fault: fn(&Proxy), error_says: &str) {
     println!("victim after the cut: {victim_events:?}");
     let Standing::Fenced {
         epoch: failed,
-        reason: FenceReason::RoundFailed { .. },
+        reason: FenceReason::RoundFailed { ref error },
     } = victim_events[0]
     else {
         panic!("the round during the cut must fail: {victim_events:?}");
     };
+    assert!(error.contains(error_says), "{error}");
     assert_eq!(
         victim_events[1],
         Standing::Fenced {
