@@ -212,6 +212,31 @@ fn proxy_blackhole_hangs_while_direct_connection_works() {
 }
 
 #[test]
+fn proxy_hold_delivers_requests_late_on_restore() {
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.port());
+    let mut through = connect(&proxy.url(), PROBE).expect("connect through proxy");
+    assert_eq!(ping(&mut through).expect("PING"), "PONG");
+
+    proxy.hold();
+    let err = retry_interrupted(|| through.set::<_, _, ()>("held", "late"))
+        .expect_err("a held request gets no reply");
+    assert!(err.is_timeout(), "expected a timeout, got {err}");
+    // The request has not reached the server yet.
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(get(&server.url(), "held"), None);
+
+    proxy.restore();
+    // Delivered late, in order, as TCP does when a partition heals.
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while get(&server.url(), "held").is_none() {
+        assert!(Instant::now() < deadline, "the held request never arrived");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(get(&server.url(), "held").as_deref(), Some("late"));
+}
+
+#[test]
 fn proxy_follows_server_restart() {
     let mut server = RedisServer::start();
     let proxy = Proxy::start(server.port());

@@ -53,7 +53,27 @@ impl Fleet {
 
     /// Starts one more instance with its own pool on `url` and `clock`.
     async fn join_with(&mut self, url: &str, clock: impl Clock) -> usize {
-        let handle = Indexer::builder()
+        let handle = self
+            .builder(url, clock)
+            .start()
+            .await
+            .expect("indexer starts");
+        self.record(handle)
+    }
+
+    /// Starts one more instance whose rounds run on the runtime `rt`.
+    async fn join_on(&mut self, url: &str, rt: &tokio::runtime::Handle) -> usize {
+        let indexer = self.builder(url, SystemClock);
+        let handle = rt
+            .spawn(indexer.start())
+            .await
+            .unwrap()
+            .expect("indexer starts");
+        self.record(handle)
+    }
+
+    fn builder(&self, url: &str, clock: impl Clock) -> Indexer {
+        Indexer::builder()
             .name(&self.name)
             .redis(url)
             .interval(self.interval)
@@ -63,9 +83,10 @@ impl Fleet {
             .clock(clock)
             .build()
             .expect("valid settings")
-            .start()
-            .await
-            .expect("indexer starts");
+    }
+
+    /// Records everything `handle` publishes.
+    fn record(&mut self, handle: IndexerHandle) -> usize {
         let instance = self.next;
         self.next += 1;
         let mut rx = handle.standing();
@@ -740,4 +761,187 @@ async fn a_clock_beyond_the_tolerated_skew_fences_the_instance_and_says_why() {
         .expect("rejoins once its clock is back within the skew")
         .unwrap();
     assert!(logs.text().contains("clock back within the tolerated skew"));
+}
+
+/// Sleeps until the system clock reads `t` (since the Unix epoch).
+async fn sleep_until_wall(t: Duration) {
+    tokio::time::sleep(t.saturating_sub(SystemClock.now())).await;
+}
+
+/// The start of the next interval that begins at least 100 ms from now.
+fn next_interval_start(interval: Duration) -> Duration {
+    let i = interval.as_nanos();
+    let now = SystemClock.now().as_nanos();
+    let mut t = now.div_ceil(i) * i;
+    if t - now < 100_000_000 {
+        t += i;
+    }
+    Duration::from_nanos(t as u64)
+}
+
+/// A round's write that reaches Redis after its window (a partition that
+/// heals, TCP delivering the request late) is refused by Redis's clock: it
+/// must not land after the others have read the count.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_round_write_delayed_past_its_window_is_refused_by_redis() {
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.port());
+    let interval = 300 * MS;
+    let mut fleet = Fleet::new("delayed", Indexing::Ranked, interval);
+    fleet.join(&server.url()).await;
+    fleet.join(&server.url()).await;
+    let victim = fleet.join(&proxy.url()).await;
+    let victim_id = fleet.handles[&victim].instance_id().to_string();
+    fleet.run_epochs(2).await;
+
+    // Hold the victim's traffic over the whole write window of one interval
+    // (rounds run at offsets below I/2; the window closes at
+    // late_end + S = 210 + 20 ms) and deliver it before the next interval.
+    let t = next_interval_start(interval);
+    let number = (t.as_nanos() / interval.as_nanos()) as u64 + 1;
+    sleep_until_wall(t - 20 * MS).await;
+    proxy.hold();
+    sleep_until_wall(t + 280 * MS).await;
+    proxy.restore();
+    tokio::time::sleep(50 * MS).await;
+
+    let mut conn = server.pool().get().await.unwrap();
+    let key = format!("{{{}}}:{number}", fleet.name);
+    let members: Vec<String> = conn.zrange(&key, 0, -1).await.unwrap();
+    assert_eq!(members.len(), 2, "{key}: {members:?}");
+    assert!(
+        !members.contains(&victim_id),
+        "the late write landed: {members:?}"
+    );
+
+    fleet.run_epochs(fleet.epochs().len() + 3).await;
+    let victim_round = fleet
+        .events()
+        .into_iter()
+        .find(|e| e.instance == victim && epoch_of(&e.standing) == Some(number))
+        .expect("the victim published a standing for the held round");
+    assert!(
+        matches!(
+            victim_round.standing,
+            Standing::Fenced {
+                reason: FenceReason::RoundFailed { .. },
+                ..
+            }
+        ),
+        "{victim_round:?}"
+    );
+    for (&epoch, assigned) in &fleet.epochs() {
+        assert_consistent(epoch, assigned);
+    }
+    let last = *fleet.epochs().keys().last().unwrap();
+    assert_exact(last, &fleet.epochs()[&last], 3);
+}
+
+/// Redis itself stalls (SIGSTOP) over a whole write window: every queued
+/// write is refused when it resumes, every instance misses that round, and
+/// the service is whole again two epochs later.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_stall_over_the_write_window_costs_two_epochs_and_nothing_else() {
+    let server = RedisServer::start();
+    let interval = 300 * MS;
+    let mut fleet = Fleet::new("stall", Indexing::Incr, interval);
+    for _ in 0..3 {
+        fleet.join(&server.url()).await;
+    }
+    fleet.run_epochs(2).await;
+
+    let t = next_interval_start(interval);
+    let number = (t.as_nanos() / interval.as_nanos()) as u64 + 1;
+    sleep_until_wall(t - 20 * MS).await;
+    server.pause();
+    sleep_until_wall(t + 280 * MS).await;
+    server.resume();
+    tokio::time::sleep(50 * MS).await;
+
+    let mut conn = server.pool().get().await.unwrap();
+    let key = format!("{{{}}}:{number}", fleet.name);
+    let count: Option<u64> = conn.get(&key).await.unwrap();
+    assert_eq!(count, None, "a write landed after its window");
+
+    fleet.run_epochs(fleet.epochs().len() + 3).await;
+    let epochs = fleet.epochs();
+    assert!(
+        !epochs.contains_key(&(number + 1)),
+        "nobody may be assigned after a missed round: {epochs:?}"
+    );
+    for (&epoch, assigned) in &epochs {
+        assert_consistent(epoch, assigned);
+    }
+    assert_exact(number + 2, &epochs[&(number + 2)], 3);
+}
+
+/// The instance's own process stalls (its runtime frozen, as by a long GC
+/// pause or a starved executor) for longer than an interval: the overdue
+/// round wakes too late to write and is skipped, nothing is emitted for the
+/// next epoch, and the instance rejoins afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_instance_whose_loop_stalls_skips_the_late_round_and_rejoins() {
+    let server = RedisServer::start();
+    let interval = 300 * MS;
+    let mut fleet = Fleet::new("paused", Indexing::Ranked, interval);
+    fleet.join(&server.url()).await;
+    fleet.join(&server.url()).await;
+
+    // The victim's rounds run on a runtime of their own, on its own thread.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let handle = rt.handle().clone();
+    let (done_tx, done_rx) = tokio::sync::oneshot::channel::<()>();
+    let driver = std::thread::spawn(move || rt.block_on(async { done_rx.await.ok() }));
+    let victim = fleet.join_on(&server.url(), &handle).await;
+    fleet.run_epochs(2).await;
+
+    let mut rx = fleet.handles[&victim].standing();
+    rx.borrow_and_update();
+    rx.changed().await.unwrap();
+    let seen = epoch_of(&rx.borrow_and_update()).unwrap();
+    // Freeze the whole runtime for 2.5 intervals: whenever the overdue round
+    // wakes, it is at least 1.5 intervals into its interval.
+    handle.spawn(async move { std::thread::sleep(interval * 5 / 2) });
+    tokio::time::sleep(interval * 3).await;
+    fleet.run_epochs(fleet.epochs().len() + 3).await;
+
+    let after: Vec<Standing> = fleet
+        .events()
+        .into_iter()
+        .filter(|e| e.instance == victim && epoch_of(&e.standing).is_some_and(|e| e > seen))
+        .map(|e| e.standing)
+        .collect();
+    println!("victim after the stall: {after:?}");
+    let Standing::Fenced {
+        epoch: late,
+        reason: FenceReason::LateRound { into },
+    } = after[0]
+    else {
+        panic!("the overdue round must be skipped as late: {after:?}");
+    };
+    assert!(into >= interval, "{into:?}");
+    let Standing::Fenced {
+        epoch: next,
+        reason: FenceReason::NotCounted,
+    } = after[1]
+    else {
+        panic!("nothing is emitted for the epoch after a missed round: {after:?}");
+    };
+    assert!(next > late);
+    assert!(
+        matches!(after[2], Standing::Assigned(a) if a.epoch == next + 1),
+        "{after:?}"
+    );
+    for (&epoch, assigned) in &fleet.epochs() {
+        assert_consistent(epoch, assigned);
+    }
+    let last = *fleet.epochs().keys().last().unwrap();
+    assert_exact(last, &fleet.epochs()[&last], 3);
+
+    fleet.stop(victim).await;
+    done_tx.send(()).unwrap();
+    driver.join().unwrap();
 }

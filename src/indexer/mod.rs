@@ -309,6 +309,7 @@ impl Indexer {
     pub async fn start(self) -> Result<IndexerHandle> {
         let mut conn = self.pool.get().await?;
         meta::ensure(&mut *conn, &self.name, &self.settings.meta_fields()).await?;
+        drop(conn);
         let (tx, rx) = watch::channel(Standing::Joining);
         let stop = CancellationToken::new();
         let leave = CancellationToken::new();
@@ -319,14 +320,15 @@ impl Indexer {
             schedule: self.schedule,
             clock: self.clock,
             pool: self.pool,
+            conn: None,
             tx,
             counted: None,
             clock_fenced: false,
         };
         // Measured at start too, so a bad clock is reported before the first
         // round (which measures again and fences).
+        let mut conn = rounds.connection().await?;
         rounds.check_clock(&mut conn).await?;
-        drop(conn);
         let task = tokio::spawn(rounds.run(stop.clone(), leave.clone()));
         Ok(IndexerHandle {
             id: self.id,

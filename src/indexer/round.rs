@@ -1,11 +1,11 @@
 //! The round loop: one task per instance that writes a round per interval
 //! and publishes the instance's [`Standing`].
 
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use deadpool_redis::Pool;
-use deadpool_redis::redis::{self, Value};
+use deadpool_redis::redis::{self, Script, Value, aio::MultiplexedConnection};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
@@ -23,6 +23,34 @@ use crate::{keys, metrics as m};
 /// interval and read in the next round, at most 1.5 intervals later.
 const ROUND_KEY_TTL_INTERVALS: u32 = 3;
 
+static ROUND_RANKED: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../scripts/round_ranked.lua")));
+static ROUND_INCR: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../scripts/round_incr.lua")));
+
+/// What the round's script did and read.
+#[derive(Debug)]
+struct RoundReply {
+    written: Written,
+    /// Ranked: this instance's 0-based rank in the previous round.
+    rank: Option<u64>,
+    /// The previous round's count, when it was read and exists.
+    count: Option<u64>,
+    /// Redis's clock when the script ran.
+    redis_now: Duration,
+}
+
+/// Whether the round's write landed.
+#[derive(Debug)]
+enum Written {
+    /// Written; for `Incr` with the value `INCR` returned.
+    Yes(u64),
+    /// Not asked for (a leaving instance).
+    NotAsked,
+    /// Refused by Redis: it arrived after the round's window.
+    Refused { late_by: Duration },
+}
+
 /// The round this instance was last counted in.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Counted {
@@ -39,6 +67,8 @@ pub(super) struct RoundLoop {
     pub(super) schedule: Schedule,
     pub(super) clock: Arc<dyn Clock>,
     pub(super) pool: Pool,
+    /// The connection the rounds use, dropped after any failed round.
+    pub(super) conn: Option<MultiplexedConnection>,
     pub(super) tx: watch::Sender<Standing>,
     /// Set only by a round whose write succeeded, and cleared by any round
     /// that did not write: an instance that missed a round must not claim an
@@ -90,6 +120,8 @@ impl RoundLoop {
             Ok(standing) => standing,
             Err(e) => {
                 self.counted = None;
+                // Take a fresh connection next round: this one may be broken.
+                self.conn = None;
                 Standing::Fenced {
                     epoch: number,
                     reason: FenceReason::RoundFailed {
@@ -100,59 +132,56 @@ impl RoundLoop {
         }
     }
 
-    /// The round's Redis work: the clock check, then one pipelined round
-    /// trip that writes this round and reads the previous one.
+    /// The round loop's connection: one multiplexed connection kept across
+    /// rounds. Taking one from the pool every round would cost a `PING`
+    /// round trip (the pool's recycle check) before the round's write.
+    pub(super) async fn connection(&mut self) -> Result<MultiplexedConnection> {
+        if let Some(conn) = &self.conn {
+            return Ok(conn.clone());
+        }
+        let pooled = self.pool.get().await?;
+        let conn = MultiplexedConnection::clone(&pooled);
+        self.conn = Some(conn.clone());
+        Ok(conn)
+    }
+
+    /// The round's Redis work, in one round trip: write this round, read
+    /// the previous one, and measure the clock against Redis's.
+    ///
+    /// The clock measured in a round decides whether the next round writes:
+    /// an instance whose clock went off in this round has already written,
+    /// so it is counted once more without claiming the index (one epoch with
+    /// that index unheld), which is safe; one whose clock was already off
+    /// writes nothing until it is back within the skew.
     async fn exchange(&mut self, number: u64, leaving: bool) -> Result<Standing> {
-        let mut conn = self.pool.get().await?;
-        if let Some(reason) = self.check_clock(&mut conn).await? {
-            self.counted = None;
+        let mut conn = self.connection().await?;
+        let prev = self.counted.filter(|c| c.number == number - 1);
+        let write = !leaving && !self.clock_fenced;
+        let before = self.clock.now();
+        let reply = self
+            .write_and_read(&mut conn, number, write, prev.is_some())
+            .await?;
+        let after = self.clock.now();
+        self.counted = None;
+        if let Some(reason) = self.judge_clock(before, after, reply.redis_now) {
             return Ok(Standing::Fenced {
                 epoch: number,
                 reason,
             });
         }
-        let key = keys::round(&self.name, number);
-        let prev_key = keys::round(&self.name, number - 1);
-        let prev = self.counted.filter(|c| c.number == number - 1);
-        let ttl = u64::try_from((self.settings.interval * ROUND_KEY_TTL_INTERVALS).as_millis())
-            .unwrap_or(u64::MAX);
-
-        let mut pipe = redis::pipe();
-        // A leaving instance reads what it earned but writes no more rounds.
-        if !leaving {
-            match self.settings.indexing {
-                Indexing::Ranked => {
-                    // The score is the offset: the rank is the order in which
-                    // instances act, decided by the offsets, not by the network.
-                    let score = self.schedule.offset().as_micros() as f64;
-                    pipe.zadd(&key, self.id.as_str(), score).ignore();
-                }
-                Indexing::Incr => {
-                    pipe.incr(&key, 1u64);
-                }
+        match reply.written {
+            Written::Yes(index) => self.counted = Some(Counted { number, index }),
+            Written::Refused { late_by } => {
+                return Ok(Standing::Fenced {
+                    epoch: number,
+                    reason: FenceReason::RoundFailed {
+                        error: format!(
+                            "redis refused the round's write: it arrived {late_by:?} after the round's window"
+                        ),
+                    },
+                });
             }
-            pipe.pexpire(&key, ttl as i64).ignore();
-        }
-        if prev.is_some() {
-            match self.settings.indexing {
-                Indexing::Ranked => pipe.zrank(&prev_key, self.id.as_str()).zcard(&prev_key),
-                Indexing::Incr => pipe.get(&prev_key),
-            };
-        }
-        let values: Vec<Value> = if pipe.cmd_iter().next().is_some() {
-            pipe.query_async(&mut *conn).await?
-        } else {
-            Vec::new()
-        };
-        let mut values = values.into_iter();
-
-        self.counted = None;
-        if !leaving {
-            let index = match self.settings.indexing {
-                Indexing::Incr => parse(next(&mut values)?)?,
-                Indexing::Ranked => 0,
-            };
-            self.counted = Some(Counted { number, index });
+            Written::NotAsked => {}
         }
         let Some(prev) = prev else {
             return Ok(if leaving {
@@ -166,29 +195,108 @@ impl RoundLoop {
                 }
             });
         };
-        let (index, replicas): (Option<u64>, Option<u64>) = match self.settings.indexing {
+        let index = match self.settings.indexing {
+            Indexing::Ranked => reply.rank.map(|r| r + 1),
+            Indexing::Incr => Some(prev.index),
+        };
+        Ok(assignment(number, index, reply.count))
+    }
+
+    /// One round trip: the round's script writes this round (unless
+    /// leaving) and reads the previous one (if this instance was counted
+    /// there), atomically.
+    async fn write_and_read(
+        &self,
+        conn: &mut MultiplexedConnection,
+        number: u64,
+        write: bool,
+        read_prev: bool,
+    ) -> Result<RoundReply> {
+        let key = keys::round(&self.name, number);
+        let prev_key = keys::round(&self.name, number - 1);
+        let ttl = (self.settings.interval * ROUND_KEY_TTL_INTERVALS).as_millis() as u64;
+        // By Redis's clock: the others read this key no earlier than
+        // `number * I - S`; the window closes `late_end + S` after the interval
+        // began, which is before that (DESIGN.md §2).
+        let write_by = if write {
+            (self.schedule.interval_start(number) + self.schedule.late_end() + self.settings.skew)
+                .as_micros() as u64
+        } else {
+            0
+        };
+        let read_prev = if read_prev { "1" } else { "0" };
+        let mut inv = match self.settings.indexing {
+            Indexing::Ranked => {
+                let mut inv = ROUND_RANKED.key(&key);
+                // The score is the offset: the rank is the order in which
+                // instances act, decided by the offsets, not by the network.
+                inv.key(&prev_key)
+                    .arg(self.id.as_str())
+                    .arg(self.schedule.offset().as_micros() as u64);
+                inv
+            }
+            Indexing::Incr => {
+                let mut inv = ROUND_INCR.key(&key);
+                inv.key(&prev_key);
+                inv
+            }
+        };
+        inv.arg(ttl).arg(write_by).arg(read_prev);
+        let values: Vec<Value> = inv.invoke_async(conn).await?;
+        let mut values = values.into_iter();
+        let written: i64 = parse(next(&mut values)?)?;
+        let (written_value, rank, count) = match self.settings.indexing {
             Indexing::Ranked => {
                 let rank: Option<u64> = parse(next(&mut values)?)?;
-                let card: u64 = parse(next(&mut values)?)?;
-                (rank.map(|r| r + 1), Some(card))
+                let count: u64 = parse(next(&mut values)?)?;
+                (0, rank, read_prev.eq("1").then_some(count))
             }
-            Indexing::Incr => (Some(prev.index), parse(next(&mut values)?)?),
+            Indexing::Incr => {
+                let value: u64 = parse(next(&mut values)?)?;
+                let count: Option<u64> = parse(next(&mut values)?)?;
+                (value, None, count)
+            }
         };
-        Ok(assignment(number, index, replicas))
+        let redis_now: u64 = parse(next(&mut values)?)?;
+        let written = match written {
+            1 => Written::Yes(written_value),
+            0 => Written::NotAsked,
+            _ => Written::Refused {
+                late_by: Duration::from_micros(redis_now.saturating_sub(write_by)),
+            },
+        };
+        Ok(RoundReply {
+            written,
+            rank,
+            count,
+            redis_now: Duration::from_micros(redis_now),
+        })
     }
 
     /// Measures this instance's clock against Redis `TIME`, corrected by
-    /// half the round trip. Returns the fence reason while the offset
-    /// exceeds the tolerated skew.
+    /// half the round trip (at start; rounds measure with their script).
+    /// Returns the fence reason while the offset exceeds the tolerated skew.
     pub(super) async fn check_clock(
         &mut self,
-        conn: &mut deadpool_redis::Connection,
+        conn: &mut MultiplexedConnection,
     ) -> Result<Option<FenceReason>> {
         let before = self.clock.now();
-        let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(&mut **conn).await?;
+        let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(conn).await?;
         let after = self.clock.now();
-        let local = before + (after.saturating_sub(before)) / 2;
         let server = Duration::from_secs(secs) + Duration::from_micros(micros);
+        Ok(self.judge_clock(before, after, server))
+    }
+
+    /// Judges one clock measurement: local time read `before` and `after` a
+    /// request that Redis served at `server`. Returns the fence reason while
+    /// the offset exceeds the tolerated skew, and logs each change.
+    fn judge_clock(
+        &mut self,
+        before: Duration,
+        after: Duration,
+        server: Duration,
+    ) -> Option<FenceReason> {
+        let local = before + (after.saturating_sub(before)) / 2;
         let offset = signed_secs(local, server);
         metrics::gauge!(m::CLOCK_OFFSET_SECONDS, "service" => self.name.to_string()).set(offset);
         let tolerated = self.settings.skew;
@@ -197,7 +305,7 @@ impl RoundLoop {
                 self.clock_fenced = false;
                 info!(service = %self.name, offset_ms = offset * 1e3, "clock back within the tolerated skew");
             }
-            return Ok(None);
+            return None;
         }
         if !self.clock_fenced {
             self.clock_fenced = true;
@@ -209,10 +317,10 @@ impl RoundLoop {
                 "clock offset against redis TIME exceeds the tolerated skew: fencing this instance until it is back within"
             );
         }
-        Ok(Some(FenceReason::ClockSkew {
+        Some(FenceReason::ClockSkew {
             offset_us: (offset * 1e6) as i64,
             tolerated,
-        }))
+        })
     }
 
     /// Publishes a round's standing, logging every change.

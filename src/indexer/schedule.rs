@@ -102,7 +102,6 @@ impl Schedule {
     }
 
     /// How long into its interval a round may still write.
-    #[cfg(test)]
     pub(crate) fn late_end(&self) -> Duration {
         self.late_end
     }

@@ -15,6 +15,9 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::thread::{self, JoinHandle};
 use std::time::Duration;
 
+/// How often a pump wakes without traffic, to deliver bytes held by `hold`
+/// once the proxy forwards again.
+const PUMP_POLL: Duration = Duration::from_millis(5);
 /// How long the accept loop sleeps when nothing is waiting. The listener is
 /// non-blocking so the loop can see `stop` without a wake-up connection.
 const ACCEPT_POLL: Duration = Duration::from_millis(2);
@@ -32,6 +35,9 @@ enum Mode {
     /// Bytes are read and dropped both ways; new connections are accepted
     /// and never answered.
     Blackhole,
+    /// Bytes are read and held both ways, and delivered on restore, as TCP
+    /// delivers them when a partition heals: requests arrive late.
+    Hold,
 }
 
 /// One client connection through the proxy.
@@ -174,6 +180,14 @@ impl Proxy {
         self.shared.state().mode = Mode::Blackhole;
     }
 
+    /// Keeps connections open and holds every byte both ways; `restore`
+    /// delivers them, late, in order. New connections are accepted and
+    /// connected, their bytes held too. Models a network partition that
+    /// heals: a request sent during it arrives after it.
+    pub fn hold(&self) {
+        self.shared.state().mode = Mode::Hold;
+    }
+
     /// Back to forwarding. Connections closed by `cut` stay closed, and
     /// connections that lost bytes to a blackhole are closed now (their
     /// replies would no longer match their requests); clients reconnect.
@@ -236,7 +250,7 @@ fn handle(client: TcpStream, target: SocketAddr, shared: &Arc<Shared>) {
     }
     let _ = client.set_nodelay(true);
     // Connect outside the lock; the mode is checked again on registration.
-    let upstream = if shared.state().mode == Mode::Forward {
+    let upstream = if matches!(shared.state().mode, Mode::Forward | Mode::Hold) {
         match TcpStream::connect_timeout(&target, UPSTREAM_CONNECT_TIMEOUT) {
             Ok(upstream) => {
                 let _ = upstream.set_nodelay(true);
@@ -259,7 +273,7 @@ fn handle(client: TcpStream, target: SocketAddr, shared: &Arc<Shared>) {
             }
             return;
         }
-        (Mode::Forward, Some(_)) => false,
+        (Mode::Forward | Mode::Hold, Some(_)) => false,
         // Blackhole now, or mode flipped to Forward after we skipped the
         // upstream connect: never answered, so out of step from the start.
         _ => true,
@@ -316,31 +330,46 @@ fn handle(client: TcpStream, target: SocketAddr, shared: &Arc<Shared>) {
 /// when either side ends, as a TCP proxy would.
 fn pump(id: u64, mut from: TcpStream, mut to: Option<TcpStream>, shared: &Shared) {
     let mut buf = [0u8; 16 * 1024];
+    // Bytes read during a hold, delivered once the proxy forwards again.
+    let mut held: Vec<u8> = Vec::new();
+    let _ = from.set_read_timeout(Some(PUMP_POLL));
     loop {
         let n = match from.read(&mut buf) {
             Ok(0) => break,
             Ok(n) => n,
             Err(err) if err.kind() == ErrorKind::Interrupted => continue,
+            Err(err) if matches!(err.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => 0,
             Err(_) => break,
         };
-        let forward = {
+        let mode = {
             let mut state = shared.state();
             let mode = state.mode;
             match state.conns.get_mut(&id) {
                 // Closed by `cut` or by the other pump.
                 None => break,
-                Some(conn) if mode == Mode::Forward && !conn.tainted => true,
+                Some(conn) if conn.tainted => Mode::Blackhole,
                 Some(conn) => {
-                    conn.tainted = true;
-                    false
+                    if mode == Mode::Blackhole && n > 0 {
+                        conn.tainted = true;
+                    }
+                    mode
                 }
             }
         };
-        if forward
-            && let Some(to) = to.as_mut()
-            && to.write_all(&buf[..n]).is_err()
-        {
-            break;
+        match mode {
+            Mode::Hold => held.extend_from_slice(&buf[..n]),
+            Mode::Forward => {
+                held.extend_from_slice(&buf[..n]);
+                if !held.is_empty()
+                    && let Some(to) = to.as_mut()
+                {
+                    if to.write_all(&held).is_err() {
+                        break;
+                    }
+                    held.clear();
+                }
+            }
+            Mode::Blackhole | Mode::Cut => held.clear(),
         }
     }
     shared.close(id);

@@ -1,0 +1,34 @@
+-- One indexer round in Ranked mode (DESIGN.md §2): write this round, read the previous.
+-- KEYS[1] = {N}:<number>       this round's sorted set
+-- KEYS[2] = {N}:<number - 1>   the previous round's
+-- ARGV[1] = instance id         ARGV[2] = score (the instance's offset)
+-- ARGV[3] = key TTL in ms
+-- ARGV[4] = the latest Redis time (µs since the epoch) at which the write may
+--           land, or 0 to write nothing (a leaving instance)
+-- ARGV[5] = '1' to read this instance's rank and the count of the previous round
+-- Returns {written, rank or nil, count, redis time in µs}; written is 1, 0 (not
+-- asked) or -1 (refused: too late).
+--
+-- The write is refused by Redis's own clock, not only by the client's: a
+-- request delayed in the network (a partition that heals, TCP retransmits)
+-- must not land after others have read the count, or two instances would
+-- read different replicas for one epoch.
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local write_by = tonumber(ARGV[4])
+local written = 0
+if write_by > 0 then
+  if now <= write_by then
+    redis.call('ZADD', KEYS[1], ARGV[2], ARGV[1])
+    redis.call('PEXPIRE', KEYS[1], ARGV[3])
+    written = 1
+  else
+    written = -1
+  end
+end
+local rank, count = false, 0
+if ARGV[5] == '1' then
+  rank = redis.call('ZRANK', KEYS[2], ARGV[1])
+  count = redis.call('ZCARD', KEYS[2])
+end
+return {written, rank, count, now}
