@@ -2,7 +2,7 @@
 //!
 //! Validation happens once, when a builder builds; every check names the
 //! setting and the range that would work. The service-wide settings among
-//! them are also recorded in `{N}:meta` (see [`crate::meta`]) so that
+//! them are also recorded in `{N}:meta` (see the `meta` module) so that
 //! instances of one service cannot silently disagree.
 
 use std::fmt;

@@ -11,6 +11,11 @@ pub(crate) fn round(name: &ServiceName, number: u64) -> String {
     format!("{{{name}}}:{number}")
 }
 
+/// `Incr` mode: who took which value from round `number`'s counter.
+pub(crate) fn round_takers(name: &ServiceName, number: u64) -> String {
+    format!("{{{name}}}:{number}:by")
+}
+
 /// The hash of service-wide settings, written on first use.
 pub(crate) fn meta(name: &ServiceName) -> String {
     format!("{{{name}}}:meta")
@@ -30,6 +35,7 @@ mod tests {
     fn keys_follow_the_design_layout() {
         let n = ServiceName::new("mail-sender").unwrap();
         assert_eq!(round(&n, 42), "{mail-sender}:42");
+        assert_eq!(round_takers(&n, 42), "{mail-sender}:42:by");
         assert_eq!(meta(&n), "{mail-sender}:meta");
         assert_eq!(transition(&n), "{mail-sender}:transition");
     }
@@ -37,7 +43,7 @@ mod tests {
     #[test]
     fn service_keys_share_one_hash_tag() {
         let n = ServiceName::new("svc").unwrap();
-        for k in [round(&n, 1), meta(&n), transition(&n)] {
+        for k in [round(&n, 1), round_takers(&n, 1), meta(&n), transition(&n)] {
             assert!(k.starts_with("{svc}:"), "{k}");
         }
     }

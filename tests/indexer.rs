@@ -295,17 +295,26 @@ async fn join_two_and_leave_one(indexing: Indexing) {
             "epoch {epoch}: an index is unheld: {assigned:?}"
         );
     }
-    // The new membership (4) shows within three intervals of the change.
-    let events = fleet.events();
-    let first_four = events
+    // The new membership ({1, 2, 3, 4}) shows within three intervals of
+    // the change.
+    let new_members = BTreeSet::from([1, 2, 3, 4]);
+    let first_new = *epochs
         .iter()
-        .filter_map(|e| match e.standing {
-            Standing::Assigned(a) if a.replicas == 4 => Some((a.epoch, e.at)),
-            _ => None,
+        .find(|(_, v)| v.iter().map(|a| a.0).collect::<BTreeSet<_>>() == new_members)
+        .expect("an epoch of the new membership")
+        .0;
+    let shown_at = fleet
+        .events()
+        .iter()
+        .filter(|e| {
+            e.standing
+                .assignment()
+                .is_some_and(|a| a.epoch == first_new)
         })
-        .min_by_key(|(epoch, _)| *epoch)
-        .expect("an epoch with 4 replicas");
-    let took = first_four.1 - changed_at;
+        .map(|e| e.at)
+        .max()
+        .unwrap();
+    let took = shown_at - changed_at;
     println!("{indexing:?}: new membership after {took:?} (interval {interval:?})");
     assert!(
         took <= interval * 3 + 100 * MS,
@@ -314,7 +323,7 @@ async fn join_two_and_leave_one(indexing: Indexing) {
     let last = epochs.keys().last().unwrap();
     assert_exact(*last, &epochs[last], 4);
     let members: BTreeSet<usize> = epochs[last].iter().map(|a| a.0).collect();
-    assert_eq!(members, BTreeSet::from([1, 2, 3, 4]));
+    assert_eq!(members, new_members);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -369,17 +378,21 @@ fn epoch_of(standing: &Standing) -> Option<u64> {
         Standing::Joining => None,
         Standing::Assigned(a) => Some(a.epoch),
         Standing::Fenced { epoch, .. } | Standing::Left { epoch } => Some(*epoch),
+        _ => None,
     }
 }
 
 /// Runs `fleet` past a round of `victim`, applies `fault` for about one
 /// interval, and checks that the victim emits nothing for the epoch after
 /// its missed round, rejoins, and that nobody's epochs were inconsistent.
-async fn missed_round_then_rejoin(proxy_fault: fn(&Proxy), error_says: &str) {
+async fn missed_round_then_rejoin(proxy_fault: fn(&Proxy), timed_out: bool) {
     let server = RedisServer::start();
     let proxy = Proxy::start(server.port());
     let interval = 300 * MS;
     let mut fleet = Fleet::new("missed", Indexing::Ranked, interval);
+    // S = 50 ms: the gap between a round's deadline (late_end = 150 ms into
+    // the interval) and the next interval is 150 ms, room for the restore.
+    fleet.skew = 50 * MS;
     fleet.join(&server.url()).await;
     fleet.join(&server.url()).await;
     let victim = fleet.join(&proxy.url()).await;
@@ -412,7 +425,13 @@ async fn missed_round_then_rejoin(proxy_fault: fn(&Proxy), error_says: &str) {
     else {
         panic!("the round during the cut must fail: {victim_events:?}");
     };
-    assert!(error.contains(error_says), "{error}");
+    // A refused connection fails the round at once; a hanging one at the
+    // round's deadline, not after a slow client timeout.
+    assert_eq!(
+        error.contains("did not answer within"),
+        timed_out,
+        "{error}"
+    );
     assert_eq!(
         victim_events[1],
         Standing::Fenced {
@@ -435,14 +454,14 @@ async fn missed_round_then_rejoin(proxy_fault: fn(&Proxy), error_says: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_instance_cut_from_redis_misses_a_round_and_rejoins() {
-    missed_round_then_rejoin(Proxy::cut, "").await;
+    missed_round_then_rejoin(Proxy::cut, false).await;
 }
 
 /// Redis that hangs instead of refusing: the round fails at its deadline,
 /// not after a slow client timeout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_instance_whose_redis_hangs_misses_a_round_and_rejoins() {
-    missed_round_then_rejoin(Proxy::blackhole, "did not answer within").await;
+    missed_round_then_rejoin(Proxy::blackhole, true).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -515,27 +534,35 @@ async fn first_assignment_arrives_between_one_and_two_intervals() {
     println!("time to first assignment, interval {interval:?}: {waits:?}");
 }
 
-/// Lists the service's round keys (`{name}:<number>`).
+/// Lists the service's round keys: everything but `{name}:meta`.
 async fn round_keys(pool: &Pool, name: &str) -> Vec<String> {
     let mut conn = pool.get().await.unwrap();
     let keys: Vec<String> = conn.keys(format!("{{{name}}}:*")).await.unwrap();
-    keys.into_iter()
-        .filter(|k| k.rsplit(':').next().unwrap().parse::<u64>().is_ok())
-        .collect()
+    keys.into_iter().filter(|k| !k.ends_with(":meta")).collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn round_keys_expire_within_a_few_intervals() {
+async fn ranked_round_keys_expire_within_a_few_intervals() {
+    round_keys_expire_within_a_few_intervals(Indexing::Ranked, 4).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn incr_round_keys_expire_within_a_few_intervals() {
+    // A counter and its takers per round.
+    round_keys_expire_within_a_few_intervals(Indexing::Incr, 8).await;
+}
+
+async fn round_keys_expire_within_a_few_intervals(indexing: Indexing, at_most: usize) {
     let server = RedisServer::start();
     let pool = server.pool();
     let interval = 200 * MS;
-    let mut fleet = Fleet::new("ttl", Indexing::Incr, interval);
+    let mut fleet = Fleet::new("ttl", indexing, interval);
     for _ in 0..3 {
         fleet.join(&server.url()).await;
     }
     fleet.run_epochs(3).await;
     let keys = round_keys(&pool, &fleet.name).await;
-    assert!(!keys.is_empty() && keys.len() <= 4, "{keys:?}");
+    assert!(!keys.is_empty() && keys.len() <= at_most, "{keys:?}");
     let mut conn = pool.get().await.unwrap();
     for k in &keys {
         let ttl: i64 = conn.pttl(k).await.unwrap();
@@ -556,19 +583,30 @@ async fn round_keys_expire_within_a_few_intervals() {
 async fn settings_that_differ_from_the_service_are_refused_by_name() {
     let server = RedisServer::start();
     let name = unique_name("meta");
-    let build = |interval: Duration, indexing: Indexing| {
+    let build = |interval: Duration, skew: Duration, margin: Duration, indexing: Indexing| {
         Indexer::builder()
             .name(&name)
             .redis(server.url())
             .interval(interval)
+            .skew(skew)
+            .lease_margin(margin)
             .indexing(indexing)
             .build()
             .unwrap()
     };
-    let first = build(300 * MS, Indexing::Ranked).start().await.unwrap();
+    let first = build(300 * MS, 20 * MS, 10 * MS, Indexing::Ranked)
+        .start()
+        .await
+        .unwrap();
     // Same settings: accepted.
-    let second = build(300 * MS, Indexing::Ranked).start().await.unwrap();
-    let err = build(500 * MS, Indexing::Incr).start().await.unwrap_err();
+    let second = build(300 * MS, 20 * MS, 10 * MS, Indexing::Ranked)
+        .start()
+        .await
+        .unwrap();
+    let err = build(500 * MS, 20 * MS, 10 * MS, Indexing::Incr)
+        .start()
+        .await
+        .unwrap_err();
     let Error::SettingsMismatch(m) = &err else {
         panic!("{err}")
     };
@@ -582,6 +620,18 @@ async fn settings_that_differ_from_the_service_are_refused_by_name() {
     ] {
         assert!(msg.contains(part), "{msg}");
     }
+    let err = build(300 * MS, 30 * MS, 5 * MS, Indexing::Ranked)
+        .start()
+        .await
+        .unwrap_err();
+    let msg = err.to_string();
+    for part in [
+        "`skew` is 30ms here but 20ms",
+        "`lease_margin` is 5ms here but 10ms",
+    ] {
+        assert!(msg.contains(part), "{msg}");
+    }
+    assert!(!msg.contains("`interval`"), "{msg}");
     drop((first, second));
 }
 
@@ -749,14 +799,14 @@ async fn a_clock_beyond_the_tolerated_skew_fences_the_instance_and_says_why() {
         .find(|l| l.contains("exceeds the tolerated skew"))
         .unwrap_or_else(|| panic!("no log line says why: {text}"));
     assert!(
-        line.contains("ERROR") && line.contains("offset_ms=") && line.contains("tolerated_ms=30"),
+        line.contains("ERROR") && line.contains("offset_ms=") && line.contains("tolerated=30ms"),
         "{line}"
     );
 
     // Back within the tolerance: it rejoins.
     clock.set_offset_ms(0);
     let mut rx = fleet.handles[&skewed].standing();
-    tokio::time::timeout(interval * 4, rx.wait_for(|s| s.assignment().is_some()))
+    tokio::time::timeout(interval * 6, rx.wait_for(|s| s.assignment().is_some()))
         .await
         .expect("rejoins once its clock is back within the skew")
         .unwrap();
@@ -794,13 +844,17 @@ async fn a_round_write_delayed_past_its_window_is_refused_by_redis() {
     let victim_id = fleet.handles[&victim].instance_id().to_string();
     fleet.run_epochs(2).await;
 
-    // Hold the victim's traffic over the whole write window of one interval
-    // (rounds run at offsets below I/2; the window closes at
-    // late_end + S = 210 + 20 ms) and deliver it before the next interval.
-    let t = next_interval_start(interval);
-    let number = (t.as_nanos() / interval.as_nanos()) as u64 + 1;
-    sleep_until_wall(t - 20 * MS).await;
+    // Right after one of the victim's rounds, hold its traffic over the
+    // whole write window of its next round (the window closes at
+    // late_end + S = 210 + 20 ms into the interval) and deliver it before
+    // the interval after.
+    let mut rx = fleet.handles[&victim].standing();
+    rx.borrow_and_update();
+    rx.changed().await.unwrap();
     proxy.hold();
+    let seen = epoch_of(&rx.borrow_and_update()).unwrap();
+    let number = seen + 1;
+    let t = Duration::from_nanos((interval.as_nanos() * u128::from(seen)) as u64);
     sleep_until_wall(t + 280 * MS).await;
     proxy.restore();
     tokio::time::sleep(50 * MS).await;
@@ -822,11 +876,11 @@ async fn a_round_write_delayed_past_its_window_is_refused_by_redis() {
         .expect("the victim published a standing for the held round");
     assert!(
         matches!(
-            victim_round.standing,
+            &victim_round.standing,
             Standing::Fenced {
-                reason: FenceReason::RoundFailed { .. },
+                reason: FenceReason::RoundFailed { error },
                 ..
-            }
+            } if error.contains("did not answer within")
         ),
         "{victim_round:?}"
     );
@@ -850,9 +904,11 @@ async fn a_redis_stall_over_the_write_window_costs_two_epochs_and_nothing_else()
     }
     fleet.run_epochs(2).await;
 
+    // Pause after the previous interval's rounds (offsets below I/2) and
+    // resume after this interval's window (late_end + S = 230 ms) closed.
     let t = next_interval_start(interval);
     let number = (t.as_nanos() / interval.as_nanos()) as u64 + 1;
-    sleep_until_wall(t - 20 * MS).await;
+    sleep_until_wall(t - 50 * MS).await;
     server.pause();
     sleep_until_wall(t + 280 * MS).await;
     server.resume();
@@ -944,4 +1000,115 @@ async fn an_instance_whose_loop_stalls_skips_the_late_round_and_rejoins() {
     fleet.stop(victim).await;
     done_tx.send(()).unwrap();
     driver.join().unwrap();
+}
+
+/// A leave needs no Redis once the instance is no longer counted: it
+/// finishes while Redis is unreachable, and while the clock is off.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leave_finishes_without_redis_and_with_a_bad_clock() {
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.port());
+    let interval = 300 * MS;
+    let mut fleet = Fleet::new("leave-fault", Indexing::Ranked, interval);
+    fleet.join(&server.url()).await;
+    let cut_off = fleet.join(&proxy.url()).await;
+    let clock = AdjustableClock::default();
+    let skewed = fleet.join_with(&server.url(), clock.clone()).await;
+    fleet.run_epochs(2).await;
+
+    proxy.cut();
+    clock.set_offset_ms(200);
+    fleet.handles[&cut_off].leave();
+    fleet.handles[&skewed].leave();
+    for victim in [cut_off, skewed] {
+        let mut rx = fleet.handles[&victim].standing();
+        let left = tokio::time::timeout(
+            interval * 3,
+            rx.wait_for(|s| matches!(s, Standing::Left { .. })),
+        )
+        .await
+        .is_ok();
+        assert!(left, "instance {victim} never left: {:?}", *rx.borrow());
+        let handle = fleet.handles.remove(&victim).unwrap();
+        tokio::time::timeout(interval, handle.finished())
+            .await
+            .expect("the indexer stops after leaving");
+    }
+    // The one left behind is alone and whole.
+    fleet.run_epochs(fleet.epochs().len() + 2).await;
+    let epochs = fleet.epochs();
+    let last = epochs.keys().last().unwrap();
+    assert_exact(*last, &epochs[last], 1);
+}
+
+/// Redis loses a round's keys between two instances' writes (a restart
+/// without fsync, a failover): the instance whose write was lost must not
+/// claim the index the other now holds.
+async fn a_lost_round_key_never_gives_one_index_twice(indexing: Indexing) {
+    let server = RedisServer::start();
+    let interval = 600 * MS;
+    // Two instances whose offsets are far enough apart to delete between.
+    let (fleet, first, second) = loop {
+        let mut fleet = Fleet::new("lost", indexing, interval);
+        let a = fleet.join(&server.url()).await;
+        let b = fleet.join(&server.url()).await;
+        let (oa, ob) = (fleet.handles[&a].offset(), fleet.handles[&b].offset());
+        if oa.abs_diff(ob) >= 80 * MS {
+            break if oa < ob {
+                (fleet, a, b)
+            } else {
+                (fleet, b, a)
+            };
+        }
+    };
+    fleet.run_epochs(2).await;
+
+    let t = next_interval_start(interval);
+    let number = (t.as_nanos() / interval.as_nanos()) as u64 + 1;
+    let between = (fleet.handles[&first].offset() + fleet.handles[&second].offset()) / 2;
+    sleep_until_wall(t + between).await;
+    let mut conn = server.pool().get().await.unwrap();
+    let lost: usize = conn
+        .del(&[
+            format!("{{{}}}:{number}", fleet.name),
+            format!("{{{}}}:{number}:by", fleet.name),
+        ])
+        .await
+        .unwrap();
+    assert!(lost >= 1, "nothing was written before the loss");
+    fleet.run_epochs(fleet.epochs().len() + 3).await;
+
+    let epochs = fleet.epochs();
+    for (&epoch, assigned) in &epochs {
+        assert_consistent(epoch, assigned);
+    }
+    let after_loss = &epochs[&(number + 1)];
+    assert_eq!(after_loss, &vec![(second, 1, 1)], "{epochs:?}");
+    let first_then = fleet
+        .events()
+        .into_iter()
+        .find(|e| e.instance == first && epoch_of(&e.standing) == Some(number + 1))
+        .unwrap();
+    assert!(
+        matches!(
+            first_then.standing,
+            Standing::Fenced {
+                reason: FenceReason::Inconsistent { .. },
+                ..
+            }
+        ),
+        "{first_then:?}"
+    );
+    let last = epochs.keys().last().unwrap();
+    assert_exact(*last, &epochs[last], 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ranked_a_lost_round_key_never_gives_one_index_twice() {
+    a_lost_round_key_never_gives_one_index_twice(Indexing::Ranked).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn incr_a_lost_round_key_never_gives_one_index_twice() {
+    a_lost_round_key_never_gives_one_index_twice(Indexing::Incr).await;
 }

@@ -40,6 +40,7 @@ use self::schedule::Schedule;
 
 /// Where an instance stands after a round.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Standing {
     /// Started, not assigned yet: the first assignment comes one to two
     /// intervals after start.
@@ -258,7 +259,6 @@ impl IndexerBuilder {
             name,
             id: self.instance_id.unwrap_or_else(InstanceId::generate),
             schedule: Schedule::new(self.settings.interval, self.settings.skew, offset),
-            offset,
             settings: self.settings,
             clock: self.clock,
             pool,
@@ -272,7 +272,6 @@ pub struct Indexer {
     id: InstanceId,
     settings: IndexerSettings,
     schedule: Schedule,
-    offset: Duration,
     clock: Arc<dyn Clock>,
     pool: Pool,
 }
@@ -283,7 +282,7 @@ impl fmt::Debug for Indexer {
             .field("name", &self.name)
             .field("id", &self.id)
             .field("settings", &self.settings)
-            .field("offset", &self.offset)
+            .field("offset", &self.schedule.offset())
             .finish_non_exhaustive()
     }
 }
@@ -313,26 +312,23 @@ impl Indexer {
         let (tx, rx) = watch::channel(Standing::Joining);
         let stop = CancellationToken::new();
         let leave = CancellationToken::new();
-        let mut rounds = RoundLoop {
-            name: self.name,
-            id: self.id.clone(),
-            settings: self.settings,
-            schedule: self.schedule,
-            clock: self.clock,
-            pool: self.pool,
-            conn: None,
+        let offset = self.schedule.offset();
+        let mut rounds = RoundLoop::new(
+            self.name,
+            self.id.clone(),
+            self.settings,
+            self.schedule,
+            self.clock,
+            self.pool,
             tx,
-            counted: None,
-            clock_fenced: false,
-        };
+        );
         // Measured at start too, so a bad clock is reported before the first
-        // round (which measures again and fences).
-        let mut conn = rounds.connection().await?;
-        rounds.check_clock(&mut conn).await?;
+        // round, which then writes nothing.
+        rounds.check_clock().await?;
         let task = tokio::spawn(rounds.run(stop.clone(), leave.clone()));
         Ok(IndexerHandle {
             id: self.id,
-            offset: self.offset,
+            offset,
             standing: rx,
             stop,
             leave,

@@ -1,4 +1,4 @@
-//! The round loop: one task per instance that writes a round per interval
+//! The round loop: one task per instance that runs a round per interval
 //! and publishes the instance's [`Standing`].
 
 use std::sync::{Arc, LazyLock};
@@ -28,14 +28,21 @@ static ROUND_RANKED: LazyLock<Script> =
 static ROUND_INCR: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../scripts/round_incr.lua")));
 
-/// What the round's script did and read.
+/// The round this instance was last counted in.
+#[derive(Debug, Clone, Copy)]
+struct Counted {
+    number: u64,
+    /// `Incr` only: the value `INCR` returned, the index for epoch `number + 1`.
+    incr_value: Option<u64>,
+}
+
+/// What one round's script did and read.
 #[derive(Debug)]
 struct RoundReply {
     written: Written,
-    /// Ranked: this instance's 0-based rank in the previous round.
-    rank: Option<u64>,
-    /// The previous round's count, when it was read and exists.
-    count: Option<u64>,
+    /// The previous round's `(index, replicas)` for this instance, when it
+    /// was read; `None` inside where the key does not hold this instance.
+    prev: Option<(Option<u64>, Option<u64>)>,
     /// Redis's clock when the script ran.
     redis_now: Duration,
 }
@@ -44,42 +51,58 @@ struct RoundReply {
 #[derive(Debug)]
 enum Written {
     /// Written; for `Incr` with the value `INCR` returned.
-    Yes(u64),
-    /// Not asked for (a leaving instance).
+    Yes(Option<u64>),
+    /// Not asked for (leaving, or fenced by the clock).
     NotAsked,
     /// Refused by Redis: it arrived after the round's window.
     Refused { late_by: Duration },
 }
 
-/// The round this instance was last counted in.
-#[derive(Debug, Clone, Copy)]
-pub(super) struct Counted {
-    number: u64,
-    /// `Incr` only: the value `INCR` returned, the index for epoch `number + 1`.
-    index: u64,
-}
-
 /// The state of the round task.
 pub(super) struct RoundLoop {
-    pub(super) name: ServiceName,
-    pub(super) id: InstanceId,
-    pub(super) settings: IndexerSettings,
-    pub(super) schedule: Schedule,
-    pub(super) clock: Arc<dyn Clock>,
-    pub(super) pool: Pool,
-    /// The connection the rounds use, dropped after any failed round.
-    pub(super) conn: Option<MultiplexedConnection>,
-    pub(super) tx: watch::Sender<Standing>,
+    name: ServiceName,
+    id: InstanceId,
+    settings: IndexerSettings,
+    schedule: Schedule,
+    clock: Arc<dyn Clock>,
+    pool: Pool,
+    /// The connection the rounds use, forgotten after any failed round.
+    conn: Option<MultiplexedConnection>,
+    tx: watch::Sender<Standing>,
     /// Set only by a round whose write succeeded, and cleared by any round
     /// that did not write: an instance that missed a round must not claim an
     /// index from an older one.
-    pub(super) counted: Option<Counted>,
+    counted: Option<Counted>,
     /// Whether the last clock check found the clock beyond the tolerated
-    /// skew (so the error is logged once per episode, not every round).
-    pub(super) clock_fenced: bool,
+    /// skew. While it is, rounds write nothing (and the error is logged once
+    /// per episode, not every round).
+    clock_fenced: bool,
 }
 
 impl RoundLoop {
+    pub(super) fn new(
+        name: ServiceName,
+        id: InstanceId,
+        settings: IndexerSettings,
+        schedule: Schedule,
+        clock: Arc<dyn Clock>,
+        pool: Pool,
+        tx: watch::Sender<Standing>,
+    ) -> Self {
+        RoundLoop {
+            name,
+            id,
+            settings,
+            schedule,
+            clock,
+            pool,
+            conn: None,
+            tx,
+            counted: None,
+            clock_fenced: false,
+        }
+    }
+
     pub(super) async fn run(mut self, stop: CancellationToken, leave: CancellationToken) {
         let mut n = self.schedule.first_round_from(self.clock.now());
         loop {
@@ -88,7 +111,12 @@ impl RoundLoop {
                 _ = stop.cancelled() => return,
                 _ = tokio::time::sleep(wait) => {}
             }
-            let standing = self.round(n, leave.is_cancelled()).await;
+            // Stopping drops a round in flight: a write that still lands
+            // leaves this instance's index unheld for one epoch, no worse.
+            let standing = tokio::select! {
+                _ = stop.cancelled() => return,
+                standing = self.round(n, leave.is_cancelled()) => standing,
+            };
             let left = matches!(standing, Standing::Left { .. });
             self.publish(standing);
             if left {
@@ -100,10 +128,17 @@ impl RoundLoop {
 
     /// Runs round `n` to its standing. Any failure clears `counted`.
     async fn round(&mut self, n: u64, leaving: bool) -> Standing {
+        let number = self.schedule.number(n);
+        let prev = self.counted.filter(|c| c.number == number - 1);
+        // A leaving instance that was not counted in the previous round has
+        // nothing left to serve: it is gone, with or without Redis.
+        if leaving && prev.is_none() {
+            return Standing::Left { epoch: number };
+        }
         let now = self.clock.now();
-        let (number, deadline) = match self.schedule.plan(n, now) {
-            Plan::OnTime { number, deadline } => (number, deadline),
-            Plan::Late { number, into } => {
+        let deadline = match self.schedule.plan(n, now) {
+            Plan::OnTime { deadline, .. } => deadline,
+            Plan::Late { into, .. } => {
                 self.counted = None;
                 return Standing::Fenced {
                     epoch: number,
@@ -115,12 +150,13 @@ impl RoundLoop {
         // read the count: treat it as failed at once instead of waiting for
         // a slow Redis error (DESIGN.md §4 rule 6).
         let budget = deadline.saturating_sub(now);
-        let outcome = tokio::time::timeout(budget, self.exchange(number, leaving)).await;
+        let outcome = tokio::time::timeout(budget, self.exchange(number, leaving, prev)).await;
         match outcome.unwrap_or(Err(Error::Timeout(budget))) {
             Ok(standing) => standing,
             Err(e) => {
                 self.counted = None;
-                // Take a fresh connection next round: this one may be broken.
+                // Ask the pool again next round: its recycle check drops the
+                // connection if it is broken.
                 self.conn = None;
                 Standing::Fenced {
                     epoch: number,
@@ -153,14 +189,16 @@ impl RoundLoop {
     /// so it is counted once more without claiming the index (one epoch with
     /// that index unheld), which is safe; one whose clock was already off
     /// writes nothing until it is back within the skew.
-    async fn exchange(&mut self, number: u64, leaving: bool) -> Result<Standing> {
+    async fn exchange(
+        &mut self,
+        number: u64,
+        leaving: bool,
+        prev: Option<Counted>,
+    ) -> Result<Standing> {
         let mut conn = self.connection().await?;
-        let prev = self.counted.filter(|c| c.number == number - 1);
         let write = !leaving && !self.clock_fenced;
         let before = self.clock.now();
-        let reply = self
-            .write_and_read(&mut conn, number, write, prev.is_some())
-            .await?;
+        let reply = self.write_and_read(&mut conn, number, write, prev).await?;
         let after = self.clock.now();
         self.counted = None;
         if let Some(reason) = self.judge_clock(before, after, reply.redis_now) {
@@ -170,94 +208,115 @@ impl RoundLoop {
             });
         }
         match reply.written {
-            Written::Yes(index) => self.counted = Some(Counted { number, index }),
+            Written::Yes(incr_value) => self.counted = Some(Counted { number, incr_value }),
+            // Defensive: a reply in time from a script that ran after the
+            // window means the clock stepped during the round.
             Written::Refused { late_by } => {
                 return Ok(Standing::Fenced {
                     epoch: number,
                     reason: FenceReason::RoundFailed {
                         error: format!(
-                            "redis refused the round's write: it arrived {late_by:?} after the round's window"
+                            "redis refused the round's write: it ran {late_by:?} after the round's window"
                         ),
                     },
                 });
             }
             Written::NotAsked => {}
         }
-        let Some(prev) = prev else {
-            return Ok(if leaving {
-                Standing::Left { epoch: number }
-            } else if *self.tx.borrow() == Standing::Joining {
-                Standing::Joining
-            } else {
-                Standing::Fenced {
-                    epoch: number,
-                    reason: FenceReason::NotCounted,
-                }
-            });
-        };
-        let index = match self.settings.indexing {
-            Indexing::Ranked => reply.rank.map(|r| r + 1),
-            Indexing::Incr => Some(prev.index),
-        };
-        Ok(assignment(number, index, reply.count))
+        Ok(match reply.prev {
+            Some((index, replicas)) => self.assignment(number, index, replicas),
+            None if *self.tx.borrow() == Standing::Joining => Standing::Joining,
+            None => Standing::Fenced {
+                epoch: number,
+                reason: FenceReason::NotCounted,
+            },
+        })
     }
 
-    /// One round trip: the round's script writes this round (unless
-    /// leaving) and reads the previous one (if this instance was counted
-    /// there), atomically.
+    /// Runs the round's script: writes this round (if `write`) and reads the
+    /// previous one (if this instance was counted there, `prev`), atomically.
     async fn write_and_read(
         &self,
         conn: &mut MultiplexedConnection,
         number: u64,
         write: bool,
-        read_prev: bool,
+        prev: Option<Counted>,
     ) -> Result<RoundReply> {
-        let key = keys::round(&self.name, number);
-        let prev_key = keys::round(&self.name, number - 1);
         let ttl = (self.settings.interval * ROUND_KEY_TTL_INTERVALS).as_millis() as u64;
         // By Redis's clock: the others read this key no earlier than
-        // `number * I - S`; the window closes `late_end + S` after the interval
-        // began, which is before that (DESIGN.md §2).
+        // `number * I - S`; the window closes `late_end + S` after the
+        // interval began, which is before that (DESIGN.md §2).
         let write_by = if write {
-            (self.schedule.interval_start(number) + self.schedule.late_end() + self.settings.skew)
-                .as_micros() as u64
+            let window = self.schedule.late_end() + self.settings.skew;
+            (self.schedule.interval_start(number) + window).as_micros() as u64
         } else {
             0
         };
-        let read_prev = if read_prev { "1" } else { "0" };
-        let mut inv = match self.settings.indexing {
+        let read_prev = if prev.is_some() { "1" } else { "0" };
+        let mut values = match self.settings.indexing {
             Indexing::Ranked => {
-                let mut inv = ROUND_RANKED.key(&key);
-                // The score is the offset: the rank is the order in which
-                // instances act, decided by the offsets, not by the network.
-                inv.key(&prev_key)
+                let values: Vec<Value> = ROUND_RANKED
+                    .key(keys::round(&self.name, number))
+                    .key(keys::round(&self.name, number - 1))
                     .arg(self.id.as_str())
-                    .arg(self.schedule.offset().as_micros() as u64);
-                inv
+                    // The score is the offset: the rank is the order in which
+                    // instances act, decided by the offsets, not by the network.
+                    .arg(self.schedule.offset().as_micros() as u64)
+                    .arg(ttl)
+                    .arg(write_by)
+                    .arg(read_prev)
+                    .invoke_async(conn)
+                    .await?;
+                values.into_iter()
             }
             Indexing::Incr => {
-                let mut inv = ROUND_INCR.key(&key);
-                inv.key(&prev_key);
-                inv
+                let values: Vec<Value> = ROUND_INCR
+                    .key(keys::round(&self.name, number))
+                    .key(keys::round_takers(&self.name, number))
+                    .key(keys::round(&self.name, number - 1))
+                    .key(keys::round_takers(&self.name, number - 1))
+                    .arg(self.id.as_str())
+                    .arg(ttl)
+                    .arg(write_by)
+                    .arg(read_prev)
+                    .invoke_async(conn)
+                    .await?;
+                values.into_iter()
             }
         };
-        inv.arg(ttl).arg(write_by).arg(read_prev);
-        let values: Vec<Value> = inv.invoke_async(conn).await?;
-        let mut values = values.into_iter();
-        let written: i64 = parse(next(&mut values)?)?;
-        let (written_value, rank, count) = match self.settings.indexing {
-            Indexing::Ranked => {
-                let rank: Option<u64> = parse(next(&mut values)?)?;
-                let count: u64 = parse(next(&mut values)?)?;
-                (0, rank, read_prev.eq("1").then_some(count))
+        let written: i64 = parse(&mut values)?;
+        let (written_value, prev) = match (self.settings.indexing, prev) {
+            (Indexing::Ranked, prev) => {
+                let rank: Option<u64> = parse(&mut values)?;
+                let count: u64 = parse(&mut values)?;
+                (None, prev.map(|_| (rank.map(|r| r + 1), Some(count))))
             }
-            Indexing::Incr => {
-                let value: u64 = parse(next(&mut values)?)?;
-                let count: Option<u64> = parse(next(&mut values)?)?;
-                (value, None, count)
+            (Indexing::Incr, prev) => {
+                let value: u64 = parse(&mut values)?;
+                let count: Option<u64> = parse(&mut values)?;
+                let held: Option<u64> = parse(&mut values)?;
+                let takers: u64 = parse(&mut values)?;
+                let prev = prev.map(|p| {
+                    let ours = p.incr_value;
+                    // The counter must be the one this instance incremented,
+                    // taken by exactly as many instances as it counts.
+                    if held == ours && Some(takers) == count {
+                        (ours, count)
+                    } else {
+                        warn!(
+                            service = %self.name,
+                            instance = %self.id,
+                            round = number - 1,
+                            ours, ?held, takers, ?count,
+                            "round counter was lost or rewritten in redis; not trusting it"
+                        );
+                        (None, count)
+                    }
+                });
+                (Some(value), prev)
             }
         };
-        let redis_now: u64 = parse(next(&mut values)?)?;
+        let redis_now: u64 = parse(&mut values)?;
         let written = match written {
             1 => Written::Yes(written_value),
             0 => Written::NotAsked,
@@ -267,24 +326,22 @@ impl RoundLoop {
         };
         Ok(RoundReply {
             written,
-            rank,
-            count,
+            prev,
             redis_now: Duration::from_micros(redis_now),
         })
     }
 
     /// Measures this instance's clock against Redis `TIME`, corrected by
     /// half the round trip (at start; rounds measure with their script).
-    /// Returns the fence reason while the offset exceeds the tolerated skew.
-    pub(super) async fn check_clock(
-        &mut self,
-        conn: &mut MultiplexedConnection,
-    ) -> Result<Option<FenceReason>> {
+    /// A clock beyond the skew is logged and fences the rounds that follow.
+    pub(super) async fn check_clock(&mut self) -> Result<()> {
+        let mut conn = self.connection().await?;
         let before = self.clock.now();
-        let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(conn).await?;
+        let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(&mut conn).await?;
         let after = self.clock.now();
         let server = Duration::from_secs(secs) + Duration::from_micros(micros);
-        Ok(self.judge_clock(before, after, server))
+        self.judge_clock(before, after, server);
+        Ok(())
     }
 
     /// Judges one clock measurement: local time read `before` and `after` a
@@ -300,10 +357,11 @@ impl RoundLoop {
         let offset = signed_secs(local, server);
         metrics::gauge!(m::CLOCK_OFFSET_SECONDS, "service" => self.name.to_string()).set(offset);
         let tolerated = self.settings.skew;
+        let offset_ms = (offset * 1e4).round() / 10.0;
         if offset.abs() <= tolerated.as_secs_f64() {
             if self.clock_fenced {
                 self.clock_fenced = false;
-                info!(service = %self.name, offset_ms = offset * 1e3, "clock back within the tolerated skew");
+                info!(service = %self.name, instance = %self.id, offset_ms, "clock back within the tolerated skew");
             }
             return None;
         }
@@ -312,8 +370,8 @@ impl RoundLoop {
             error!(
                 service = %self.name,
                 instance = %self.id,
-                offset_ms = offset * 1e3,
-                tolerated_ms = tolerated.as_secs_f64() * 1e3,
+                offset_ms,
+                ?tolerated,
                 "clock offset against redis TIME exceeds the tolerated skew: fencing this instance until it is back within"
             );
         }
@@ -321,6 +379,29 @@ impl RoundLoop {
             offset_us: (offset * 1e6) as i64,
             tolerated,
         })
+    }
+
+    /// The standing for epoch `number` from the previous round's index and
+    /// count: an assignment only if `1 <= index <= replicas`.
+    fn assignment(&self, number: u64, index: Option<u64>, replicas: Option<u64>) -> Standing {
+        let (index, replicas) = (index.unwrap_or(0), replicas.unwrap_or(0));
+        if let Some(a) = checked_assignment(number, index, replicas) {
+            return Standing::Assigned(a);
+        }
+        // The previous round's key is gone or no longer holds this instance:
+        // something outside the protocol changed it.
+        error!(
+            service = %self.name,
+            instance = %self.id,
+            epoch = number,
+            index,
+            replicas,
+            "round key holds counts that break 1 <= index <= replicas"
+        );
+        Standing::Fenced {
+            epoch: number,
+            reason: FenceReason::Inconsistent { index, replicas },
+        }
     }
 
     /// Publishes a round's standing, logging every change.
@@ -362,76 +443,43 @@ impl RoundLoop {
     }
 }
 
-/// The standing for epoch `number` from the previous round's index and count.
-fn assignment(number: u64, index: Option<u64>, replicas: Option<u64>) -> Standing {
-    match (index, replicas) {
-        (Some(index), Some(replicas)) if 1 <= index && index <= replicas => {
-            match (u32::try_from(index), u32::try_from(replicas)) {
-                (Ok(index), Ok(replicas)) => Standing::Assigned(Assignment {
-                    epoch: number,
-                    index,
-                    replicas,
-                }),
-                _ => inconsistent(number, index, replicas),
-            }
-        }
-        // The previous round's key is gone or no longer holds this instance:
-        // something outside the protocol changed it.
-        (index, replicas) => inconsistent(number, index.unwrap_or(0), replicas.unwrap_or(0)),
-    }
-}
-
-fn inconsistent(epoch: u64, index: u64, replicas: u64) -> Standing {
-    error!(
+/// The assignment for `epoch`, if `1 <= index <= replicas`.
+fn checked_assignment(epoch: u64, index: u64, replicas: u64) -> Option<Assignment> {
+    let (index, replicas) = (u32::try_from(index).ok()?, u32::try_from(replicas).ok()?);
+    (1 <= index && index <= replicas).then_some(Assignment {
         epoch,
-        index, replicas, "round key holds counts that break 1 <= index <= replicas"
-    );
-    Standing::Fenced {
-        epoch,
-        reason: FenceReason::Inconsistent { index, replicas },
-    }
-}
-
-fn parse<T: redis::FromRedisValue>(value: Value) -> Result<T> {
-    Ok(redis::from_redis_value(value).map_err(redis::RedisError::from)?)
-}
-
-fn next(values: &mut impl Iterator<Item = Value>) -> Result<Value> {
-    values.next().ok_or_else(|| {
-        Error::Redis(redis::RedisError::from((
-            redis::ErrorKind::UnexpectedReturnType,
-            "round pipeline returned fewer replies than commands",
-        )))
+        index,
+        replicas,
     })
+}
+
+/// Parses the next value of a script's reply.
+fn parse<T: redis::FromRedisValue>(values: &mut impl Iterator<Item = Value>) -> Result<T> {
+    let value = values.next().ok_or_else(|| {
+        redis::RedisError::from((
+            redis::ErrorKind::UnexpectedReturnType,
+            "round script returned fewer values than expected",
+        ))
+    })?;
+    Ok(redis::from_redis_value(value).map_err(redis::RedisError::from)?)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
 
-    #[test]
-    fn assignments_keep_index_within_replicas() {
-        assert_eq!(
-            assignment(9, Some(2), Some(3)),
-            Standing::Assigned(Assignment {
-                epoch: 9,
-                index: 2,
-                replicas: 3
-            })
-        );
-        for (i, r) in [
-            (Some(3), Some(2)),
-            (Some(0), Some(2)),
-            (None, Some(2)),
-            (Some(1), None),
-        ] {
-            assert!(matches!(
-                assignment(9, i, r),
-                Standing::Fenced {
-                    epoch: 9,
-                    reason: FenceReason::Inconsistent { .. }
+    proptest! {
+        /// Nothing outside `1 <= index <= replicas` is ever an assignment.
+        #[test]
+        fn assignments_keep_index_within_replicas(index in 0u64..10_000_000_000, replicas in 0u64..10_000_000_000) {
+            match checked_assignment(9, index, replicas) {
+                Some(a) => {
+                    prop_assert!(1 <= a.index && a.index <= a.replicas);
+                    prop_assert_eq!((u64::from(a.index), u64::from(a.replicas), a.epoch), (index, replicas, 9));
                 }
-            ));
+                None => prop_assert!(index == 0 || index > replicas || replicas > u64::from(u32::MAX)),
+            }
         }
     }
 }

@@ -70,10 +70,17 @@ impl Schedule {
     }
 
     /// The round after round `n` finished at `now`: `n + 1`, or later when
-    /// the process fell behind (skipped rounds are not run at all, so no key
-    /// is written twice and none late).
+    /// the process fell behind. Of the rounds it fell behind on, only the
+    /// newest is still run, and only if it can still write in its window;
+    /// the others are skipped, so no key is written twice and none late.
     pub(crate) fn next_round(&self, n: u64, now: Duration) -> u64 {
-        (n + 1).max(self.first_round_from(now))
+        let upcoming = self.first_round_from(now);
+        let overdue = upcoming.saturating_sub(1);
+        if overdue > n && matches!(self.plan(overdue, now), Plan::OnTime { .. }) {
+            overdue
+        } else {
+            upcoming.max(n + 1)
+        }
     }
 
     /// What round `n` may do when it wakes at local time `now`.
@@ -150,8 +157,12 @@ mod tests {
                 into: Duration::from_millis(900)
             }
         );
-        // Woken 2.5 intervals late: the rounds in between are skipped.
-        assert_eq!(s.next_round(n, Duration::from_millis(43_800)), 44);
+        // Woken 2.5 intervals late: the rounds in between are skipped, and
+        // the newest overdue one is too late to write in its window.
+        assert_eq!(s.next_round(n, Duration::from_millis(43_900)), 44);
+        // Woken 2.4 intervals late: the newest overdue round (43, at
+        // 43.3 s) can still write before 43.85 s, so it runs at once.
+        assert_eq!(s.next_round(n, Duration::from_millis(43_400)), 43);
         assert_eq!(s.next_round(n, Duration::from_millis(41_400)), 42);
     }
 
@@ -203,6 +214,25 @@ mod tests {
                 }
             }
             prop_assert!(s.next_round(n, woke) > n);
+        }
+
+        /// The next round is always later than the last, and it is either
+        /// not due yet or due and still able to write; no round between is
+        /// both skipped and still able to write.
+        #[test]
+        fn next_round_skips_only_what_cannot_write(i_ms in 100u64..10_000, s_frac in 0.0f64..0.25, off_frac in 0.0f64..0.5, n in 1u64..1_000_000_000, behind_us in 0u64..50_000_000) {
+            let i = Duration::from_millis(i_ms);
+            let off = i.mul_f64(off_frac).min(i / 2 - Duration::from_nanos(1));
+            let s = Schedule::new(i, i.mul_f64(s_frac), off);
+            let now = s.round_time(n) + Duration::from_micros(behind_us);
+            let next = s.next_round(n, now);
+            prop_assert!(next > n);
+            let due = s.round_time(next) <= now;
+            let writable = |round| matches!(s.plan(round, now), Plan::OnTime { .. });
+            prop_assert!(!due || writable(next), "due round {} cannot write", next);
+            for skipped in n + 1..next {
+                prop_assert!(!writable(skipped), "round {} skipped while writable", skipped);
+            }
         }
     }
 }
