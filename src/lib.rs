@@ -57,6 +57,7 @@
 
 pub mod assignment;
 pub mod clock;
+pub mod codec;
 pub mod config;
 pub mod error;
 pub mod indexer;
@@ -64,6 +65,7 @@ pub mod instance;
 mod keys;
 mod meta;
 pub mod metrics;
+pub mod partition;
 
 pub use assignment::Assignment;
 pub use config::Indexing;
