@@ -192,6 +192,24 @@ impl IndexerSettings {
     }
 }
 
+/// Validates the number of partitions `P`.
+pub(crate) fn validate_partitions(partitions: u32) -> Result<()> {
+    use crate::partition::MAX_PARTITIONS;
+    if !(1..=MAX_PARTITIONS).contains(&partitions) {
+        return Err(Error::invalid(
+            "partitions",
+            format!("{partitions} is out of range; a service has 1 to {MAX_PARTITIONS} partitions"),
+        ));
+    }
+    Ok(())
+}
+
+/// The `{N}:meta` fields of the queue itself, shared by producers and
+/// consumers: the partitions and the codec.
+pub(crate) fn queue_meta_fields(partitions: u32, codec: &str) -> Vec<(&'static str, String)> {
+    vec![("partitions", partitions.to_string()), ("codec", codec.to_owned())]
+}
+
 /// Formats a duration exactly and readably: `1s`, `250ms`, `1500us`.
 ///
 /// Used for `{N}:meta` values, so two equal durations always format alike.

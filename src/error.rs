@@ -43,6 +43,19 @@ pub enum Error {
     #[error("redis pool: {0}")]
     CreatePool(#[from] deadpool_redis::CreatePoolError),
 
+    /// A payload could not be encoded.
+    #[error("encoding the task: {0}")]
+    Codec(#[from] crate::codec::CodecError),
+
+    /// An encoded payload is larger than the producer's limit.
+    #[error("payload of {size} bytes exceeds the limit of {limit} bytes (`max_payload`)")]
+    PayloadTooLarge {
+        /// The encoded size.
+        size: usize,
+        /// The configured limit.
+        limit: usize,
+    },
+
     /// Redis did not answer in time.
     #[error("redis did not answer within {0:?}")]
     Timeout(Duration),

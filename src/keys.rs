@@ -27,6 +27,21 @@ pub(crate) fn transition(name: &ServiceName) -> String {
     format!("{{{name}}}:transition")
 }
 
+/// The consumer group of every partition stream.
+pub(crate) const GROUP: &str = "peerq";
+
+/// The stream of partition `p`. `{N/p}` is its own hash tag, so under Redis
+/// Cluster the partitions spread over the slots.
+pub(crate) fn stream(name: &ServiceName, p: u32) -> String {
+    format!("{{{name}/{p}}}:stream")
+}
+
+/// The fencing record of partition `p`: `<epoch>:<instance id>`.
+#[allow(dead_code)] // written on acquire (handover issue)
+pub(crate) fn owner(name: &ServiceName, p: u32) -> String {
+    format!("{{{name}/{p}}}:owner")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -38,6 +53,8 @@ mod tests {
         assert_eq!(round_takers(&n, 42), "{mail-sender}:42:by");
         assert_eq!(meta(&n), "{mail-sender}:meta");
         assert_eq!(transition(&n), "{mail-sender}:transition");
+        assert_eq!(stream(&n, 7), "{mail-sender/7}:stream");
+        assert_eq!(owner(&n, 7), "{mail-sender/7}:owner");
     }
 
     #[test]

@@ -59,6 +59,7 @@ pub mod assignment;
 pub mod clock;
 pub mod codec;
 pub mod config;
+mod connection;
 pub mod error;
 pub mod indexer;
 pub mod instance;
@@ -66,6 +67,8 @@ mod keys;
 mod meta;
 pub mod metrics;
 pub mod partition;
+pub mod producer;
+pub mod task;
 
 pub use assignment::Assignment;
 pub use config::Indexing;

@@ -14,6 +14,7 @@ use super::schedule::{Plan, Schedule};
 use super::{FenceReason, Standing};
 use crate::assignment::Assignment;
 use crate::clock::{Clock, signed_secs};
+use crate::connection::SharedConnection;
 use crate::config::{IndexerSettings, Indexing, ServiceName};
 use crate::error::{Error, Result};
 use crate::instance::InstanceId;
@@ -65,9 +66,8 @@ pub(super) struct RoundLoop {
     settings: IndexerSettings,
     schedule: Schedule,
     clock: Arc<dyn Clock>,
-    pool: Pool,
-    /// The connection the rounds use, forgotten after any failed round.
-    conn: Option<MultiplexedConnection>,
+    /// The connection the rounds use, replaced after any failed round.
+    conn: SharedConnection,
     tx: watch::Sender<Standing>,
     /// Set only by a round whose write succeeded, and cleared by any round
     /// that did not write: an instance that missed a round must not claim an
@@ -95,8 +95,7 @@ impl RoundLoop {
             settings,
             schedule,
             clock,
-            pool,
-            conn: None,
+            conn: SharedConnection::new(pool),
             tx,
             counted: None,
             clock_fenced: false,
@@ -155,9 +154,7 @@ impl RoundLoop {
             Ok(standing) => standing,
             Err(e) => {
                 self.counted = None;
-                // Ask the pool again next round: its recycle check drops the
-                // connection if it is broken.
-                self.conn = None;
+                self.conn.reset();
                 Standing::Fenced {
                     epoch: number,
                     reason: FenceReason::RoundFailed {
@@ -166,19 +163,6 @@ impl RoundLoop {
                 }
             }
         }
-    }
-
-    /// The round loop's connection: one multiplexed connection kept across
-    /// rounds. Taking one from the pool every round would cost a `PING`
-    /// round trip (the pool's recycle check) before the round's write.
-    pub(super) async fn connection(&mut self) -> Result<MultiplexedConnection> {
-        if let Some(conn) = &self.conn {
-            return Ok(conn.clone());
-        }
-        let pooled = self.pool.get().await?;
-        let conn = MultiplexedConnection::clone(&pooled);
-        self.conn = Some(conn.clone());
-        Ok(conn)
     }
 
     /// The round's Redis work, in one round trip: write this round, read
@@ -195,7 +179,7 @@ impl RoundLoop {
         leaving: bool,
         prev: Option<Counted>,
     ) -> Result<Standing> {
-        let mut conn = self.connection().await?;
+        let mut conn = self.conn.get().await?;
         let write = !leaving && !self.clock_fenced;
         let before = self.clock.now();
         let reply = self.write_and_read(&mut conn, number, write, prev).await?;
@@ -335,7 +319,7 @@ impl RoundLoop {
     /// half the round trip (at start; rounds measure with their script).
     /// A clock beyond the skew is logged and fences the rounds that follow.
     pub(super) async fn check_clock(&mut self) -> Result<()> {
-        let mut conn = self.connection().await?;
+        let mut conn = self.conn.get().await?;
         let before = self.clock.now();
         let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(&mut conn).await?;
         let after = self.clock.now();

@@ -1,0 +1,55 @@
+//! One multiplexed Redis connection, shared, replaced after an error.
+//!
+//! Taking a connection from the deadpool pool for every command costs a
+//! round trip (its recycle check pings the connection first). The parts that
+//! send many short commands (the producer, the indexer's rounds, acks) keep
+//! one multiplexed connection instead, which pipelines concurrent commands
+//! by itself, and go back to the pool only after a failure, when the pool's
+//! check replaces a broken connection. Blocking reads never use it: a
+//! blocking command stalls every other command on its connection.
+
+use std::sync::Mutex;
+
+use deadpool_redis::Pool;
+use deadpool_redis::redis::aio::MultiplexedConnection;
+
+use crate::error::Result;
+
+/// A multiplexed connection taken from `pool` on first use.
+#[derive(Debug)]
+pub(crate) struct SharedConnection {
+    pool: Pool,
+    // A std mutex: it is only held to clone or replace the handle, never
+    // across an await.
+    cached: Mutex<Option<MultiplexedConnection>>,
+}
+
+impl SharedConnection {
+    pub(crate) fn new(pool: Pool) -> Self {
+        SharedConnection {
+            pool,
+            cached: Mutex::new(None),
+        }
+    }
+
+    /// The connection (a cheap clone of the shared handle).
+    pub(crate) async fn get(&self) -> Result<MultiplexedConnection> {
+        if let Some(conn) = self.lock().as_ref() {
+            return Ok(conn.clone());
+        }
+        let pooled = self.pool.get().await?;
+        let conn = MultiplexedConnection::clone(&pooled);
+        *self.lock() = Some(conn.clone());
+        Ok(conn)
+    }
+
+    /// Forgets the connection after an error: the next `get` asks the pool,
+    /// whose recycle check drops it if it is broken.
+    pub(crate) fn reset(&self) {
+        *self.lock() = None;
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<MultiplexedConnection>> {
+        self.cached.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}

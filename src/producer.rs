@@ -1,0 +1,261 @@
+//! Enqueues typed tasks (DESIGN.md §1, §3).
+//!
+//! A task goes to partition `fnv1a64(key) % P` (see [`crate::partition`]),
+//! where the key is the task id unless the producer gives one: tasks with
+//! one key land in one partition, in enqueue order.
+
+use std::fmt;
+use std::marker::PhantomData;
+
+use deadpool_redis::redis::{self, RedisError};
+use deadpool_redis::{Pool, Runtime};
+use serde::Serialize;
+
+use crate::codec::{Bincode, Codec};
+use crate::config::{self, ServiceName};
+use crate::connection::SharedConnection;
+use crate::error::{Error, Result};
+use crate::partition::{DEFAULT_PARTITIONS, partition_of};
+use crate::task::{Entry, TaskId};
+use crate::{keys, meta};
+
+/// Default largest encoded payload a producer accepts.
+pub const DEFAULT_MAX_PAYLOAD: usize = 1024 * 1024;
+
+/// How to enqueue one task.
+#[derive(Debug, Clone, Default)]
+#[must_use]
+pub struct Options {
+    key: Option<String>,
+}
+
+impl Options {
+    /// The defaults: the task id is the partition key.
+    pub fn new() -> Self {
+        Options::default()
+    }
+
+    /// The partition key: tasks with one key go to one partition and are
+    /// delivered in enqueue order.
+    pub fn key(mut self, key: impl Into<String>) -> Self {
+        self.key = Some(key.into());
+        self
+    }
+}
+
+/// Enqueues tasks of any serde type into a service's partition streams.
+///
+/// ```no_run
+/// # async fn demo() -> peerq::Result<()> {
+/// use peerq::producer::{Options, Producer};
+///
+/// #[derive(serde::Serialize)]
+/// struct Mail { to: String, body: String }
+///
+/// let producer = Producer::connect("redis://127.0.0.1/", "mail-sender").await?;
+/// let id = producer.enqueue(&Mail { to: "a@example.com".into(), body: "hi".into() }).await?;
+/// producer.enqueue_with(&Mail { to: "b@example.com".into(), body: "1".into() },
+///                       Options::new().key("user-42")).await?;
+/// let ids = producer.enqueue_batch(&[
+///     Mail { to: "c@example.com".into(), body: "2".into() },
+///     Mail { to: "d@example.com".into(), body: "3".into() },
+/// ]).await?;
+/// # Ok(()) }
+/// ```
+pub struct Producer<C: Codec = Bincode> {
+    name: ServiceName,
+    conn: SharedConnection,
+    partitions: u32,
+    codec: C,
+    max_payload: usize,
+}
+
+impl<C: Codec> fmt::Debug for Producer<C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Producer")
+            .field("name", &self.name)
+            .field("partitions", &self.partitions)
+            .field("codec", &C::NAME)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Producer<Bincode> {
+    /// Connects a producer with the defaults (bincode, 64 partitions) to
+    /// service `name` at `url`.
+    pub async fn connect(url: &str, name: &str) -> Result<Self> {
+        Producer::builder().redis(url).name(name).connect().await
+    }
+
+    /// A builder with the defaults.
+    pub fn builder() -> ProducerBuilder<Bincode> {
+        ProducerBuilder {
+            name: None,
+            url: None,
+            pool: None,
+            partitions: DEFAULT_PARTITIONS,
+            max_payload: DEFAULT_MAX_PAYLOAD,
+            codec: PhantomData,
+        }
+    }
+}
+
+impl<C: Codec> Producer<C> {
+    /// Enqueues one task; returns its id.
+    pub async fn enqueue<T: Serialize>(&self, task: T) -> Result<TaskId> {
+        self.enqueue_with(task, Options::new()).await
+    }
+
+    /// Enqueues one task with options; returns its id.
+    pub async fn enqueue_with<T: Serialize>(&self, task: T, options: Options) -> Result<TaskId> {
+        let entry = self.entry(&task, options.key)?;
+        let id = entry.id.clone();
+        let mut cmd = redis::cmd("XADD");
+        cmd.arg(self.stream_of(&entry)).arg("*").arg(entry.fields());
+        let mut conn = self.conn.get().await?;
+        let sent: Result<(), RedisError> = cmd.query_async(&mut conn).await;
+        sent.inspect_err(|_| self.conn.reset())?;
+        Ok(id)
+    }
+
+    /// Enqueues many tasks in one pipelined round trip; returns their ids
+    /// in order. Either all are sent or the error is returned (a failure
+    /// mid-way can leave a prefix enqueued: the ids say which were meant).
+    pub async fn enqueue_batch<T: Serialize>(&self, tasks: &[T]) -> Result<Vec<TaskId>> {
+        let mut pipe = redis::pipe();
+        let mut ids = Vec::with_capacity(tasks.len());
+        for task in tasks {
+            let entry = self.entry(task, None)?;
+            pipe.cmd("XADD")
+                .arg(self.stream_of(&entry))
+                .arg("*")
+                .arg(entry.fields())
+                .ignore();
+            ids.push(entry.id);
+        }
+        if ids.is_empty() {
+            return Ok(ids);
+        }
+        let mut conn = self.conn.get().await?;
+        let sent: Result<(), RedisError> = pipe.query_async(&mut conn).await;
+        sent.inspect_err(|_| self.conn.reset())?;
+        Ok(ids)
+    }
+
+    /// The service's number of partitions.
+    pub fn partitions(&self) -> u32 {
+        self.partitions
+    }
+
+    fn entry<T: Serialize>(&self, task: &T, key: Option<String>) -> Result<Entry> {
+        let payload = self.codec.encode(task)?;
+        if payload.len() > self.max_payload {
+            return Err(Error::PayloadTooLarge {
+                size: payload.len(),
+                limit: self.max_payload,
+            });
+        }
+        Ok(Entry::new(TaskId::generate(), key, C::NAME, payload))
+    }
+
+    fn stream_of(&self, entry: &Entry) -> String {
+        let p = partition_of(entry.partition_key().as_bytes(), self.partitions);
+        keys::stream(&self.name, p)
+    }
+}
+
+/// Builds a [`Producer`].
+#[must_use]
+pub struct ProducerBuilder<C> {
+    name: Option<String>,
+    url: Option<String>,
+    pool: Option<Pool>,
+    partitions: u32,
+    max_payload: usize,
+    codec: PhantomData<C>,
+}
+
+impl<C> fmt::Debug for ProducerBuilder<C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ProducerBuilder")
+            .field("name", &self.name)
+            .field("url", &self.url)
+            .field("partitions", &self.partitions)
+            .field("max_payload", &self.max_payload)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<C: Codec> ProducerBuilder<C> {
+    /// The service name (required).
+    pub fn name(mut self, name: impl Into<String>) -> Self {
+        self.name = Some(name.into());
+        self
+    }
+
+    /// Connect to Redis at `url`.
+    pub fn redis(mut self, url: impl Into<String>) -> Self {
+        self.url = Some(url.into());
+        self
+    }
+
+    /// Use this pool (takes precedence over [`redis`](Self::redis)).
+    pub fn pool(mut self, pool: Pool) -> Self {
+        self.pool = Some(pool);
+        self
+    }
+
+    /// The number of partitions `P` (default 64; 1 to 4096). Service-wide.
+    pub fn partitions(mut self, partitions: u32) -> Self {
+        self.partitions = partitions;
+        self
+    }
+
+    /// The largest encoded payload accepted (default 1 MiB); larger tasks
+    /// are refused with [`Error::PayloadTooLarge`].
+    pub fn max_payload(mut self, bytes: usize) -> Self {
+        self.max_payload = bytes;
+        self
+    }
+
+    /// The codec (default [`Bincode`]). Service-wide.
+    pub fn codec<D: Codec>(self, _codec: D) -> ProducerBuilder<D> {
+        ProducerBuilder {
+            name: self.name,
+            url: self.url,
+            pool: self.pool,
+            partitions: self.partitions,
+            max_payload: self.max_payload,
+            codec: PhantomData,
+        }
+    }
+
+    /// Validates the settings, connects, and checks them against the
+    /// service's `{N}:meta` (recording them if the service is new).
+    pub async fn connect(self) -> Result<Producer<C>> {
+        let name = ServiceName::new(self.name.as_deref().unwrap_or_default())?;
+        config::validate_partitions(self.partitions)?;
+        if self.max_payload == 0 {
+            return Err(Error::invalid("max_payload", "0 bytes accepts no task; use at least 1"));
+        }
+        let pool = match (self.pool, self.url) {
+            (Some(pool), _) => pool,
+            (None, Some(url)) => {
+                deadpool_redis::Config::from_url(url).create_pool(Some(Runtime::Tokio1))?
+            }
+            (None, None) => {
+                return Err(Error::invalid("redis", "no Redis given; call .redis(url) or .pool(pool)"));
+            }
+        };
+        let conn = SharedConnection::new(pool);
+        let fields = config::queue_meta_fields(self.partitions, C::NAME);
+        meta::ensure(&mut conn.get().await?, &name, &fields).await?;
+        Ok(Producer {
+            name,
+            conn,
+            partitions: self.partitions,
+            codec: C::default(),
+            max_payload: self.max_payload,
+        })
+    }
+}

@@ -1,0 +1,207 @@
+//! A task as it travels: its id, and the stream entry format.
+//!
+//! Every entry of a partition stream has these fields, so that a producer
+//! in any language can enqueue (the README documents them):
+//!
+//! | field | value |
+//! |---|---|
+//! | `id` | the task id: any unique string (peerq writes a UUIDv7) |
+//! | `key` | the partition key, when the producer gave one (absent: the id is the key) |
+//! | `attempt` | decimal, 1 for the first run |
+//! | `enqueued_at` | decimal milliseconds since the Unix epoch |
+//! | `codec` | `bincode` or `json`: how `payload` is encoded |
+//! | `payload` | the encoded task |
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use deadpool_redis::redis::Value;
+
+/// The names of an entry's fields.
+pub(crate) mod field {
+    pub(crate) const ID: &str = "id";
+    pub(crate) const KEY: &str = "key";
+    pub(crate) const ATTEMPT: &str = "attempt";
+    pub(crate) const ENQUEUED_AT: &str = "enqueued_at";
+    pub(crate) const CODEC: &str = "codec";
+    pub(crate) const PAYLOAD: &str = "payload";
+}
+
+/// A task's id, unique per task. peerq's producer makes UUIDv7s (ordered by
+/// creation time); producers in other languages may use any unique string.
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct TaskId(Arc<str>);
+
+impl TaskId {
+    /// A new UUIDv7 id.
+    pub fn generate() -> Self {
+        TaskId(uuid::Uuid::now_v7().hyphenated().to_string().into())
+    }
+
+    /// The id as a string.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl From<&str> for TaskId {
+    fn from(s: &str) -> Self {
+        TaskId(s.into())
+    }
+}
+
+impl fmt::Display for TaskId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl fmt::Debug for TaskId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&*self.0, f)
+    }
+}
+
+/// One task as stored in a partition stream.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Entry {
+    pub(crate) id: TaskId,
+    pub(crate) key: Option<String>,
+    pub(crate) attempt: u32,
+    pub(crate) enqueued_at: Duration,
+    pub(crate) codec: String,
+    pub(crate) payload: Vec<u8>,
+}
+
+/// An entry whose fields do not follow the format: it cannot be run.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("malformed entry: {0}")]
+pub(crate) struct MalformedEntry(pub(crate) String);
+
+impl Entry {
+    /// A first attempt of `payload`, enqueued now.
+    pub(crate) fn new(id: TaskId, key: Option<String>, codec: &str, payload: Vec<u8>) -> Self {
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default();
+        Entry {
+            id,
+            key,
+            attempt: 1,
+            // Milliseconds are what the entry stores.
+            enqueued_at: Duration::from_millis(now.as_millis() as u64),
+            codec: codec.to_owned(),
+            payload,
+        }
+    }
+
+    /// The field-value pairs to `XADD`.
+    pub(crate) fn fields(&self) -> Vec<(&'static str, Vec<u8>)> {
+        let mut fields = vec![
+            (field::ID, self.id.as_str().as_bytes().to_vec()),
+            (field::ATTEMPT, self.attempt.to_string().into_bytes()),
+            (
+                field::ENQUEUED_AT,
+                self.enqueued_at.as_millis().to_string().into_bytes(),
+            ),
+            (field::CODEC, self.codec.as_bytes().to_vec()),
+            (field::PAYLOAD, self.payload.clone()),
+        ];
+        if let Some(key) = &self.key {
+            fields.push((field::KEY, key.as_bytes().to_vec()));
+        }
+        fields
+    }
+
+    /// The partition key: the given key, else the id.
+    pub(crate) fn partition_key(&self) -> &str {
+        self.key.as_deref().unwrap_or(self.id.as_str())
+    }
+
+    /// Reads an entry from a stream reply's field map.
+    pub(crate) fn parse(map: &HashMap<String, Value>) -> Result<Entry, MalformedEntry> {
+        let id = text(map, field::ID)?.ok_or_else(|| missing(field::ID))?;
+        let attempt = text(map, field::ATTEMPT)?
+            .ok_or_else(|| missing(field::ATTEMPT))?
+            .parse::<u32>()
+            .map_err(|e| MalformedEntry(format!("`attempt`: {e}")))?;
+        let enqueued_ms = text(map, field::ENQUEUED_AT)?
+            .ok_or_else(|| missing(field::ENQUEUED_AT))?
+            .parse::<u64>()
+            .map_err(|e| MalformedEntry(format!("`enqueued_at`: {e}")))?;
+        let codec = text(map, field::CODEC)?.ok_or_else(|| missing(field::CODEC))?;
+        let payload = bytes(map, field::PAYLOAD)?.ok_or_else(|| missing(field::PAYLOAD))?;
+        Ok(Entry {
+            id: TaskId(id.into()),
+            key: text(map, field::KEY)?,
+            attempt,
+            enqueued_at: Duration::from_millis(enqueued_ms),
+            codec,
+            payload,
+        })
+    }
+}
+
+fn missing(field: &str) -> MalformedEntry {
+    MalformedEntry(format!("no `{field}` field"))
+}
+
+fn bytes(map: &HashMap<String, Value>, field: &str) -> Result<Option<Vec<u8>>, MalformedEntry> {
+    match map.get(field) {
+        None => Ok(None),
+        Some(Value::BulkString(b)) => Ok(Some(b.clone())),
+        Some(Value::SimpleString(s)) => Ok(Some(s.clone().into_bytes())),
+        Some(other) => Err(MalformedEntry(format!("`{field}` is {other:?}"))),
+    }
+}
+
+fn text(map: &HashMap<String, Value>, field: &str) -> Result<Option<String>, MalformedEntry> {
+    bytes(map, field)?
+        .map(|b| String::from_utf8(b).map_err(|_| MalformedEntry(format!("`{field}` is not UTF-8"))))
+        .transpose()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn as_map(entry: &Entry) -> HashMap<String, Value> {
+        entry
+            .fields()
+            .into_iter()
+            .map(|(k, v)| (k.to_owned(), Value::BulkString(v)))
+            .collect()
+    }
+
+    #[test]
+    fn entries_round_trip_through_their_fields() {
+        let e = Entry::new(TaskId::generate(), Some("user-42".into()), "json", b"{}".to_vec());
+        assert_eq!(Entry::parse(&as_map(&e)).unwrap(), e);
+        let no_key = Entry::new(TaskId::generate(), None, "bincode", vec![1, 2]);
+        let back = Entry::parse(&as_map(&no_key)).unwrap();
+        assert_eq!(back.key, None);
+        assert_eq!(back.partition_key(), no_key.id.as_str());
+    }
+
+    #[test]
+    fn malformed_entries_say_what_is_wrong() {
+        let e = Entry::new(TaskId::generate(), None, "json", b"{}".to_vec());
+        let mut map = as_map(&e);
+        map.remove(field::PAYLOAD);
+        assert_eq!(Entry::parse(&map).unwrap_err().to_string(), "malformed entry: no `payload` field");
+        let mut map = as_map(&e);
+        map.insert(field::ATTEMPT.into(), Value::BulkString(b"x".to_vec()));
+        assert!(Entry::parse(&map).unwrap_err().to_string().contains("`attempt`"));
+    }
+
+    #[test]
+    fn generated_ids_are_unique_and_ordered() {
+        let ids: Vec<TaskId> = (0..1000).map(|_| TaskId::generate()).collect();
+        let mut sorted = ids.clone();
+        sorted.sort();
+        sorted.dedup();
+        assert_eq!(sorted, ids);
+    }
+}
