@@ -59,13 +59,11 @@ impl Codec for Bincode {
     }
 
     fn decode<T: DeserializeOwned>(&self, bytes: &[u8]) -> Result<T, CodecError> {
-        let (value, read) =
-            bincode::serde::decode_from_slice(bytes, bincode::config::standard()).map_err(
-                |e| CodecError {
-                    codec: Self::NAME,
-                    message: e.to_string(),
-                },
-            )?;
+        let (value, read) = bincode::serde::decode_from_slice(bytes, bincode::config::standard())
+            .map_err(|e| CodecError {
+            codec: Self::NAME,
+            message: e.to_string(),
+        })?;
         // Trailing bytes mean the payload was written for another type.
         if read != bytes.len() {
             return Err(CodecError {
@@ -136,7 +134,12 @@ mod tests {
 
     #[test]
     fn json_is_plain_json() {
-        let mail = Mail { to: "a@b".into(), body: "hi".into(), retries: 1, tags: vec![] };
+        let mail = Mail {
+            to: "a@b".into(),
+            body: "hi".into(),
+            retries: 1,
+            tags: vec![],
+        };
         let text = String::from_utf8(Json.encode(&mail).unwrap()).unwrap();
         assert_eq!(text, r#"{"to":"a@b","body":"hi","retries":1,"tags":[]}"#);
     }

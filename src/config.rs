@@ -207,7 +207,10 @@ pub(crate) fn validate_partitions(partitions: u32) -> Result<()> {
 /// The `{N}:meta` fields of the queue itself, shared by producers and
 /// consumers: the partitions and the codec.
 pub(crate) fn queue_meta_fields(partitions: u32, codec: &str) -> Vec<(&'static str, String)> {
-    vec![("partitions", partitions.to_string()), ("codec", codec.to_owned())]
+    vec![
+        ("partitions", partitions.to_string()),
+        ("codec", codec.to_owned()),
+    ]
 }
 
 /// Formats a duration exactly and readably: `1s`, `250ms`, `1500us`.

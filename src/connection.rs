@@ -12,6 +12,7 @@ use std::sync::Mutex;
 
 use deadpool_redis::Pool;
 use deadpool_redis::redis::aio::MultiplexedConnection;
+use deadpool_redis::redis::{Cmd, FromRedisValue, Pipeline, RedisError};
 
 use crate::error::Result;
 
@@ -47,6 +48,25 @@ impl SharedConnection {
     /// whose recycle check drops it if it is broken.
     pub(crate) fn reset(&self) {
         *self.lock() = None;
+    }
+
+    /// The pool behind it.
+    pub(crate) fn pool(&self) -> &Pool {
+        &self.pool
+    }
+
+    /// Runs `cmd`, replacing the connection after an error.
+    pub(crate) async fn query<T: FromRedisValue>(&self, cmd: &Cmd) -> Result<T> {
+        let mut conn = self.get().await?;
+        let reply: Result<T, RedisError> = cmd.query_async(&mut conn).await;
+        Ok(reply.inspect_err(|_| self.reset())?)
+    }
+
+    /// Runs `pipe` in one round trip, replacing the connection after an error.
+    pub(crate) async fn query_pipe<T: FromRedisValue>(&self, pipe: &Pipeline) -> Result<T> {
+        let mut conn = self.get().await?;
+        let reply: Result<T, RedisError> = pipe.query_async(&mut conn).await;
+        Ok(reply.inspect_err(|_| self.reset())?)
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Option<MultiplexedConnection>> {

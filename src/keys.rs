@@ -42,6 +42,11 @@ pub(crate) fn owner(name: &ServiceName, p: u32) -> String {
     format!("{{{name}/{p}}}:owner")
 }
 
+/// The dead letters of partition `p`.
+pub(crate) fn dead(name: &ServiceName, p: u32) -> String {
+    format!("{{{name}/{p}}}:dead")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -55,6 +60,7 @@ mod tests {
         assert_eq!(transition(&n), "{mail-sender}:transition");
         assert_eq!(stream(&n, 7), "{mail-sender/7}:stream");
         assert_eq!(owner(&n, 7), "{mail-sender/7}:owner");
+        assert_eq!(dead(&n, 7), "{mail-sender/7}:dead");
     }
 
     #[test]

@@ -60,7 +60,9 @@ pub mod clock;
 pub mod codec;
 pub mod config;
 mod connection;
+pub mod consumer;
 pub mod error;
+pub mod handler;
 pub mod indexer;
 pub mod instance;
 mod keys;
@@ -72,4 +74,6 @@ pub mod task;
 
 pub use assignment::Assignment;
 pub use config::Indexing;
+pub use consumer::Consumer;
 pub use error::{Error, Result};
+pub use handler::{Handler, HandlerError, TaskContext};

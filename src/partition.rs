@@ -49,7 +49,10 @@ mod tests {
         assert_eq!(fnv1a64(b"user-42"), 0x32c6d7a54d35dacb);
         assert_eq!(partition_of(b"user-42", 64), 11);
         assert_eq!(partition_of(b"foobar", 64), 40);
-        assert_eq!(partition_of(b"0190b2b5-0000-7000-8000-000000000000", 64), 57);
+        assert_eq!(
+            partition_of(b"0190b2b5-0000-7000-8000-000000000000", 64),
+            57
+        );
     }
 
     proptest! {
@@ -66,6 +69,9 @@ mod tests {
             counts[partition_of(format!("key-{i}").as_bytes(), 64) as usize] += 1;
         }
         // 1000 expected per partition; a fair hash stays well within ±20 %.
-        assert!(counts.iter().all(|&c| (800..1200).contains(&c)), "{counts:?}");
+        assert!(
+            counts.iter().all(|&c| (800..1200).contains(&c)),
+            "{counts:?}"
+        );
     }
 }

@@ -7,7 +7,7 @@
 use std::fmt;
 use std::marker::PhantomData;
 
-use deadpool_redis::redis::{self, RedisError};
+use deadpool_redis::redis;
 use deadpool_redis::{Pool, Runtime};
 use serde::Serialize;
 
@@ -112,9 +112,7 @@ impl<C: Codec> Producer<C> {
         let id = entry.id.clone();
         let mut cmd = redis::cmd("XADD");
         cmd.arg(self.stream_of(&entry)).arg("*").arg(entry.fields());
-        let mut conn = self.conn.get().await?;
-        let sent: Result<(), RedisError> = cmd.query_async(&mut conn).await;
-        sent.inspect_err(|_| self.conn.reset())?;
+        self.conn.query::<()>(&cmd).await?;
         Ok(id)
     }
 
@@ -136,9 +134,7 @@ impl<C: Codec> Producer<C> {
         if ids.is_empty() {
             return Ok(ids);
         }
-        let mut conn = self.conn.get().await?;
-        let sent: Result<(), RedisError> = pipe.query_async(&mut conn).await;
-        sent.inspect_err(|_| self.conn.reset())?;
+        self.conn.query_pipe::<()>(&pipe).await?;
         Ok(ids)
     }
 
@@ -236,7 +232,10 @@ impl<C: Codec> ProducerBuilder<C> {
         let name = ServiceName::new(self.name.as_deref().unwrap_or_default())?;
         config::validate_partitions(self.partitions)?;
         if self.max_payload == 0 {
-            return Err(Error::invalid("max_payload", "0 bytes accepts no task; use at least 1"));
+            return Err(Error::invalid(
+                "max_payload",
+                "0 bytes accepts no task; use at least 1",
+            ));
         }
         let pool = match (self.pool, self.url) {
             (Some(pool), _) => pool,
@@ -244,7 +243,10 @@ impl<C: Codec> ProducerBuilder<C> {
                 deadpool_redis::Config::from_url(url).create_pool(Some(Runtime::Tokio1))?
             }
             (None, None) => {
-                return Err(Error::invalid("redis", "no Redis given; call .redis(url) or .pool(pool)"));
+                return Err(Error::invalid(
+                    "redis",
+                    "no Redis given; call .redis(url) or .pool(pool)",
+                ));
             }
         };
         let conn = SharedConnection::new(pool);

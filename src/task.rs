@@ -159,7 +159,9 @@ fn bytes(map: &HashMap<String, Value>, field: &str) -> Result<Option<Vec<u8>>, M
 
 fn text(map: &HashMap<String, Value>, field: &str) -> Result<Option<String>, MalformedEntry> {
     bytes(map, field)?
-        .map(|b| String::from_utf8(b).map_err(|_| MalformedEntry(format!("`{field}` is not UTF-8"))))
+        .map(|b| {
+            String::from_utf8(b).map_err(|_| MalformedEntry(format!("`{field}` is not UTF-8")))
+        })
         .transpose()
 }
 
@@ -177,7 +179,12 @@ mod tests {
 
     #[test]
     fn entries_round_trip_through_their_fields() {
-        let e = Entry::new(TaskId::generate(), Some("user-42".into()), "json", b"{}".to_vec());
+        let e = Entry::new(
+            TaskId::generate(),
+            Some("user-42".into()),
+            "json",
+            b"{}".to_vec(),
+        );
         assert_eq!(Entry::parse(&as_map(&e)).unwrap(), e);
         let no_key = Entry::new(TaskId::generate(), None, "bincode", vec![1, 2]);
         let back = Entry::parse(&as_map(&no_key)).unwrap();
@@ -190,10 +197,18 @@ mod tests {
         let e = Entry::new(TaskId::generate(), None, "json", b"{}".to_vec());
         let mut map = as_map(&e);
         map.remove(field::PAYLOAD);
-        assert_eq!(Entry::parse(&map).unwrap_err().to_string(), "malformed entry: no `payload` field");
+        assert_eq!(
+            Entry::parse(&map).unwrap_err().to_string(),
+            "malformed entry: no `payload` field"
+        );
         let mut map = as_map(&e);
         map.insert(field::ATTEMPT.into(), Value::BulkString(b"x".to_vec()));
-        assert!(Entry::parse(&map).unwrap_err().to_string().contains("`attempt`"));
+        assert!(
+            Entry::parse(&map)
+                .unwrap_err()
+                .to_string()
+                .contains("`attempt`")
+        );
     }
 
     #[test]

@@ -1,0 +1,333 @@
+//! The consumer's builder: settings, the handler service, its layers.
+
+use std::fmt;
+use std::future::Future;
+use std::marker::PhantomData;
+use std::time::Duration;
+
+use deadpool_redis::{Pool, Runtime};
+use serde::de::DeserializeOwned;
+use tower::{Layer, Service};
+
+use super::{ConsumerSettings, runtime};
+use crate::codec::{Bincode, Codec};
+use crate::config::{IndexerSettings, Indexing, ServiceName, fmt_duration};
+use crate::error::{Error, Result};
+use crate::handler::{BoxError, Handler, HandlerService, Task};
+use crate::partition::DEFAULT_PARTITIONS;
+
+/// Default tasks in flight per instance.
+pub const DEFAULT_CONCURRENCY: usize = 64;
+/// Default most entries read in one `XREADGROUP`.
+pub const DEFAULT_BATCH: usize = 64;
+/// Default time a read blocks waiting for new entries.
+pub const DEFAULT_BLOCK: Duration = Duration::from_secs(1);
+/// Default drain timeout: how long released partitions' running tasks may
+/// take to finish before they are cancelled.
+pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_millis(300);
+/// Default attempts of a task before it goes to the dead letters.
+pub const DEFAULT_MAX_ATTEMPTS: u32 = 5;
+/// Default idle time after which an entry pending on another consumer is
+/// claimed by the partition's owner.
+pub const DEFAULT_CLAIM_IDLE: Duration = Duration::from_secs(30);
+
+/// Builds and runs a consumer; see [`Consumer`](super::Consumer).
+///
+/// `T` is the task type, `S` the handler service (`()` until one is given),
+/// `C` the codec.
+#[must_use]
+pub struct ConsumerBuilder<T, S, C> {
+    name: Option<String>,
+    url: Option<String>,
+    pool: Option<Pool>,
+    indexer: IndexerSettings,
+    settings: ConsumerSettings,
+    service: S,
+    task: PhantomData<fn() -> (T, C)>,
+}
+
+impl<T, S, C: Codec> fmt::Debug for ConsumerBuilder<T, S, C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ConsumerBuilder")
+            .field("name", &self.name)
+            .field("url", &self.url)
+            .field("indexer", &self.indexer)
+            .field("settings", &self.settings)
+            .field("codec", &C::NAME)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ConsumerBuilder<(), (), Bincode> {
+    pub(super) fn new() -> Self {
+        ConsumerBuilder {
+            name: None,
+            url: None,
+            pool: None,
+            indexer: IndexerSettings::default(),
+            settings: ConsumerSettings {
+                partitions: DEFAULT_PARTITIONS,
+                concurrency: DEFAULT_CONCURRENCY,
+                batch: DEFAULT_BATCH,
+                block: DEFAULT_BLOCK,
+                drain_timeout: DEFAULT_DRAIN_TIMEOUT,
+                max_attempts: DEFAULT_MAX_ATTEMPTS,
+                claim_idle: DEFAULT_CLAIM_IDLE,
+                allow_eviction: false,
+            },
+            service: (),
+            task: PhantomData,
+        }
+    }
+}
+
+impl<T, S, C: Codec> ConsumerBuilder<T, S, C> {
+    /// The service name (required): instances with one name split one queue.
+    pub fn name(mut self, name: impl Into<String>) -> Self {
+        self.name = Some(name.into());
+        self
+    }
+
+    /// Connect to Redis at `url` (`redis://`, `rediss://`, with user and password).
+    pub fn redis(mut self, url: impl Into<String>) -> Self {
+        self.url = Some(url.into());
+        self
+    }
+
+    /// Use this pool for the instance's non-blocking commands (takes
+    /// precedence over [`redis`](Self::redis)). Blocking reads always get
+    /// connections of their own, to the same server.
+    pub fn pool(mut self, pool: Pool) -> Self {
+        self.pool = Some(pool);
+        self
+    }
+
+    /// The indexer's round interval `I` (default 1 s). Service-wide.
+    pub fn interval(mut self, interval: Duration) -> Self {
+        self.indexer.interval = interval;
+        self
+    }
+
+    /// The tolerated clock skew `S` (default 50 ms). Service-wide.
+    pub fn skew(mut self, skew: Duration) -> Self {
+        self.indexer.skew = skew;
+        self
+    }
+
+    /// The lease margin (default 20 ms). Service-wide.
+    pub fn lease_margin(mut self, margin: Duration) -> Self {
+        self.indexer.lease_margin = margin;
+        self
+    }
+
+    /// The indexing mode (default [`Indexing::Ranked`]). Service-wide.
+    pub fn indexing(mut self, indexing: Indexing) -> Self {
+        self.indexer.indexing = indexing;
+        self
+    }
+
+    /// The number of partitions `P` (default 64). Service-wide.
+    pub fn partitions(mut self, partitions: u32) -> Self {
+        self.settings.partitions = partitions;
+        self
+    }
+
+    /// Tasks in flight per instance (default 64).
+    pub fn concurrency(mut self, tasks: usize) -> Self {
+        self.settings.concurrency = tasks;
+        self
+    }
+
+    /// Most entries read in one round trip (default 64).
+    pub fn batch(mut self, entries: usize) -> Self {
+        self.settings.batch = entries;
+        self
+    }
+
+    /// How long a read waits for new entries (default 1 s).
+    pub fn block(mut self, block: Duration) -> Self {
+        self.settings.block = block;
+        self
+    }
+
+    /// How long released partitions' running tasks may take to finish
+    /// before they are cancelled and enqueued again (default 300 ms).
+    /// Service-wide.
+    pub fn drain_timeout(mut self, timeout: Duration) -> Self {
+        self.settings.drain_timeout = timeout;
+        self
+    }
+
+    /// Attempts of a task before it goes to the dead letters (default 5).
+    pub fn max_attempts(mut self, attempts: u32) -> Self {
+        self.settings.max_attempts = attempts;
+        self
+    }
+
+    /// Idle time after which an entry left pending on another consumer (a
+    /// crashed instance) is claimed by the partition's owner (default 30 s).
+    pub fn claim_idle(mut self, idle: Duration) -> Self {
+        self.settings.claim_idle = idle;
+        self
+    }
+
+    /// Run even though Redis's `maxmemory-policy` may evict keys (default
+    /// false: eviction can silently drop tasks and coordination keys).
+    pub fn allow_eviction(mut self, allow: bool) -> Self {
+        self.settings.allow_eviction = allow;
+        self
+    }
+
+    /// The codec (default [`Bincode`]). Service-wide.
+    pub fn codec<D: Codec>(self, _codec: D) -> ConsumerBuilder<T, S, D> {
+        ConsumerBuilder {
+            name: self.name,
+            url: self.url,
+            pool: self.pool,
+            indexer: self.indexer,
+            settings: self.settings,
+            service: self.service,
+            task: PhantomData,
+        }
+    }
+
+    /// The handler, adapted into a tower service.
+    pub fn handler<H: Handler>(self, handler: H) -> ConsumerBuilder<H::Task, HandlerService<H>, C> {
+        self.service(HandlerService::new(handler))
+    }
+
+    /// Any tower service of [`Task<T>`] as the handler.
+    pub fn service<T2, S2>(self, service: S2) -> ConsumerBuilder<T2, S2, C>
+    where
+        S2: Service<Task<T2>>,
+    {
+        ConsumerBuilder {
+            name: self.name,
+            url: self.url,
+            pool: self.pool,
+            indexer: self.indexer,
+            settings: self.settings,
+            service,
+            task: PhantomData,
+        }
+    }
+
+    /// Wraps the handler service in a tower layer (timeouts, limits, …).
+    /// Layers added later wrap the ones added before.
+    pub fn layer<L: Layer<S>>(self, layer: L) -> ConsumerBuilder<T, L::Service, C> {
+        ConsumerBuilder {
+            name: self.name,
+            url: self.url,
+            pool: self.pool,
+            indexer: self.indexer,
+            settings: self.settings,
+            service: layer.layer(self.service),
+            task: PhantomData,
+        }
+    }
+
+    fn validate(&self) -> Result<ServiceName> {
+        let name = ServiceName::new(self.name.as_deref().unwrap_or_default())?;
+        self.indexer.validate()?;
+        let s = &self.settings;
+        crate::config::validate_partitions(s.partitions)?;
+        if !(1..=100_000).contains(&s.concurrency) {
+            return Err(Error::invalid(
+                "concurrency",
+                format!(
+                    "{} is out of range; use 1 to 100000 tasks in flight",
+                    s.concurrency
+                ),
+            ));
+        }
+        if !(1..=10_000).contains(&s.batch) {
+            return Err(Error::invalid(
+                "batch",
+                format!(
+                    "{} is out of range; use 1 to 10000 entries per read",
+                    s.batch
+                ),
+            ));
+        }
+        let (min_block, max_block) = (Duration::from_millis(10), Duration::from_secs(60));
+        if !(min_block..=max_block).contains(&s.block) {
+            return Err(Error::invalid(
+                "block",
+                format!("{} is out of range; use 10ms to 60s", fmt_duration(s.block)),
+            ));
+        }
+        // A drain must end before the next epoch's rounds, or transitions
+        // pile up behind each other.
+        if s.drain_timeout.is_zero() || s.drain_timeout >= self.indexer.interval / 2 {
+            return Err(Error::invalid(
+                "drain_timeout",
+                format!(
+                    "{} is out of range; use more than 0 and less than interval/2 = {}",
+                    fmt_duration(s.drain_timeout),
+                    fmt_duration(self.indexer.interval / 2)
+                ),
+            ));
+        }
+        if !(1..=1000).contains(&s.max_attempts) {
+            return Err(Error::invalid(
+                "max_attempts",
+                format!("{} is out of range; use 1 to 1000", s.max_attempts),
+            ));
+        }
+        if s.claim_idle < Duration::from_millis(100) {
+            return Err(Error::invalid(
+                "claim_idle",
+                format!(
+                    "{} is too short; use at least 100ms",
+                    fmt_duration(s.claim_idle)
+                ),
+            ));
+        }
+        Ok(name)
+    }
+}
+
+impl<T, S, C> ConsumerBuilder<T, S, C>
+where
+    T: DeserializeOwned + Send + 'static,
+    S: Service<Task<T>, Response = ()> + Clone + Send + Sync + 'static,
+    S::Error: Into<BoxError>,
+    S::Future: Send,
+    C: Codec,
+{
+    /// Validates the settings and runs until SIGTERM or ctrl-c, then shuts
+    /// down gracefully: running tasks finish until the drain timeout, the
+    /// rest are cancelled and enqueued again.
+    pub async fn run(self) -> Result<()> {
+        self.run_until(runtime::shutdown_signal()).await
+    }
+
+    /// Like [`run`](Self::run), but stops when `signal` resolves.
+    pub async fn run_until(self, signal: impl Future<Output = ()> + Send) -> Result<()> {
+        let name = self.validate()?;
+        let pool = match (self.pool, &self.url) {
+            (Some(pool), _) => pool,
+            (None, Some(url)) => {
+                deadpool_redis::Config::from_url(url.clone()).create_pool(Some(Runtime::Tokio1))?
+            }
+            (None, None) => {
+                return Err(Error::invalid(
+                    "redis",
+                    "no Redis given; call .redis(url) or .pool(pool)",
+                ));
+            }
+        };
+        runtime::run(
+            runtime::Parts {
+                name,
+                pool,
+                indexer: self.indexer,
+                settings: self.settings,
+                service: self.service,
+                codec: C::default(),
+            },
+            signal,
+        )
+        .await
+    }
+}

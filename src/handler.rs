@@ -1,0 +1,226 @@
+//! The user's side: the [`Handler`] trait, the [`TaskContext`] it receives,
+//! and the adapter that makes a handler a `tower::Service`, so that
+//! timeouts, concurrency and rate limits are tower layers.
+
+use std::error::Error as StdError;
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::SystemTime;
+
+use serde::de::DeserializeOwned;
+use tokio_util::sync::{CancellationToken, WaitForCancellationFuture};
+
+use crate::assignment::Assignment;
+use crate::task::TaskId;
+
+/// The error type tower services and layers use.
+pub type BoxError = Box<dyn StdError + Send + Sync + 'static>;
+
+/// Why a handler run failed. Any error converts into it with `?`.
+///
+/// ```
+/// use peerq::HandlerError;
+/// fn parse(s: &str) -> Result<u32, HandlerError> {
+///     Ok(s.parse::<u32>()?)
+/// }
+/// assert!(parse("x").unwrap_err().to_string().contains("invalid digit"));
+/// ```
+pub struct HandlerError {
+    source: BoxError,
+}
+
+impl HandlerError {
+    /// An error with this message.
+    pub fn msg(message: impl fmt::Display) -> Self {
+        HandlerError {
+            source: message.to_string().into(),
+        }
+    }
+
+    /// Wraps an error a tower layer returned.
+    pub fn from_boxed(source: BoxError) -> Self {
+        HandlerError { source }
+    }
+
+    /// The underlying error.
+    pub fn source(&self) -> &(dyn StdError + Send + Sync + 'static) {
+        &*self.source
+    }
+}
+
+// Like anyhow: every error converts, so `?` works in handlers. That is why
+// HandlerError itself does not implement `std::error::Error`.
+impl<E: StdError + Send + Sync + 'static> From<E> for HandlerError {
+    fn from(e: E) -> Self {
+        HandlerError {
+            source: Box::new(e),
+        }
+    }
+}
+
+impl From<HandlerError> for BoxError {
+    fn from(e: HandlerError) -> Self {
+        e.source
+    }
+}
+
+impl fmt::Display for HandlerError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.source, f)
+    }
+}
+
+impl fmt::Debug for HandlerError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&self.source, f)
+    }
+}
+
+/// What a handler knows about the task it runs and the instance running it.
+#[derive(Debug, Clone)]
+pub struct TaskContext {
+    pub(crate) task_id: TaskId,
+    pub(crate) attempt: u32,
+    pub(crate) partition: u32,
+    pub(crate) enqueued_at: SystemTime,
+    pub(crate) assignment: Assignment,
+    pub(crate) fencing_token: Option<u64>,
+    pub(crate) cancel: CancellationToken,
+}
+
+impl TaskContext {
+    /// The task's id.
+    pub fn task_id(&self) -> &TaskId {
+        &self.task_id
+    }
+
+    /// Which run of the task this is, from 1.
+    pub fn attempt(&self) -> u32 {
+        self.attempt
+    }
+
+    /// The partition the task is in.
+    pub fn partition(&self) -> u32 {
+        self.partition
+    }
+
+    /// When the task was enqueued (millisecond precision).
+    pub fn enqueued_at(&self) -> SystemTime {
+        self.enqueued_at
+    }
+
+    /// This instance's index, from 1, under the assignment in force.
+    pub fn index(&self) -> u32 {
+        self.assignment.index
+    }
+
+    /// The number of instances, under the assignment in force.
+    pub fn replicas(&self) -> u32 {
+        self.assignment.replicas
+    }
+
+    /// The epoch of the assignment in force when the task was fetched.
+    pub fn epoch(&self) -> u64 {
+        self.assignment.epoch
+    }
+
+    /// The fencing token: the epoch in which this instance acquired the
+    /// partition (DESIGN.md §4 rule 9), strictly increasing per partition.
+    /// A handler that writes elsewhere can store it with the write and
+    /// reject writes carrying an older token. `None` until the per-partition
+    /// handover records owners.
+    pub fn fencing_token(&self) -> Option<u64> {
+        self.fencing_token
+    }
+
+    /// Whether the task is being cancelled (drain timeout, lapsed lease or
+    /// shutdown): finish or give up quickly.
+    pub fn is_cancelled(&self) -> bool {
+        self.cancel.is_cancelled()
+    }
+
+    /// Resolves when the task is being cancelled.
+    pub fn cancelled(&self) -> WaitForCancellationFuture<'_> {
+        self.cancel.cancelled()
+    }
+}
+
+/// A task for a handler: implement this, and peerq does the rest.
+///
+/// ```
+/// use peerq::{Handler, HandlerError, TaskContext};
+///
+/// #[derive(serde::Deserialize)]
+/// struct Mail { to: String, body: String }
+///
+/// struct SendMail;
+///
+/// impl Handler for SendMail {
+///     type Task = Mail;
+///     async fn handle(&self, mail: Mail, cx: TaskContext) -> Result<(), HandlerError> {
+///         println!("attempt {} of {}: mail to {}", cx.attempt(), cx.task_id(), mail.to);
+///         Ok(())
+///     }
+/// }
+/// ```
+pub trait Handler: Send + Sync + 'static {
+    /// The task type; decoded from the entry's payload with the service's codec.
+    type Task: DeserializeOwned + Send + 'static;
+
+    /// Runs one task. An `Err` (or a panic) is a failed attempt.
+    fn handle(
+        &self,
+        task: Self::Task,
+        cx: TaskContext,
+    ) -> impl Future<Output = Result<(), HandlerError>> + Send;
+}
+
+/// A decoded task and its context: the request a handler service receives.
+#[derive(Debug)]
+pub struct Task<T> {
+    /// The decoded payload.
+    pub payload: T,
+    /// Its context.
+    pub cx: TaskContext,
+}
+
+/// A [`Handler`] as a `tower::Service<Task<H::Task>>`.
+#[derive(Debug)]
+pub struct HandlerService<H> {
+    handler: Arc<H>,
+}
+
+impl<H> HandlerService<H> {
+    /// Wraps `handler`.
+    pub fn new(handler: H) -> Self {
+        HandlerService {
+            handler: Arc::new(handler),
+        }
+    }
+}
+
+impl<H> Clone for HandlerService<H> {
+    fn clone(&self) -> Self {
+        HandlerService {
+            handler: self.handler.clone(),
+        }
+    }
+}
+
+impl<H: Handler> tower::Service<Task<H::Task>> for HandlerService<H> {
+    type Response = ();
+    type Error = HandlerError;
+    type Future = Pin<Box<dyn Future<Output = Result<(), HandlerError>> + Send>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, task: Task<H::Task>) -> Self::Future {
+        let handler = self.handler.clone();
+        Box::pin(async move { handler.handle(task.payload, task.cx).await })
+    }
+}
