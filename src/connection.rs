@@ -12,7 +12,7 @@ use std::sync::Mutex;
 
 use deadpool_redis::Pool;
 use deadpool_redis::redis::aio::MultiplexedConnection;
-use deadpool_redis::redis::{Cmd, FromRedisValue, Pipeline, RedisError};
+use deadpool_redis::redis::{Cmd, FromRedisValue, Pipeline, RedisError, ScriptInvocation};
 
 use crate::error::Result;
 
@@ -38,14 +38,17 @@ impl SharedConnection {
         if let Some(conn) = self.lock().as_ref() {
             return Ok(conn.clone());
         }
+        // Taken out of the pool for good: a connection left in the pool
+        // could be handed to a blocking reader, and a blocked read on a
+        // multiplexed connection stalls every command on its clones.
         let pooled = self.pool.get().await?;
-        let conn = MultiplexedConnection::clone(&pooled);
+        let conn = deadpool_redis::Connection::take(pooled);
         *self.lock() = Some(conn.clone());
         Ok(conn)
     }
 
-    /// Forgets the connection after an error: the next `get` asks the pool,
-    /// whose recycle check drops it if it is broken.
+    /// Forgets the connection after an error: the next `get` takes a fresh
+    /// one from the pool.
     pub(crate) fn reset(&self) {
         *self.lock() = None;
     }
@@ -66,6 +69,16 @@ impl SharedConnection {
     pub(crate) async fn query_pipe<T: FromRedisValue>(&self, pipe: &Pipeline) -> Result<T> {
         let mut conn = self.get().await?;
         let reply: Result<T, RedisError> = pipe.query_async(&mut conn).await;
+        Ok(reply.inspect_err(|_| self.reset())?)
+    }
+
+    /// Runs a script, replacing the connection after an error.
+    pub(crate) async fn invoke<T: FromRedisValue>(
+        &self,
+        script: &ScriptInvocation<'_>,
+    ) -> Result<T> {
+        let mut conn = self.get().await?;
+        let reply: Result<T, RedisError> = script.invoke_async(&mut conn).await;
         Ok(reply.inspect_err(|_| self.reset())?)
     }
 

@@ -8,6 +8,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use deadpool_redis::redis::AsyncCommands;
+use peerq::codec::Bincode;
+use peerq::consumer::ConsumerBuilder;
+use peerq::handler::Task;
 use peerq::producer::Producer;
 use peerq::{Consumer, Handler, HandlerError, TaskContext};
 use serde::{Deserialize, Serialize};
@@ -63,6 +66,13 @@ impl Recorder {
     }
 }
 
+/// The settings every test starts from. The interval is the default (1 s):
+/// shorter ones leave a round too little time on a loaded 2-core machine.
+fn base(url: &str, name: &str) -> ConsumerBuilder<(), (), Bincode> {
+    support::init_tracing();
+    Consumer::builder().name(name).redis(url)
+}
+
 /// A consumer instance running in this process until `stop` is cancelled.
 struct Instance {
     stop: CancellationToken,
@@ -71,18 +81,18 @@ struct Instance {
 
 impl Instance {
     fn start(url: &str, name: &str, handler: Recorder) -> Instance {
+        let builder = base(url, name).handler(handler);
+        Instance::spawn(move |signal| builder.run_until(signal))
+    }
+
+    /// Runs `run(signal)` until the instance is shut down.
+    fn spawn<F, Fut>(run: F) -> Instance
+    where
+        F: FnOnce(tokio_util::sync::WaitForCancellationFutureOwned) -> Fut,
+        Fut: std::future::Future<Output = peerq::Result<()>> + Send + 'static,
+    {
         let stop = CancellationToken::new();
-        let signal = stop.clone();
-        let builder = Consumer::builder()
-            .name(name)
-            .redis(url)
-            .interval(300 * MS)
-            .skew(20 * MS)
-            .lease_margin(10 * MS)
-            .drain_timeout(100 * MS)
-            .block(200 * MS)
-            .handler(handler);
-        let task = tokio::spawn(async move { builder.run_until(signal.cancelled_owned()).await });
+        let task = tokio::spawn(run(stop.clone().cancelled_owned()));
         Instance { stop, task }
     }
 
@@ -188,4 +198,355 @@ async fn a_different_partition_count_is_refused_by_name() {
         err.to_string().contains("`partitions` is 16 here but 64"),
         "{err}"
     );
+}
+
+/// Dead letters over all partitions of `name`: (reason, error) pairs.
+async fn dead_letters(server: &RedisServer, name: &str, partitions: u32) -> Vec<(String, String)> {
+    let mut conn = server.pool().get().await.unwrap();
+    let mut out = Vec::new();
+    for p in 0..partitions {
+        let reply: deadpool_redis::redis::streams::StreamRangeReply = conn
+            .xrange_all(format!("{{{name}/{p}}}:dead"))
+            .await
+            .unwrap();
+        for entry in reply.ids {
+            let reason: String = entry.get("reason").unwrap_or_default();
+            let error: String = entry.get("error").unwrap_or_default();
+            out.push((reason, error));
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn garbage_entries_go_to_the_dead_letters_and_the_consumer_goes_on() {
+    let server = RedisServer::start();
+    let name = unique_name("garbage");
+    let producer = Producer::connect(&server.url(), &name).await.unwrap();
+    let mut conn = server.pool().get().await.unwrap();
+    // A payload that does not decode, and an entry without the format's fields.
+    let _: String = conn
+        .xadd(
+            format!("{{{name}/3}}:stream"),
+            "*",
+            &[
+                ("id", &b"bad-1"[..]),
+                ("attempt", b"1"),
+                ("enqueued_at", b"0"),
+                ("codec", b"bincode"),
+                ("payload", b"\xff\xff\xff\xff\xff\xff"),
+            ],
+        )
+        .await
+        .unwrap();
+    let _: String = conn
+        .xadd(format!("{{{name}/5}}:stream"), "*", &[("hello", "world")])
+        .await
+        .unwrap();
+    let recorder = Recorder::default();
+    let instance = Instance::start(&server.url(), &name, recorder.clone());
+    let jobs: Vec<Job> = (0..200).map(|seq| Job { seq }).collect();
+    producer.enqueue_batch(&jobs).await.unwrap();
+    wait_until(Duration::from_secs(20), "the good tasks", || {
+        recorder.distinct() == 200
+    })
+    .await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let dead = loop {
+        let dead = dead_letters(&server, &name, 64).await;
+        if dead.len() >= 2 || Instant::now() > deadline {
+            break dead;
+        }
+        tokio::time::sleep(50 * MS).await;
+    };
+    instance.shutdown().await;
+    let mut reasons: Vec<&str> = dead.iter().map(|d| d.0.as_str()).collect();
+    reasons.sort_unstable();
+    assert_eq!(reasons, vec!["decode", "malformed"], "{dead:?}");
+    assert!(dead.iter().any(|d| d.1.contains("bincode")), "{dead:?}");
+    assert!(
+        dead.iter().any(|d| d.1.contains("no `id` field")),
+        "{dead:?}"
+    );
+    assert_eq!(pending(&server, &name, 64).await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panicking_handler_is_a_failed_attempt_not_a_crash() {
+    let server = RedisServer::start();
+    let name = unique_name("panic");
+    let producer = Producer::connect(&server.url(), &name).await.unwrap();
+    let runs = Arc::new(Mutex::new(Vec::<(u64, u32)>::new()));
+    let seen = runs.clone();
+    let service = tower::service_fn(move |task: Task<Job>| {
+        let seen = seen.clone();
+        async move {
+            seen.lock()
+                .unwrap()
+                .push((task.payload.seq, task.cx.attempt()));
+            if task.payload.seq == 7 && task.cx.attempt() == 1 {
+                panic!("boom");
+            }
+            Ok::<(), HandlerError>(())
+        }
+    });
+    let builder = base(&server.url(), &name).service(service);
+    let instance = Instance::spawn(move |signal| builder.run_until(signal));
+    let jobs: Vec<Job> = (0..20).map(|seq| Job { seq }).collect();
+    producer.enqueue_batch(&jobs).await.unwrap();
+    wait_until(Duration::from_secs(20), "all tasks and the retry", || {
+        runs.lock().unwrap().len() == 21
+    })
+    .await;
+    instance.shutdown().await;
+    let runs = runs.lock().unwrap().clone();
+    let seven: Vec<u32> = runs.iter().filter(|r| r.0 == 7).map(|r| r.1).collect();
+    assert_eq!(
+        seven,
+        vec![1, 2],
+        "the panicked attempt runs again with attempt 2"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn graceful_shutdown_with_tasks_in_flight_loses_nothing_and_runs_nothing_twice() {
+    let server = RedisServer::start();
+    let name = unique_name("shutdown");
+    let producer = Producer::connect(&server.url(), &name).await.unwrap();
+    let jobs: Vec<Job> = (0..400).map(|seq| Job { seq }).collect();
+    producer.enqueue_batch(&jobs).await.unwrap();
+    let runs = Arc::new(Mutex::new(Vec::<u64>::new()));
+    let make = |runs: Arc<Mutex<Vec<u64>>>| {
+        tower::service_fn(move |task: Task<Job>| {
+            let runs = runs.clone();
+            async move {
+                // Well within the drain timeout (300 ms).
+                tokio::time::sleep(20 * MS).await;
+                runs.lock().unwrap().push(task.payload.seq);
+                Ok::<(), HandlerError>(())
+            }
+        })
+    };
+    let first = base(&server.url(), &name)
+        .concurrency(8)
+        .service(make(runs.clone()));
+    let first = Instance::spawn(move |signal| first.run_until(signal));
+    wait_until(Duration::from_secs(20), "some tasks", || {
+        runs.lock().unwrap().len() >= 50
+    })
+    .await;
+    // Shut down with tasks running: they finish within the drain and are acked.
+    first.shutdown().await;
+    let after_first = runs.lock().unwrap().len();
+    assert!(
+        after_first < 400,
+        "the first instance should not have finished everything"
+    );
+    assert_eq!(
+        pending(&server, &name, 64).await,
+        0,
+        "a graceful stop leaves nothing pending"
+    );
+
+    let second = base(&server.url(), &name)
+        .concurrency(8)
+        .service(make(runs.clone()));
+    let second = Instance::spawn(move |signal| second.run_until(signal));
+    wait_until(Duration::from_secs(30), "the rest", || {
+        runs.lock().unwrap().len() >= 400
+    })
+    .await;
+    tokio::time::sleep(300 * MS).await;
+    second.shutdown().await;
+    let mut seqs = runs.lock().unwrap().clone();
+    seqs.sort_unstable();
+    assert_eq!(
+        seqs,
+        (0..400).collect::<Vec<u64>>(),
+        "every task exactly once"
+    );
+}
+
+/// Records how many handler runs overlap.
+#[derive(Clone, Default)]
+struct Overlap {
+    now: Arc<std::sync::atomic::AtomicUsize>,
+    max: Arc<std::sync::atomic::AtomicUsize>,
+    done: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl Handler for Overlap {
+    type Task = Job;
+    async fn handle(&self, _job: Job, _cx: TaskContext) -> Result<(), HandlerError> {
+        use std::sync::atomic::Ordering::SeqCst;
+        /// Leaves the count also when the run is cancelled mid-way.
+        struct Running<'a>(&'a std::sync::atomic::AtomicUsize);
+        impl Drop for Running<'_> {
+            fn drop(&mut self) {
+                self.0.fetch_sub(1, SeqCst);
+            }
+        }
+        let now = self.now.fetch_add(1, SeqCst) + 1;
+        let _running = Running(&self.now);
+        self.max.fetch_max(now, SeqCst);
+        tokio::time::sleep(10 * MS).await;
+        self.done.fetch_add(1, SeqCst);
+        Ok(())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_concurrency_limit_layer_bounds_the_observed_concurrency() {
+    use std::sync::atomic::Ordering::SeqCst;
+    let server = RedisServer::start();
+    let jobs: Vec<Job> = (0..300).map(|seq| Job { seq }).collect();
+    let mut observed = Vec::new();
+    for limit in [None, Some(3)] {
+        let name = unique_name("limit");
+        let producer = Producer::connect(&server.url(), &name).await.unwrap();
+        producer.enqueue_batch(&jobs).await.unwrap();
+        let overlap = Overlap::default();
+        let builder = base(&server.url(), &name).handler(overlap.clone());
+        let instance = match limit {
+            Some(n) => {
+                let builder = builder.layer(tower::limit::ConcurrencyLimitLayer::new(n));
+                Instance::spawn(move |signal| builder.run_until(signal))
+            }
+            None => Instance::spawn(move |signal| builder.run_until(signal)),
+        };
+        wait_until(Duration::from_secs(30), "all tasks", || {
+            overlap.done.load(SeqCst) == 300
+        })
+        .await;
+        instance.shutdown().await;
+        observed.push(overlap.max.load(SeqCst));
+    }
+    println!(
+        "max concurrency without a limit: {}, with a limit of 3: {}",
+        observed[0], observed[1]
+    );
+    assert!(
+        observed[0] > 3,
+        "without a limit the instance runs tasks concurrently: {observed:?}"
+    );
+    assert!(
+        observed[1] <= 3,
+        "the layer bounds concurrency: {observed:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_timeout_layer_fails_slow_tasks() {
+    let server = RedisServer::start();
+    let name = unique_name("timeout");
+    let producer = Producer::connect(&server.url(), &name).await.unwrap();
+    let finished = Arc::new(Mutex::new(Vec::<u64>::new()));
+    let done = finished.clone();
+    let service = tower::service_fn(move |task: Task<Job>| {
+        let done = done.clone();
+        async move {
+            // Every tenth task is too slow for the 50 ms timeout.
+            let slow = task.payload.seq.is_multiple_of(10);
+            tokio::time::sleep(if slow { 300 * MS } else { MS }).await;
+            done.lock().unwrap().push(task.payload.seq);
+            Ok::<(), HandlerError>(())
+        }
+    });
+    let builder = base(&server.url(), &name)
+        .max_attempts(2)
+        .service(service)
+        .layer(tower::timeout::TimeoutLayer::new(50 * MS));
+    let instance = Instance::spawn(move |signal| builder.run_until(signal));
+    let jobs: Vec<Job> = (0..50).map(|seq| Job { seq }).collect();
+    producer.enqueue_batch(&jobs).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let dead = loop {
+        let dead = dead_letters(&server, &name, 64).await;
+        let fast_done = finished.lock().unwrap().len() >= 45;
+        if (dead.len() >= 5 && fast_done) || Instant::now() > deadline {
+            break dead;
+        }
+        tokio::time::sleep(50 * MS).await;
+    };
+    instance.shutdown().await;
+    assert_eq!(
+        dead.len(),
+        5,
+        "the five slow tasks fail both attempts: {dead:?}"
+    );
+    assert!(
+        dead.iter()
+            .all(|d| d.0 == "failed" && d.1.contains("timed out")),
+        "{dead:?}"
+    );
+    let finished = finished.lock().unwrap().clone();
+    assert_eq!(finished.iter().filter(|s| *s % 10 != 0).count(), 45);
+    assert!(
+        finished.iter().all(|s| s % 10 != 0),
+        "a timed-out task never finishes: {finished:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acknowledged_entries_are_trimmed_by_the_owner() {
+    support::init_tracing();
+    let server = RedisServer::start();
+    let name = unique_name("trim");
+    let producer = Producer::connect(&server.url(), &name).await.unwrap();
+    let recorder = Recorder::default();
+    let instance = Instance::start(&server.url(), &name, recorder.clone());
+    let jobs: Vec<Job> = (0..2000).map(|seq| Job { seq }).collect();
+    producer.enqueue_batch(&jobs).await.unwrap();
+    wait_until(Duration::from_secs(20), "all tasks", || {
+        recorder.distinct() == 2000
+    })
+    .await;
+    let mut conn = server.pool().get().await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let mut left = 0;
+        for p in 0..64 {
+            let len: usize = conn.xlen(format!("{{{name}/{p}}}:stream")).await.unwrap();
+            left += len;
+        }
+        if left == 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{left} acknowledged entries were never trimmed"
+        );
+        tokio::time::sleep(100 * MS).await;
+    }
+    instance.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_evicting_redis_is_refused_unless_allowed() {
+    let server = RedisServer::start();
+    let name = unique_name("evict");
+    let mut conn = server.pool().get().await.unwrap();
+    let _: () = deadpool_redis::redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory-policy")
+        .arg("allkeys-lru")
+        .query_async(&mut *conn)
+        .await
+        .unwrap();
+    let err = base(&server.url(), &name)
+        .handler(Recorder::default())
+        .run_until(async {})
+        .await
+        .unwrap_err();
+    let msg = err.to_string();
+    assert!(
+        msg.contains("`allow_eviction`") && msg.contains("allkeys-lru"),
+        "{msg}"
+    );
+    base(&server.url(), &name)
+        .allow_eviction(true)
+        .handler(Recorder::default())
+        .run_until(async {})
+        .await
+        .unwrap();
 }

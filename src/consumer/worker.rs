@@ -8,14 +8,14 @@
 //! client may still have been delivered into its pending list.
 
 use std::collections::HashSet;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, LazyLock, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use deadpool_redis::redis::streams::{
     StreamAutoClaimReply, StreamId, StreamReadOptions, StreamReadReply,
 };
 use deadpool_redis::redis::{self, AsyncCommands, aio::MultiplexedConnection};
-use tokio::sync::{OwnedSemaphorePermit, watch};
+use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -32,6 +32,11 @@ use crate::task::Entry;
 
 /// Longest pause between attempts to reach Redis again.
 const MAX_BACKOFF: Duration = Duration::from_secs(2);
+/// How often the owner trims acknowledged entries from its partitions.
+const TRIM_EVERY: Duration = Duration::from_secs(1);
+
+static TRIM: LazyLock<redis::Script> =
+    LazyLock::new(|| redis::Script::new(include_str!("../scripts/trim.lua")));
 
 /// A running worker for one partition.
 #[derive(Debug)]
@@ -101,6 +106,13 @@ impl Worker {
     }
 }
 
+/// A worker's own connection for blocking reads, and its id on the server
+/// (to unblock a read on stop).
+struct Reader {
+    conn: MultiplexedConnection,
+    client_id: u64,
+}
+
 /// The fetch loop of one partition and what its tasks share.
 struct Fetcher<T, S, C> {
     shared: Arc<Shared<T, S, C>>,
@@ -121,14 +133,22 @@ impl<T: Payload, S: TaskService<T>, C: Codec> Fetcher<T, S, C> {
         let settings = &self.shared.settings;
         let (block, batch) = (settings.block, settings.batch);
         let keep_every = settings.claim_idle / 3;
-        let mut reader: Option<MultiplexedConnection> = None;
+        let mut reader: Option<Reader> = None;
         // Where the re-read of this instance's own pending list stands;
         // `None` once it is done and new entries (`>`) are read.
         let mut pending_from = Some("0".to_owned());
         let mut backoff = Duration::from_millis(50);
         let mut next_claim = Instant::now();
         let mut next_keep = Instant::now() + keep_every;
+        let mut next_trim = Instant::now() + TRIM_EVERY;
         loop {
+            if self.stop.is_cancelled() {
+                return;
+            }
+            if Instant::now() >= next_trim {
+                self.trim().await;
+                next_trim = Instant::now() + TRIM_EVERY;
+            }
             if Instant::now() >= next_keep {
                 self.keep_fresh().await;
                 next_keep = Instant::now() + keep_every;
@@ -139,20 +159,16 @@ impl<T: Payload, S: TaskService<T>, C: Codec> Fetcher<T, S, C> {
                 }
                 next_claim = Instant::now() + keep_every;
             }
-            // Fetch only what can run now.
-            let first = tokio::select! {
+            // Read only while the instance has room, and about as much as
+            // it has room for. No permit is held during the read: a blocked
+            // read on an empty partition must not starve busy ones.
+            tokio::select! {
                 _ = self.stop.cancelled() => return,
-                permit = self.shared.permits.clone().acquire_owned() => permit.expect("never closed"),
-            };
-            let mut permits = vec![first];
-            while permits.len() < batch {
-                match self.shared.permits.clone().try_acquire_owned() {
-                    Ok(p) => permits.push(p),
-                    Err(_) => break,
-                }
+                room = self.shared.permits.acquire() => drop(room),
             }
-            let conn = match &mut reader {
-                Some(conn) => conn,
+            let count = self.shared.permits.available_permits().clamp(1, batch);
+            let Reader { conn, client_id } = match &mut reader {
+                Some(reader) => reader,
                 None => match self.connect_reader().await {
                     Ok(conn) => reader.insert(conn),
                     Err(e) => {
@@ -162,18 +178,34 @@ impl<T: Payload, S: TaskService<T>, C: Codec> Fetcher<T, S, C> {
                     }
                 },
             };
-            let id = pending_from.as_deref().unwrap_or(">");
+            let id = pending_from.clone().unwrap_or_else(|| ">".to_owned());
             let mut opts = StreamReadOptions::default()
                 .group(keys::GROUP, self.shared.id.as_str())
-                .count(permits.len());
+                .count(count);
             if pending_from.is_none() {
                 opts = opts.block(block.as_millis() as usize);
             }
-            let (streams, ids) = ([self.stream.as_str()], [id]);
-            let read = tokio::select! {
-                // Dropping the connection frees a blocked read on the server.
-                _ = self.stop.cancelled() => return,
-                read = conn.xread_options::<_, _, Option<StreamReadReply>>(&streams, &ids, &opts) => read,
+            let (streams, ids) = ([self.stream.as_str()], [id.as_str()]);
+            let (read, stopping) = {
+                let read =
+                    conn.xread_options::<_, _, Option<StreamReadReply>>(&streams, &ids, &opts);
+                tokio::pin!(read);
+                tokio::select! {
+                    read = &mut read => (read, false),
+                    _ = self.stop.cancelled() => {
+                        // Unblock the read on the server and take its answer:
+                        // entries it delivered are this instance's to run
+                        // (and drain). Dropping the connection instead could
+                        // leave entries delivered into the pending list, unseen.
+                        let mut unblock = redis::cmd("CLIENT");
+                        unblock.arg("UNBLOCK").arg(*client_id);
+                        let _ = self.shared.conn.query::<u32>(&unblock).await;
+                        match tokio::time::timeout(Duration::from_secs(1), &mut read).await {
+                            Ok(read) => (read, true),
+                            Err(_) => return,
+                        }
+                    }
+                }
             };
             let entries: Vec<StreamId> = match read {
                 Ok(reply) => reply
@@ -196,23 +228,12 @@ impl<T: Payload, S: TaskService<T>, C: Codec> Fetcher<T, S, C> {
             }
             for entry in entries {
                 // A pending entry this instance is running already.
-                if !self.lock_in_flight().insert(entry.id.clone()) {
-                    continue;
+                if self.lock_in_flight().insert(entry.id.clone()) {
+                    self.spawn_task(entry);
                 }
-                let Some(permit) = permits.pop() else {
-                    // More entries than permits only happens when re-reading
-                    // pending entries; take one more, waiting if needed.
-                    let permit = self
-                        .shared
-                        .permits
-                        .clone()
-                        .acquire_owned()
-                        .await
-                        .expect("never closed");
-                    self.spawn_task(entry, permit);
-                    continue;
-                };
-                self.spawn_task(entry, permit);
+            }
+            if stopping {
+                return;
             }
         }
     }
@@ -220,13 +241,17 @@ impl<T: Payload, S: TaskService<T>, C: Codec> Fetcher<T, S, C> {
     /// A connection of its own for blocking reads, whose response timeout
     /// is above the block time (the client gives up on a reply after 500 ms
     /// by default, while the server may still deliver into the pending list).
-    async fn connect_reader(&self) -> crate::Result<MultiplexedConnection> {
+    async fn connect_reader(&self) -> crate::Result<Reader> {
         // Taken out of the pool for good: the pool's recycling must not hand
         // a connection with a blocked read to anyone else.
         let pooled = self.shared.conn.pool().get().await?;
         let mut conn = deadpool_redis::Connection::take(pooled);
         conn.set_response_timeout(self.shared.settings.block + Duration::from_secs(5));
-        Ok(conn)
+        let client_id: u64 = redis::cmd("CLIENT")
+            .arg("ID")
+            .query_async(&mut conn)
+            .await?;
+        Ok(Reader { conn, client_id })
     }
 
     async fn pause(&self, backoff: &mut Duration) {
@@ -260,6 +285,22 @@ impl<T: Payload, S: TaskService<T>, C: Codec> Fetcher<T, S, C> {
         }
     }
 
+    /// Trims the partition's acknowledged entries (only its owner does).
+    async fn trim(&self) {
+        let mut trim = TRIM.key(&self.stream);
+        trim.arg(keys::GROUP);
+        let trimmed: crate::Result<u64> = self.shared.conn.invoke(&trim).await;
+        match trimmed {
+            Ok(0) => {}
+            Ok(n) => debug!(
+                partition = self.partition,
+                trimmed = n,
+                "trimmed acknowledged entries"
+            ),
+            Err(e) => warn!(partition = self.partition, cause = %e, "trim failed"),
+        }
+    }
+
     /// Claims entries other consumers left pending longer than `claim_idle`
     /// (a crashed instance, a failed ack) and runs them.
     async fn claim(&self) -> crate::Result<()> {
@@ -282,11 +323,7 @@ impl<T: Payload, S: TaskService<T>, C: Codec> Fetcher<T, S, C> {
                         id = entry.id,
                         "claimed a pending entry"
                     );
-                    let permit = tokio::select! {
-                        _ = self.stop.cancelled() => return Ok(()),
-                        p = self.shared.permits.clone().acquire_owned() => p.expect("never closed"),
-                    };
-                    self.spawn_task(entry, permit);
+                    self.spawn_task(entry);
                 }
             }
             if reply.next_stream_id == "0-0" {
@@ -296,16 +333,18 @@ impl<T: Payload, S: TaskService<T>, C: Codec> Fetcher<T, S, C> {
         }
     }
 
-    fn spawn_task(&self, entry: StreamId, permit: OwnedSemaphorePermit) {
+    /// Runs `entry` in its own task, once the instance has room for it.
+    fn spawn_task(&self, entry: StreamId) {
         let run = RunTask {
             shared: self.shared.clone(),
             partition: self.partition,
             stream: self.stream.clone(),
             assignment: *self.assignment.borrow(),
+            stop: self.stop.clone(),
             cancel: self.cancel.child_token(),
             in_flight: self.in_flight.clone(),
         };
-        self.tracker.spawn(run.run(entry, permit));
+        self.tracker.spawn(run.run(entry));
     }
 }
 
@@ -315,19 +354,58 @@ struct RunTask<T, S, C> {
     partition: u32,
     stream: String,
     assignment: Assignment,
+    /// The partition's release: a task not started by then is handed back.
+    stop: CancellationToken,
     cancel: CancellationToken,
     in_flight: Arc<Mutex<HashSet<String>>>,
 }
 
 impl<T: Payload, S: TaskService<T>, C: Codec> RunTask<T, S, C> {
-    async fn run(self, raw: StreamId, permit: OwnedSemaphorePermit) {
+    async fn run(self, raw: StreamId) {
         let stream_id = raw.id.clone();
-        self.execute(raw).await;
+        // Wait for room; a task that has not started when its partition is
+        // released is handed back (enqueued again, same attempt) instead of
+        // making the drain wait for it.
+        let permit = tokio::select! {
+            biased;
+            permit = self.shared.permits.clone().acquire_owned() => Some(permit.expect("never closed")),
+            _ = self.stop.cancelled() => None,
+        };
+        match permit {
+            Some(_permit) => self.execute(raw).await,
+            None => self.hand_back(raw).await,
+        }
         self.in_flight
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .remove(&stream_id);
-        drop(permit);
+    }
+
+    /// Enqueues a fetched but never started entry again as it is, and acks
+    /// this copy, so the partition's next owner runs it.
+    async fn hand_back(&self, raw: StreamId) {
+        let fields: Vec<(String, Vec<u8>)> = raw
+            .map
+            .iter()
+            .map(|(k, v)| {
+                (
+                    k.clone(),
+                    redis::from_redis_value_ref::<Vec<u8>>(v).unwrap_or_default(),
+                )
+            })
+            .collect();
+        let mut pipe = redis::pipe();
+        pipe.atomic()
+            .cmd("XADD")
+            .arg(&self.stream)
+            .arg("*")
+            .arg(fields)
+            .ignore()
+            .xack(&self.stream, keys::GROUP, &[&raw.id])
+            .ignore();
+        if let Err(e) = self.shared.conn.query_pipe::<()>(&pipe).await {
+            error!(partition = self.partition, cause = %e, "could not hand back an unstarted task; it stays pending and will be claimed");
+        }
     }
 
     async fn execute(&self, raw: StreamId) {
@@ -369,13 +447,20 @@ impl<T: Payload, S: TaskService<T>, C: Codec> RunTask<T, S, C> {
             .instrument(span.clone()),
         );
         let outcome = tokio::select! {
+            biased;
             outcome = &mut handler => outcome,
             _ = self.cancel.cancelled() => {
                 handler.abort();
-                let _ = handler.await;
-                let _enter = span.enter();
-                warn!("task cancelled; enqueued again");
-                return self.retry(&raw.id, &entry, "cancelled at the drain timeout").await;
+                match handler.await {
+                    // It finished before the abort took effect: keep its outcome.
+                    Ok(outcome) => Ok(outcome),
+                    Err(join) if join.is_panic() => Err(join),
+                    Err(_) => {
+                        let _enter = span.enter();
+                        warn!("task cancelled; enqueued again");
+                        return self.retry(&raw.id, &entry, "cancelled at the drain timeout").await;
+                    }
+                }
             }
         };
         let _enter = span.enter();

@@ -337,12 +337,16 @@ impl RoundLoop {
         after: Duration,
         server: Duration,
     ) -> Option<FenceReason> {
-        let local = before + (after.saturating_sub(before)) / 2;
-        let offset = signed_secs(local, server);
+        let half_rtt = after.saturating_sub(before) / 2;
+        let offset = signed_secs(before + half_rtt, server);
         metrics::gauge!(m::CLOCK_OFFSET_SECONDS, "service" => self.name.to_string()).set(offset);
         let tolerated = self.settings.skew;
         let offset_ms = (offset * 1e4).round() / 10.0;
-        if offset.abs() <= tolerated.as_secs_f64() {
+        // The estimate is off by up to half the round trip (a reply that
+        // waited for a busy runtime makes `after` late). Fence only on an
+        // offset beyond the skew whatever the error: a slow round must not
+        // look like a bad clock.
+        if offset.abs() - half_rtt.as_secs_f64() <= tolerated.as_secs_f64() {
             if self.clock_fenced {
                 self.clock_fenced = false;
                 info!(service = %self.name, instance = %self.id, offset_ms, "clock back within the tolerated skew");
