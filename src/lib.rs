@@ -5,40 +5,62 @@
 //! central coordinator they find out how many of them there are and which one
 //! each is, and split the service's partition streams between them by modulo.
 //!
-//! What is here so far:
+//! Users implement one trait, [`Handler`], run a [`Consumer`], and enqueue
+//! with the bundled [`Producer`](producer::Producer):
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use peerq::producer::{Options, Producer};
+//! use peerq::{Consumer, Handler, HandlerError, TaskContext};
+//! use serde::{Deserialize, Serialize};
+//! use tower::timeout::TimeoutLayer;
+//!
+//! #[derive(Serialize, Deserialize)]
+//! struct Mail { to: String, body: String }
+//!
+//! struct SendMail;
+//! impl Handler for SendMail {
+//!     type Task = Mail;
+//!     async fn handle(&self, mail: Mail, cx: TaskContext) -> Result<(), HandlerError> {
+//!         println!("{} (attempt {}) to {}", cx.task_id(), cx.attempt(), mail.to);
+//!         Ok(())
+//!     }
+//! }
+//!
+//! # async fn demo(mails: Vec<Mail>) -> peerq::Result<()> {
+//! // consumer side
+//! Consumer::builder()
+//!     .name("mail-sender")
+//!     .redis("redis://127.0.0.1/")
+//!     .handler(SendMail)                                 // or .service(any tower Service)
+//!     .layer(TimeoutLayer::new(Duration::from_secs(10))) // any tower layer
+//!     .run()                                             // until SIGTERM / ctrl-c
+//!     .await?;
+//!
+//! // producer side
+//! let producer = Producer::connect("redis://127.0.0.1/", "mail-sender").await?;
+//! producer.enqueue(&Mail { to: "a@example.com".into(), body: "hi".into() }).await?;
+//! producer.enqueue_batch(&mails).await?;                 // one pipelined round trip
+//! let mail = Mail { to: "b@example.com".into(), body: "hi".into() };
+//! producer.enqueue_with(mail, Options::new().key("user-42")).await?;
+//! # Ok(()) }
+//! ```
+//!
+//! How it works:
 //!
 //! - the **peer indexer** ([`indexer`]): each instance learns its
 //!   [`Assignment`] `(index, replicas)` once per interval from an atomic
 //!   write to a per-interval Redis key, in the seed's `INCR` mode or the
 //!   jitter-proof `Ranked` mode;
-//! - the modulo filter ([`Assignment::owns`]): under `(index, replicas)` an
-//!   instance owns the partitions `p` with `p % replicas == index - 1`.
+//! - the **modulo filter** ([`Assignment::owns`]): the queue is `P` partition
+//!   streams, and an instance reads only the partitions `p` with
+//!   `p % replicas == index - 1`;
+//! - the **consumer** ([`consumer`]): a worker per owned partition reads with
+//!   `XREADGROUP`, runs the handler as a `tower::Service`, acks in batches,
+//!   retries failures and moves what cannot run to the dead letters.
 //!
 //! The design, its guarantees and its key layout are in the project's
 //! `DESIGN.md`.
-//!
-//! ## Quick start: the peer indexer alone
-//!
-//! ```no_run
-//! use std::time::Duration;
-//! use peerq::indexer::{Indexer, Standing};
-//!
-//! # async fn demo() -> peerq::Result<()> {
-//! let indexer = Indexer::builder()
-//!     .name("mail-sender")
-//!     .redis("redis://127.0.0.1/")
-//!     .interval(Duration::from_secs(1))
-//!     .build()?        // validates the settings
-//!     .start()         // checks them against the service's, starts the rounds
-//!     .await?;
-//! let mut standing = indexer.standing();
-//! while standing.changed().await.is_ok() {
-//!     if let Standing::Assigned(a) = &*standing.borrow() {
-//!         println!("instance {} of {} in epoch {}", a.index, a.replicas, a.epoch);
-//!     }
-//! }
-//! # Ok(()) }
-//! ```
 //!
 //! ## Layout
 //!
@@ -52,6 +74,13 @@
 //! | [`instance`] | the unique id of a running instance |
 //! | [`indexer`] | the peer indexer: round schedule, rounds, the instance's standing |
 //! | [`assignment`] | `(index, replicas)` and the partitions it owns |
+//! | [`partition`] | which partition a key goes to (FNV-1a 64 modulo `P`) |
+//! | [`task`] | task ids and the stream entry format |
+//! | [`codec`] | payload encodings: bincode (default) and JSON |
+//! | [`producer`] | enqueues typed tasks: one, a batch, with a key |
+//! | [`handler`] | the `Handler` trait, `TaskContext`, the tower adapter |
+//! | [`consumer`] | the builder and the runtime: workers per partition, acks, retries, dead letters, trimming |
+//! | `connection` | one multiplexed connection per part, kept out of the pool |
 //! | [`metrics`] | metric names and descriptions |
 //! | `scripts/` | Lua scripts, one per atomic step |
 

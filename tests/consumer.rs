@@ -550,3 +550,172 @@ async fn an_evicting_redis_is_refused_unless_allowed() {
         .await
         .unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_json_entry_written_by_another_language_is_handled() {
+    use peerq::codec::Json;
+    use peerq::partition::partition_of;
+    let server = RedisServer::start();
+    let name = unique_name("json");
+    // A peerq producer with JSON, and an entry written by hand as the README
+    // documents it for other languages.
+    let producer = Producer::builder()
+        .redis(server.url())
+        .name(&name)
+        .codec(Json)
+        .connect()
+        .await
+        .unwrap();
+    producer.enqueue(&Job { seq: 1 }).await.unwrap();
+    let p = partition_of(b"order-7", 64);
+    let mut conn = server.pool().get().await.unwrap();
+    let _: String = conn
+        .xadd(
+            format!("{{{name}/{p}}}:stream"),
+            "*",
+            &[
+                ("id", "from-python-1"),
+                ("key", "order-7"),
+                ("attempt", "1"),
+                ("enqueued_at", "1767225600000"),
+                ("codec", "json"),
+                ("payload", r#"{"seq":2}"#),
+            ],
+        )
+        .await
+        .unwrap();
+    let runs = Arc::new(Mutex::new(Vec::<(u64, String, u32)>::new()));
+    let seen = runs.clone();
+    let service = tower::service_fn(move |task: Task<Job>| {
+        let seen = seen.clone();
+        async move {
+            seen.lock().unwrap().push((
+                task.payload.seq,
+                task.cx.task_id().to_string(),
+                task.cx.partition(),
+            ));
+            Ok::<(), HandlerError>(())
+        }
+    });
+    let builder = base(&server.url(), &name).codec(Json).service(service);
+    let instance = Instance::spawn(move |signal| builder.run_until(signal));
+    wait_until(Duration::from_secs(20), "both tasks", || {
+        runs.lock().unwrap().len() == 2
+    })
+    .await;
+    instance.shutdown().await;
+    let runs = runs.lock().unwrap().clone();
+    assert!(
+        runs.contains(&(2, "from-python-1".to_owned(), p)),
+        "{runs:?}"
+    );
+    assert!(runs.iter().any(|r| r.0 == 1), "{runs:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_payload_over_the_limit_is_refused_and_nothing_is_enqueued() {
+    let server = RedisServer::start();
+    let name = unique_name("limit");
+    let producer = Producer::builder()
+        .redis(server.url())
+        .name(&name)
+        .max_payload(100)
+        .connect()
+        .await
+        .unwrap();
+    let big = "x".repeat(200);
+    let err = producer.enqueue(&big).await.unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("exceeds the limit of 100 bytes (`max_payload`)"),
+        "{err}"
+    );
+    let err = producer
+        .enqueue_batch(&["ok".to_owned(), big])
+        .await
+        .unwrap_err();
+    assert!(matches!(err, peerq::Error::PayloadTooLarge { .. }), "{err}");
+    let mut conn = server.pool().get().await.unwrap();
+    let keys: Vec<String> = conn.keys(format!("{{{name}/*")).await.unwrap();
+    assert!(
+        keys.is_empty(),
+        "a refused batch enqueues nothing: {keys:?}"
+    );
+}
+
+#[tokio::test]
+async fn invalid_consumer_settings_are_refused_by_name_before_redis() {
+    let url = "redis://127.0.0.1:1/";
+    let cases: Vec<(&str, peerq::Result<()>)> = vec![
+        (
+            "name",
+            base(url, "a/b")
+                .handler(Recorder::default())
+                .run_until(async {})
+                .await,
+        ),
+        (
+            "concurrency",
+            base(url, "ok")
+                .concurrency(0)
+                .handler(Recorder::default())
+                .run_until(async {})
+                .await,
+        ),
+        (
+            "batch",
+            base(url, "ok")
+                .batch(0)
+                .handler(Recorder::default())
+                .run_until(async {})
+                .await,
+        ),
+        (
+            "partitions",
+            base(url, "ok")
+                .partitions(0)
+                .handler(Recorder::default())
+                .run_until(async {})
+                .await,
+        ),
+        (
+            "drain_timeout",
+            base(url, "ok")
+                .drain_timeout(Duration::from_secs(1))
+                .handler(Recorder::default())
+                .run_until(async {})
+                .await,
+        ),
+        (
+            "block",
+            base(url, "ok")
+                .block(Duration::ZERO)
+                .handler(Recorder::default())
+                .run_until(async {})
+                .await,
+        ),
+        (
+            "max_attempts",
+            base(url, "ok")
+                .max_attempts(0)
+                .handler(Recorder::default())
+                .run_until(async {})
+                .await,
+        ),
+        (
+            "interval",
+            base(url, "ok")
+                .interval(Duration::ZERO)
+                .handler(Recorder::default())
+                .run_until(async {})
+                .await,
+        ),
+    ];
+    for (setting, result) in cases {
+        let err = result.unwrap_err().to_string();
+        assert!(
+            err.contains(&format!("invalid setting `{setting}`")),
+            "{setting}: {err}"
+        );
+    }
+}
