@@ -9,12 +9,18 @@
 //! blocking command stalls every other command on its connection.
 
 use std::sync::Mutex;
+use std::time::Duration;
 
 use deadpool_redis::Pool;
 use deadpool_redis::redis::aio::MultiplexedConnection;
 use deadpool_redis::redis::{Cmd, FromRedisValue, Pipeline, RedisError, ScriptInvocation};
 
 use crate::error::Result;
+
+/// How long a command on a shared connection may wait for its reply. The
+/// client's default (500 ms) turns a large pipelined batch into an error
+/// although Redis applied it.
+const RESPONSE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A multiplexed connection taken from `pool` on first use.
 #[derive(Debug)]
@@ -42,7 +48,8 @@ impl SharedConnection {
         // could be handed to a blocking reader, and a blocked read on a
         // multiplexed connection stalls every command on its clones.
         let pooled = self.pool.get().await?;
-        let conn = deadpool_redis::Connection::take(pooled);
+        let mut conn = deadpool_redis::Connection::take(pooled);
+        conn.set_response_timeout(RESPONSE_TIMEOUT);
         *self.lock() = Some(conn.clone());
         Ok(conn)
     }
@@ -62,14 +69,14 @@ impl SharedConnection {
     pub(crate) async fn query<T: FromRedisValue>(&self, cmd: &Cmd) -> Result<T> {
         let mut conn = self.get().await?;
         let reply: Result<T, RedisError> = cmd.query_async(&mut conn).await;
-        Ok(reply.inspect_err(|_| self.reset())?)
+        Ok(reply.inspect_err(|e| self.reset_after(e))?)
     }
 
     /// Runs `pipe` in one round trip, replacing the connection after an error.
     pub(crate) async fn query_pipe<T: FromRedisValue>(&self, pipe: &Pipeline) -> Result<T> {
         let mut conn = self.get().await?;
         let reply: Result<T, RedisError> = pipe.query_async(&mut conn).await;
-        Ok(reply.inspect_err(|_| self.reset())?)
+        Ok(reply.inspect_err(|e| self.reset_after(e))?)
     }
 
     /// Runs a script, replacing the connection after an error.
@@ -79,7 +86,19 @@ impl SharedConnection {
     ) -> Result<T> {
         let mut conn = self.get().await?;
         let reply: Result<T, RedisError> = script.invoke_async(&mut conn).await;
-        Ok(reply.inspect_err(|_| self.reset())?)
+        Ok(reply.inspect_err(|e| self.reset_after(e))?)
+    }
+
+    /// Replaces the connection after `error` if it may be broken; an error
+    /// reply from Redis (a BUSYGROUP, a script error) leaves it in use.
+    pub(crate) fn reset_after(&self, error: &RedisError) {
+        if error.is_io_error()
+            || error.is_connection_dropped()
+            || error.is_timeout()
+            || error.is_unrecoverable_error()
+        {
+            self.reset();
+        }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Option<MultiplexedConnection>> {

@@ -56,6 +56,10 @@ pub enum Error {
         limit: usize,
     },
 
+    /// A part of the consumer stopped unexpectedly.
+    #[error("consumer runtime: {0}")]
+    Runtime(String),
+
     /// Redis did not answer in time.
     #[error("redis did not answer within {0:?}")]
     Timeout(Duration),

@@ -92,6 +92,29 @@ pub struct TaskContext {
 }
 
 impl TaskContext {
+    /// A context for unit tests of a handler: first attempt, partition 0,
+    /// instance 1 of 1, never cancelled unless `cancel` is.
+    ///
+    /// ```
+    /// let cx = peerq::TaskContext::for_test("task-1", tokio_util::sync::CancellationToken::new());
+    /// assert_eq!(cx.attempt(), 1);
+    /// ```
+    pub fn for_test(task_id: &str, cancel: CancellationToken) -> Self {
+        TaskContext {
+            task_id: TaskId::from(task_id),
+            attempt: 1,
+            partition: 0,
+            enqueued_at: SystemTime::now(),
+            assignment: Assignment {
+                epoch: 1,
+                index: 1,
+                replicas: 1,
+            },
+            fencing_token: None,
+            cancel,
+        }
+    }
+
     /// The task's id.
     pub fn task_id(&self) -> &TaskId {
         &self.task_id

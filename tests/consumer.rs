@@ -31,12 +31,16 @@ struct Execution {
     partition: u32,
     index: u32,
     replicas: u32,
+    epoch: u64,
     attempt: u32,
+    /// Which instance ran it (the test's own numbering).
+    instance: usize,
 }
 
 #[derive(Clone, Default)]
 struct Recorder {
     runs: Arc<Mutex<Vec<Execution>>>,
+    instance: usize,
 }
 
 impl Handler for Recorder {
@@ -47,13 +51,23 @@ impl Handler for Recorder {
             partition: cx.partition(),
             index: cx.index(),
             replicas: cx.replicas(),
+            epoch: cx.epoch(),
             attempt: cx.attempt(),
+            instance: self.instance,
         });
         Ok(())
     }
 }
 
 impl Recorder {
+    /// The same record, for another instance.
+    fn for_instance(&self, instance: usize) -> Recorder {
+        Recorder {
+            runs: self.runs.clone(),
+            instance,
+        }
+    }
+
     fn runs(&self) -> Vec<Execution> {
         self.runs.lock().unwrap().clone()
     }
@@ -137,7 +151,7 @@ async fn ten_thousand_tasks_on_three_instances_run_exactly_once_on_their_owners(
     }
     let recorder = Recorder::default();
     let instances: Vec<Instance> = (0..3)
-        .map(|_| Instance::start(&server.url(), &name, recorder.clone()))
+        .map(|i| Instance::start(&server.url(), &name, recorder.for_instance(i)))
         .collect();
     for chunk in jobs[5_000..].chunks(500) {
         producer.enqueue_batch(chunk).await.unwrap();
@@ -168,6 +182,91 @@ async fn ten_thousand_tasks_on_three_instances_run_exactly_once_on_their_owners(
     assert!(twice.is_empty(), "tasks not run exactly once: {twice:?}");
     assert_eq!(per_seq.len(), 10_000);
     assert_eq!(pending(&server, &name, 64).await, 0);
+    assert_one_owner_per_index(&runs);
+}
+
+/// Within each epoch, each index was held by one instance only, so the
+/// partitions each instance ran were its own.
+fn assert_one_owner_per_index(runs: &[Execution]) {
+    let mut holders: BTreeMap<(u64, u32), std::collections::BTreeSet<usize>> = BTreeMap::new();
+    for run in runs {
+        holders
+            .entry((run.epoch, run.index))
+            .or_default()
+            .insert(run.instance);
+    }
+    for ((epoch, index), instances) in holders {
+        assert_eq!(
+            instances.len(),
+            1,
+            "epoch {epoch}: index {index} held by instances {instances:?}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn joins_and_a_leave_while_tasks_flow_run_every_task_exactly_once() {
+    let server = RedisServer::start();
+    let name = unique_name("churn");
+    let producer = Producer::connect(&server.url(), &name).await.unwrap();
+    let recorder = Recorder::default();
+    let mut instances: Vec<Instance> = (0..2)
+        .map(|i| Instance::start(&server.url(), &name, recorder.for_instance(i)))
+        .collect();
+    // About 6 s of tasks; an instance joins after 1.5 s and another after
+    // 3 s, and the first leaves (gracefully) after 4.5 s.
+    for round in 0..60u64 {
+        let jobs: Vec<Job> = (round * 100..(round + 1) * 100)
+            .map(|seq| Job { seq })
+            .collect();
+        producer.enqueue_batch(&jobs).await.unwrap();
+        match round {
+            15 => instances.push(Instance::start(
+                &server.url(),
+                &name,
+                recorder.for_instance(2),
+            )),
+            30 => instances.push(Instance::start(
+                &server.url(),
+                &name,
+                recorder.for_instance(3),
+            )),
+            45 => instances.remove(0).shutdown().await,
+            _ => {}
+        }
+        tokio::time::sleep(100 * MS).await;
+    }
+    wait_until(Duration::from_secs(30), "all tasks to run", || {
+        recorder.distinct() == 6_000
+    })
+    .await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while pending(&server, &name, 64).await > 0 {
+        assert!(Instant::now() < deadline, "entries still pending");
+        tokio::time::sleep(50 * MS).await;
+    }
+    for instance in instances {
+        instance.shutdown().await;
+    }
+    let runs = recorder.runs();
+    let mut per_seq: BTreeMap<u64, Vec<&Execution>> = BTreeMap::new();
+    for run in &runs {
+        per_seq.entry(run.seq).or_default().push(run);
+        assert_eq!(run.partition % run.replicas, run.index - 1, "{run:?}");
+    }
+    let twice: Vec<_> = per_seq
+        .iter()
+        .filter(|(_, r)| r.len() != 1)
+        .take(5)
+        .collect();
+    assert!(twice.is_empty(), "tasks not run exactly once: {twice:?}");
+    assert_eq!(per_seq.len(), 6_000);
+    assert_one_owner_per_index(&runs);
+    let ran = runs
+        .iter()
+        .map(|r| r.instance)
+        .collect::<std::collections::BTreeSet<_>>();
+    assert_eq!(ran.len(), 4, "every instance ran tasks: {ran:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -313,7 +412,7 @@ async fn graceful_shutdown_with_tasks_in_flight_loses_nothing_and_runs_nothing_t
     let server = RedisServer::start();
     let name = unique_name("shutdown");
     let producer = Producer::connect(&server.url(), &name).await.unwrap();
-    let jobs: Vec<Job> = (0..400).map(|seq| Job { seq }).collect();
+    let jobs: Vec<Job> = (0..2_000).map(|seq| Job { seq }).collect();
     producer.enqueue_batch(&jobs).await.unwrap();
     let runs = Arc::new(Mutex::new(Vec::<u64>::new()));
     let make = |runs: Arc<Mutex<Vec<u64>>>| {
@@ -339,7 +438,7 @@ async fn graceful_shutdown_with_tasks_in_flight_loses_nothing_and_runs_nothing_t
     first.shutdown().await;
     let after_first = runs.lock().unwrap().len();
     assert!(
-        after_first < 400,
+        after_first < 2_000,
         "the first instance should not have finished everything"
     );
     assert_eq!(
@@ -352,8 +451,8 @@ async fn graceful_shutdown_with_tasks_in_flight_loses_nothing_and_runs_nothing_t
         .concurrency(8)
         .service(make(runs.clone()));
     let second = Instance::spawn(move |signal| second.run_until(signal));
-    wait_until(Duration::from_secs(30), "the rest", || {
-        runs.lock().unwrap().len() >= 400
+    wait_until(Duration::from_secs(60), "the rest", || {
+        runs.lock().unwrap().len() >= 2_000
     })
     .await;
     tokio::time::sleep(300 * MS).await;
@@ -362,7 +461,7 @@ async fn graceful_shutdown_with_tasks_in_flight_loses_nothing_and_runs_nothing_t
     seqs.sort_unstable();
     assert_eq!(
         seqs,
-        (0..400).collect::<Vec<u64>>(),
+        (0..2_000).collect::<Vec<u64>>(),
         "every task exactly once"
     );
 }
@@ -445,9 +544,9 @@ async fn a_timeout_layer_fails_slow_tasks() {
     let service = tower::service_fn(move |task: Task<Job>| {
         let done = done.clone();
         async move {
-            // Every tenth task is too slow for the 50 ms timeout.
+            // Every tenth task is too slow for the 300 ms timeout.
             let slow = task.payload.seq.is_multiple_of(10);
-            tokio::time::sleep(if slow { 300 * MS } else { MS }).await;
+            tokio::time::sleep(if slow { Duration::from_secs(2) } else { MS }).await;
             done.lock().unwrap().push(task.payload.seq);
             Ok::<(), HandlerError>(())
         }
@@ -455,7 +554,7 @@ async fn a_timeout_layer_fails_slow_tasks() {
     let builder = base(&server.url(), &name)
         .max_attempts(2)
         .service(service)
-        .layer(tower::timeout::TimeoutLayer::new(50 * MS));
+        .layer(tower::timeout::TimeoutLayer::new(300 * MS));
     let instance = Instance::spawn(move |signal| builder.run_until(signal));
     let jobs: Vec<Job> = (0..50).map(|seq| Job { seq }).collect();
     producer.enqueue_batch(&jobs).await.unwrap();
@@ -487,28 +586,60 @@ async fn a_timeout_layer_fails_slow_tasks() {
     );
 }
 
+/// Stream entries over all partitions of `name`.
+async fn stream_len(server: &RedisServer, name: &str, partitions: u32) -> usize {
+    let mut conn = server.pool().get().await.unwrap();
+    let mut total = 0;
+    for p in 0..partitions {
+        let len: usize = conn.xlen(format!("{{{name}/{p}}}:stream")).await.unwrap();
+        total += len;
+    }
+    total
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn acknowledged_entries_are_trimmed_by_the_owner() {
-    support::init_tracing();
+async fn the_owner_trims_acknowledged_entries_and_nothing_else() {
     let server = RedisServer::start();
     let name = unique_name("trim");
     let producer = Producer::connect(&server.url(), &name).await.unwrap();
-    let recorder = Recorder::default();
-    let instance = Instance::start(&server.url(), &name, recorder.clone());
-    let jobs: Vec<Job> = (0..2000).map(|seq| Job { seq }).collect();
+    // Handlers wait at a gate: their entries stay pending, and with a
+    // concurrency of 4 most others are never delivered meanwhile.
+    let (gate, gate_rx) = tokio::sync::watch::channel(false);
+    let runs = Arc::new(Mutex::new(Vec::<u64>::new()));
+    let seen = runs.clone();
+    let service = tower::service_fn(move |task: Task<Job>| {
+        let (seen, mut gate) = (seen.clone(), gate_rx.clone());
+        async move {
+            let _ = gate.wait_for(|open| *open).await;
+            seen.lock().unwrap().push(task.payload.seq);
+            Ok::<(), HandlerError>(())
+        }
+    });
+    let builder = base(&server.url(), &name).concurrency(4).service(service);
+    let instance = Instance::spawn(move |signal| builder.run_until(signal));
+    let jobs: Vec<Job> = (0..2_000).map(|seq| Job { seq }).collect();
     producer.enqueue_batch(&jobs).await.unwrap();
-    wait_until(Duration::from_secs(20), "all tasks", || {
-        recorder.distinct() == 2000
+    // Several trims (one a second) while everything is pending or undelivered.
+    // (The first assignment takes 1-2 s, then the owner trims every second.)
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert!(
+        pending(&server, &name, 64).await > 0,
+        "some entries are pending"
+    );
+    assert_eq!(
+        stream_len(&server, &name, 64).await,
+        2_000,
+        "a pending or undelivered entry was trimmed"
+    );
+
+    gate.send_replace(true);
+    wait_until(Duration::from_secs(30), "all tasks", || {
+        runs.lock().unwrap().len() >= 2_000
     })
     .await;
-    let mut conn = server.pool().get().await.unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        let mut left = 0;
-        for p in 0..64 {
-            let len: usize = conn.xlen(format!("{{{name}/{p}}}:stream")).await.unwrap();
-            left += len;
-        }
+        let left = stream_len(&server, &name, 64).await;
         if left == 0 {
             break;
         }
@@ -519,6 +650,13 @@ async fn acknowledged_entries_are_trimmed_by_the_owner() {
         tokio::time::sleep(100 * MS).await;
     }
     instance.shutdown().await;
+    let mut seqs = runs.lock().unwrap().clone();
+    seqs.sort_unstable();
+    assert_eq!(
+        seqs,
+        (0..2_000).collect::<Vec<u64>>(),
+        "every task exactly once"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -698,6 +836,14 @@ async fn invalid_consumer_settings_are_refused_by_name_before_redis() {
             "max_attempts",
             base(url, "ok")
                 .max_attempts(0)
+                .handler(Recorder::default())
+                .run_until(async {})
+                .await,
+        ),
+        (
+            "claim_idle",
+            base(url, "ok")
+                .claim_idle(MS)
                 .handler(Recorder::default())
                 .run_until(async {})
                 .await,

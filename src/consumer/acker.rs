@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use deadpool_redis::redis;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tracing::{error, warn};
 
@@ -24,8 +24,9 @@ const MAX_BATCH: usize = 1024;
 /// pending (the partition's owner then claims and re-runs them).
 const ATTEMPTS: u32 = 5;
 
-/// One finished task to ack: its partition and stream entry id.
-pub(crate) type Ack = (u32, String);
+/// One finished task to ack: its partition, its stream entry id, and who
+/// to tell once the ack has landed (or was given up).
+pub(crate) type Ack = (u32, String, oneshot::Sender<()>);
 
 /// Sends acks in batches until every sender is dropped.
 pub(crate) fn spawn(
@@ -37,7 +38,9 @@ pub(crate) fn spawn(
         let mut batch = Vec::with_capacity(MAX_BATCH);
         while rx.recv_many(&mut batch, MAX_BATCH).await > 0 {
             send(&name, &conn, &batch).await;
-            batch.clear();
+            for (_, _, done) in batch.drain(..) {
+                let _ = done.send(());
+            }
         }
     });
     (tx, task)
@@ -45,7 +48,7 @@ pub(crate) fn spawn(
 
 async fn send(name: &ServiceName, conn: &SharedConnection, batch: &[Ack]) {
     let mut by_partition: BTreeMap<u32, Vec<&str>> = BTreeMap::new();
-    for (p, id) in batch {
+    for (p, id, _) in batch {
         by_partition.entry(*p).or_default().push(id);
     }
     let mut pipe = redis::pipe();

@@ -214,7 +214,14 @@ impl<T, S, C: Codec> ConsumerBuilder<T, S, C> {
 
     /// Wraps the handler service in a tower layer (timeouts, limits, …).
     /// Layers added later wrap the ones added before.
-    pub fn layer<L: Layer<S>>(self, layer: L) -> ConsumerBuilder<T, L::Service, C> {
+    ///
+    /// Call it after [`handler`](Self::handler) or [`service`](Self::service):
+    /// a layer needs the service it wraps.
+    pub fn layer<L>(self, layer: L) -> ConsumerBuilder<T, L::Service, C>
+    where
+        L: Layer<S>,
+        S: Service<Task<T>>,
+    {
         ConsumerBuilder {
             name: self.name,
             url: self.url,

@@ -14,6 +14,7 @@
 
 mod acker;
 mod builder;
+mod run_task;
 mod runtime;
 mod worker;
 

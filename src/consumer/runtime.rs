@@ -103,6 +103,7 @@ pub(super) async fn run<T: Payload, S: TaskService<T>, C: Codec>(
         shared: shared.clone(),
         workers: BTreeMap::new(),
         assignment: None,
+        idle: false,
     };
     let mut standing = indexer.standing();
     tokio::pin!(signal);
@@ -111,8 +112,9 @@ pub(super) async fn run<T: Payload, S: TaskService<T>, C: Codec>(
             _ = &mut signal => break,
             changed = standing.changed() => {
                 if changed.is_err() {
-                    warn!(service = %name, "the indexer stopped");
-                    break;
+                    // Never expected: the indexer ends only when told to.
+                    ownership.release_all().await;
+                    return Err(Error::Runtime(format!("the peer indexer of `{name}` stopped unexpectedly")));
                 }
                 let now = standing.borrow_and_update().clone();
                 ownership.follow(&now).await;
@@ -135,7 +137,10 @@ pub(super) async fn run<T: Payload, S: TaskService<T>, C: Codec>(
 struct Ownership<T, S, C> {
     shared: Arc<Shared<T, S, C>>,
     workers: BTreeMap<u32, Worker>,
+    /// The assignment in force, for the tasks' context.
     assignment: Option<watch::Sender<Assignment>>,
+    /// Whether the last assignment owned no partition (logged once).
+    idle: bool,
 }
 
 impl<T: Payload, S: TaskService<T>, C: Codec> Ownership<T, S, C> {
@@ -147,18 +152,8 @@ impl<T: Payload, S: TaskService<T>, C: Codec> Ownership<T, S, C> {
             Standing::Assigned(a) => a.owned_partitions(partitions).collect(),
             _ => BTreeSet::new(),
         };
-        if let Standing::Assigned(a) = standing {
-            if target.is_empty() {
-                info!(service = %self.shared.name, index = a.index, replicas = a.replicas, partitions,
-                      "more instances than partitions: this instance idles");
-            }
-            match &self.assignment {
-                Some(tx) => {
-                    tx.send_replace(*a);
-                }
-                None => self.assignment = Some(watch::channel(*a).0),
-            }
-        }
+        // Release first: tasks the released workers still start run under
+        // the assignment that owned their partition, never the new one.
         let released: Vec<u32> = self
             .workers
             .keys()
@@ -168,15 +163,23 @@ impl<T: Payload, S: TaskService<T>, C: Codec> Ownership<T, S, C> {
         if !released.is_empty() {
             debug!(service = %self.shared.name, ?released, "releasing partitions");
             let deadline = Instant::now() + self.shared.settings.drain_timeout;
-            let workers: Vec<Worker> = released
+            let workers = released
                 .iter()
                 .filter_map(|p| self.workers.remove(p))
                 .collect();
             drain(workers, deadline).await;
         }
-        let Some(assignment) = &self.assignment else {
+        let Standing::Assigned(a) = standing else {
             return;
         };
+        let idle = target.is_empty();
+        if idle && !self.idle {
+            info!(service = %self.shared.name, index = a.index, replicas = a.replicas, partitions,
+                  "more instances than partitions: this instance idles");
+        }
+        self.idle = idle;
+        let assignment = self.assignment.get_or_insert_with(|| watch::channel(*a).0);
+        assignment.send_replace(*a);
         for p in target {
             if !self.workers.contains_key(&p) {
                 let worker = Worker::start(self.shared.clone(), p, assignment.subscribe());
@@ -205,12 +208,16 @@ async fn drain(workers: Vec<Worker>, deadline: Instant) {
     while set.join_next().await.is_some() {}
 }
 
-/// Refuses a Redis that may evict keys, unless the user allowed it.
+/// Refuses a Redis that may evict keys, unless the user allowed it. Reads
+/// `INFO memory`, which managed services and ACL users allow more often
+/// than `CONFIG GET`.
 async fn check_eviction(conn: &SharedConnection, allowed: bool) -> Result<()> {
-    let reply: Vec<String> = conn
-        .query(redis::cmd("CONFIG").arg("GET").arg("maxmemory-policy"))
-        .await?;
-    let policy = reply.get(1).cloned().unwrap_or_default();
+    let info: String = conn.query(redis::cmd("INFO").arg("memory")).await?;
+    let policy = info
+        .lines()
+        .find_map(|l| l.strip_prefix("maxmemory_policy:"))
+        .map(|p| p.trim().to_owned())
+        .unwrap_or_default();
     if policy == "noeviction" || policy.is_empty() {
         return Ok(());
     }
@@ -232,19 +239,25 @@ async fn check_eviction(conn: &SharedConnection, allowed: bool) -> Result<()> {
 }
 
 /// Creates every partition's stream and consumer group, reading from the
-/// start, so tasks enqueued before any consumer existed are delivered.
+/// start, so tasks enqueued before any consumer existed are delivered. One
+/// pipeline; BUSYGROUP (the group exists) is the common answer.
 async fn create_groups(conn: &SharedConnection, name: &ServiceName, partitions: u32) -> Result<()> {
+    let mut pipe = redis::pipe();
+    pipe.ignore_errors();
     for p in 0..partitions {
-        let mut cmd = redis::cmd("XGROUP");
-        cmd.arg("CREATE")
+        pipe.cmd("XGROUP")
+            .arg("CREATE")
             .arg(keys::stream(name, p))
             .arg(keys::GROUP)
             .arg("0")
             .arg("MKSTREAM");
-        match conn.query::<()>(&cmd).await {
-            Ok(()) => {}
-            Err(Error::Redis(e)) if e.code() == Some("BUSYGROUP") => {}
-            Err(e) => return Err(e),
+    }
+    let replies: Vec<redis::RedisResult<redis::Value>> = conn.query_pipe(&pipe).await?;
+    for reply in replies {
+        match reply {
+            Ok(_) => {}
+            Err(e) if e.code() == Some("BUSYGROUP") => {}
+            Err(e) => return Err(e.into()),
         }
     }
     Ok(())

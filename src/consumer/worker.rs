@@ -1,5 +1,6 @@
-//! One owned partition: fetch its entries, run them, keep their pending
-//! entries fresh, claim what others left behind, and release it on demand.
+//! One owned partition: fetch its entries, keep their pending entries fresh,
+//! claim what others left behind, trim, and release it on demand. Running
+//! one entry is [`super::run_task`]'s job.
 //!
 //! Each worker reads with `XREADGROUP` on a connection of its own (a
 //! blocking read stalls every other command on its connection), whose
@@ -8,8 +9,9 @@
 //! client may still have been delivered into its pending list.
 
 use std::collections::HashSet;
+use std::future::Future;
 use std::sync::{Arc, LazyLock, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use deadpool_redis::redis::streams::{
     StreamAutoClaimReply, StreamId, StreamReadOptions, StreamReadReply,
@@ -20,15 +22,13 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use tower::ServiceExt;
-use tracing::{Instrument, debug, error, info_span, warn};
+use tracing::{debug, error, warn};
 
+use super::run_task::RunTask;
 use super::{Payload, Shared, TaskService};
 use crate::assignment::Assignment;
 use crate::codec::Codec;
-use crate::handler::{Task, TaskContext};
 use crate::keys;
-use crate::task::Entry;
 
 /// Longest pause between attempts to reach Redis again.
 const MAX_BACKOFF: Duration = Duration::from_secs(2);
@@ -38,43 +38,63 @@ const TRIM_EVERY: Duration = Duration::from_secs(1);
 static TRIM: LazyLock<redis::Script> =
     LazyLock::new(|| redis::Script::new(include_str!("../scripts/trim.lua")));
 
+/// The stream ids this instance holds in one partition: fetched, running,
+/// or finished and waiting for their ack to land. Skipped when re-reading
+/// the pending list, and kept fresh so nobody claims them.
+pub(crate) type Held = Arc<Mutex<HashSet<String>>>;
+
 /// A running worker for one partition.
 #[derive(Debug)]
 pub(crate) struct Worker {
     partition: u32,
-    /// Stops fetching (and claiming).
+    /// Stops fetching (and claiming); tasks not started yet are handed back.
     stop: CancellationToken,
     /// Cancels running tasks.
     cancel: CancellationToken,
+    /// Ends the keeper once every task is done.
+    done: CancellationToken,
     tracker: TaskTracker,
     fetch: JoinHandle<()>,
 }
 
 impl Worker {
-    /// Starts working on `partition`.
+    /// Starts working on `partition` under `assignment`.
     pub(crate) fn start<T: Payload, S: TaskService<T>, C: Codec>(
         shared: Arc<Shared<T, S, C>>,
         partition: u32,
         assignment: watch::Receiver<Assignment>,
     ) -> Worker {
-        let stop = CancellationToken::new();
-        let cancel = CancellationToken::new();
+        let (stop, cancel, done) = (
+            CancellationToken::new(),
+            CancellationToken::new(),
+            CancellationToken::new(),
+        );
         let tracker = TaskTracker::new();
+        let held: Held = Arc::default();
+        let stream = keys::stream(&shared.name, partition);
+        tokio::spawn(housekeeping(
+            shared.clone(),
+            stream.clone(),
+            held.clone(),
+            stop.clone(),
+            done.clone(),
+        ));
         let fetcher = Fetcher {
             shared,
             partition,
-            stream: String::new(),
+            stream,
             assignment,
             stop: stop.clone(),
             cancel: cancel.clone(),
             tracker: tracker.clone(),
-            in_flight: Arc::new(Mutex::new(HashSet::new())),
+            held,
         };
         let fetch = tokio::spawn(fetcher.run());
         Worker {
             partition,
             stop,
             cancel,
+            done,
             tracker,
             fetch,
         }
@@ -86,11 +106,21 @@ impl Worker {
     }
 
     /// Stops fetching, lets running tasks finish until `deadline`, then
-    /// cancels the rest and waits until they have stopped (DESIGN.md §4
-    /// rule 1). Cancelled tasks are enqueued again with `attempt + 1`.
+    /// cancels the rest and waits until they have stopped and everything
+    /// that finished is acked (DESIGN.md §4 rule 1). Cancelled tasks are
+    /// enqueued again with `attempt + 1`; fetched ones that never started
+    /// are handed back as they were.
     pub(crate) async fn release(self, deadline: Instant) {
         self.stop.cancel();
-        let _ = self.fetch.await;
+        // The fetch loop watches `stop` at every wait; bound it anyway.
+        let mut fetch = self.fetch;
+        if tokio::time::timeout_at(deadline, &mut fetch).await.is_err() {
+            warn!(
+                partition = self.partition,
+                "fetch loop did not stop by the drain timeout"
+            );
+            fetch.abort();
+        }
         self.tracker.close();
         if tokio::time::timeout_at(deadline, self.tracker.wait())
             .await
@@ -103,7 +133,80 @@ impl Worker {
             self.cancel.cancel();
             self.tracker.wait().await;
         }
+        self.done.cancel();
     }
+}
+
+/// The worker's housekeeping, apart from the fetch loop (which may wait for
+/// room or block in a read for long):
+///
+/// - resets the idle time of every entry this instance holds in the
+///   partition, so that claiming never takes one that is still here; until
+///   the worker's last task is done, drain included;
+/// - trims the partition's acknowledged entries while it owns it, also when
+///   the instance is too busy to read.
+async fn housekeeping<T, S, C>(
+    shared: Arc<Shared<T, S, C>>,
+    stream: String,
+    held: Held,
+    stop: CancellationToken,
+    done: CancellationToken,
+) {
+    let keep_every = shared.settings.claim_idle / 3;
+    let mut next_keep = Instant::now() + keep_every;
+    let mut next_trim = Instant::now() + TRIM_EVERY;
+    loop {
+        let next = if stop.is_cancelled() {
+            next_keep
+        } else {
+            next_keep.min(next_trim)
+        };
+        tokio::select! {
+            _ = done.cancelled() => return,
+            _ = tokio::time::sleep_until(next) => {}
+        }
+        let now = Instant::now();
+        if now >= next_keep {
+            keep_fresh(&shared, &stream, &held).await;
+            next_keep = now + keep_every;
+        }
+        if now >= next_trim && !stop.is_cancelled() {
+            trim(&shared, &stream).await;
+            next_trim = now + TRIM_EVERY;
+        }
+    }
+}
+
+async fn keep_fresh<T, S, C>(shared: &Shared<T, S, C>, stream: &str, held: &Held) {
+    let ids: Vec<String> = lock(held).iter().cloned().collect();
+    if ids.is_empty() {
+        return;
+    }
+    let mut cmd = redis::cmd("XCLAIM");
+    cmd.arg(stream)
+        .arg(keys::GROUP)
+        .arg(shared.id.as_str())
+        .arg(0)
+        .arg(&ids)
+        .arg("JUSTID");
+    if let Err(e) = shared.conn.query::<redis::Value>(&cmd).await {
+        warn!(stream, cause = %e, "could not keep held entries fresh");
+    }
+}
+
+/// Trims the partition's acknowledged entries.
+async fn trim<T, S, C>(shared: &Shared<T, S, C>, stream: &str) {
+    let mut trim = TRIM.key(stream);
+    trim.arg(keys::GROUP);
+    match shared.conn.invoke::<u64>(&trim).await {
+        Ok(0) => {}
+        Ok(n) => debug!(stream, trimmed = n, "trimmed acknowledged entries"),
+        Err(e) => warn!(stream, cause = %e, "trim failed"),
+    }
+}
+
+pub(crate) fn lock(held: &Held) -> std::sync::MutexGuard<'_, HashSet<String>> {
+    held.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// A worker's own connection for blocking reads, and its id on the server
@@ -113,7 +216,7 @@ struct Reader {
     client_id: u64,
 }
 
-/// The fetch loop of one partition and what its tasks share.
+/// The fetch loop of one partition.
 struct Fetcher<T, S, C> {
     shared: Arc<Shared<T, S, C>>,
     partition: u32,
@@ -122,56 +225,42 @@ struct Fetcher<T, S, C> {
     stop: CancellationToken,
     cancel: CancellationToken,
     tracker: TaskTracker,
-    /// Stream ids of the tasks running now: skipped when re-reading the
-    /// pending list, kept fresh so nobody claims them.
-    in_flight: Arc<Mutex<HashSet<String>>>,
+    held: Held,
 }
 
 impl<T: Payload, S: TaskService<T>, C: Codec> Fetcher<T, S, C> {
-    async fn run(mut self) {
-        self.stream = keys::stream(&self.shared.name, self.partition);
-        let settings = &self.shared.settings;
-        let (block, batch) = (settings.block, settings.batch);
-        let keep_every = settings.claim_idle / 3;
+    async fn run(self) {
+        let (block, batch) = (self.shared.settings.block, self.shared.settings.batch);
         let mut reader: Option<Reader> = None;
         // Where the re-read of this instance's own pending list stands;
         // `None` once it is done and new entries (`>`) are read.
         let mut pending_from = Some("0".to_owned());
         let mut backoff = Duration::from_millis(50);
         let mut next_claim = Instant::now();
-        let mut next_keep = Instant::now() + keep_every;
-        let mut next_trim = Instant::now() + TRIM_EVERY;
         loop {
-            if self.stop.is_cancelled() {
-                return;
-            }
-            if Instant::now() >= next_trim {
-                self.trim().await;
-                next_trim = Instant::now() + TRIM_EVERY;
-            }
-            if Instant::now() >= next_keep {
-                self.keep_fresh().await;
-                next_keep = Instant::now() + keep_every;
-            }
             if Instant::now() >= next_claim {
-                if self.claim().await.is_err() {
-                    reader = None;
+                let Some(claimed) = self.or_stop(self.claim()).await else {
+                    return;
+                };
+                if let Err(e) = claimed {
+                    warn!(partition = self.partition, cause = %e, "claim failed");
                 }
-                next_claim = Instant::now() + keep_every;
+                next_claim = Instant::now() + self.shared.settings.claim_idle / 3;
             }
             // Read only while the instance has room, and about as much as
             // it has room for. No permit is held during the read: a blocked
             // read on an empty partition must not starve busy ones.
-            tokio::select! {
-                _ = self.stop.cancelled() => return,
-                room = self.shared.permits.acquire() => drop(room),
-            }
+            let Some(room) = self.or_stop(self.shared.permits.acquire()).await else {
+                return;
+            };
+            drop(room);
             let count = self.shared.permits.available_permits().clamp(1, batch);
             let Reader { conn, client_id } = match &mut reader {
                 Some(reader) => reader,
-                None => match self.connect_reader().await {
-                    Ok(conn) => reader.insert(conn),
-                    Err(e) => {
+                None => match self.or_stop(self.connect_reader()).await {
+                    None => return,
+                    Some(Ok(r)) => reader.insert(r),
+                    Some(Err(e)) => {
                         warn!(partition = self.partition, cause = %e, "cannot connect the reader; retrying");
                         self.pause(&mut backoff).await;
                         continue;
@@ -185,24 +274,33 @@ impl<T: Payload, S: TaskService<T>, C: Codec> Fetcher<T, S, C> {
             if pending_from.is_none() {
                 opts = opts.block(block.as_millis() as usize);
             }
+            if self.stop.is_cancelled() {
+                return;
+            }
             let (streams, ids) = ([self.stream.as_str()], [id.as_str()]);
             let (read, stopping) = {
                 let read =
                     conn.xread_options::<_, _, Option<StreamReadReply>>(&streams, &ids, &opts);
                 tokio::pin!(read);
                 tokio::select! {
+                    biased;
                     read = &mut read => (read, false),
                     _ = self.stop.cancelled() => {
                         // Unblock the read on the server and take its answer:
-                        // entries it delivered are this instance's to run
-                        // (and drain). Dropping the connection instead could
-                        // leave entries delivered into the pending list, unseen.
+                        // entries it delivered are this instance's to run or
+                        // hand back. Dropping the connection instead could
+                        // leave them delivered into the pending list, unseen.
+                        // (If the unblock overtakes the read, the read ends
+                        // by its own block time.)
                         let mut unblock = redis::cmd("CLIENT");
                         unblock.arg("UNBLOCK").arg(*client_id);
                         let _ = self.shared.conn.query::<u32>(&unblock).await;
-                        match tokio::time::timeout(Duration::from_secs(1), &mut read).await {
+                        match tokio::time::timeout(block + Duration::from_secs(2), &mut read).await {
                             Ok(read) => (read, true),
-                            Err(_) => return,
+                            Err(_) => {
+                                error!(partition = self.partition, "a stopped read did not return; its entries stay pending until claimed");
+                                return;
+                            }
                         }
                     }
                 }
@@ -213,8 +311,14 @@ impl<T: Payload, S: TaskService<T>, C: Codec> Fetcher<T, S, C> {
                     .unwrap_or_default(),
                 Err(e) => {
                     warn!(partition = self.partition, cause = %e, "read failed; re-reading the pending list");
+                    if e.code() == Some("NOGROUP") {
+                        self.recreate_group().await;
+                    }
                     reader = None;
                     pending_from = Some("0".to_owned());
+                    if stopping {
+                        return;
+                    }
                     self.pause(&mut backoff).await;
                     continue;
                 }
@@ -227,14 +331,23 @@ impl<T: Payload, S: TaskService<T>, C: Codec> Fetcher<T, S, C> {
                 }
             }
             for entry in entries {
-                // A pending entry this instance is running already.
-                if self.lock_in_flight().insert(entry.id.clone()) {
+                // A pending entry this instance holds already.
+                if lock(&self.held).insert(entry.id.clone()) {
                     self.spawn_task(entry);
                 }
             }
             if stopping {
                 return;
             }
+        }
+    }
+
+    /// Runs `fut` unless the worker stops first.
+    async fn or_stop<F: Future>(&self, fut: F) -> Option<F::Output> {
+        tokio::select! {
+            biased;
+            _ = self.stop.cancelled() => None,
+            out = fut => Some(out),
         }
     }
 
@@ -255,49 +368,26 @@ impl<T: Payload, S: TaskService<T>, C: Codec> Fetcher<T, S, C> {
     }
 
     async fn pause(&self, backoff: &mut Duration) {
-        tokio::select! {
-            _ = self.stop.cancelled() => {}
-            _ = tokio::time::sleep(*backoff) => {}
-        }
+        let _ = self.or_stop(tokio::time::sleep(*backoff)).await;
         *backoff = (*backoff * 2).min(MAX_BACKOFF);
     }
 
-    fn lock_in_flight(&self) -> std::sync::MutexGuard<'_, HashSet<String>> {
-        self.in_flight.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Resets the idle time of the running tasks' pending entries, so that
-    /// claiming never takes a task that is still running here.
-    async fn keep_fresh(&self) {
-        let ids: Vec<String> = self.lock_in_flight().iter().cloned().collect();
-        if ids.is_empty() {
-            return;
-        }
-        let mut cmd = redis::cmd("XCLAIM");
-        cmd.arg(&self.stream)
+    /// The group is gone (Redis lost its data, or someone deleted it):
+    /// create it again from the start, so nothing still in the stream is
+    /// lost (what was acked but not trimmed yet runs again).
+    async fn recreate_group(&self) {
+        error!(
+            partition = self.partition,
+            "the consumer group is gone; creating it again from the start of the stream"
+        );
+        let mut cmd = redis::cmd("XGROUP");
+        cmd.arg("CREATE")
+            .arg(&self.stream)
             .arg(keys::GROUP)
-            .arg(self.shared.id.as_str())
-            .arg(0)
-            .arg(&ids)
-            .arg("JUSTID");
+            .arg("0")
+            .arg("MKSTREAM");
         if let Err(e) = self.shared.conn.query::<()>(&cmd).await {
-            warn!(partition = self.partition, cause = %e, "could not keep running tasks' entries fresh");
-        }
-    }
-
-    /// Trims the partition's acknowledged entries (only its owner does).
-    async fn trim(&self) {
-        let mut trim = TRIM.key(&self.stream);
-        trim.arg(keys::GROUP);
-        let trimmed: crate::Result<u64> = self.shared.conn.invoke(&trim).await;
-        match trimmed {
-            Ok(0) => {}
-            Ok(n) => debug!(
-                partition = self.partition,
-                trimmed = n,
-                "trimmed acknowledged entries"
-            ),
-            Err(e) => warn!(partition = self.partition, cause = %e, "trim failed"),
+            warn!(partition = self.partition, cause = %e, "could not create the consumer group");
         }
     }
 
@@ -317,7 +407,7 @@ impl<T: Payload, S: TaskService<T>, C: Codec> Fetcher<T, S, C> {
                 .arg(self.shared.settings.batch);
             let reply: StreamAutoClaimReply = self.shared.conn.query(&cmd).await?;
             for entry in reply.claimed {
-                if self.lock_in_flight().insert(entry.id.clone()) {
+                if lock(&self.held).insert(entry.id.clone()) {
                     debug!(
                         partition = self.partition,
                         id = entry.id,
@@ -342,238 +432,8 @@ impl<T: Payload, S: TaskService<T>, C: Codec> Fetcher<T, S, C> {
             assignment: *self.assignment.borrow(),
             stop: self.stop.clone(),
             cancel: self.cancel.child_token(),
-            in_flight: self.in_flight.clone(),
+            held: self.held.clone(),
         };
         self.tracker.spawn(run.run(entry));
-    }
-}
-
-/// Runs one entry to its outcome: acked, enqueued again, or dead.
-struct RunTask<T, S, C> {
-    shared: Arc<Shared<T, S, C>>,
-    partition: u32,
-    stream: String,
-    assignment: Assignment,
-    /// The partition's release: a task not started by then is handed back.
-    stop: CancellationToken,
-    cancel: CancellationToken,
-    in_flight: Arc<Mutex<HashSet<String>>>,
-}
-
-impl<T: Payload, S: TaskService<T>, C: Codec> RunTask<T, S, C> {
-    async fn run(self, raw: StreamId) {
-        let stream_id = raw.id.clone();
-        // Wait for room; a task that has not started when its partition is
-        // released is handed back (enqueued again, same attempt) instead of
-        // making the drain wait for it.
-        let permit = tokio::select! {
-            biased;
-            permit = self.shared.permits.clone().acquire_owned() => Some(permit.expect("never closed")),
-            _ = self.stop.cancelled() => None,
-        };
-        match permit {
-            Some(_permit) => self.execute(raw).await,
-            None => self.hand_back(raw).await,
-        }
-        self.in_flight
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&stream_id);
-    }
-
-    /// Enqueues a fetched but never started entry again as it is, and acks
-    /// this copy, so the partition's next owner runs it.
-    async fn hand_back(&self, raw: StreamId) {
-        let fields: Vec<(String, Vec<u8>)> = raw
-            .map
-            .iter()
-            .map(|(k, v)| {
-                (
-                    k.clone(),
-                    redis::from_redis_value_ref::<Vec<u8>>(v).unwrap_or_default(),
-                )
-            })
-            .collect();
-        let mut pipe = redis::pipe();
-        pipe.atomic()
-            .cmd("XADD")
-            .arg(&self.stream)
-            .arg("*")
-            .arg(fields)
-            .ignore()
-            .xack(&self.stream, keys::GROUP, &[&raw.id])
-            .ignore();
-        if let Err(e) = self.shared.conn.query_pipe::<()>(&pipe).await {
-            error!(partition = self.partition, cause = %e, "could not hand back an unstarted task; it stays pending and will be claimed");
-        }
-    }
-
-    async fn execute(&self, raw: StreamId) {
-        let entry = match Entry::parse(&raw.map) {
-            Ok(entry) => entry,
-            Err(e) => {
-                return self
-                    .dead_letter(&raw, None, "malformed", &e.to_string())
-                    .await;
-            }
-        };
-        let payload: T = match self.decode(&entry) {
-            Ok(payload) => payload,
-            Err(e) => return self.dead_letter(&raw, Some(&entry), "decode", &e).await,
-        };
-        let span = info_span!(
-            "task",
-            task_id = %entry.id,
-            partition = self.partition,
-            attempt = entry.attempt,
-            epoch = self.assignment.epoch
-        );
-        let cx = TaskContext {
-            task_id: entry.id.clone(),
-            attempt: entry.attempt,
-            partition: self.partition,
-            enqueued_at: UNIX_EPOCH + entry.enqueued_at,
-            assignment: self.assignment,
-            fencing_token: None,
-            cancel: self.cancel.clone(),
-        };
-        let mut service = self.shared.service.clone();
-        // Its own task, so a panic in the handler is a failed attempt.
-        let mut handler = tokio::spawn(
-            async move {
-                let service = service.ready().await.map_err(Into::into)?;
-                service.call(Task { payload, cx }).await.map_err(Into::into)
-            }
-            .instrument(span.clone()),
-        );
-        let outcome = tokio::select! {
-            biased;
-            outcome = &mut handler => outcome,
-            _ = self.cancel.cancelled() => {
-                handler.abort();
-                match handler.await {
-                    // It finished before the abort took effect: keep its outcome.
-                    Ok(outcome) => Ok(outcome),
-                    Err(join) if join.is_panic() => Err(join),
-                    Err(_) => {
-                        let _enter = span.enter();
-                        warn!("task cancelled; enqueued again");
-                        return self.retry(&raw.id, &entry, "cancelled at the drain timeout").await;
-                    }
-                }
-            }
-        };
-        let _enter = span.enter();
-        match outcome {
-            Ok(Ok(())) => {
-                let _ = self.shared.acks.send((self.partition, raw.id.clone()));
-            }
-            Ok(Err(e)) => self.failed(&raw, &entry, &e.to_string()).await,
-            Err(join) => {
-                let why = if join.is_panic() {
-                    "handler panicked"
-                } else {
-                    "handler task aborted"
-                };
-                self.failed(&raw, &entry, why).await;
-            }
-        }
-    }
-
-    fn decode(&self, entry: &Entry) -> Result<T, String> {
-        if entry.codec != C::NAME {
-            return Err(format!(
-                "entry is encoded with `{}`, this service uses `{}`",
-                entry.codec,
-                C::NAME
-            ));
-        }
-        self.shared
-            .codec
-            .decode(&entry.payload)
-            .map_err(|e| e.to_string())
-    }
-
-    async fn failed(&self, raw: &StreamId, entry: &Entry, error: &str) {
-        if entry.attempt >= self.shared.settings.max_attempts {
-            warn!(
-                error,
-                "task failed its last attempt; moved to the dead letters"
-            );
-            self.dead_letter(raw, Some(entry), "failed", error).await;
-        } else {
-            warn!(error, "task failed; enqueued again");
-            self.retry(&raw.id, entry, error).await;
-        }
-    }
-
-    /// Enqueues the task again with `attempt + 1` and acks this entry, in
-    /// one transaction. (Backoff between attempts comes with the retries
-    /// issue; the handover issue routes this through the fencing script.)
-    async fn retry(&self, stream_id: &str, entry: &Entry, _why: &str) {
-        let next = Entry {
-            attempt: entry.attempt + 1,
-            ..entry.clone()
-        };
-        let mut pipe = redis::pipe();
-        pipe.atomic()
-            .cmd("XADD")
-            .arg(&self.stream)
-            .arg("*")
-            .arg(next.fields())
-            .ignore()
-            .xack(&self.stream, keys::GROUP, &[stream_id])
-            .ignore();
-        if let Err(e) = self.shared.conn.query_pipe::<()>(&pipe).await {
-            error!(cause = %e, "could not enqueue the task again; it stays pending and will be claimed");
-        }
-    }
-
-    /// Moves the entry to the partition's dead letters with the reason, and
-    /// acks it, in one transaction.
-    async fn dead_letter(&self, raw: &StreamId, entry: Option<&Entry>, reason: &str, error: &str) {
-        error!(
-            partition = self.partition,
-            stream_id = raw.id,
-            reason,
-            error,
-            "entry moved to the dead letters"
-        );
-        let mut fields: Vec<(String, Vec<u8>)> = match entry {
-            Some(entry) => entry
-                .fields()
-                .into_iter()
-                .map(|(k, v)| (k.to_owned(), v))
-                .collect(),
-            None => raw
-                .map
-                .iter()
-                .map(|(k, v)| {
-                    (
-                        k.clone(),
-                        redis::from_redis_value_ref::<Vec<u8>>(v).unwrap_or_default(),
-                    )
-                })
-                .collect(),
-        };
-        let now = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap_or_default();
-        fields.push(("reason".into(), reason.into()));
-        fields.push(("error".into(), error.into()));
-        fields.push(("stream_id".into(), raw.id.clone().into_bytes()));
-        fields.push(("dead_at".into(), now.as_millis().to_string().into_bytes()));
-        let mut pipe = redis::pipe();
-        pipe.atomic()
-            .cmd("XADD")
-            .arg(keys::dead(&self.shared.name, self.partition))
-            .arg("*")
-            .arg(fields)
-            .ignore()
-            .xack(&self.stream, keys::GROUP, &[&raw.id])
-            .ignore();
-        if let Err(e) = self.shared.conn.query_pipe::<()>(&pipe).await {
-            error!(cause = %e, "could not move the entry to the dead letters; it stays pending and will be claimed");
-        }
     }
 }

@@ -1,0 +1,287 @@
+//! Runs one fetched entry to its outcome: acked, enqueued again (a retry,
+//! a cancellation, a hand-back) or moved to the dead letters.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use deadpool_redis::redis::{self, streams::StreamId};
+use tokio::sync::oneshot;
+use tokio_util::sync::CancellationToken;
+use tower::ServiceExt;
+use tracing::{Instrument, Span, error, info_span, warn};
+
+use super::worker::{Held, lock};
+use super::{Payload, Shared, TaskService};
+use crate::assignment::Assignment;
+use crate::codec::Codec;
+use crate::handler::{Task, TaskContext};
+use crate::keys;
+use crate::task::Entry;
+
+/// How long a cancelled handler may take to notice its cancellation signal
+/// and return before it is aborted. Kept within the 50 ms that DESIGN.md §4
+/// allows for cancellation latency.
+const CANCEL_GRACE: Duration = Duration::from_millis(20);
+
+/// How a handler run ended.
+enum Outcome {
+    Succeeded,
+    Failed(String),
+    /// Cancelled at the drain timeout: runs again, whatever it returned.
+    Cancelled,
+}
+
+/// One entry of one partition, and what running it needs.
+pub(crate) struct RunTask<T, S, C> {
+    pub(crate) shared: Arc<Shared<T, S, C>>,
+    pub(crate) partition: u32,
+    pub(crate) stream: String,
+    pub(crate) assignment: Assignment,
+    /// The partition's release: a task not started by then is handed back.
+    pub(crate) stop: CancellationToken,
+    /// Fires at the drain timeout.
+    pub(crate) cancel: CancellationToken,
+    pub(crate) held: Held,
+}
+
+impl<T: Payload, S: TaskService<T>, C: Codec> RunTask<T, S, C> {
+    pub(crate) async fn run(self, raw: StreamId) {
+        let stream_id = raw.id.clone();
+        // Wait for room; a task that has not started when its partition is
+        // released is handed back instead of making the drain wait for it.
+        let permit = tokio::select! {
+            biased;
+            permit = self.shared.permits.clone().acquire_owned() => Some(permit.expect("never closed")),
+            _ = self.stop.cancelled() => None,
+        };
+        match permit {
+            Some(permit) => {
+                let acked = self.execute(raw).await;
+                drop(permit);
+                // Held until the ack has landed: re-reading the pending list
+                // before that must not run the task again.
+                if let Some(acked) = acked {
+                    let _ = acked.await;
+                }
+            }
+            None => self.hand_back(raw).await,
+        }
+        lock(&self.held).remove(&stream_id);
+    }
+
+    /// Runs the entry; on success returns the ack's confirmation.
+    async fn execute(&self, raw: StreamId) -> Option<oneshot::Receiver<()>> {
+        let entry = match Entry::parse(&raw.map) {
+            Ok(entry) => entry,
+            Err(e) => {
+                self.dead_letter(&raw, None, "malformed", &e.to_string())
+                    .await;
+                return None;
+            }
+        };
+        let payload: T = match self.decode(&entry) {
+            Ok(payload) => payload,
+            Err(e) => {
+                self.dead_letter(&raw, Some(&entry), "decode", &e).await;
+                return None;
+            }
+        };
+        let span = info_span!(
+            "task",
+            task_id = %entry.id,
+            partition = self.partition,
+            attempt = entry.attempt,
+            epoch = self.assignment.epoch
+        );
+        match self.call(&entry, payload, span.clone()).await {
+            Outcome::Succeeded => {
+                let (tx, rx) = oneshot::channel();
+                let _ = self.shared.acks.send((self.partition, raw.id.clone(), tx));
+                Some(rx)
+            }
+            Outcome::Failed(error) => {
+                self.failed(&raw, &entry, &error).instrument(span).await;
+                None
+            }
+            Outcome::Cancelled => {
+                self.retry(&raw.id, &entry, "cancelled at the drain timeout")
+                    .instrument(span)
+                    .await;
+                None
+            }
+        }
+    }
+
+    /// Calls the handler service in a task of its own (a panic is a failed
+    /// attempt), cancelling it at the drain timeout.
+    async fn call(&self, entry: &Entry, payload: T, span: Span) -> Outcome {
+        let cx = TaskContext {
+            task_id: entry.id.clone(),
+            attempt: entry.attempt,
+            partition: self.partition,
+            enqueued_at: UNIX_EPOCH + entry.enqueued_at,
+            assignment: self.assignment,
+            fencing_token: None,
+            cancel: self.cancel.clone(),
+        };
+        let mut service = self.shared.service.clone();
+        let mut handler = tokio::spawn(
+            async move {
+                let service = service.ready().await.map_err(Into::into)?;
+                service.call(Task { payload, cx }).await.map_err(Into::into)
+            }
+            .instrument(span),
+        );
+        let result = tokio::select! {
+            biased;
+            result = &mut handler => return outcome(result),
+            _ = self.cancel.cancelled() => {
+                // The handler saw the signal (its context shares it): give it
+                // a moment to return, then abort it.
+                match tokio::time::timeout(CANCEL_GRACE, &mut handler).await {
+                    Ok(result) => result,
+                    Err(_) => {
+                        handler.abort();
+                        handler.await
+                    }
+                }
+            }
+        };
+        // Cancelled: only a run that succeeded counts; anything else runs
+        // again and never uses up an attempt towards the dead letters.
+        match outcome(result) {
+            Outcome::Succeeded => Outcome::Succeeded,
+            _ => Outcome::Cancelled,
+        }
+    }
+
+    fn decode(&self, entry: &Entry) -> Result<T, String> {
+        if entry.codec != C::NAME {
+            return Err(format!(
+                "entry is encoded with `{}`, this service uses `{}`",
+                entry.codec,
+                C::NAME
+            ));
+        }
+        self.shared
+            .codec
+            .decode(&entry.payload)
+            .map_err(|e| e.to_string())
+    }
+
+    async fn failed(&self, raw: &StreamId, entry: &Entry, error: &str) {
+        if entry.attempt >= self.shared.settings.max_attempts {
+            warn!(
+                error,
+                "task failed its last attempt; moved to the dead letters"
+            );
+            self.dead_letter(raw, Some(entry), "failed", error).await;
+        } else {
+            self.retry(&raw.id, entry, error).await;
+        }
+    }
+
+    /// Enqueues the task again with `attempt + 1` and acks this entry, in
+    /// one transaction. (Backoff between attempts comes with the retries
+    /// issue; the handover issue routes this through the fencing script.)
+    async fn retry(&self, stream_id: &str, entry: &Entry, why: &str) {
+        warn!(why, "task enqueued again");
+        let next = Entry {
+            attempt: entry.attempt + 1,
+            ..entry.clone()
+        };
+        let mut pipe = redis::pipe();
+        pipe.atomic()
+            .cmd("XADD")
+            .arg(&self.stream)
+            .arg("*")
+            .arg(next.fields())
+            .ignore()
+            .xack(&self.stream, keys::GROUP, &[stream_id])
+            .ignore();
+        if let Err(e) = self.shared.conn.query_pipe::<()>(&pipe).await {
+            error!(cause = %e, "could not enqueue the task again; it stays pending and will be claimed");
+        }
+    }
+
+    /// Enqueues a fetched but never started entry again as it is, and acks
+    /// this copy, so the partition's next owner runs it.
+    async fn hand_back(&self, raw: StreamId) {
+        let mut pipe = redis::pipe();
+        pipe.atomic()
+            .cmd("XADD")
+            .arg(&self.stream)
+            .arg("*")
+            .arg(raw_fields(&raw))
+            .ignore()
+            .xack(&self.stream, keys::GROUP, &[&raw.id])
+            .ignore();
+        if let Err(e) = self.shared.conn.query_pipe::<()>(&pipe).await {
+            error!(partition = self.partition, cause = %e, "could not hand back an unstarted task; it stays pending and will be claimed");
+        }
+    }
+
+    /// Moves the entry to the partition's dead letters with the reason, and
+    /// acks it, in one transaction.
+    async fn dead_letter(&self, raw: &StreamId, entry: Option<&Entry>, reason: &str, error: &str) {
+        error!(
+            partition = self.partition,
+            stream_id = raw.id,
+            reason,
+            error,
+            "entry moved to the dead letters"
+        );
+        let mut fields: Vec<(String, Vec<u8>)> = match entry {
+            Some(entry) => entry
+                .fields()
+                .into_iter()
+                .map(|(k, v)| (k.to_owned(), v))
+                .collect(),
+            None => raw_fields(raw),
+        };
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default();
+        fields.push(("reason".into(), reason.into()));
+        fields.push(("error".into(), error.into()));
+        fields.push(("stream_id".into(), raw.id.clone().into_bytes()));
+        fields.push(("dead_at".into(), now.as_millis().to_string().into_bytes()));
+        let mut pipe = redis::pipe();
+        pipe.atomic()
+            .cmd("XADD")
+            .arg(keys::dead(&self.shared.name, self.partition))
+            .arg("*")
+            .arg(fields)
+            .ignore()
+            .xack(&self.stream, keys::GROUP, &[&raw.id])
+            .ignore();
+        if let Err(e) = self.shared.conn.query_pipe::<()>(&pipe).await {
+            error!(cause = %e, "could not move the entry to the dead letters; it stays pending and will be claimed");
+        }
+    }
+}
+
+/// How a handler task's result reads.
+fn outcome(
+    result: Result<Result<(), crate::handler::BoxError>, tokio::task::JoinError>,
+) -> Outcome {
+    match result {
+        Ok(Ok(())) => Outcome::Succeeded,
+        Ok(Err(e)) => Outcome::Failed(e.to_string()),
+        Err(join) if join.is_panic() => Outcome::Failed("handler panicked".to_owned()),
+        Err(_) => Outcome::Failed("handler task aborted".to_owned()),
+    }
+}
+
+/// An entry's fields as they are, whatever they hold.
+fn raw_fields(raw: &StreamId) -> Vec<(String, Vec<u8>)> {
+    raw.map
+        .iter()
+        .map(|(k, v)| {
+            (
+                k.clone(),
+                redis::from_redis_value_ref::<Vec<u8>>(v).unwrap_or_default(),
+            )
+        })
+        .collect()
+}
