@@ -117,8 +117,10 @@ impl<C: Codec> Producer<C> {
     }
 
     /// Enqueues many tasks in one pipelined round trip; returns their ids
-    /// in order. Either all are sent or the error is returned (a failure
-    /// mid-way can leave a prefix enqueued: the ids say which were meant).
+    /// in order. A task that does not encode, or is over the size limit,
+    /// fails the whole batch before anything is sent. An error from Redis
+    /// is ambiguous (a lost reply after Redis applied the batch looks the
+    /// same as a lost request): retrying may enqueue tasks twice.
     pub async fn enqueue_batch<T: Serialize>(&self, tasks: &[T]) -> Result<Vec<TaskId>> {
         let mut pipe = redis::pipe();
         let mut ids = Vec::with_capacity(tasks.len());

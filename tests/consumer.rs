@@ -865,3 +865,106 @@ async fn invalid_consumer_settings_are_refused_by_name_before_redis() {
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_running_past_the_drain_timeout_is_cancelled_and_runs_again() {
+    support::init_tracing();
+    let server = RedisServer::start();
+    let name = unique_name("cancel");
+    let producer = Producer::connect(&server.url(), &name).await.unwrap();
+    // What each run did: (seq, attempt, "done" | "cancelled").
+    let runs = Arc::new(Mutex::new(Vec::<(u64, u32, &'static str)>::new()));
+    type Runs = Arc<Mutex<Vec<(u64, u32, &'static str)>>>;
+    let make = |runs: Runs| {
+        tower::service_fn(move |task: Task<Job>| {
+            let runs = runs.clone();
+            async move {
+                let (seq, attempt) = (task.payload.seq, task.cx.attempt());
+                if attempt == 1 {
+                    // Far longer than the drain timeout, unless cancelled:
+                    // then give up as the docs ask.
+                    tokio::select! {
+                        _ = tokio::time::sleep(Duration::from_secs(30)) => {}
+                        _ = task.cx.cancelled() => {
+                            runs.lock().unwrap().push((seq, attempt, "cancelled"));
+                            return Err(HandlerError::msg("cancelled"));
+                        }
+                    }
+                }
+                runs.lock().unwrap().push((seq, attempt, "done"));
+                Ok::<(), HandlerError>(())
+            }
+        })
+    };
+    // One task per partition (keys chosen to cover all 64), all running on
+    // the first instance; max_attempts(1): a cancelled run must not count.
+    let first = base(&server.url(), &name)
+        .max_attempts(1)
+        .service(make(runs.clone()));
+    let first = Instance::spawn(move |signal| first.run_until(signal));
+    let mut keys_by_partition = BTreeMap::new();
+    for i in 0.. {
+        let key = format!("k{i}");
+        keys_by_partition
+            .entry(peerq::partition::partition_of(key.as_bytes(), 64))
+            .or_insert(key);
+        if keys_by_partition.len() == 64 {
+            break;
+        }
+    }
+    for (p, key) in &keys_by_partition {
+        producer
+            .enqueue_with(
+                Job { seq: u64::from(*p) },
+                peerq::producer::Options::new().key(key.clone()),
+            )
+            .await
+            .unwrap();
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    // A second instance joins: about half the partitions move, and their
+    // running tasks are cancelled at the drain timeout.
+    let second = base(&server.url(), &name)
+        .max_attempts(1)
+        .service(make(runs.clone()));
+    let second = Instance::spawn(move |signal| second.run_until(signal));
+    wait_until(
+        Duration::from_secs(20),
+        "the moved tasks to run again",
+        || {
+            let runs = runs.lock().unwrap();
+            runs.iter().any(|r| r.2 == "done")
+                && runs.iter().filter(|r| r.2 == "cancelled").count()
+                    == runs.iter().filter(|r| r.2 == "done").count()
+        },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let runs = runs.lock().unwrap().clone();
+    first.shutdown().await;
+    second.shutdown().await;
+    let cancelled: Vec<u64> = runs
+        .iter()
+        .filter(|r| r.2 == "cancelled")
+        .map(|r| r.0)
+        .collect();
+    let done: Vec<(u64, u32)> = runs
+        .iter()
+        .filter(|r| r.2 == "done")
+        .map(|r| (r.0, r.1))
+        .collect();
+    assert!(!cancelled.is_empty(), "some partitions moved: {runs:?}");
+    let mut again: Vec<u64> = done.iter().map(|d| d.0).collect();
+    again.sort_unstable();
+    let mut expected = cancelled.clone();
+    expected.sort_unstable();
+    assert_eq!(
+        again, expected,
+        "each cancelled task ran again, once: {runs:?}"
+    );
+    assert!(done.iter().all(|d| d.1 == 2), "with attempt 2: {done:?}");
+    assert!(
+        dead_letters(&server, &name, 64).await.is_empty(),
+        "a cancelled run is not a failed attempt"
+    );
+}

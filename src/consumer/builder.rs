@@ -197,6 +197,10 @@ impl<T, S, C: Codec> ConsumerBuilder<T, S, C> {
     }
 
     /// Any tower service of [`Task<T>`] as the handler.
+    ///
+    /// It is cloned for each task (as tower's `ConcurrencyLimit` expects), so
+    /// it must be `Clone + Send + Sync`; wrap a service that is not (such as
+    /// `RateLimit`) in `tower::buffer::BufferLayer`.
     pub fn service<T2, S2>(self, service: S2) -> ConsumerBuilder<T2, S2, C>
     where
         S2: Service<Task<T2>>,

@@ -134,7 +134,14 @@ impl<T: Payload, S: TaskService<T>, C: Codec> RunTask<T, S, C> {
         );
         let result = tokio::select! {
             biased;
-            result = &mut handler => return outcome(result),
+            result = &mut handler => {
+                // A handler that saw the cancellation and gave up (an error)
+                // was cancelled, not failed.
+                return match outcome(result) {
+                    Outcome::Failed(_) if self.cancel.is_cancelled() => Outcome::Cancelled,
+                    other => other,
+                };
+            }
             _ = self.cancel.cancelled() => {
                 // The handler saw the signal (its context shares it): give it
                 // a moment to return, then abort it.
