@@ -22,6 +22,19 @@ use crate::error::Result;
 /// although Redis applied it.
 const RESPONSE_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// The pool a builder was given, or one for the URL it was given.
+pub(crate) fn pool(pool: Option<Pool>, url: Option<String>) -> Result<Pool> {
+    match (pool, url) {
+        (Some(pool), _) => Ok(pool),
+        (None, Some(url)) => Ok(deadpool_redis::Config::from_url(url)
+            .create_pool(Some(deadpool_redis::Runtime::Tokio1))?),
+        (None, None) => Err(crate::Error::invalid(
+            "redis",
+            "no Redis given; call .redis(url) or .pool(pool)",
+        )),
+    }
+}
+
 /// A multiplexed connection taken from `pool` on first use.
 #[derive(Debug)]
 pub(crate) struct SharedConnection {

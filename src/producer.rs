@@ -7,8 +7,8 @@
 use std::fmt;
 use std::marker::PhantomData;
 
+use deadpool_redis::Pool;
 use deadpool_redis::redis;
-use deadpool_redis::{Pool, Runtime};
 use serde::Serialize;
 
 use crate::codec::{Bincode, Codec};
@@ -239,18 +239,7 @@ impl<C: Codec> ProducerBuilder<C> {
                 "0 bytes accepts no task; use at least 1",
             ));
         }
-        let pool = match (self.pool, self.url) {
-            (Some(pool), _) => pool,
-            (None, Some(url)) => {
-                deadpool_redis::Config::from_url(url).create_pool(Some(Runtime::Tokio1))?
-            }
-            (None, None) => {
-                return Err(Error::invalid(
-                    "redis",
-                    "no Redis given; call .redis(url) or .pool(pool)",
-                ));
-            }
-        };
+        let pool = crate::connection::pool(self.pool, self.url)?;
         let conn = SharedConnection::new(pool);
         let fields = config::queue_meta_fields(self.partitions, C::NAME);
         meta::ensure(&mut conn.get().await?, &name, &fields).await?;

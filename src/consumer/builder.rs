@@ -5,7 +5,7 @@ use std::future::Future;
 use std::marker::PhantomData;
 use std::time::Duration;
 
-use deadpool_redis::{Pool, Runtime};
+use deadpool_redis::Pool;
 use serde::de::DeserializeOwned;
 use tower::{Layer, Service};
 
@@ -316,18 +316,7 @@ where
     /// Like [`run`](Self::run), but stops when `signal` resolves.
     pub async fn run_until(self, signal: impl Future<Output = ()> + Send) -> Result<()> {
         let name = self.validate()?;
-        let pool = match (self.pool, &self.url) {
-            (Some(pool), _) => pool,
-            (None, Some(url)) => {
-                deadpool_redis::Config::from_url(url.clone()).create_pool(Some(Runtime::Tokio1))?
-            }
-            (None, None) => {
-                return Err(Error::invalid(
-                    "redis",
-                    "no Redis given; call .redis(url) or .pool(pool)",
-                ));
-            }
-        };
+        let pool = crate::connection::pool(self.pool, self.url)?;
         runtime::run(
             runtime::Parts {
                 name,

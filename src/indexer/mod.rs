@@ -23,7 +23,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use deadpool_redis::{Pool, Runtime};
+use deadpool_redis::Pool;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -31,7 +31,7 @@ use tokio_util::sync::CancellationToken;
 use crate::assignment::Assignment;
 use crate::clock::{Clock, SystemClock};
 use crate::config::{IndexerSettings, Indexing, ServiceName};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::instance::InstanceId;
 use crate::meta;
 
@@ -239,18 +239,7 @@ impl IndexerBuilder {
     pub fn build(self) -> Result<Indexer> {
         let name = ServiceName::new(self.name.as_deref().unwrap_or_default())?;
         self.settings.validate()?;
-        let pool = match (self.pool, self.url) {
-            (Some(pool), _) => pool,
-            (None, Some(url)) => {
-                deadpool_redis::Config::from_url(url).create_pool(Some(Runtime::Tokio1))?
-            }
-            (None, None) => {
-                return Err(Error::invalid(
-                    "redis",
-                    "no Redis given; call .redis(url) or .pool(pool)",
-                ));
-            }
-        };
+        let pool = crate::connection::pool(self.pool, self.url)?;
         // A constant offset in [0, I/2), drawn once: it keeps the order in
         // which instances act stable from interval to interval.
         let offset = self.settings.interval.mul_f64(rand::random::<f64>() / 2.0);
@@ -303,7 +292,7 @@ impl Indexer {
     /// Checks the settings against the service's `{N}:meta` (recording them
     /// if this is the first instance), then starts the rounds in a task.
     ///
-    /// Fails with [`Error::SettingsMismatch`] naming every setting that
+    /// Fails with [`Error::SettingsMismatch`](crate::Error::SettingsMismatch) naming every setting that
     /// differs from the service's.
     pub async fn start(self) -> Result<IndexerHandle> {
         let mut conn = self.pool.get().await?;
