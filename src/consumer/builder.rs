@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use deadpool_redis::Pool;
 use serde::de::DeserializeOwned;
+use tokio::sync::watch;
 use tower::{Layer, Service};
 
 use super::{ConsumerSettings, runtime};
@@ -14,6 +15,7 @@ use crate::codec::{Bincode, Codec};
 use crate::config::{IndexerSettings, Indexing, ServiceName, fmt_duration};
 use crate::error::{Error, Result};
 use crate::handler::{BoxError, Handler, HandlerService, Task};
+use crate::indexer::Standing;
 use crate::partition::DEFAULT_PARTITIONS;
 
 /// Default tasks in flight per instance.
@@ -43,6 +45,8 @@ pub struct ConsumerBuilder<T, S, C> {
     indexer: IndexerSettings,
     settings: ConsumerSettings,
     service: S,
+    /// Where the runtime publishes the instance's standing.
+    standing: watch::Sender<Standing>,
     task: PhantomData<fn() -> (T, C)>,
 }
 
@@ -76,12 +80,20 @@ impl ConsumerBuilder<(), (), Bincode> {
                 allow_eviction: false,
             },
             service: (),
+            standing: watch::Sender::new(Standing::Joining),
             task: PhantomData,
         }
     }
 }
 
 impl<T, S, C: Codec> ConsumerBuilder<T, S, C> {
+    /// A receiver of the instance's standing once it runs: its assignment
+    /// (index, replicas, epoch) or why it has none. For status displays and
+    /// health checks.
+    pub fn standing(&self) -> watch::Receiver<Standing> {
+        self.standing.subscribe()
+    }
+
     /// The service name (required): instances with one name split one queue.
     pub fn name(mut self, name: impl Into<String>) -> Self {
         self.name = Some(name.into());
@@ -187,6 +199,7 @@ impl<T, S, C: Codec> ConsumerBuilder<T, S, C> {
             indexer: self.indexer,
             settings: self.settings,
             service: self.service,
+            standing: self.standing,
             task: PhantomData,
         }
     }
@@ -212,6 +225,7 @@ impl<T, S, C: Codec> ConsumerBuilder<T, S, C> {
             indexer: self.indexer,
             settings: self.settings,
             service,
+            standing: self.standing,
             task: PhantomData,
         }
     }
@@ -233,6 +247,7 @@ impl<T, S, C: Codec> ConsumerBuilder<T, S, C> {
             indexer: self.indexer,
             settings: self.settings,
             service: layer.layer(self.service),
+            standing: self.standing,
             task: PhantomData,
         }
     }
@@ -325,6 +340,7 @@ where
                 settings: self.settings,
                 service: self.service,
                 codec: C::default(),
+                standing: self.standing,
             },
             signal,
         )

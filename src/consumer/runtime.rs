@@ -31,6 +31,7 @@ pub(super) struct Parts<S, C> {
     pub(super) settings: ConsumerSettings,
     pub(super) service: S,
     pub(super) codec: C,
+    pub(super) standing: watch::Sender<Standing>,
 }
 
 /// Resolves on SIGTERM or ctrl-c.
@@ -65,6 +66,7 @@ pub(super) async fn run<T: Payload, S: TaskService<T>, C: Codec>(
         settings,
         service,
         codec,
+        standing: published,
     } = parts;
     let conn = Arc::new(SharedConnection::new(pool.clone()));
     check_eviction(&conn, settings.allow_eviction).await?;
@@ -118,6 +120,7 @@ pub(super) async fn run<T: Payload, S: TaskService<T>, C: Codec>(
                 }
                 let now = standing.borrow_and_update().clone();
                 ownership.follow(&now).await;
+                published.send_replace(now);
             }
         }
     }

@@ -1,0 +1,175 @@
+//! The `mail_sender` example itself, as a person would run it: three
+//! consumers as child processes, a producer of 5,000 tasks.
+
+mod support;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use support::{RedisServer, unique_name};
+
+/// The example binary, built by `cargo test` next to the test binaries.
+fn example_binary() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let dir = exe.parent().unwrap().parent().unwrap();
+    let path = dir.join("examples").join("mail_sender");
+    assert!(
+        path.exists(),
+        "{} is missing: run the tests with `cargo test` (it builds the examples)",
+        path.display()
+    );
+    path
+}
+
+/// One `handled ...` line.
+#[derive(Debug, Clone)]
+struct Handled {
+    consumer: usize,
+    seq: u64,
+    partition: u32,
+    index: u32,
+    replicas: u32,
+    epoch: u64,
+    attempt: u32,
+}
+
+fn parse(consumer: usize, line: &str) -> Option<Handled> {
+    let rest = line.strip_prefix("handled ")?;
+    let fields: BTreeMap<&str, &str> = rest
+        .split(' ')
+        .filter_map(|kv| kv.split_once('='))
+        .collect();
+    Some(Handled {
+        consumer,
+        seq: fields.get("seq")?.parse().ok()?,
+        partition: fields.get("partition")?.parse().ok()?,
+        index: fields.get("index")?.parse().ok()?,
+        replicas: fields.get("replicas")?.parse().ok()?,
+        epoch: fields.get("epoch")?.parse().ok()?,
+        attempt: fields.get("attempt")?.parse().ok()?,
+    })
+}
+
+/// A child process that is killed if the test ends early.
+struct Proc(Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn sigterm(child: &Child) {
+    let _ = Command::new("kill")
+        .arg("-TERM")
+        .arg(child.id().to_string())
+        .status();
+}
+
+#[test]
+fn three_example_consumers_handle_every_task_exactly_once_on_its_owner() {
+    let server = RedisServer::start();
+    let name = unique_name("example");
+    let bin = example_binary();
+    let handled: Arc<Mutex<Vec<Handled>>> = Arc::default();
+    let mut consumers = Vec::new();
+    for consumer in 0..3 {
+        let mut child = Command::new(&bin)
+            .args([
+                "consume",
+                "--redis",
+                &server.url(),
+                "--name",
+                &name,
+                "--print-tasks",
+            ])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start a consumer");
+        let out = child.stdout.take().unwrap();
+        let handled = handled.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(out).lines().map_while(Result::ok) {
+                let parsed =
+                    parse(consumer, &line).unwrap_or_else(|| panic!("unexpected line: {line}"));
+                handled.lock().unwrap().push(parsed);
+            }
+        });
+        consumers.push(Proc(child));
+    }
+    let produced = Command::new(&bin)
+        .args([
+            "produce",
+            "--redis",
+            &server.url(),
+            "--name",
+            &name,
+            "--count",
+            "5000",
+            "--batch",
+            "250",
+        ])
+        .status()
+        .expect("run the producer");
+    assert!(produced.success(), "the producer failed");
+
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let seen: BTreeSet<u64> = handled.lock().unwrap().iter().map(|h| h.seq).collect();
+        if seen.len() == 5000 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "only {} of 5000 tasks handled",
+            seen.len()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // A graceful stop: SIGTERM, and each exits successfully.
+    for c in &consumers {
+        sigterm(&c.0);
+    }
+    for c in &mut consumers {
+        let status = c.0.wait().unwrap();
+        assert!(
+            status.success(),
+            "a consumer did not stop cleanly: {status}"
+        );
+    }
+
+    let handled = handled.lock().unwrap().clone();
+    let mut per_seq: BTreeMap<u64, usize> = BTreeMap::new();
+    let mut holders: BTreeMap<(u64, u32), BTreeSet<usize>> = BTreeMap::new();
+    for h in &handled {
+        *per_seq.entry(h.seq).or_default() += 1;
+        assert_eq!(
+            h.partition % h.replicas,
+            h.index - 1,
+            "not the owner: {h:?}"
+        );
+        assert_eq!(h.attempt, 1, "{h:?}");
+        holders
+            .entry((h.epoch, h.index))
+            .or_default()
+            .insert(h.consumer);
+    }
+    assert_eq!(per_seq.len(), 5000);
+    let twice: Vec<_> = per_seq.iter().filter(|(_, n)| **n != 1).take(5).collect();
+    assert!(twice.is_empty(), "handled more than once: {twice:?}");
+    for ((epoch, index), who) in holders {
+        assert_eq!(
+            who.len(),
+            1,
+            "epoch {epoch}: index {index} held by consumers {who:?}"
+        );
+    }
+    let by_consumer: BTreeSet<usize> = handled.iter().map(|h| h.consumer).collect();
+    assert_eq!(by_consumer.len(), 3, "every consumer handled tasks");
+}
