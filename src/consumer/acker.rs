@@ -20,9 +20,12 @@ use crate::keys;
 
 /// Most acks sent in one pipeline.
 const MAX_BATCH: usize = 1024;
-/// How often a failed ack batch is retried before its entries are left
-/// pending (the partition's owner then claims and re-runs them).
-const ATTEMPTS: u32 = 5;
+/// How often a failed ack batch is tried before its entries are left
+/// pending (the partition's owner then claims and re-runs them): with the
+/// backoff below, about 10 s, so a short outage of Redis costs no re-runs.
+const ATTEMPTS: u32 = 8;
+/// Longest pause between two tries.
+const MAX_BACKOFF: Duration = Duration::from_secs(2);
 
 /// One finished task to ack: its partition, its stream entry id, and who
 /// to tell once the ack has landed (or was given up).
@@ -60,7 +63,8 @@ async fn send(name: &ServiceName, conn: &SharedConnection, batch: &[Ack]) {
             Ok(()) => return,
             Err(e) => {
                 warn!(service = %name, attempt, cause = %e, "ack failed; retrying");
-                tokio::time::sleep(Duration::from_millis(50) * attempt).await;
+                let backoff = Duration::from_millis(100) * 2u32.pow(attempt - 1);
+                tokio::time::sleep(backoff.min(MAX_BACKOFF)).await;
             }
         }
     }
