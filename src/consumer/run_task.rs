@@ -1,10 +1,13 @@
 //! Runs one fetched entry to its outcome: acked, enqueued again (a retry,
 //! a cancellation, a hand-back) or moved to the dead letters.
 
+use std::any::Any;
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use deadpool_redis::redis::{self, streams::StreamId};
+use futures_util::FutureExt;
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
@@ -112,8 +115,8 @@ impl<T: Payload, S: TaskService<T>, C: Codec> RunTask<T, S, C> {
         }
     }
 
-    /// Calls the handler service in a task of its own (a panic is a failed
-    /// attempt), cancelling it at the drain timeout.
+    /// Calls the handler service (a panic is a failed attempt), cancelling
+    /// it at the drain timeout.
     async fn call(&self, entry: &Entry, payload: T, span: Span) -> Outcome {
         let cx = TaskContext {
             task_id: entry.id.clone(),
@@ -125,13 +128,17 @@ impl<T: Payload, S: TaskService<T>, C: Codec> RunTask<T, S, C> {
             cancel: self.cancel.clone(),
         };
         let mut service = self.shared.service.clone();
-        let mut handler = tokio::spawn(
+        // Run inline, a panic caught as a failed attempt; dropping the future
+        // is the cancellation (it stops at its next `.await`).
+        let handler = AssertUnwindSafe(
             async move {
                 let service = service.ready().await.map_err(Into::into)?;
                 service.call(Task { payload, cx }).await.map_err(Into::into)
             }
             .instrument(span),
-        );
+        )
+        .catch_unwind();
+        tokio::pin!(handler);
         let result = tokio::select! {
             biased;
             result = &mut handler => {
@@ -147,10 +154,7 @@ impl<T: Payload, S: TaskService<T>, C: Codec> RunTask<T, S, C> {
                 // a moment to return, then abort it.
                 match tokio::time::timeout(CANCEL_GRACE, &mut handler).await {
                     Ok(result) => result,
-                    Err(_) => {
-                        handler.abort();
-                        handler.await
-                    }
+                    Err(_) => return Outcome::Cancelled,
                 }
             }
         };
@@ -268,15 +272,19 @@ impl<T: Payload, S: TaskService<T>, C: Codec> RunTask<T, S, C> {
     }
 }
 
-/// How a handler task's result reads.
-fn outcome(
-    result: Result<Result<(), crate::handler::BoxError>, tokio::task::JoinError>,
-) -> Outcome {
+/// How a handler run's result reads.
+fn outcome(result: Result<Result<(), crate::handler::BoxError>, Box<dyn Any + Send>>) -> Outcome {
     match result {
         Ok(Ok(())) => Outcome::Succeeded,
         Ok(Err(e)) => Outcome::Failed(e.to_string()),
-        Err(join) if join.is_panic() => Outcome::Failed("handler panicked".to_owned()),
-        Err(_) => Outcome::Failed("handler task aborted".to_owned()),
+        Err(panic) => {
+            let message = panic
+                .downcast_ref::<&str>()
+                .map(|s| (*s).to_owned())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_default();
+            Outcome::Failed(format!("handler panicked: {message}"))
+        }
     }
 }
 
