@@ -81,6 +81,7 @@
 //! | [`handler`] | the `Handler` trait, `TaskContext`, the tower adapter |
 //! | [`consumer`] | the builder and the runtime: workers per partition, acks, retries, dead letters, trimming |
 //! | `connection` | one multiplexed connection per part, kept out of the pool |
+//! | `transition` | drain-then-switch: the per-partition state machine of DESIGN.md §4 (not wired in yet) |
 //! | [`metrics`] | metric names and descriptions |
 //! | `scripts/` | Lua scripts, one per atomic step |
 
@@ -100,6 +101,8 @@ pub mod metrics;
 pub mod partition;
 pub mod producer;
 pub mod task;
+#[allow(dead_code)] // wired into the consumer runtime by the handover issue (DESIGN.md §4)
+mod transition;
 
 pub use assignment::Assignment;
 pub use config::Indexing;

@@ -1,0 +1,725 @@
+//! Drain-then-switch (DESIGN.md §4): an explicit state machine per
+//! partition, free of I/O.
+//!
+//! The machine is told what happens — an assignment arrived, marks were
+//! read, time passed, a drain finished, the instance fenced itself or
+//! leaves — and answers with [`Effect`]s for the runtime to carry out (stop
+//! fetching and drain, write a mark, start fetching with a fencing token).
+//! Every rule of §4 that decides *when* is here, so each has a unit test on
+//! the machine alone; the runtime only does what it is told. All times are
+//! the instance's local wall clock (durations since the Unix epoch).
+//!
+//! Rules 6 (leases), 8 (fenced writes) and 9 (tokens at the side effects)
+//! act at the runtime's edges; the machine gives them the lease end and the
+//! fencing token.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use tracing::debug;
+
+use crate::assignment::Assignment;
+
+/// Timer lateness and cancellation latency (DESIGN.md §4 rule 3).
+const LATENESS: Duration = Duration::from_millis(50);
+
+/// The service-wide times the rules are computed from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Timing {
+    pub(crate) interval: Duration,
+    pub(crate) skew: Duration,
+    pub(crate) lease_margin: Duration,
+    pub(crate) drain_timeout: Duration,
+}
+
+impl Timing {
+    /// Where epoch `e`'s interval begins: `(E - 1) * I`.
+    fn epoch_start(&self, e: u64) -> Duration {
+        self.interval * u32::try_from(e.saturating_sub(1)).unwrap_or(u32::MAX)
+    }
+
+    /// Rule 3: `S_allow = 2S + lease margin + 50 ms`.
+    pub(crate) fn s_allow(&self) -> Duration {
+        2 * self.skew + self.lease_margin + LATENESS
+    }
+
+    /// Rule 3: the handover deadline of epoch `e`:
+    /// `(E - 1) * I + I/2 + drain timeout + S_allow`.
+    pub(crate) fn deadline(&self, e: u64) -> Duration {
+        self.epoch_start(e) + self.interval / 2 + self.drain_timeout + self.s_allow()
+    }
+
+    /// Rule 1: when a release for epoch `e` whose assignment arrived at
+    /// `arrival` must have drained: the drain counts from
+    /// `min(arrival, (E - 1) * I + I/2)`, so a late assignment gets a shorter
+    /// drain, never a later one.
+    pub(crate) fn drain_end(&self, e: u64, arrival: Duration) -> Duration {
+        arrival.min(self.epoch_start(e) + self.interval / 2) + self.drain_timeout
+    }
+
+    /// Rule 6: the lease of an assignment of epoch `e` ends at
+    /// `(E - 1) * I + 1.5 I + lease margin`.
+    pub(crate) fn lease_end(&self, e: u64) -> Duration {
+        self.epoch_start(e) + self.interval + self.interval / 2 + self.lease_margin
+    }
+}
+
+/// Where one partition stands on this instance.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum State {
+    /// Not this instance's, nothing pending.
+    Idle,
+    /// Rule 3: owned from `epoch` on, waiting for mark(p) >= `epoch` or the
+    /// `deadline` (local) before fetching.
+    Acquiring { epoch: u64, deadline: Duration },
+    /// Fetching. `token` is the epoch it was acquired in (the fencing
+    /// token); `epoch` the newest assignment that owns it.
+    Owned { token: u64, epoch: u64 },
+    /// Rule 1: released for `epoch`; running tasks finish until `until`
+    /// (then are cancelled); once drained, mark(p) := `epoch` if `mark`.
+    /// `then`: an acquire that must wait for this drain (the partition came
+    /// back before its drain ended).
+    Draining {
+        epoch: u64,
+        until: Duration,
+        mark: bool,
+        then: Option<(u64, Duration)>,
+    },
+    /// Rule 4: an acquire for `epoch` made moot by the assignment of
+    /// `new_epoch`; it keeps waiting for its own condition, then marks
+    /// `new_epoch` (marking at once would let the next owner in while the
+    /// real old owner still drains). `then`: an acquire that waits for it
+    /// (the partition came back meanwhile).
+    Moot {
+        epoch: u64,
+        deadline: Duration,
+        new_epoch: u64,
+        then: Option<(u64, Duration)>,
+    },
+}
+
+/// What the runtime must do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Effect {
+    /// Record this instance as owner with `token`, claim the partition's
+    /// pending entries, start fetching.
+    Start { partition: u32, token: u64 },
+    /// Stop fetching; let running tasks finish until `cancel_at`, then
+    /// cancel them and wait; report [`Partitions::drained`].
+    Drain { partition: u32, cancel_at: Duration },
+    /// mark(p) := max(mark(p), `epoch`) in `{N}:transition`.
+    Mark { partition: u32, epoch: u64 },
+}
+
+/// The state machines of all partitions of one instance.
+#[derive(Debug)]
+pub(crate) struct Partitions {
+    timing: Timing,
+    partitions: u32,
+    states: BTreeMap<u32, State>,
+    /// The epoch of the last assignment applied; `None` after a fence.
+    last_epoch: Option<u64>,
+}
+
+impl Partitions {
+    pub(crate) fn new(timing: Timing, partitions: u32) -> Self {
+        Partitions {
+            timing,
+            partitions,
+            states: BTreeMap::new(),
+            last_epoch: None,
+        }
+    }
+
+    /// The state of partition `p`.
+    pub(crate) fn state(&self, p: u32) -> State {
+        self.states.get(&p).copied().unwrap_or(State::Idle)
+    }
+
+    /// Partitions waiting for a mark (to poll `{N}:transition` for).
+    pub(crate) fn waiting(&self) -> Vec<u32> {
+        self.states
+            .iter()
+            .filter(|(_, s)| matches!(s, State::Acquiring { .. } | State::Moot { .. }))
+            .map(|(p, _)| *p)
+            .collect()
+    }
+
+    /// The fencing token of a partition this instance fetches.
+    pub(crate) fn token(&self, p: u32) -> Option<u64> {
+        match self.state(p) {
+            State::Owned { token, .. } => Some(token),
+            _ => None,
+        }
+    }
+
+    /// An assignment arrived at local time `now` (rules 1–5).
+    pub(crate) fn assigned(&mut self, a: Assignment, now: Duration) -> Vec<Effect> {
+        let mut effects = Vec::new();
+        let e = a.epoch;
+        // Rule 5: after a skipped epoch, nothing held before is trusted.
+        if self.last_epoch.is_some_and(|last| last + 1 != e) {
+            effects.extend(self.fence());
+        }
+        // Rule 2: only the owner under E - 1 may mark E.
+        let continuous = self.last_epoch == Some(e.wrapping_sub(1));
+        self.last_epoch = Some(e);
+        let deadline = self.timing.deadline(e);
+        for p in 0..self.partitions {
+            let owns = a.owns(p);
+            let from = self.state(p);
+            let to = match (from, owns) {
+                (State::Idle, false) => State::Idle,
+                (State::Idle, true) => State::Acquiring { epoch: e, deadline },
+                // Kept partitions never pause.
+                (State::Owned { token, .. }, true) => State::Owned { token, epoch: e },
+                (
+                    State::Owned {
+                        epoch: owned_in, ..
+                    },
+                    false,
+                ) => {
+                    let until = self.timing.drain_end(e, now);
+                    effects.push(Effect::Drain {
+                        partition: p,
+                        cancel_at: until,
+                    });
+                    let mark = continuous && owned_in + 1 == e;
+                    State::Draining {
+                        epoch: e,
+                        until,
+                        mark,
+                        then: None,
+                    }
+                }
+                // Rule 4: a pending acquire still owned keeps its epoch and
+                // deadline (restarting it starves a dead owner's partitions).
+                (acquiring @ State::Acquiring { .. }, true) => acquiring,
+                (State::Acquiring { epoch, deadline }, false) => State::Moot {
+                    epoch,
+                    deadline,
+                    new_epoch: e,
+                    then: None,
+                },
+                (
+                    State::Draining {
+                        epoch,
+                        until,
+                        mark,
+                        then,
+                    },
+                    true,
+                ) => State::Draining {
+                    epoch,
+                    until,
+                    mark,
+                    then: Some(then.unwrap_or((e, deadline))),
+                },
+                (
+                    State::Draining {
+                        epoch, until, mark, ..
+                    },
+                    false,
+                ) => State::Draining {
+                    epoch,
+                    until,
+                    mark,
+                    then: None,
+                },
+                // A moot wait goes on; if the partition comes back, it is
+                // acquired anew for this epoch once that wait is over.
+                (
+                    State::Moot {
+                        epoch,
+                        deadline: d,
+                        new_epoch,
+                        then,
+                    },
+                    owns,
+                ) => State::Moot {
+                    epoch,
+                    deadline: d,
+                    new_epoch,
+                    then: if owns {
+                        Some(then.unwrap_or((e, deadline)))
+                    } else {
+                        None
+                    },
+                },
+            };
+            self.set(p, from, to);
+        }
+        effects.extend(self.settle(now, &BTreeMap::new()));
+        effects
+    }
+
+    /// Rule 5: a skipped epoch, a lapsed lease or a failed round. Everything
+    /// owned stops at once (cancelled now, no mark: its ownership is no
+    /// longer vouched for), pending acquires are dropped, and the next
+    /// assignment acquires anew through marks and deadlines.
+    pub(crate) fn fence(&mut self) -> Vec<Effect> {
+        let mut effects = Vec::new();
+        self.last_epoch = None;
+        for p in 0..self.partitions {
+            let from = self.state(p);
+            let to = match from {
+                State::Owned { .. } => {
+                    effects.push(Effect::Drain {
+                        partition: p,
+                        cancel_at: Duration::ZERO,
+                    });
+                    State::Draining {
+                        epoch: 0,
+                        until: Duration::ZERO,
+                        mark: false,
+                        then: None,
+                    }
+                }
+                State::Draining { epoch, until, .. } => State::Draining {
+                    epoch,
+                    until,
+                    mark: false,
+                    then: None,
+                },
+                State::Acquiring { .. } | State::Moot { .. } | State::Idle => State::Idle,
+            };
+            self.set(p, from, to);
+        }
+        effects
+    }
+
+    /// Rule 7: a graceful leave, at round `number`, the first without an
+    /// index. Everything owned is released for `number` with marks (if the
+    /// last assignment was `number - 1`), so successors need not wait for
+    /// the deadline; pending acquires become moot.
+    pub(crate) fn leave(&mut self, number: u64, now: Duration) -> Vec<Effect> {
+        let mut effects = Vec::new();
+        let continuous = self.last_epoch == Some(number.wrapping_sub(1));
+        self.last_epoch = None;
+        for p in 0..self.partitions {
+            let from = self.state(p);
+            let to = match from {
+                State::Owned {
+                    epoch: owned_in, ..
+                } => {
+                    let until = self.timing.drain_end(number, now);
+                    effects.push(Effect::Drain {
+                        partition: p,
+                        cancel_at: until,
+                    });
+                    let mark = continuous && owned_in + 1 == number;
+                    State::Draining {
+                        epoch: number,
+                        until,
+                        mark,
+                        then: None,
+                    }
+                }
+                State::Acquiring { epoch, deadline } => State::Moot {
+                    epoch,
+                    deadline,
+                    new_epoch: number,
+                    then: None,
+                },
+                State::Draining {
+                    epoch, until, mark, ..
+                } => State::Draining {
+                    epoch,
+                    until,
+                    mark,
+                    then: None,
+                },
+                State::Moot {
+                    epoch,
+                    deadline,
+                    new_epoch,
+                    ..
+                } => State::Moot {
+                    epoch,
+                    deadline,
+                    new_epoch,
+                    then: None,
+                },
+                State::Idle => State::Idle,
+            };
+            self.set(p, from, to);
+        }
+        effects.extend(self.settle(now, &BTreeMap::new()));
+        effects
+    }
+
+    /// Marks read from `{N}:transition` at local time `now` (rule 3).
+    pub(crate) fn marks(&mut self, marks: &BTreeMap<u32, u64>, now: Duration) -> Vec<Effect> {
+        self.settle(now, marks)
+    }
+
+    /// Time passed: deadlines (rule 3).
+    pub(crate) fn tick(&mut self, now: Duration) -> Vec<Effect> {
+        self.settle(now, &BTreeMap::new())
+    }
+
+    /// The runtime finished draining `p`: running tasks finished or were
+    /// cancelled and awaited, and what finished is acked (rule 1). Only
+    /// now is the mark written.
+    pub(crate) fn drained(&mut self, p: u32, now: Duration) -> Vec<Effect> {
+        let mut effects = Vec::new();
+        let from = self.state(p);
+        let State::Draining {
+            epoch, mark, then, ..
+        } = from
+        else {
+            return effects;
+        };
+        if mark {
+            effects.push(Effect::Mark {
+                partition: p,
+                epoch,
+            });
+        }
+        let to = match then {
+            Some((epoch, deadline)) => State::Acquiring { epoch, deadline },
+            None => State::Idle,
+        };
+        self.set(p, from, to);
+        effects.extend(self.settle(now, &BTreeMap::new()));
+        effects
+    }
+
+    /// Completes the waits whose condition holds: mark(p) >= epoch, or the
+    /// deadline passed.
+    fn settle(&mut self, now: Duration, marks: &BTreeMap<u32, u64>) -> Vec<Effect> {
+        let mut effects = Vec::new();
+        // Twice: a finished moot wait can start an acquire that is done too.
+        for p in (0..self.partitions).chain(0..self.partitions) {
+            let from = self.state(p);
+            let done = |epoch: u64, deadline: Duration| {
+                now >= deadline || marks.get(&p).is_some_and(|m| *m >= epoch)
+            };
+            let to = match from {
+                State::Acquiring { epoch, deadline } if done(epoch, deadline) => {
+                    effects.push(Effect::Start {
+                        partition: p,
+                        token: epoch,
+                    });
+                    State::Owned {
+                        token: epoch,
+                        epoch: self.last_epoch.unwrap_or(epoch),
+                    }
+                }
+                State::Moot {
+                    epoch,
+                    deadline,
+                    new_epoch,
+                    then,
+                } if done(epoch, deadline) => {
+                    effects.push(Effect::Mark {
+                        partition: p,
+                        epoch: new_epoch,
+                    });
+                    match then {
+                        Some((epoch, deadline)) => State::Acquiring { epoch, deadline },
+                        None => State::Idle,
+                    }
+                }
+                other => other,
+            };
+            self.set(p, from, to);
+        }
+        effects
+    }
+
+    fn set(&mut self, p: u32, from: State, to: State) {
+        if from != to {
+            debug!(partition = p, ?from, ?to, "partition");
+        }
+        if to == State::Idle {
+            self.states.remove(&p);
+        } else {
+            self.states.insert(p, to);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: Duration = Duration::from_millis(1);
+    const P: u32 = 8;
+    const E: u64 = 100;
+
+    fn timing() -> Timing {
+        Timing {
+            interval: 1000 * MS,
+            skew: 50 * MS,
+            lease_margin: 20 * MS,
+            drain_timeout: 300 * MS,
+        }
+    }
+
+    /// Where epoch `e` begins: `(e - 1)` seconds.
+    fn start(e: u64) -> Duration {
+        Duration::from_secs(e - 1)
+    }
+
+    /// A long drain and a large skew: the handover deadline
+    /// (`I/2 + 450 ms + 270 ms`) falls after the next assignment, the case
+    /// where a pending acquire meets a newer assignment (rule 4).
+    fn slow_timing() -> Timing {
+        Timing {
+            skew: 100 * MS,
+            drain_timeout: 450 * MS,
+            ..timing()
+        }
+    }
+
+    fn a(epoch: u64, index: u32, replicas: u32) -> Assignment {
+        Assignment {
+            epoch,
+            index,
+            replicas,
+        }
+    }
+
+    fn all_marked(e: u64) -> BTreeMap<u32, u64> {
+        (0..P).map(|p| (p, e)).collect()
+    }
+
+    /// An instance that owns every partition from epoch `E` (acquired by
+    /// marks), its assignment for `E` in force.
+    fn owning_all() -> Partitions {
+        let mut m = Partitions::new(timing(), P);
+        m.assigned(a(E, 1, 1), start(E) + 100 * MS);
+        let started = m.marks(&all_marked(E), start(E) + 200 * MS);
+        assert_eq!(started.len(), P as usize);
+        m
+    }
+
+    fn marks_in(effects: &[Effect]) -> Vec<(u32, u64)> {
+        effects
+            .iter()
+            .filter_map(|e| match e {
+                Effect::Mark { partition, epoch } => Some((*partition, *epoch)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn timing_follows_the_design() {
+        let t = timing();
+        assert_eq!(t.s_allow(), 170 * MS); // 2S + margin + 50 ms
+        assert_eq!(t.deadline(E), start(E) + 500 * MS + 300 * MS + 170 * MS);
+        assert_eq!(t.lease_end(E), start(E) + 1520 * MS);
+        assert_eq!(t.drain_end(E, start(E) + 100 * MS), start(E) + 400 * MS);
+        assert_eq!(t.drain_end(E, start(E) + 900 * MS), start(E) + 800 * MS);
+    }
+
+    #[test]
+    fn kept_partitions_never_pause() {
+        let mut m = owning_all();
+        let effects = m.assigned(a(E + 1, 1, 1), start(E + 1) + 100 * MS);
+        assert!(effects.is_empty(), "{effects:?}");
+        for p in 0..P {
+            assert_eq!(
+                m.state(p),
+                State::Owned {
+                    token: E,
+                    epoch: E + 1
+                }
+            );
+        }
+    }
+
+    #[test]
+    fn rule1_a_release_drains_from_the_earlier_of_arrival_and_half_interval() {
+        let mut m = owning_all();
+        let on_time = start(E + 1) + 100 * MS;
+        let effects = m.assigned(a(E + 1, 1, 2), on_time);
+        // Odd partitions move to index 2; they drain until arrival + drain.
+        let drains: Vec<_> = effects
+            .iter()
+            .filter(|e| matches!(e, Effect::Drain { .. }))
+            .collect();
+        assert_eq!(drains.len(), 4);
+        assert!(drains.iter().all(|d| matches!(d, Effect::Drain { partition, cancel_at } if partition % 2 == 1 && *cancel_at == on_time + 300 * MS)));
+
+        // A late assignment gets a shorter drain, never a later one.
+        let mut m = owning_all();
+        let late = start(E + 1) + 900 * MS;
+        let effects = m.assigned(a(E + 1, 1, 2), late);
+        assert!(effects.contains(&Effect::Drain {
+            partition: 1,
+            cancel_at: start(E + 1) + 800 * MS
+        }));
+    }
+
+    #[test]
+    fn rule1_the_mark_is_written_only_after_the_drain() {
+        let mut m = owning_all();
+        let effects = m.assigned(a(E + 1, 1, 2), start(E + 1) + 100 * MS);
+        assert!(
+            marks_in(&effects).is_empty(),
+            "no mark before the drain: {effects:?}"
+        );
+        let effects = m.drained(1, start(E + 1) + 150 * MS);
+        assert_eq!(marks_in(&effects), vec![(1, E + 1)]);
+        assert_eq!(m.state(1), State::Idle);
+    }
+
+    #[test]
+    fn rule2_only_the_owner_under_the_previous_epoch_marks() {
+        // An instance whose last assignment is E releases under E + 2 (it
+        // missed E + 1): it was not the owner under E + 1, so no mark.
+        let mut m = owning_all();
+        let effects = m.assigned(a(E + 2, 1, 2), start(E + 2) + 100 * MS);
+        assert!(marks_in(&effects).is_empty());
+        let effects = m.drained(1, start(E + 2) + 150 * MS);
+        assert!(marks_in(&effects).is_empty(), "{effects:?}");
+    }
+
+    #[test]
+    fn rule3_an_acquire_waits_for_its_mark_or_its_deadline() {
+        let mut m = Partitions::new(timing(), P);
+        let effects = m.assigned(a(E, 1, 2), start(E) + 100 * MS);
+        assert!(
+            effects.is_empty(),
+            "nothing starts before its mark: {effects:?}"
+        );
+        // An older mark is not enough.
+        let older: BTreeMap<u32, u64> = [(0, E - 1)].into();
+        assert!(m.marks(&older, start(E) + 200 * MS).is_empty());
+        let marked: BTreeMap<u32, u64> = [(0, E)].into();
+        assert_eq!(
+            m.marks(&marked, start(E) + 210 * MS),
+            vec![Effect::Start {
+                partition: 0,
+                token: E
+            }]
+        );
+        // The others start at the deadline, not a moment before.
+        let deadline = timing().deadline(E);
+        assert!(m.tick(deadline - MS).is_empty());
+        let started = m.tick(deadline);
+        assert_eq!(started.len(), 3, "{started:?}");
+        assert_eq!(m.token(2), Some(E));
+    }
+
+    #[test]
+    fn rule4_a_pending_acquire_still_owned_keeps_its_epoch_and_deadline() {
+        let mut m = Partitions::new(slow_timing(), P);
+        m.assigned(a(E, 1, 1), start(E) + 100 * MS);
+        let effects = m.assigned(a(E + 1, 1, 1), start(E + 1) + 100 * MS);
+        assert!(effects.is_empty());
+        assert_eq!(
+            m.state(3),
+            State::Acquiring {
+                epoch: E,
+                deadline: slow_timing().deadline(E)
+            }
+        );
+        // Its own mark (E) completes it; it would not if restarted for E + 1.
+        let marked: BTreeMap<u32, u64> = [(3, E)].into();
+        assert_eq!(
+            m.marks(&marked, start(E + 1) + 200 * MS),
+            vec![Effect::Start {
+                partition: 3,
+                token: E
+            }]
+        );
+    }
+
+    #[test]
+    fn rule4_a_moot_acquire_waits_for_its_own_condition_then_marks() {
+        let mut m = Partitions::new(slow_timing(), P);
+        m.assigned(a(E, 1, 1), start(E) + 100 * MS);
+        let effects = m.assigned(a(E + 1, 1, 2), start(E + 1) + 100 * MS);
+        assert!(
+            marks_in(&effects).is_empty(),
+            "no mark at once: {effects:?}"
+        );
+        assert!(
+            matches!(m.state(1), State::Moot { epoch: E, new_epoch, .. } if new_epoch == E + 1)
+        );
+        let marked: BTreeMap<u32, u64> = [(1, E)].into();
+        let effects = m.marks(&marked, start(E + 1) + 200 * MS);
+        assert_eq!(marks_in(&effects), vec![(1, E + 1)]);
+        assert_eq!(m.state(1), State::Idle);
+        // The ones still owned (even) are unaffected.
+        assert!(matches!(m.state(0), State::Acquiring { epoch: E, .. }));
+    }
+
+    #[test]
+    fn rule5_after_a_gap_everything_is_fenced_and_acquired_anew_without_marks() {
+        let mut m = owning_all();
+        let effects = m.assigned(a(E + 2, 1, 1), start(E + 2) + 100 * MS);
+        // Stopped at once, no marks, and no fetching until acquired again.
+        assert_eq!(effects.len(), P as usize);
+        assert!(
+            effects
+                .iter()
+                .all(|e| matches!(e, Effect::Drain { cancel_at, .. } if cancel_at.is_zero()))
+        );
+        for p in 0..P {
+            let effects = m.drained(p, start(E + 2) + 150 * MS);
+            assert!(marks_in(&effects).is_empty(), "{effects:?}");
+            assert!(matches!(m.state(p), State::Acquiring { epoch, .. } if epoch == E + 2));
+        }
+        let started = m.marks(&all_marked(E + 2), start(E + 2) + 300 * MS);
+        assert!(
+            started
+                .iter()
+                .all(|e| matches!(e, Effect::Start { token, .. } if *token == E + 2))
+        );
+    }
+
+    #[test]
+    fn rule5_a_fence_stops_everything_and_drops_pending_acquires() {
+        let mut m = owning_all();
+        m.assigned(a(E + 1, 1, 1), start(E + 1) + 100 * MS);
+        let effects = m.fence();
+        assert_eq!(effects.len(), P as usize);
+        assert!(marks_in(&effects).is_empty());
+        let mut m = Partitions::new(timing(), P);
+        m.assigned(a(E, 1, 1), start(E) + 100 * MS);
+        assert!(m.fence().is_empty());
+        assert!(m.waiting().is_empty(), "pending acquires dropped");
+    }
+
+    #[test]
+    fn rule7_a_leave_releases_everything_with_marks() {
+        let mut m = owning_all();
+        let effects = m.leave(E + 1, start(E + 1) + 100 * MS);
+        assert_eq!(effects.len(), P as usize);
+        let mut marks = Vec::new();
+        for p in 0..P {
+            marks.extend(marks_in(&m.drained(p, start(E + 1) + 200 * MS)));
+        }
+        assert_eq!(marks, (0..P).map(|p| (p, E + 1)).collect::<Vec<_>>());
+
+        // A leave that is not right after this instance's last assignment
+        // vouches for nobody: no marks.
+        let mut m = owning_all();
+        m.leave(E + 3, start(E + 3) + 100 * MS);
+        for p in 0..P {
+            assert!(marks_in(&m.drained(p, start(E + 3) + 200 * MS)).is_empty());
+        }
+    }
+
+    #[test]
+    fn a_partition_back_before_its_drain_ended_waits_for_it() {
+        let mut m = owning_all();
+        m.assigned(a(E + 1, 1, 2), start(E + 1) + 100 * MS);
+        // Still draining (tasks ignore cancellation) when it comes back.
+        let effects = m.assigned(a(E + 2, 1, 1), start(E + 2) + 100 * MS);
+        assert!(
+            !effects
+                .iter()
+                .any(|e| matches!(e, Effect::Start { partition: 1, .. })),
+            "{effects:?}"
+        );
+        let effects = m.drained(1, start(E + 2) + 150 * MS);
+        assert_eq!(marks_in(&effects), vec![(1, E + 1)]);
+        assert!(matches!(m.state(1), State::Acquiring { epoch, .. } if epoch == E + 2));
+    }
+}
