@@ -92,6 +92,8 @@ pub mod config;
 mod connection;
 pub mod consumer;
 pub mod error;
+#[allow(dead_code)] // wired into the consumer runtime by the handover issue (DESIGN.md §4)
+mod fencing;
 pub mod handler;
 pub mod indexer;
 pub mod instance;
