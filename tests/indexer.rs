@@ -979,16 +979,29 @@ async fn an_instance_whose_loop_stalls_skips_the_late_round_and_rejoins() {
         panic!("the overdue round must be skipped as late: {after:?}");
     };
     assert!(into >= interval, "{into:?}");
+    // On a loaded machine the round after can wake too late as well.
+    let missed = after
+        .iter()
+        .take_while(|s| {
+            matches!(
+                s,
+                Standing::Fenced {
+                    reason: FenceReason::LateRound { .. },
+                    ..
+                }
+            )
+        })
+        .count();
     let Standing::Fenced {
         epoch: next,
         reason: FenceReason::NotCounted,
-    } = after[1]
+    } = after[missed]
     else {
         panic!("nothing is emitted for the epoch after a missed round: {after:?}");
     };
     assert!(next > late);
     assert!(
-        matches!(after[2], Standing::Assigned(a) if a.epoch == next + 1),
+        matches!(after[missed + 1], Standing::Assigned(a) if a.epoch == next + 1),
         "{after:?}"
     );
     for (&epoch, assigned) in &fleet.epochs() {
