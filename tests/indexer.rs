@@ -131,6 +131,17 @@ impl Fleet {
         by_epoch
     }
 
+    /// Epochs for which some instance published `Fenced`.
+    fn fenced_epochs(&self) -> BTreeSet<u64> {
+        self.events()
+            .into_iter()
+            .filter_map(|e| match e.standing {
+                Standing::Fenced { epoch, .. } => Some(epoch),
+                _ => None,
+            })
+            .collect()
+    }
+
     /// Waits until `count` epochs have been assigned to every live instance.
     async fn run_epochs(&self, count: usize) {
         let deadline = Instant::now() + self.interval * (count as u32 + 4);
@@ -207,15 +218,26 @@ async fn indices_are_exactly_one_to_n(indexing: Indexing) {
     for (n, fleet) in &fleets {
         let epochs = fleet.epochs();
         let first = *epochs.keys().next().unwrap();
+        let excused = fleet.fenced_epochs();
+        let mut exact = 0;
         for (&epoch, assigned) in &epochs {
             assert_consistent(epoch, assigned);
             // The first epoch may count only the instances whose first
-            // round fell in the interval before it.
-            if epoch > first {
+            // round fell in the interval before it. An epoch in which an
+            // instance was fenced (its round failed or ran late on a loaded
+            // machine) lacks that instance by design.
+            if epoch > first && !excused.contains(&epoch) {
                 assert_exact(epoch, assigned, *n as u32);
+                exact += 1;
             }
         }
-        assert!(epochs.len() >= 5, "{indexing:?} n={n}: {epochs:?}");
+        if !excused.is_empty() {
+            println!("{indexing:?} n={n}: epochs with a fenced instance: {excused:?}");
+        }
+        assert!(
+            exact >= 3,
+            "{indexing:?} n={n}: only {exact} whole epochs: {epochs:?}"
+        );
     }
 }
 
