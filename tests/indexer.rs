@@ -522,6 +522,21 @@ async fn skewed_clocks_within_the_tolerance_keep_indices_exact() {
             assert_exact(epoch, assigned, 5);
         }
     }
+    // Skew within the tolerance never fences an instance for its clock.
+    let clock_fences: Vec<Event> = fleet
+        .events()
+        .into_iter()
+        .filter(|e| {
+            matches!(
+                e.standing,
+                Standing::Fenced {
+                    reason: FenceReason::ClockSkew { .. },
+                    ..
+                }
+            )
+        })
+        .collect();
+    assert!(clock_fences.is_empty(), "{clock_fences:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
