@@ -35,7 +35,13 @@ pub(crate) struct Timing {
 impl Timing {
     /// Where epoch `e`'s interval begins: `(E - 1) * I`.
     fn epoch_start(&self, e: u64) -> Duration {
-        self.interval * u32::try_from(e.saturating_sub(1)).unwrap_or(u32::MAX)
+        // In nanoseconds: epochs count from the Unix epoch, so at a 100 ms
+        // interval they pass u32::MAX and `Duration * u32` would not do.
+        let nanos = self.interval.as_nanos() * u128::from(e.saturating_sub(1));
+        Duration::new(
+            u64::try_from(nanos / 1_000_000_000).unwrap_or(u64::MAX),
+            (nanos % 1_000_000_000) as u32,
+        )
     }
 
     /// Rule 3: `S_allow = 2S + lease margin + 50 ms`.
@@ -155,8 +161,17 @@ impl Partitions {
 
     /// An assignment arrived at local time `now` (rules 1–5).
     pub(crate) fn assigned(&mut self, a: Assignment, now: Duration) -> Vec<Effect> {
-        let mut effects = Vec::new();
         let e = a.epoch;
+        // The same epoch again (a repeated delivery) changes nothing.
+        if self.last_epoch == Some(e) {
+            return Vec::new();
+        }
+        // Rule 6: an assignment that arrives after its own lease vouches
+        // for nothing; behave as after a lapsed lease.
+        if now >= self.timing.lease_end(e) {
+            return self.fence();
+        }
+        let mut effects = Vec::new();
         // Rule 5: after a skipped epoch, nothing held before is trusted.
         if self.last_epoch.is_some_and(|last| last + 1 != e) {
             effects.extend(self.fence());
@@ -275,10 +290,14 @@ impl Partitions {
                         then: None,
                     }
                 }
-                State::Draining { epoch, until, .. } => State::Draining {
+                // Its release was vouched for before the fence: the mark
+                // it will write after the drain is still true.
+                State::Draining {
+                    epoch, until, mark, ..
+                } => State::Draining {
                     epoch,
                     until,
-                    mark: false,
+                    mark,
                     then: None,
                 },
                 State::Acquiring { .. } | State::Moot { .. } | State::Idle => State::Idle,
@@ -315,12 +334,15 @@ impl Partitions {
                         then: None,
                     }
                 }
-                State::Acquiring { epoch, deadline } => State::Moot {
+                // Rule 2: a pending acquire may only chain a mark if this
+                // instance was the owner under `number - 1`.
+                State::Acquiring { epoch, deadline } if continuous => State::Moot {
                     epoch,
                     deadline,
                     new_epoch: number,
                     then: None,
                 },
+                State::Acquiring { .. } => State::Idle,
                 State::Draining {
                     epoch, until, mark, ..
                 } => State::Draining {
@@ -516,6 +538,47 @@ mod tests {
     }
 
     #[test]
+    fn times_hold_at_todays_epochs_with_short_intervals() {
+        // At 100 ms the epoch number is about 1.8e10, past u32::MAX.
+        let t = Timing {
+            interval: 100 * MS,
+            skew: 5 * MS,
+            lease_margin: 5 * MS,
+            drain_timeout: 20 * MS,
+        };
+        let e = 17_953_000_000u64;
+        let start = Duration::from_millis(100 * (e - 1));
+        assert_eq!(t.deadline(e), start + 50 * MS + 20 * MS + 65 * MS);
+        assert_eq!(t.lease_end(e), start + 155 * MS);
+        assert_eq!(t.drain_end(e, start + 10 * MS), start + 30 * MS);
+    }
+
+    #[test]
+    fn rule6_an_assignment_after_its_lease_fences_instead() {
+        let mut m = owning_all();
+        let late = timing().lease_end(E + 1);
+        let effects = m.assigned(a(E + 1, 1, 2), late);
+        assert!(marks_in(&effects).is_empty());
+        assert_eq!(
+            effects.len(),
+            P as usize,
+            "everything stops, nothing starts: {effects:?}"
+        );
+        assert!(
+            effects
+                .iter()
+                .all(|e| matches!(e, Effect::Drain { cancel_at, .. } if cancel_at.is_zero()))
+        );
+    }
+
+    #[test]
+    fn the_same_assignment_twice_changes_nothing() {
+        let mut m = owning_all();
+        assert!(m.assigned(a(E, 1, 1), start(E) + 300 * MS).is_empty());
+        assert_eq!(m.token(0), Some(E));
+    }
+
+    #[test]
     fn kept_partitions_never_pause() {
         let mut m = owning_all();
         let effects = m.assigned(a(E + 1, 1, 1), start(E + 1) + 100 * MS);
@@ -698,12 +761,18 @@ mod tests {
         assert_eq!(marks, (0..P).map(|p| (p, E + 1)).collect::<Vec<_>>());
 
         // A leave that is not right after this instance's last assignment
-        // vouches for nobody: no marks.
+        // vouches for nobody: no marks, not even for pending acquires.
         let mut m = owning_all();
         m.leave(E + 3, start(E + 3) + 100 * MS);
         for p in 0..P {
             assert!(marks_in(&m.drained(p, start(E + 3) + 200 * MS)).is_empty());
         }
+        let mut m = Partitions::new(slow_timing(), P);
+        m.assigned(a(E, 1, 1), start(E) + 100 * MS);
+        let left = m.leave(E + 2, start(E + 2) + 100 * MS);
+        let later = m.marks(&all_marked(E), start(E + 2) + 200 * MS);
+        assert!(marks_in(&[left, later].concat()).is_empty());
+        assert!(m.waiting().is_empty());
     }
 
     #[test]
