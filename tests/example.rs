@@ -103,6 +103,9 @@ fn three_example_consumers_handle_every_task_exactly_once_on_its_owner() {
         });
         consumers.push(Proc(child));
     }
+    // Let all three take their first assignment (one to two intervals of
+    // 1 s), then spread the tasks over two seconds.
+    std::thread::sleep(Duration::from_millis(2500));
     let produced = Command::new(&bin)
         .args([
             "produce",
@@ -113,7 +116,9 @@ fn three_example_consumers_handle_every_task_exactly_once_on_its_owner() {
             "--count",
             "5000",
             "--batch",
-            "250",
+            "50",
+            "--rate",
+            "2500",
         ])
         .status()
         .expect("run the producer");
