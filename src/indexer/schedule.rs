@@ -13,6 +13,7 @@ pub(crate) struct Schedule {
     interval: Duration,
     offset: Duration,
     late_end: Duration,
+    skew: Duration,
 }
 
 /// What a round that wakes at some local time may do.
@@ -47,6 +48,7 @@ impl Schedule {
             interval,
             offset,
             late_end,
+            skew,
         }
     }
 
@@ -91,9 +93,14 @@ impl Schedule {
         if into >= self.late_end {
             Plan::Late { number, into }
         } else {
+            // The reply may come up to `skew` after the window: Redis itself
+            // refuses a write that reaches it after `late_end + S` (its
+            // clock), so a reply in time means the write landed in time.
+            // Without this, an offset just below I/2 (when late_end is I/2)
+            // would leave the round no time at all.
             Plan::OnTime {
                 number,
-                deadline: start + self.late_end,
+                deadline: start + self.late_end + self.skew,
             }
         }
     }
@@ -147,7 +154,7 @@ mod tests {
             s.plan(n, Duration::from_millis(41_301)),
             Plan::OnTime {
                 number: 42,
-                deadline: Duration::from_millis(41_850)
+                deadline: Duration::from_millis(41_900)
             }
         );
         assert_eq!(
@@ -206,7 +213,7 @@ mod tests {
             match s.plan(n, woke) {
                 Plan::OnTime { number, deadline } => {
                     prop_assert!(into < s.late_end());
-                    prop_assert_eq!(deadline, s.interval_start(number) + s.late_end());
+                    prop_assert_eq!(deadline, s.interval_start(number) + s.late_end() + i.mul_f64(s_frac));
                 }
                 Plan::Late { into: got, .. } => {
                     prop_assert!(into >= s.late_end());
