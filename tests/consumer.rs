@@ -125,6 +125,27 @@ async fn wait_until(within: Duration, what: &str, mut done: impl FnMut() -> bool
     }
 }
 
+/// Waits (up to 10 s) until no entry of `name` is pending: the acks, sent
+/// in the background, have landed.
+async fn wait_nothing_pending(server: &RedisServer, name: &str) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while pending(server, name, 64).await > 0 {
+        assert!(Instant::now() < deadline, "entries still pending");
+        tokio::time::sleep(50 * MS).await;
+    }
+}
+
+/// Every seq in `0..count` ran exactly once.
+fn assert_each_once(runs: &[Execution], count: u64, when: &str) {
+    let mut per_seq: BTreeMap<u64, usize> = BTreeMap::new();
+    for run in runs {
+        *per_seq.entry(run.seq).or_default() += 1;
+    }
+    let twice: Vec<_> = per_seq.iter().filter(|(_, n)| **n != 1).take(5).collect();
+    assert!(twice.is_empty(), "tasks run twice {when}: {twice:?}");
+    assert_eq!(per_seq.len() as u64, count, "tasks missing {when}");
+}
+
 /// Pending entries over all partitions of `name`.
 async fn pending(server: &RedisServer, name: &str, partitions: u32) -> usize {
     let mut conn = server.pool().get().await.unwrap();
@@ -161,11 +182,7 @@ async fn ten_thousand_tasks_on_three_instances_run_exactly_once_on_their_owners(
     })
     .await;
     // Acks are sent in the background; give them a moment.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while pending(&server, &name, 64).await > 0 {
-        assert!(Instant::now() < deadline, "entries still pending");
-        tokio::time::sleep(50 * MS).await;
-    }
+    wait_nothing_pending(&server, &name).await;
     for instance in instances {
         instance.shutdown().await;
     }
@@ -240,11 +257,7 @@ async fn joins_and_a_leave_while_tasks_flow_run_every_task_exactly_once() {
         recorder.distinct() == 6_000
     })
     .await;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while pending(&server, &name, 64).await > 0 {
-        assert!(Instant::now() < deadline, "entries still pending");
-        tokio::time::sleep(50 * MS).await;
-    }
+    wait_nothing_pending(&server, &name).await;
     for instance in instances {
         instance.shutdown().await;
     }
@@ -991,19 +1004,9 @@ async fn redis_stalling_mid_flow_loses_nothing_and_the_consumer_recovers() {
         recorder.distinct() == 3_000
     })
     .await;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while pending(&server, &name, 64).await > 0 {
-        assert!(Instant::now() < deadline, "entries still pending");
-        tokio::time::sleep(50 * MS).await;
-    }
+    wait_nothing_pending(&server, &name).await;
     instance.shutdown().await;
-    let runs = recorder.runs();
-    let mut per_seq: BTreeMap<u64, usize> = BTreeMap::new();
-    for run in &runs {
-        *per_seq.entry(run.seq).or_default() += 1;
-    }
-    let twice: Vec<_> = per_seq.iter().filter(|(_, n)| **n != 1).take(5).collect();
-    assert!(twice.is_empty(), "tasks run twice after a stall: {twice:?}");
+    assert_each_once(&recorder.runs(), 3_000, "after a stall");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1031,16 +1034,7 @@ async fn a_consumer_cut_from_redis_reconnects_and_loses_nothing() {
         recorder.distinct() == 3_000
     })
     .await;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while pending(&server, &name, 64).await > 0 {
-        assert!(Instant::now() < deadline, "entries still pending");
-        tokio::time::sleep(50 * MS).await;
-    }
+    wait_nothing_pending(&server, &name).await;
     instance.shutdown().await;
-    let mut per_seq: BTreeMap<u64, usize> = BTreeMap::new();
-    for run in recorder.runs() {
-        *per_seq.entry(run.seq).or_default() += 1;
-    }
-    let twice: Vec<_> = per_seq.iter().filter(|(_, n)| **n != 1).take(5).collect();
-    assert!(twice.is_empty(), "tasks run twice after the cut: {twice:?}");
+    assert_each_once(&recorder.runs(), 3_000, "after the cut");
 }
