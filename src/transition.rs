@@ -104,6 +104,35 @@ pub(crate) enum State {
     },
 }
 
+impl State {
+    /// The same drain or moot wait, with `then` as the acquire waiting for
+    /// it; other states are returned as they are.
+    fn with_then(self, then: Option<(u64, Duration)>) -> State {
+        match self {
+            State::Draining {
+                epoch, until, mark, ..
+            } => State::Draining {
+                epoch,
+                until,
+                mark,
+                then,
+            },
+            State::Moot {
+                epoch,
+                deadline,
+                new_epoch,
+                ..
+            } => State::Moot {
+                epoch,
+                deadline,
+                new_epoch,
+                then,
+            },
+            other => other,
+        }
+    }
+}
+
 /// What the runtime must do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Effect {
@@ -216,51 +245,12 @@ impl Partitions {
                     new_epoch: e,
                     then: None,
                 },
-                (
-                    State::Draining {
-                        epoch,
-                        until,
-                        mark,
-                        then,
-                    },
-                    true,
-                ) => State::Draining {
-                    epoch,
-                    until,
-                    mark,
-                    then: Some(then.unwrap_or((e, deadline))),
-                },
-                (
-                    State::Draining {
-                        epoch, until, mark, ..
-                    },
-                    false,
-                ) => State::Draining {
-                    epoch,
-                    until,
-                    mark,
-                    then: None,
-                },
-                // A moot wait goes on; if the partition comes back, it is
-                // acquired anew for this epoch once that wait is over.
-                (
-                    State::Moot {
-                        epoch,
-                        deadline: d,
-                        new_epoch,
-                        then,
-                    },
-                    owns,
-                ) => State::Moot {
-                    epoch,
-                    deadline: d,
-                    new_epoch,
-                    then: if owns {
-                        Some(then.unwrap_or((e, deadline)))
-                    } else {
-                        None
-                    },
-                },
+                // A drain or a moot wait goes on; if the partition comes
+                // back, it is acquired anew (keeping the first such epoch)
+                // once that is over.
+                (waiting @ (State::Draining { then, .. } | State::Moot { then, .. }), owns) => {
+                    waiting.with_then(owns.then(|| then.unwrap_or((e, deadline))))
+                }
             };
             self.set(p, from, to);
         }
@@ -292,14 +282,7 @@ impl Partitions {
                 }
                 // Its release was vouched for before the fence: the mark
                 // it will write after the drain is still true.
-                State::Draining {
-                    epoch, until, mark, ..
-                } => State::Draining {
-                    epoch,
-                    until,
-                    mark,
-                    then: None,
-                },
+                draining @ State::Draining { .. } => draining.with_then(None),
                 State::Acquiring { .. } | State::Moot { .. } | State::Idle => State::Idle,
             };
             self.set(p, from, to);
@@ -343,25 +326,7 @@ impl Partitions {
                     then: None,
                 },
                 State::Acquiring { .. } => State::Idle,
-                State::Draining {
-                    epoch, until, mark, ..
-                } => State::Draining {
-                    epoch,
-                    until,
-                    mark,
-                    then: None,
-                },
-                State::Moot {
-                    epoch,
-                    deadline,
-                    new_epoch,
-                    ..
-                } => State::Moot {
-                    epoch,
-                    deadline,
-                    new_epoch,
-                    then: None,
-                },
+                waiting @ (State::Draining { .. } | State::Moot { .. }) => waiting.with_then(None),
                 State::Idle => State::Idle,
             };
             self.set(p, from, to);

@@ -796,81 +796,29 @@ async fn a_payload_over_the_limit_is_refused_and_nothing_is_enqueued() {
 
 #[tokio::test]
 async fn invalid_consumer_settings_are_refused_by_name_before_redis() {
+    type Builder = ConsumerBuilder<(), (), Bincode>;
+    type Spoil = fn(Builder) -> Builder;
     let url = "redis://127.0.0.1:1/";
-    let cases: Vec<(&str, peerq::Result<()>)> = vec![
-        (
-            "name",
-            base(url, "a/b")
-                .handler(Recorder::default())
-                .run_until(async {})
-                .await,
-        ),
-        (
-            "concurrency",
-            base(url, "ok")
-                .concurrency(0)
-                .handler(Recorder::default())
-                .run_until(async {})
-                .await,
-        ),
-        (
-            "batch",
-            base(url, "ok")
-                .batch(0)
-                .handler(Recorder::default())
-                .run_until(async {})
-                .await,
-        ),
-        (
-            "partitions",
-            base(url, "ok")
-                .partitions(0)
-                .handler(Recorder::default())
-                .run_until(async {})
-                .await,
-        ),
-        (
-            "drain_timeout",
-            base(url, "ok")
-                .drain_timeout(Duration::from_secs(1))
-                .handler(Recorder::default())
-                .run_until(async {})
-                .await,
-        ),
-        (
-            "block",
-            base(url, "ok")
-                .block(Duration::ZERO)
-                .handler(Recorder::default())
-                .run_until(async {})
-                .await,
-        ),
-        (
-            "max_attempts",
-            base(url, "ok")
-                .max_attempts(0)
-                .handler(Recorder::default())
-                .run_until(async {})
-                .await,
-        ),
-        (
-            "claim_idle",
-            base(url, "ok")
-                .claim_idle(MS)
-                .handler(Recorder::default())
-                .run_until(async {})
-                .await,
-        ),
-        (
-            "interval",
-            base(url, "ok")
-                .interval(Duration::ZERO)
-                .handler(Recorder::default())
-                .run_until(async {})
-                .await,
-        ),
+    let cases: Vec<(&str, Spoil)> = vec![
+        ("name", |b| b.name("a/b")),
+        ("concurrency", |b| b.concurrency(0)),
+        ("batch", |b| b.batch(0)),
+        ("partitions", |b| b.partitions(0)),
+        ("drain_timeout", |b| b.drain_timeout(Duration::from_secs(1))),
+        ("block", |b| b.block(Duration::ZERO)),
+        ("max_attempts", |b| b.max_attempts(0)),
+        ("claim_idle", |b| b.claim_idle(MS)),
+        ("interval", |b| b.interval(Duration::ZERO)),
     ];
-    for (setting, result) in cases {
+    let mut results = Vec::new();
+    for (setting, bad) in cases {
+        let result = bad(base(url, "ok"))
+            .handler(Recorder::default())
+            .run_until(async {})
+            .await;
+        results.push((setting, result));
+    }
+    for (setting, result) in results {
         let err = result.unwrap_err().to_string();
         assert!(
             err.contains(&format!("invalid setting `{setting}`")),

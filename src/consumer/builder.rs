@@ -192,13 +192,19 @@ impl<T, S, C: Codec> ConsumerBuilder<T, S, C> {
 
     /// The codec (default [`Bincode`]). Service-wide.
     pub fn codec<D: Codec>(self, _codec: D) -> ConsumerBuilder<T, S, D> {
+        self.map_service(|service| service)
+    }
+
+    /// The same settings with the service mapped by `f` (and another task
+    /// type or codec).
+    fn map_service<T2, S2, C2>(self, f: impl FnOnce(S) -> S2) -> ConsumerBuilder<T2, S2, C2> {
         ConsumerBuilder {
             name: self.name,
             url: self.url,
             pool: self.pool,
             indexer: self.indexer,
             settings: self.settings,
-            service: self.service,
+            service: f(self.service),
             standing: self.standing,
             task: PhantomData,
         }
@@ -218,16 +224,7 @@ impl<T, S, C: Codec> ConsumerBuilder<T, S, C> {
     where
         S2: Service<Task<T2>>,
     {
-        ConsumerBuilder {
-            name: self.name,
-            url: self.url,
-            pool: self.pool,
-            indexer: self.indexer,
-            settings: self.settings,
-            service,
-            standing: self.standing,
-            task: PhantomData,
-        }
+        self.map_service(|_| service)
     }
 
     /// Wraps the handler service in a tower layer (timeouts, limits, …).
@@ -240,16 +237,7 @@ impl<T, S, C: Codec> ConsumerBuilder<T, S, C> {
         L: Layer<S>,
         S: Service<Task<T>>,
     {
-        ConsumerBuilder {
-            name: self.name,
-            url: self.url,
-            pool: self.pool,
-            indexer: self.indexer,
-            settings: self.settings,
-            service: layer.layer(self.service),
-            standing: self.standing,
-            task: PhantomData,
-        }
+        self.map_service(|service| layer.layer(service))
     }
 
     fn validate(&self) -> Result<ServiceName> {
