@@ -188,16 +188,12 @@ async fn ten_thousand_tasks_on_three_instances_run_exactly_once_on_their_owners(
     }
 
     let runs = recorder.runs();
-    let mut per_seq: BTreeMap<u64, usize> = BTreeMap::new();
     for run in &runs {
-        *per_seq.entry(run.seq).or_default() += 1;
         // Run by the owner of its partition under the assignment in force.
         assert_eq!(run.partition % run.replicas, run.index - 1, "{run:?}");
         assert_eq!(run.attempt, 1, "{run:?}");
     }
-    let twice: Vec<_> = per_seq.iter().filter(|(_, n)| **n != 1).collect();
-    assert!(twice.is_empty(), "tasks not run exactly once: {twice:?}");
-    assert_eq!(per_seq.len(), 10_000);
+    assert_each_once(&runs, 10_000, "on three instances");
     assert_eq!(pending(&server, &name, 64).await, 0);
     assert_one_owner_per_index(&runs);
 }
@@ -262,18 +258,10 @@ async fn joins_and_a_leave_while_tasks_flow_run_every_task_exactly_once() {
         instance.shutdown().await;
     }
     let runs = recorder.runs();
-    let mut per_seq: BTreeMap<u64, Vec<&Execution>> = BTreeMap::new();
     for run in &runs {
-        per_seq.entry(run.seq).or_default().push(run);
         assert_eq!(run.partition % run.replicas, run.index - 1, "{run:?}");
     }
-    let twice: Vec<_> = per_seq
-        .iter()
-        .filter(|(_, r)| r.len() != 1)
-        .take(5)
-        .collect();
-    assert!(twice.is_empty(), "tasks not run exactly once: {twice:?}");
-    assert_eq!(per_seq.len(), 6_000);
+    assert_each_once(&runs, 6_000, "through joins and a leave");
     assert_one_owner_per_index(&runs);
     let ran = runs
         .iter()
