@@ -94,17 +94,15 @@ impl Handler for SendMail {
             tokio::time::sleep(self.work).await;
         }
         if self.print {
-            // The fencing token once partitions record owners; until then
-            // the assignment's epoch.
-            let epoch = cx.fencing_token().unwrap_or(cx.epoch());
             let line = format!(
-                "handled seq={} id={} partition={} index={} replicas={} epoch={} attempt={}\n",
+                "handled seq={} id={} partition={} index={} replicas={} epoch={} token={} attempt={}\n",
                 mail.seq,
                 cx.task_id(),
                 cx.partition(),
                 cx.index(),
                 cx.replicas(),
-                epoch,
+                cx.epoch(),
+                cx.fencing_token(),
                 cx.attempt()
             );
             // One write per line, flushed, so concurrent lines never mix.

@@ -14,6 +14,12 @@ pub trait Clock: Send + Sync + fmt::Debug + 'static {
     fn now(&self) -> Duration;
 }
 
+impl<C: Clock + ?Sized> Clock for std::sync::Arc<C> {
+    fn now(&self) -> Duration {
+        (**self).now()
+    }
+}
+
 /// The system's wall clock.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct SystemClock;

@@ -5,9 +5,12 @@
 //! Each is one script whose keys share one slot (`{N}:transition` alone;
 //! `{N/p}:owner` with `{N/p}:stream`), so it is atomic under Redis Cluster.
 
+use std::collections::BTreeMap;
 use std::sync::LazyLock;
+use std::time::Duration;
 
-use deadpool_redis::redis::Script;
+use deadpool_redis::redis::streams::StreamAutoClaimReply;
+use deadpool_redis::redis::{self, FromRedisValue, Script, ScriptInvocation, Value};
 
 use crate::config::ServiceName;
 use crate::connection::SharedConnection;
@@ -20,6 +23,12 @@ static ACQUIRE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("scripts/acquire.lua")));
 static FENCED_ACK: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("scripts/fenced_ack.lua")));
+static FENCED_MOVE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("scripts/fenced_move.lua")));
+static FENCED_CLAIM: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("scripts/fenced_claim.lua")));
+static FENCED_KEEP: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("scripts/fenced_keep.lua")));
 
 /// The owner record of a partition: `<token>:<instance id>`.
 pub(crate) fn owner_record(token: u64, id: &InstanceId) -> String {
@@ -38,40 +47,179 @@ pub(crate) async fn mark(
     conn.invoke(&script).await
 }
 
-/// Records this instance as owner of `p` with `token`. `Ok(None)` when
-/// recorded; `Ok(Some(t))` when a token `t >= token` is recorded already
-/// (this instance is too late, and must not fetch).
-pub(crate) async fn acquire(
+/// The marks of `partitions` (those with none are left out), in one `HMGET`.
+pub(crate) async fn marks(
     conn: &SharedConnection,
     name: &ServiceName,
-    p: u32,
-    token: u64,
-    id: &InstanceId,
-) -> Result<Option<u64>> {
-    let mut script = ACQUIRE.key(keys::owner(name, p));
-    script.arg(token).arg(id.as_str());
-    let reply: i64 = conn.invoke(&script).await?;
-    Ok((reply <= 0).then_some(reply.unsigned_abs()))
+    partitions: &[u32],
+) -> Result<BTreeMap<u32, u64>> {
+    let mut cmd = redis::cmd("HMGET");
+    cmd.arg(keys::transition(name)).arg(partitions);
+    let values: Vec<Option<u64>> = conn.query(&cmd).await?;
+    Ok(partitions
+        .iter()
+        .zip(values)
+        .filter_map(|(p, m)| Some((*p, m?)))
+        .collect())
 }
 
-/// Acks `ids` of partition `p` if this instance is still its recorded owner
-/// with `token`. `Ok(None)` when fenced: another instance owns it now.
-pub(crate) async fn ack(
-    conn: &SharedConnection,
-    name: &ServiceName,
-    p: u32,
+/// What a fenced move did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Moved {
+    /// Acked in the partition and added at the destination.
+    Yes,
+    /// The entry was not pending any more (an earlier call landed and its
+    /// reply was lost): nothing was added.
+    NotPending,
+    /// Another instance owns the partition now: nothing changed.
+    Fenced,
+}
+
+/// This instance as the owner of one partition with one fencing token:
+/// every write the framework makes to the partition's entries goes through
+/// it, and Redis refuses them once another instance holds the partition.
+#[derive(Debug, Clone)]
+pub(crate) struct Fence {
+    partition: u32,
     token: u64,
-    id: &InstanceId,
-    ids: &[&str],
-) -> Result<Option<u64>> {
-    let mut script = FENCED_ACK.key(keys::stream(name, p));
-    script
-        .key(keys::owner(name, p))
-        .arg(owner_record(token, id))
-        .arg(keys::GROUP)
-        .arg(ids);
-    let reply: i64 = conn.invoke(&script).await?;
-    Ok(u64::try_from(reply).ok())
+    stream: String,
+    owner: String,
+    instance: String,
+    record: String,
+}
+
+impl Fence {
+    /// Partition `p` of `name`, owned by `id` with `token`.
+    pub(crate) fn new(name: &ServiceName, p: u32, token: u64, id: &InstanceId) -> Self {
+        Fence {
+            partition: p,
+            token,
+            stream: keys::stream(name, p),
+            owner: keys::owner(name, p),
+            instance: id.as_str().to_owned(),
+            record: owner_record(token, id),
+        }
+    }
+
+    /// The partition.
+    pub(crate) fn partition(&self) -> u32 {
+        self.partition
+    }
+
+    /// The fencing token.
+    pub(crate) fn token(&self) -> u64 {
+        self.token
+    }
+
+    /// The partition's stream.
+    pub(crate) fn stream(&self) -> &str {
+        &self.stream
+    }
+
+    /// Records this instance as owner (rule 3). `Ok(None)` when recorded;
+    /// `Ok(Some(t))` when a token `t >= token` is recorded already (this
+    /// instance is too late, and must not fetch).
+    pub(crate) async fn acquire(&self, conn: &SharedConnection) -> Result<Option<u64>> {
+        let mut script = ACQUIRE.key(&self.owner);
+        script.arg(self.token).arg(&self.instance);
+        let reply: i64 = conn.invoke(&script).await?;
+        Ok((reply <= 0).then_some(reply.unsigned_abs()))
+    }
+
+    /// The fenced ack of `ids`, to invoke alone or in a pipeline; replies
+    /// the number acked, or -1 when fenced.
+    pub(crate) fn ack<'a>(&'a self, ids: &[&str]) -> ScriptInvocation<'a> {
+        let mut script = FENCED_ACK.key(&self.stream);
+        script
+            .key(&self.owner)
+            .arg(&self.record)
+            .arg(keys::GROUP)
+            .arg(ids);
+        script
+    }
+
+    /// Acks entry `id` and adds `fields` as a new entry to `destination`
+    /// (this partition's stream or dead letters), atomically and only while
+    /// this instance is the owner.
+    pub(crate) async fn move_entry<K: redis::ToRedisArgs, V: redis::ToRedisArgs>(
+        &self,
+        conn: &SharedConnection,
+        destination: &str,
+        id: &str,
+        fields: &[(K, V)],
+    ) -> Result<Moved> {
+        let mut script = FENCED_MOVE.key(&self.stream);
+        script
+            .key(&self.owner)
+            .key(destination)
+            .arg(&self.record)
+            .arg(keys::GROUP)
+            .arg(id);
+        for (k, v) in fields {
+            script.arg(k).arg(v);
+        }
+        let reply: i64 = conn.invoke(&script).await?;
+        Ok(match reply {
+            1 => Moved::Yes,
+            0 => Moved::NotPending,
+            _ => Moved::Fenced,
+        })
+    }
+
+    /// `XAUTOCLAIM` to `consumer` of entries idle at least `min_idle`, from
+    /// `start`; `Ok(None)` when fenced.
+    pub(crate) async fn claim(
+        &self,
+        conn: &SharedConnection,
+        consumer: &str,
+        min_idle: Duration,
+        start: &str,
+        count: usize,
+    ) -> Result<Option<StreamAutoClaimReply>> {
+        let mut script = FENCED_CLAIM.key(&self.stream);
+        script
+            .key(&self.owner)
+            .arg(&self.record)
+            .arg(keys::GROUP)
+            .arg(consumer)
+            .arg(min_idle.as_millis() as u64)
+            .arg(start)
+            .arg(count);
+        let reply: Value = conn.invoke(&script).await?;
+        if matches!(reply, Value::Int(_)) {
+            return Ok(None);
+        }
+        let reply =
+            StreamAutoClaimReply::from_redis_value(reply).map_err(redis::RedisError::from)?;
+        Ok(Some(reply))
+    }
+
+    /// Resets the idle time of `ids` (held by `consumer`), so nobody claims
+    /// them; `Ok(false)` when fenced.
+    pub(crate) async fn keep(
+        &self,
+        conn: &SharedConnection,
+        consumer: &str,
+        ids: &[String],
+    ) -> Result<bool> {
+        let mut script = FENCED_KEEP.key(&self.stream);
+        script
+            .key(&self.owner)
+            .arg(&self.record)
+            .arg(keys::GROUP)
+            .arg(consumer)
+            .arg(ids);
+        let reply: i64 = conn.invoke(&script).await?;
+        Ok(reply >= 0)
+    }
+}
+
+/// Loads the fenced ack script, for pipelines (which do not load scripts
+/// by themselves) after Redis answered `NOSCRIPT` (it restarted).
+pub(crate) async fn load_ack_script(conn: &SharedConnection) -> Result<()> {
+    let mut load = redis::cmd("SCRIPT");
+    load.arg("LOAD").arg(include_str!("scripts/fenced_ack.lua"));
+    conn.query::<String>(&load).await.map(drop)
 }
 
 /// The integration tests' harness: real redis-server processes.
@@ -111,30 +259,33 @@ mod tests {
     async fn fencing_tokens_only_increase() {
         let (server, conn, name) = setup().await;
         let (a, b) = (InstanceId::generate(), InstanceId::generate());
-        assert_eq!(acquire(&conn, &name, 0, 10, &a).await.unwrap(), None);
+        let fence = |token, id| Fence::new(&name, 0, token, id);
+        assert_eq!(fence(10, &a).acquire(&conn).await.unwrap(), None);
         assert_eq!(
-            acquire(&conn, &name, 0, 10, &b).await.unwrap(),
+            fence(10, &b).acquire(&conn).await.unwrap(),
             Some(10),
             "same token: refused"
         );
         assert_eq!(
-            acquire(&conn, &name, 0, 9, &b).await.unwrap(),
+            fence(9, &b).acquire(&conn).await.unwrap(),
             Some(10),
             "older token: refused"
         );
-        assert_eq!(acquire(&conn, &name, 0, 12, &b).await.unwrap(), None);
+        assert_eq!(fence(12, &b).acquire(&conn).await.unwrap(), None);
         let mut raw = server.pool().get().await.unwrap();
         let record: String = raw.get(keys::owner(&name, 0)).await.unwrap();
         assert_eq!(record, owner_record(12, &b));
     }
 
-    #[tokio::test]
-    async fn a_stale_owners_ack_is_refused() {
-        let (server, conn, name) = setup().await;
-        let (old, new) = (InstanceId::generate(), InstanceId::generate());
+    /// A partition stream with one entry delivered to `consumer`.
+    async fn delivered(
+        server: &support::RedisServer,
+        name: &ServiceName,
+        consumer: &InstanceId,
+    ) -> String {
         let mut raw = server.pool().get().await.unwrap();
-        let stream = keys::stream(&name, 0);
-        let () = deadpool_redis::redis::cmd("XGROUP")
+        let stream = keys::stream(name, 0);
+        let () = redis::cmd("XGROUP")
             .arg("CREATE")
             .arg(&stream)
             .arg(keys::GROUP)
@@ -144,26 +295,108 @@ mod tests {
             .await
             .unwrap();
         let id: String = raw.xadd(&stream, "*", &[("k", "v")]).await.unwrap();
-        let _: deadpool_redis::redis::Value = deadpool_redis::redis::cmd("XREADGROUP")
+        let _: Value = redis::cmd("XREADGROUP")
             .arg("GROUP")
             .arg(keys::GROUP)
-            .arg(old.as_str())
+            .arg(consumer.as_str())
             .arg("STREAMS")
             .arg(&stream)
             .arg(">")
             .query_async(&mut *raw)
             .await
             .unwrap();
-        acquire(&conn, &name, 0, 5, &old).await.unwrap();
+        id
+    }
+
+    async fn pending(server: &support::RedisServer, name: &ServiceName) -> usize {
+        let mut raw = server.pool().get().await.unwrap();
+        let pending: redis::streams::StreamPendingReply = raw
+            .xpending(keys::stream(name, 0), keys::GROUP)
+            .await
+            .unwrap();
+        pending.count()
+    }
+
+    async fn run_ack(conn: &SharedConnection, fence: &Fence, id: &str) -> i64 {
+        conn.invoke(&fence.ack(&[id])).await.unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_stale_owners_ack_is_refused() {
+        let (server, conn, name) = setup().await;
+        let (old, new) = (InstanceId::generate(), InstanceId::generate());
+        let id = delivered(&server, &name, &old).await;
+        let (stale, owner) = (Fence::new(&name, 0, 5, &old), Fence::new(&name, 0, 6, &new));
+        stale.acquire(&conn).await.unwrap();
         // The partition moved on: the old owner may no longer ack.
-        acquire(&conn, &name, 0, 6, &new).await.unwrap();
-        assert_eq!(ack(&conn, &name, 0, 5, &old, &[&id]).await.unwrap(), None);
-        let pending: deadpool_redis::redis::streams::StreamPendingReply =
-            raw.xpending(&stream, keys::GROUP).await.unwrap();
-        assert_eq!(pending.count(), 1, "the refused ack left the entry pending");
+        owner.acquire(&conn).await.unwrap();
+        assert_eq!(run_ack(&conn, &stale, &id).await, -1);
         assert_eq!(
-            ack(&conn, &name, 0, 6, &new, &[&id]).await.unwrap(),
-            Some(1)
+            pending(&server, &name).await,
+            1,
+            "the refused ack left the entry pending"
         );
+        assert_eq!(run_ack(&conn, &owner, &id).await, 1);
+    }
+
+    #[tokio::test]
+    async fn a_stale_owner_can_neither_move_nor_claim_nor_keep() {
+        let (server, conn, name) = setup().await;
+        let (old, new) = (InstanceId::generate(), InstanceId::generate());
+        let id = delivered(&server, &name, &old).await;
+        let (stale, owner) = (Fence::new(&name, 0, 5, &old), Fence::new(&name, 0, 6, &new));
+        stale.acquire(&conn).await.unwrap();
+        owner.acquire(&conn).await.unwrap();
+        let dead = keys::dead(&name, 0);
+        let fields = [("k", "v2")];
+        assert_eq!(
+            stale.move_entry(&conn, &dead, &id, &fields).await.unwrap(),
+            Moved::Fenced
+        );
+        assert!(
+            stale
+                .claim(&conn, old.as_str(), Duration::ZERO, "0", 10)
+                .await
+                .unwrap()
+                .is_none()
+        );
+        assert!(
+            !stale
+                .keep(&conn, old.as_str(), std::slice::from_ref(&id))
+                .await
+                .unwrap()
+        );
+        let mut raw = server.pool().get().await.unwrap();
+        let dead_len: usize = raw.xlen(&dead).await.unwrap();
+        assert_eq!(
+            (dead_len, pending(&server, &name).await),
+            (0, 1),
+            "nothing moved"
+        );
+
+        // The owner claims it (the stale owner still holds it), keeps it,
+        // and moves it once even when the move is repeated.
+        let claimed = owner
+            .claim(&conn, new.as_str(), Duration::ZERO, "0", 10)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(claimed.claimed.len(), 1);
+        assert!(
+            owner
+                .keep(&conn, new.as_str(), std::slice::from_ref(&id))
+                .await
+                .unwrap()
+        );
+        assert_eq!(
+            owner.move_entry(&conn, &dead, &id, &fields).await.unwrap(),
+            Moved::Yes
+        );
+        assert_eq!(
+            owner.move_entry(&conn, &dead, &id, &fields).await.unwrap(),
+            Moved::NotPending
+        );
+        let dead_len: usize = raw.xlen(&dead).await.unwrap();
+        assert_eq!((dead_len, pending(&server, &name).await), (1, 0));
     }
 }

@@ -87,7 +87,7 @@ pub struct TaskContext {
     pub(crate) partition: u32,
     pub(crate) enqueued_at: SystemTime,
     pub(crate) assignment: Assignment,
-    pub(crate) fencing_token: Option<u64>,
+    pub(crate) fencing_token: u64,
     pub(crate) cancel: CancellationToken,
 }
 
@@ -110,7 +110,7 @@ impl TaskContext {
                 index: 1,
                 replicas: 1,
             },
-            fencing_token: None,
+            fencing_token: 1,
             cancel,
         }
     }
@@ -151,11 +151,42 @@ impl TaskContext {
     }
 
     /// The fencing token: the epoch in which this instance acquired the
-    /// partition (DESIGN.md §4 rule 9), strictly increasing per partition.
-    /// A handler that writes elsewhere can store it with the write and
-    /// reject writes carrying an older token. `None` until the per-partition
-    /// handover records owners.
-    pub fn fencing_token(&self) -> Option<u64> {
+    /// partition, as in its owner record (DESIGN.md §4 rule 9); strictly
+    /// increasing per partition.
+    ///
+    /// peerq fences its own writes (acks, retries, dead letters) with it. A
+    /// handler whose process may freeze mid-task (a GC pause, a VM stall)
+    /// for longer than its lease can resume while the partition's new owner
+    /// already runs the partition; only a token checked where the handler
+    /// writes makes that safe. Store it with the write and refuse writes
+    /// carrying an older one:
+    ///
+    /// ```no_run
+    /// use peerq::{Handler, HandlerError, TaskContext};
+    ///
+    /// #[derive(serde::Deserialize)]
+    /// struct SetBalance { account: String, cents: i64 }
+    ///
+    /// struct Ledger { db: Db }
+    /// # struct Db;
+    /// # impl Db { async fn execute(&self, _sql: &str, _args: (i64, u64, &str)) -> Result<u64, std::io::Error> { Ok(1) } }
+    ///
+    /// impl Handler for Ledger {
+    ///     type Task = SetBalance;
+    ///     async fn handle(&self, task: SetBalance, cx: TaskContext) -> Result<(), HandlerError> {
+    ///         // Written only if no newer owner of this partition wrote first.
+    ///         let written = self.db.execute(
+    ///             "UPDATE accounts SET cents = $1, token = $2 WHERE id = $3 AND token <= $2",
+    ///             (task.cents, cx.fencing_token(), &task.account),
+    ///         ).await.map_err(HandlerError::msg)?;
+    ///         if written == 0 {
+    ///             return Err(HandlerError::msg("fenced: a newer owner of the partition wrote first"));
+    ///         }
+    ///         Ok(())
+    ///     }
+    /// }
+    /// ```
+    pub fn fencing_token(&self) -> u64 {
         self.fencing_token
     }
 

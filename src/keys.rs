@@ -22,7 +22,6 @@ pub(crate) fn meta(name: &ServiceName) -> String {
 }
 
 /// The hash of release marks: partition -> newest epoch it was released for.
-#[allow(dead_code)] // used by the transition coordinator (handover issue)
 pub(crate) fn transition(name: &ServiceName) -> String {
     format!("{{{name}}}:transition")
 }
@@ -37,7 +36,6 @@ pub(crate) fn stream(name: &ServiceName, p: u32) -> String {
 }
 
 /// The fencing record of partition `p`: `<epoch>:<instance id>`.
-#[allow(dead_code)] // written on acquire (handover issue)
 pub(crate) fn owner(name: &ServiceName, p: u32) -> String {
     format!("{{{name}/{p}}}:owner")
 }

@@ -92,7 +92,6 @@ pub mod config;
 mod connection;
 pub mod consumer;
 pub mod error;
-#[allow(dead_code)] // wired into the consumer runtime by the handover issue (DESIGN.md §4)
 mod fencing;
 pub mod handler;
 pub mod indexer;
@@ -103,7 +102,6 @@ pub mod metrics;
 pub mod partition;
 pub mod producer;
 pub mod task;
-#[allow(dead_code)] // wired into the consumer runtime by the handover issue (DESIGN.md §4)
 mod transition;
 
 pub use assignment::Assignment;

@@ -12,6 +12,11 @@ pub const INDEX: &str = "peerq_index";
 pub const REPLICAS: &str = "peerq_replicas";
 /// Gauge: this instance's clock minus Redis's, in seconds.
 pub const CLOCK_OFFSET_SECONDS: &str = "peerq_clock_offset_seconds";
+/// Counter of partition changes on this instance, labelled `service` and
+/// `change` (`started`, `stopped`, `drained`).
+pub const PARTITION_CHANGES_TOTAL: &str = "peerq_partition_changes_total";
+/// Gauge: the partitions this instance fetches.
+pub const OWNED_PARTITIONS: &str = "peerq_owned_partitions";
 
 /// Registers the descriptions of every metric with the installed recorder.
 pub fn describe() {
@@ -26,4 +31,9 @@ pub fn describe() {
         metrics::Unit::Seconds,
         "this instance's clock minus Redis TIME"
     );
+    metrics::describe_counter!(
+        PARTITION_CHANGES_TOTAL,
+        "partitions started, stopped and drained by this instance"
+    );
+    metrics::describe_gauge!(OWNED_PARTITIONS, "partitions this instance fetches");
 }

@@ -180,6 +180,22 @@ impl Partitions {
             .collect()
     }
 
+    /// The earliest handover deadline of a pending acquire or moot wait.
+    pub(crate) fn next_deadline(&self) -> Option<Duration> {
+        self.states
+            .values()
+            .filter_map(|s| match s {
+                State::Acquiring { deadline, .. } | State::Moot { deadline, .. } => Some(*deadline),
+                _ => None,
+            })
+            .min()
+    }
+
+    /// Whether nothing is owned, pending or draining.
+    pub(crate) fn is_idle(&self) -> bool {
+        self.states.is_empty()
+    }
+
     /// The fencing token of a partition this instance fetches.
     pub(crate) fn token(&self, p: u32) -> Option<u64> {
         match self.state(p) {

@@ -5,12 +5,15 @@ use std::future::Future;
 use std::marker::PhantomData;
 use std::time::Duration;
 
+use std::sync::Arc;
+
 use deadpool_redis::Pool;
 use serde::de::DeserializeOwned;
-use tokio::sync::watch;
+use tokio::sync::{broadcast, watch};
 use tower::{Layer, Service};
 
-use super::{ConsumerSettings, runtime};
+use super::{ConsumerSettings, PartitionEvent, runtime};
+use crate::clock::{Clock, SystemClock};
 use crate::codec::{Bincode, Codec};
 use crate::config::{IndexerSettings, Indexing, ServiceName, fmt_duration};
 use crate::error::{Error, Result};
@@ -33,6 +36,9 @@ pub const DEFAULT_MAX_ATTEMPTS: u32 = 5;
 /// claimed by the partition's owner.
 pub const DEFAULT_CLAIM_IDLE: Duration = Duration::from_secs(30);
 
+/// Partition events kept for a slow receiver before it misses some.
+const EVENTS_CAPACITY: usize = 16_384;
+
 /// Builds and runs a consumer; see [`Consumer`](super::Consumer).
 ///
 /// `T` is the task type, `S` the handler service (`()` until one is given),
@@ -47,6 +53,9 @@ pub struct ConsumerBuilder<T, S, C> {
     service: S,
     /// Where the runtime publishes the instance's standing.
     standing: watch::Sender<Standing>,
+    /// Where the runtime publishes partition events.
+    events: broadcast::Sender<PartitionEvent>,
+    clock: Arc<dyn Clock>,
     task: PhantomData<fn() -> (T, C)>,
 }
 
@@ -77,10 +86,13 @@ impl ConsumerBuilder<(), (), Bincode> {
                 drain_timeout: DEFAULT_DRAIN_TIMEOUT,
                 max_attempts: DEFAULT_MAX_ATTEMPTS,
                 claim_idle: DEFAULT_CLAIM_IDLE,
+                leave_timeout: None,
                 allow_eviction: false,
             },
             service: (),
             standing: watch::Sender::new(Standing::Joining),
+            events: broadcast::Sender::new(EVENTS_CAPACITY),
+            clock: Arc::new(SystemClock),
             task: PhantomData,
         }
     }
@@ -92,6 +104,14 @@ impl<T, S, C: Codec> ConsumerBuilder<T, S, C> {
     /// health checks.
     pub fn standing(&self) -> watch::Receiver<Standing> {
         self.standing.subscribe()
+    }
+
+    /// A receiver of the instance's partition events once it runs: each
+    /// partition acquired (with its fencing token), stopped and drained,
+    /// with the time. For status displays and for measuring handover
+    /// pauses. A receiver more than 16,384 events behind misses the oldest.
+    pub fn partition_events(&self) -> broadcast::Receiver<PartitionEvent> {
+        self.events.subscribe()
     }
 
     /// The service name (required): instances with one name split one queue.
@@ -183,6 +203,23 @@ impl<T, S, C: Codec> ConsumerBuilder<T, S, C> {
         self
     }
 
+    /// How long a graceful leave may take before the instance leaves at
+    /// once (default `3 * interval + drain_timeout`): a leave waits for the
+    /// first round without this instance (one to two intervals), then
+    /// drains and marks its partitions. A second SIGTERM also leaves at
+    /// once.
+    pub fn leave_timeout(mut self, timeout: Duration) -> Self {
+        self.settings.leave_timeout = Some(timeout);
+        self
+    }
+
+    /// The wall clock the instance's rounds, deadlines and leases follow
+    /// (default [`SystemClock`]); tests give instances skewed clocks.
+    pub fn clock(mut self, clock: impl Clock) -> Self {
+        self.clock = Arc::new(clock);
+        self
+    }
+
     /// Run even though Redis's `maxmemory-policy` may evict keys (default
     /// false: eviction can silently drop tasks and coordination keys).
     pub fn allow_eviction(mut self, allow: bool) -> Self {
@@ -206,6 +243,8 @@ impl<T, S, C: Codec> ConsumerBuilder<T, S, C> {
             settings: self.settings,
             service: f(self.service),
             standing: self.standing,
+            events: self.events,
+            clock: self.clock,
             task: PhantomData,
         }
     }
@@ -288,6 +327,12 @@ impl<T, S, C: Codec> ConsumerBuilder<T, S, C> {
                 format!("{} is out of range; use 1 to 1000", s.max_attempts),
             ));
         }
+        if s.leave_timeout.is_some_and(|t| t.is_zero()) {
+            return Err(Error::invalid(
+                "leave_timeout",
+                "must be more than 0; about 3 intervals lets a graceful leave finish",
+            ));
+        }
         if s.claim_idle < Duration::from_millis(100) {
             return Err(Error::invalid(
                 "claim_idle",
@@ -309,15 +354,28 @@ where
     S::Future: Send,
     C: Codec,
 {
-    /// Validates the settings and runs until SIGTERM or ctrl-c, then shuts
-    /// down gracefully: running tasks finish until the drain timeout, the
-    /// rest are cancelled and enqueued again.
+    /// Validates the settings and runs until SIGTERM or ctrl-c, then leaves
+    /// gracefully (DESIGN.md §4 rule 7): it stops writing rounds, serves
+    /// until the first round without it, then releases its partitions with
+    /// marks, so the others take them over without waiting for a deadline.
+    /// A second signal, or the [`leave_timeout`](Self::leave_timeout),
+    /// leaves at once: running tasks are cancelled and enqueued again.
     pub async fn run(self) -> Result<()> {
-        self.run_until(runtime::shutdown_signal()).await
+        self.start(runtime::shutdown_signal(), runtime::shutdown_signal)
+            .await
     }
 
-    /// Like [`run`](Self::run), but stops when `signal` resolves.
+    /// Like [`run`](Self::run), but leaves gracefully when `signal`
+    /// resolves (and at once after the leave timeout).
     pub async fn run_until(self, signal: impl Future<Output = ()> + Send) -> Result<()> {
+        self.start(signal, std::future::pending).await
+    }
+
+    async fn start<F: Future<Output = ()> + Send>(
+        self,
+        signal: impl Future<Output = ()> + Send,
+        again: impl FnOnce() -> F + Send,
+    ) -> Result<()> {
         let name = self.validate()?;
         let pool = crate::connection::pool(self.pool, self.url)?;
         runtime::run(
@@ -329,8 +387,11 @@ where
                 service: self.service,
                 codec: C::default(),
                 standing: self.standing,
+                events: self.events,
+                clock: self.clock,
             },
             signal,
+            again,
         )
         .await
     }

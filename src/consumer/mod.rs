@@ -5,15 +5,18 @@
 //! a worker per owned partition fetches and runs its tasks through the
 //! handler service, and the acker acks what succeeded, in batches.
 //!
-//! When the assignment changes, released partitions are drained (running
-//! tasks finish until the drain timeout, then are cancelled and enqueued
-//! again) and acquired partitions start fetching; partitions kept by the
-//! instance never pause. The per-partition handover with release marks,
-//! fencing and leases (DESIGN.md §4) replaces this simple switch in the
-//! handover issue.
+//! When the assignment changes, each partition moves by drain-then-switch
+//! (DESIGN.md §4, driven by [`handover`]): the old owner stops fetching,
+//! lets running tasks finish until the drain timeout (then cancels them),
+//! and marks the partition released; the new owner waits for that mark or
+//! the handover deadline, records itself as owner with its fencing token,
+//! and starts. Partitions kept by the instance never pause.
 
 mod acker;
 mod builder;
+mod event;
+mod handover;
+mod lease;
 mod run_task;
 mod runtime;
 mod worker;
@@ -31,6 +34,7 @@ pub use self::builder::{
     ConsumerBuilder, DEFAULT_BATCH, DEFAULT_BLOCK, DEFAULT_CLAIM_IDLE, DEFAULT_CONCURRENCY,
     DEFAULT_DRAIN_TIMEOUT, DEFAULT_MAX_ATTEMPTS,
 };
+pub use self::event::{PartitionChange, PartitionEvent};
 use crate::codec::Bincode;
 use crate::config::ServiceName;
 use crate::connection::SharedConnection;
@@ -85,6 +89,8 @@ pub(crate) struct ConsumerSettings {
     pub(crate) drain_timeout: Duration,
     pub(crate) max_attempts: u32,
     pub(crate) claim_idle: Duration,
+    /// `None`: `3 * interval + drain_timeout`.
+    pub(crate) leave_timeout: Option<Duration>,
     pub(crate) allow_eviction: bool,
 }
 
@@ -118,6 +124,8 @@ pub(crate) struct Shared<T, S, C> {
     /// Tasks in flight on this instance.
     pub(crate) permits: Arc<Semaphore>,
     pub(crate) acks: mpsc::UnboundedSender<acker::Ack>,
+    /// Where workers tell the runtime they were fenced.
+    pub(crate) reports: mpsc::UnboundedSender<worker::Report>,
     pub(crate) settings: ConsumerSettings,
     pub(crate) task: PhantomData<fn() -> T>,
 }

@@ -1,5 +1,7 @@
 //! Runs one fetched entry to its outcome: acked, enqueued again (a retry,
-//! a cancellation, a hand-back) or moved to the dead letters.
+//! a cancellation, a hand-back) or moved to the dead letters. Each of these
+//! writes is fenced: a partition that has a newer owner refuses it, and the
+//! entry stays pending for that owner.
 
 use std::any::Any;
 use std::panic::AssertUnwindSafe;
@@ -13,10 +15,13 @@ use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
 use tracing::{Instrument, Span, error, info_span, warn};
 
-use super::worker::{Held, lock};
+use super::acker::{Ack, Acked};
+use super::lease::Lease;
+use super::worker::{Held, Ownership, lock};
 use super::{Payload, Shared, TaskService};
 use crate::assignment::Assignment;
 use crate::codec::Codec;
+use crate::fencing::Moved;
 use crate::handler::{Task, TaskContext};
 use crate::keys;
 use crate::task::Entry;
@@ -38,11 +43,12 @@ enum Outcome {
 pub(crate) struct RunTask<T, S, C> {
     pub(crate) shared: Arc<Shared<T, S, C>>,
     pub(crate) partition: u32,
-    pub(crate) stream: String,
     pub(crate) assignment: Assignment,
-    /// The partition's release: a task not started by then is handed back.
-    pub(crate) stop: CancellationToken,
-    /// Fires at the drain timeout.
+    pub(crate) lease: Lease,
+    /// The partition as this worker owns it. Its `stop` is the partition's
+    /// release: a task not started by then is handed back.
+    pub(crate) ownership: Arc<Ownership>,
+    /// Fires at the drain timeout, a lapsed lease or a fence.
     pub(crate) cancel: CancellationToken,
     pub(crate) held: Held,
 }
@@ -50,12 +56,22 @@ pub(crate) struct RunTask<T, S, C> {
 impl<T: Payload, S: TaskService<T>, C: Codec> RunTask<T, S, C> {
     pub(crate) async fn run(self, raw: StreamId) {
         let stream_id = raw.id.clone();
-        // Wait for room; a task that has not started when its partition is
+        // Wait for room, and for the lease (rule 6: nothing fetched runs
+        // without one); a task that has not started when its partition is
         // released is handed back instead of making the drain wait for it.
+        let stop = &self.ownership.stop;
         let permit = tokio::select! {
             biased;
+            _ = stop.cancelled() => None,
             permit = self.shared.permits.clone().acquire_owned() => Some(permit.expect("never closed")),
-            _ = self.stop.cancelled() => None,
+        };
+        let permit = match permit {
+            Some(permit) if !self.lease.valid() => tokio::select! {
+                biased;
+                _ = stop.cancelled() => None,
+                _ = self.lease.held() => Some(permit),
+            },
+            permit => permit,
         };
         match permit {
             Some(permit) => {
@@ -63,8 +79,10 @@ impl<T: Payload, S: TaskService<T>, C: Codec> RunTask<T, S, C> {
                 drop(permit);
                 // Held until the ack has landed: re-reading the pending list
                 // before that must not run the task again.
-                if let Some(acked) = acked {
-                    let _ = acked.await;
+                if let Some(acked) = acked
+                    && let Ok(Acked::Fenced) = acked.await
+                {
+                    self.ownership.fenced("acking");
                 }
             }
             None => self.hand_back(raw).await,
@@ -73,7 +91,7 @@ impl<T: Payload, S: TaskService<T>, C: Codec> RunTask<T, S, C> {
     }
 
     /// Runs the entry; on success returns the ack's confirmation.
-    async fn execute(&self, raw: StreamId) -> Option<oneshot::Receiver<()>> {
+    async fn execute(&self, raw: StreamId) -> Option<oneshot::Receiver<Acked>> {
         let entry = match Entry::parse(&raw.map) {
             Ok(entry) => entry,
             Err(e) => {
@@ -98,9 +116,13 @@ impl<T: Payload, S: TaskService<T>, C: Codec> RunTask<T, S, C> {
         );
         match self.call(&entry, payload, span.clone()).await {
             Outcome::Succeeded => {
-                let (tx, rx) = oneshot::channel();
-                let _ = self.shared.acks.send((self.partition, raw.id.clone(), tx));
-                Some(rx)
+                let (done, acked) = oneshot::channel();
+                let _ = self.shared.acks.send(Ack {
+                    fence: self.ownership.fence.clone(),
+                    id: raw.id.clone(),
+                    done,
+                });
+                Some(acked)
             }
             Outcome::Failed(error) => {
                 self.failed(&raw, &entry, &error).instrument(span).await;
@@ -124,7 +146,7 @@ impl<T: Payload, S: TaskService<T>, C: Codec> RunTask<T, S, C> {
             partition: self.partition,
             enqueued_at: UNIX_EPOCH + entry.enqueued_at,
             assignment: self.assignment,
-            fencing_token: None,
+            fencing_token: self.ownership.fence.token(),
             cancel: self.cancel.clone(),
         };
         let mut service = self.shared.service.clone();
@@ -193,47 +215,39 @@ impl<T: Payload, S: TaskService<T>, C: Codec> RunTask<T, S, C> {
     }
 
     /// Enqueues the task again with `attempt + 1` and acks this entry, in
-    /// one transaction. (Backoff between attempts comes with the retries
-    /// issue; the handover issue routes this through the fencing script.)
+    /// one fenced script. (Backoff between attempts comes with the retries
+    /// issue.)
     async fn retry(&self, stream_id: &str, entry: &Entry, why: &str) {
         warn!(why, "task enqueued again");
         let next = Entry {
             attempt: entry.attempt + 1,
             ..entry.clone()
         };
-        let mut pipe = redis::pipe();
-        pipe.atomic()
-            .cmd("XADD")
-            .arg(&self.stream)
-            .arg("*")
-            .arg(next.fields())
-            .ignore()
-            .xack(&self.stream, keys::GROUP, &[stream_id])
-            .ignore();
-        if let Err(e) = self.shared.conn.query_pipe::<()>(&pipe).await {
-            error!(cause = %e, "could not enqueue the task again; it stays pending and will be claimed");
-        }
+        let stream = self.ownership.fence.stream();
+        self.move_entry(
+            stream,
+            stream_id,
+            &next.fields(),
+            "enqueuing the task again",
+        )
+        .await;
     }
 
     /// Enqueues a fetched but never started entry again as it is, and acks
     /// this copy, so the partition's next owner runs it.
     async fn hand_back(&self, raw: StreamId) {
-        let mut pipe = redis::pipe();
-        pipe.atomic()
-            .cmd("XADD")
-            .arg(&self.stream)
-            .arg("*")
-            .arg(raw_fields(&raw))
-            .ignore()
-            .xack(&self.stream, keys::GROUP, &[&raw.id])
-            .ignore();
-        if let Err(e) = self.shared.conn.query_pipe::<()>(&pipe).await {
-            error!(partition = self.partition, cause = %e, "could not hand back an unstarted task; it stays pending and will be claimed");
-        }
+        let stream = self.ownership.fence.stream();
+        self.move_entry(
+            stream,
+            &raw.id,
+            &raw_fields(&raw),
+            "handing back an unstarted task",
+        )
+        .await;
     }
 
     /// Moves the entry to the partition's dead letters with the reason, and
-    /// acks it, in one transaction.
+    /// acks it, in one fenced script.
     async fn dead_letter(&self, raw: &StreamId, entry: Option<&Entry>, reason: &str, error: &str) {
         error!(
             partition = self.partition,
@@ -257,17 +271,33 @@ impl<T: Payload, S: TaskService<T>, C: Codec> RunTask<T, S, C> {
         fields.push(("error".into(), error.into()));
         fields.push(("stream_id".into(), raw.id.clone().into_bytes()));
         fields.push(("dead_at".into(), now.as_millis().to_string().into_bytes()));
-        let mut pipe = redis::pipe();
-        pipe.atomic()
-            .cmd("XADD")
-            .arg(keys::dead(&self.shared.name, self.partition))
-            .arg("*")
-            .arg(fields)
-            .ignore()
-            .xack(&self.stream, keys::GROUP, &[&raw.id])
-            .ignore();
-        if let Err(e) = self.shared.conn.query_pipe::<()>(&pipe).await {
-            error!(cause = %e, "could not move the entry to the dead letters; it stays pending and will be claimed");
+        let dead = keys::dead(&self.shared.name, self.partition);
+        self.move_entry(&dead, &raw.id, &fields, "moving to the dead letters")
+            .await;
+    }
+
+    /// Acks `stream_id` and adds `fields` to `destination`, fenced. On an
+    /// error the entry stays pending, and the partition's owner claims it.
+    async fn move_entry<K: redis::ToRedisArgs, V: redis::ToRedisArgs>(
+        &self,
+        destination: &str,
+        stream_id: &str,
+        fields: &[(K, V)],
+        what: &str,
+    ) {
+        let fence = &self.ownership.fence;
+        match fence
+            .move_entry(&self.shared.conn, destination, stream_id, fields)
+            .await
+        {
+            Ok(Moved::Yes | Moved::NotPending) => {}
+            Ok(Moved::Fenced) => self.ownership.fenced(what),
+            Err(e) => error!(
+                partition = self.partition,
+                what,
+                cause = %e,
+                "failed; the entry stays pending and will be claimed"
+            ),
         }
     }
 }

@@ -1,26 +1,28 @@
 //! The consumer's run loop: start the parts, follow the assignment, shut
 //! down gracefully.
 
-use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::marker::PhantomData;
+use std::pin::Pin;
 use std::sync::Arc;
 
 use deadpool_redis::Pool;
 use deadpool_redis::redis;
-use tokio::sync::{Semaphore, watch};
+use tokio::sync::{Semaphore, broadcast, mpsc, watch};
 use tokio::time::Instant;
-use tracing::{debug, info, warn};
+use tracing::{info, warn};
 
-use super::worker::Worker;
-use super::{ConsumerSettings, Payload, Shared, TaskService, acker};
-use crate::assignment::Assignment;
+use super::handover::Handover;
+use super::lease::Lease;
+use super::{ConsumerSettings, PartitionEvent, Payload, Shared, TaskService, acker};
+use crate::clock::Clock;
 use crate::codec::Codec;
 use crate::config::{self, IndexerSettings, ServiceName, fmt_duration};
 use crate::connection::SharedConnection;
 use crate::error::{Error, Result};
 use crate::indexer::{Indexer, Standing};
 use crate::instance::InstanceId;
+use crate::transition::Timing;
 use crate::{keys, meta};
 
 /// Everything `run` needs, validated.
@@ -32,6 +34,8 @@ pub(super) struct Parts<S, C> {
     pub(super) service: S,
     pub(super) codec: C,
     pub(super) standing: watch::Sender<Standing>,
+    pub(super) events: broadcast::Sender<PartitionEvent>,
+    pub(super) clock: Arc<dyn Clock>,
 }
 
 /// Resolves on SIGTERM or ctrl-c.
@@ -55,10 +59,16 @@ pub(super) async fn shutdown_signal() {
     }
 }
 
-pub(super) async fn run<T: Payload, S: TaskService<T>, C: Codec>(
+/// Runs the consumer: a graceful leave when `signal` resolves, and a leave
+/// at once when `again()` resolves after it, or at the leave timeout.
+pub(super) async fn run<T: Payload, S: TaskService<T>, C: Codec, F>(
     parts: Parts<S, C>,
     signal: impl Future<Output = ()> + Send,
-) -> Result<()> {
+    again: impl FnOnce() -> F + Send,
+) -> Result<()>
+where
+    F: Future<Output = ()> + Send,
+{
     let Parts {
         name,
         pool,
@@ -67,6 +77,8 @@ pub(super) async fn run<T: Payload, S: TaskService<T>, C: Codec>(
         service,
         codec,
         standing: published,
+        events,
+        clock,
     } = parts;
     let conn = Arc::new(SharedConnection::new(pool.clone()));
     check_eviction(&conn, settings.allow_eviction).await?;
@@ -76,6 +88,15 @@ pub(super) async fn run<T: Payload, S: TaskService<T>, C: Codec>(
     create_groups(&conn, &name, settings.partitions).await?;
 
     let id = InstanceId::generate();
+    let timing = Timing {
+        interval: indexer.interval,
+        skew: indexer.skew,
+        lease_margin: indexer.lease_margin,
+        drain_timeout: settings.drain_timeout,
+    };
+    let leave_timeout = settings
+        .leave_timeout
+        .unwrap_or(3 * indexer.interval + settings.drain_timeout);
     let indexer = Indexer::builder()
         .name(name.as_str())
         .pool(pool)
@@ -83,11 +104,13 @@ pub(super) async fn run<T: Payload, S: TaskService<T>, C: Codec>(
         .skew(indexer.skew)
         .lease_margin(indexer.lease_margin)
         .indexing(indexer.indexing)
+        .clock(clock.clone())
         .instance_id(id.clone())
         .build()?
         .start()
         .await?;
     let (acks, acker) = acker::spawn(name.clone(), conn.clone());
+    let (reports, reported) = mpsc::unbounded_channel();
     let shared = Arc::new(Shared {
         name: name.clone(),
         id: id.clone(),
@@ -96,119 +119,67 @@ pub(super) async fn run<T: Payload, S: TaskService<T>, C: Codec>(
         codec,
         permits: Arc::new(Semaphore::new(settings.concurrency)),
         acks,
+        reports,
         settings,
         task: PhantomData,
     });
     info!(service = %name, instance = %id, "consumer started");
 
-    let mut ownership = Ownership {
-        shared: shared.clone(),
-        workers: BTreeMap::new(),
-        assignment: None,
-        idle: false,
-    };
+    let mut handover = Handover::new(shared.clone(), timing, Lease::new(clock), reported, events);
     let mut standing = indexer.standing();
     tokio::pin!(signal);
+    let mut make_again = Some(again);
+    let mut again: Option<Pin<Box<F>>> = None;
+    let mut leave_by: Option<Instant> = None;
+    // The indexer published `Left` (or leaving at once): no more standings.
+    let mut left = false;
+    let mut failure = None;
     loop {
+        if left && handover.is_done() {
+            break;
+        }
         tokio::select! {
-            _ = &mut signal => break,
-            changed = standing.changed() => {
+            biased;
+            _ = &mut signal, if leave_by.is_none() => {
+                info!(service = %name, instance = %id, "leaving: no more rounds; serving until the first round without this instance");
+                indexer.leave();
+                leave_by = Some(Instant::now() + leave_timeout);
+                again = make_again.take().map(|make| Box::pin(make()));
+            }
+            _ = async { again.as_mut().expect("checked").await }, if again.is_some() && !left => {
+                warn!(service = %name, instance = %id, "second signal: leaving at once");
+                handover.leave_at_once();
+                left = true;
+            }
+            _ = tokio::time::sleep_until(leave_by.unwrap_or_else(Instant::now)), if leave_by.is_some() && !left => {
+                warn!(service = %name, instance = %id, timeout = ?leave_timeout, "graceful leave timed out; leaving at once");
+                handover.leave_at_once();
+                left = true;
+            }
+            changed = standing.changed(), if !left => {
                 if changed.is_err() {
-                    // Never expected: the indexer ends only when told to.
-                    ownership.release_all().await;
-                    return Err(Error::Runtime(format!("the peer indexer of `{name}` stopped unexpectedly")));
+                    // Never expected: the indexer ends only after `Left`.
+                    failure = Some(Error::Runtime(format!("the peer indexer of `{name}` stopped unexpectedly")));
+                    handover.leave_at_once();
+                    left = true;
+                    continue;
                 }
                 let now = standing.borrow_and_update().clone();
-                ownership.follow(&now).await;
+                handover.standing(&now);
+                left = matches!(now, Standing::Left { .. });
                 published.send_replace(now);
             }
+            wake = handover.next() => handover.handle(wake),
         }
     }
 
-    info!(service = %name, instance = %id, "shutting down");
     indexer.stop().await;
-    ownership.release_all().await;
-    drop(ownership);
+    drop(handover);
     // The acker ends once the last sender (in `shared`) is gone.
     drop(shared);
     let _ = acker.await;
     info!(service = %name, instance = %id, "stopped");
-    Ok(())
-}
-
-/// The partitions this instance works on, and their workers.
-struct Ownership<T, S, C> {
-    shared: Arc<Shared<T, S, C>>,
-    workers: BTreeMap<u32, Worker>,
-    /// The assignment in force, for the tasks' context.
-    assignment: Option<watch::Sender<Assignment>>,
-    /// Whether the last assignment owned no partition (logged once).
-    idle: bool,
-}
-
-impl<T: Payload, S: TaskService<T>, C: Codec> Ownership<T, S, C> {
-    /// Moves to the partitions `standing` owns: releases the others (drain,
-    /// then cancel), starts the new ones; kept partitions run on.
-    async fn follow(&mut self, standing: &Standing) {
-        let partitions = self.shared.settings.partitions;
-        let target: BTreeSet<u32> = match standing {
-            Standing::Assigned(a) => a.owned_partitions(partitions).collect(),
-            _ => BTreeSet::new(),
-        };
-        // Release first: tasks the released workers still start run under
-        // the assignment that owned their partition, never the new one.
-        let released: Vec<u32> = self
-            .workers
-            .keys()
-            .filter(|p| !target.contains(p))
-            .copied()
-            .collect();
-        if !released.is_empty() {
-            debug!(service = %self.shared.name, ?released, "releasing partitions");
-            let deadline = Instant::now() + self.shared.settings.drain_timeout;
-            let workers = released
-                .iter()
-                .filter_map(|p| self.workers.remove(p))
-                .collect();
-            drain(workers, deadline).await;
-        }
-        let Standing::Assigned(a) = standing else {
-            return;
-        };
-        let idle = target.is_empty();
-        if idle && !self.idle {
-            info!(service = %self.shared.name, index = a.index, replicas = a.replicas, partitions,
-                  "more instances than partitions: this instance idles");
-        }
-        self.idle = idle;
-        let assignment = self.assignment.get_or_insert_with(|| watch::channel(*a).0);
-        assignment.send_replace(*a);
-        for p in target {
-            if !self.workers.contains_key(&p) {
-                let worker = Worker::start(self.shared.clone(), p, assignment.subscribe());
-                self.workers.insert(p, worker);
-            }
-        }
-    }
-
-    async fn release_all(&mut self) {
-        let deadline = Instant::now() + self.shared.settings.drain_timeout;
-        let workers = std::mem::take(&mut self.workers).into_values().collect();
-        drain(workers, deadline).await;
-    }
-}
-
-/// Releases `workers` in parallel, each draining until `deadline`.
-async fn drain(workers: Vec<Worker>, deadline: Instant) {
-    let mut set = tokio::task::JoinSet::new();
-    for worker in workers {
-        let p = worker.partition();
-        set.spawn(async move {
-            worker.release(deadline).await;
-            p
-        });
-    }
-    while set.join_next().await.is_some() {}
+    failure.map_or(Ok(()), Err)
 }
 
 /// Refuses a Redis that may evict keys, unless the user allowed it. Reads

@@ -1,6 +1,12 @@
-//! One owned partition: fetch its entries, keep their pending entries fresh,
-//! claim what others left behind, trim, and release it on demand. Running
-//! one entry is [`super::run_task`]'s job.
+//! One owned partition: record this instance as its owner, fetch its
+//! entries, keep their pending entries fresh, claim what others left
+//! behind, trim, and release it on demand. Running one entry is
+//! [`super::run_task`]'s job.
+//!
+//! Every write to the partition's entries is fenced (DESIGN.md §4 rule 8):
+//! once another instance holds the partition, Redis refuses them, and the
+//! worker drops the partition's work ([`Ownership::fenced`]). Fetching and
+//! running stop while the instance's lease does not hold (rule 6).
 //!
 //! Each worker reads with `XREADGROUP` on a connection of its own (a
 //! blocking read stalls every other command on its connection), whose
@@ -10,24 +16,25 @@
 
 use std::collections::HashSet;
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, LazyLock, Mutex};
 use std::time::Duration;
 
-use deadpool_redis::redis::streams::{
-    StreamAutoClaimReply, StreamId, StreamReadOptions, StreamReadReply,
-};
+use deadpool_redis::redis::streams::{StreamId, StreamReadOptions, StreamReadReply};
 use deadpool_redis::redis::{self, AsyncCommands, aio::MultiplexedConnection};
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{debug, error, warn};
 
+use super::lease::Lease;
 use super::run_task::RunTask;
 use super::{Payload, Shared, TaskService};
 use crate::assignment::Assignment;
 use crate::codec::Codec;
+use crate::fencing::Fence;
 use crate::keys;
 
 /// Longest pause between attempts to reach Redis again.
@@ -43,14 +50,50 @@ static TRIM: LazyLock<redis::Script> =
 /// the pending list, and kept fresh so nobody claims them.
 pub(crate) type Held = Arc<Mutex<HashSet<String>>>;
 
+/// What a worker tells the runtime.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Report {
+    /// Redis refused a fenced write: another instance holds `partition`
+    /// now, so this instance's view of it (with `token`) is stale.
+    Fenced { partition: u32, token: u64 },
+}
+
+/// One partition as this worker owns it: its fence, and how to drop its
+/// work once Redis says another instance owns it.
+#[derive(Debug)]
+pub(crate) struct Ownership {
+    pub(crate) fence: Arc<Fence>,
+    /// Stops fetching (and claiming); tasks not started yet are handed back.
+    pub(crate) stop: CancellationToken,
+    /// Cancels running tasks.
+    pub(crate) cancel: CancellationToken,
+    reports: mpsc::UnboundedSender<Report>,
+    is_fenced: AtomicBool,
+}
+
+impl Ownership {
+    /// Redis refused `what` (an ack, a move, a claim): the partition has a
+    /// newer owner. Stop fetching, cancel what runs (its writes would be
+    /// refused too; the new owner runs it), and tell the runtime, once.
+    pub(crate) fn fenced(&self, what: &str) {
+        if !self.is_fenced.swap(true, Ordering::SeqCst) {
+            let (partition, token) = (self.fence.partition(), self.fence.token());
+            error!(
+                partition,
+                token, what, "fenced: another instance owns the partition now; dropping its work"
+            );
+            let _ = self.reports.send(Report::Fenced { partition, token });
+        }
+        self.stop.cancel();
+        self.cancel.cancel();
+    }
+}
+
 /// A running worker for one partition.
 #[derive(Debug)]
 pub(crate) struct Worker {
     partition: u32,
-    /// Stops fetching (and claiming); tasks not started yet are handed back.
-    stop: CancellationToken,
-    /// Cancels running tasks.
-    cancel: CancellationToken,
+    ownership: Arc<Ownership>,
     /// Ends the keeper once every task is done.
     done: CancellationToken,
     tracker: TaskTracker,
@@ -58,51 +101,57 @@ pub(crate) struct Worker {
 }
 
 impl Worker {
-    /// Starts working on `partition` under `assignment`.
+    /// Acquires the partition of `fence` (records the owner, claims what
+    /// others hold) and works on it under `assignment` while `lease` holds.
     pub(crate) fn start<T: Payload, S: TaskService<T>, C: Codec>(
         shared: Arc<Shared<T, S, C>>,
-        partition: u32,
+        fence: Fence,
         assignment: watch::Receiver<Assignment>,
+        lease: Lease,
     ) -> Worker {
-        let (stop, cancel, done) = (
-            CancellationToken::new(),
-            CancellationToken::new(),
-            CancellationToken::new(),
-        );
+        let partition = fence.partition();
+        let ownership = Arc::new(Ownership {
+            fence: Arc::new(fence),
+            stop: CancellationToken::new(),
+            cancel: CancellationToken::new(),
+            reports: shared.reports.clone(),
+            is_fenced: AtomicBool::new(false),
+        });
+        let done = CancellationToken::new();
         let tracker = TaskTracker::new();
         let held: Held = Arc::default();
-        let stream = keys::stream(&shared.name, partition);
+        let acquired = CancellationToken::new();
         tokio::spawn(housekeeping(
             shared.clone(),
-            stream.clone(),
+            ownership.clone(),
             held.clone(),
-            stop.clone(),
+            acquired.clone(),
             done.clone(),
         ));
         let fetcher = Fetcher {
             shared,
             partition,
-            stream,
+            stream: ownership.fence.stream().to_owned(),
             assignment,
-            stop: stop.clone(),
-            cancel: cancel.clone(),
+            lease,
+            ownership: ownership.clone(),
+            acquired,
             tracker: tracker.clone(),
             held,
         };
         let fetch = tokio::spawn(fetcher.run());
         Worker {
             partition,
-            stop,
-            cancel,
+            ownership,
             done,
             tracker,
             fetch,
         }
     }
 
-    /// The partition.
-    pub(crate) fn partition(&self) -> u32 {
-        self.partition
+    /// The partition as this worker owns it.
+    pub(crate) fn ownership(&self) -> &Arc<Ownership> {
+        &self.ownership
     }
 
     /// Stops fetching, lets running tasks finish until `deadline`, then
@@ -111,7 +160,7 @@ impl Worker {
     /// enqueued again with `attempt + 1`; fetched ones that never started
     /// are handed back as they were.
     pub(crate) async fn release(self, deadline: Instant) {
-        self.stop.cancel();
+        self.ownership.stop.cancel();
         // The fetch loop watches `stop` at every wait; bound it anyway.
         let mut fetch = self.fetch;
         if tokio::time::timeout_at(deadline, &mut fetch).await.is_err() {
@@ -130,7 +179,7 @@ impl Worker {
                 partition = self.partition,
                 "drain timed out; cancelling running tasks"
             );
-            self.cancel.cancel();
+            self.ownership.cancel.cancel();
             self.tracker.wait().await;
         }
         self.done.cancel();
@@ -138,7 +187,7 @@ impl Worker {
 }
 
 /// The worker's housekeeping, apart from the fetch loop (which may wait for
-/// room or block in a read for long):
+/// room or block in a read for long), once the partition is acquired:
 ///
 /// - resets the idle time of every entry this instance holds in the
 ///   partition, so that claiming never takes one that is still here; until
@@ -147,11 +196,16 @@ impl Worker {
 ///   the instance is too busy to read.
 async fn housekeeping<T, S, C>(
     shared: Arc<Shared<T, S, C>>,
-    stream: String,
+    ownership: Arc<Ownership>,
     held: Held,
-    stop: CancellationToken,
+    acquired: CancellationToken,
     done: CancellationToken,
 ) {
+    tokio::select! {
+        _ = done.cancelled() => return,
+        _ = acquired.cancelled() => {}
+    }
+    let stop = &ownership.stop;
     let keep_every = shared.settings.claim_idle / 3;
     let mut next_keep = Instant::now() + keep_every;
     let mut next_trim = Instant::now() + TRIM_EVERY;
@@ -167,30 +221,33 @@ async fn housekeeping<T, S, C>(
         }
         let now = Instant::now();
         if now >= next_keep {
-            keep_fresh(&shared, &stream, &held).await;
+            keep_fresh(&shared, &ownership, &held).await;
             next_keep = now + keep_every;
         }
         if now >= next_trim && !stop.is_cancelled() {
-            trim(&shared, &stream).await;
+            trim(&shared, ownership.fence.stream()).await;
             next_trim = now + TRIM_EVERY;
         }
     }
 }
 
-async fn keep_fresh<T, S, C>(shared: &Shared<T, S, C>, stream: &str, held: &Held) {
+async fn keep_fresh<T, S, C>(shared: &Shared<T, S, C>, ownership: &Ownership, held: &Held) {
     let ids: Vec<String> = lock(held).iter().cloned().collect();
     if ids.is_empty() {
         return;
     }
-    let mut cmd = redis::cmd("XCLAIM");
-    cmd.arg(stream)
-        .arg(keys::GROUP)
-        .arg(shared.id.as_str())
-        .arg(0)
-        .arg(&ids)
-        .arg("JUSTID");
-    if let Err(e) = shared.conn.query::<redis::Value>(&cmd).await {
-        warn!(stream, cause = %e, "could not keep held entries fresh");
+    match ownership
+        .fence
+        .keep(&shared.conn, shared.id.as_str(), &ids)
+        .await
+    {
+        Ok(true) => {}
+        Ok(false) => ownership.fenced("keeping held entries fresh"),
+        Err(e) => warn!(
+            partition = ownership.fence.partition(),
+            cause = %e,
+            "could not keep held entries fresh"
+        ),
     }
 }
 
@@ -222,8 +279,10 @@ struct Fetcher<T, S, C> {
     partition: u32,
     stream: String,
     assignment: watch::Receiver<Assignment>,
-    stop: CancellationToken,
-    cancel: CancellationToken,
+    lease: Lease,
+    ownership: Arc<Ownership>,
+    /// Fired once the owner record is written (housekeeping waits for it).
+    acquired: CancellationToken,
     tracker: TaskTracker,
     held: Held,
 }
@@ -231,21 +290,33 @@ struct Fetcher<T, S, C> {
 impl<T: Payload, S: TaskService<T>, C: Codec> Fetcher<T, S, C> {
     async fn run(self) {
         let (block, batch) = (self.shared.settings.block, self.shared.settings.batch);
+        let mut backoff = Duration::from_millis(50);
+        if !self.acquire(&mut backoff).await {
+            return;
+        }
         let mut reader: Option<Reader> = None;
         // Where the re-read of this instance's own pending list stands;
         // `None` once it is done and new entries (`>`) are read.
         let mut pending_from = Some("0".to_owned());
-        let mut backoff = Duration::from_millis(50);
+        // Rule 3: on acquire, take over whatever other consumers still hold
+        // in the partition (the old owner has drained or its deadline
+        // passed); later, only what stayed idle for `claim_idle`.
+        let mut claim_idle = Duration::ZERO;
         let mut next_claim = Instant::now();
         loop {
             if Instant::now() >= next_claim {
-                let Some(claimed) = self.or_stop(self.claim()).await else {
+                let Some(claimed) = self.or_stop(self.claim(claim_idle)).await else {
                     return;
                 };
-                if let Err(e) = claimed {
-                    warn!(partition = self.partition, cause = %e, "claim failed");
+                match claimed {
+                    Ok(()) => claim_idle = self.shared.settings.claim_idle,
+                    Err(e) => warn!(partition = self.partition, cause = %e, "claim failed"),
                 }
                 next_claim = Instant::now() + self.shared.settings.claim_idle / 3;
+            }
+            // Rule 6: no fetch without a lease.
+            if !self.lease.valid() && self.or_stop(self.lease.held()).await.is_none() {
+                return;
             }
             // Read only while the instance has room, and about as much as
             // it has room for. No permit is held during the read: a blocked
@@ -274,7 +345,7 @@ impl<T: Payload, S: TaskService<T>, C: Codec> Fetcher<T, S, C> {
             if pending_from.is_none() {
                 opts = opts.block(block.as_millis() as usize);
             }
-            if self.stop.is_cancelled() {
+            if self.ownership.stop.is_cancelled() {
                 return;
             }
             let (streams, ids) = ([self.stream.as_str()], [id.as_str()]);
@@ -285,7 +356,7 @@ impl<T: Payload, S: TaskService<T>, C: Codec> Fetcher<T, S, C> {
                 tokio::select! {
                     biased;
                     read = &mut read => (read, false),
-                    _ = self.stop.cancelled() => {
+                    _ = self.ownership.stop.cancelled() => {
                         // Unblock the read on the server and take its answer:
                         // entries it delivered are this instance's to run or
                         // hand back. Dropping the connection instead could
@@ -342,11 +413,46 @@ impl<T: Payload, S: TaskService<T>, C: Codec> Fetcher<T, S, C> {
         }
     }
 
+    /// Rule 3: records this instance as the partition's owner with its
+    /// fencing token, retrying while Redis is unreachable. False when the
+    /// worker stopped first or a newer owner is recorded already.
+    async fn acquire(&self, backoff: &mut Duration) -> bool {
+        loop {
+            match self
+                .or_stop(self.ownership.fence.acquire(&self.shared.conn))
+                .await
+            {
+                None => return false,
+                Some(Ok(None)) => {
+                    debug!(
+                        partition = self.partition,
+                        token = self.ownership.fence.token(),
+                        "acquired"
+                    );
+                    self.acquired.cancel();
+                    return true;
+                }
+                Some(Ok(Some(recorded))) => {
+                    warn!(
+                        partition = self.partition,
+                        recorded, "the partition has an owner with a newer token"
+                    );
+                    self.ownership.fenced("recording the owner");
+                    return false;
+                }
+                Some(Err(e)) => {
+                    warn!(partition = self.partition, cause = %e, "cannot record the owner; retrying");
+                    self.pause(backoff).await;
+                }
+            }
+        }
+    }
+
     /// Runs `fut` unless the worker stops first.
     async fn or_stop<F: Future>(&self, fut: F) -> Option<F::Output> {
         tokio::select! {
             biased;
-            _ = self.stop.cancelled() => None,
+            _ = self.ownership.stop.cancelled() => None,
             out = fut => Some(out),
         }
     }
@@ -391,21 +497,21 @@ impl<T: Payload, S: TaskService<T>, C: Codec> Fetcher<T, S, C> {
         }
     }
 
-    /// Claims entries other consumers left pending longer than `claim_idle`
-    /// (a crashed instance, a failed ack) and runs them.
-    async fn claim(&self) -> crate::Result<()> {
-        let idle = self.shared.settings.claim_idle.as_millis() as usize;
+    /// Claims entries other consumers left pending for `idle` or longer
+    /// (a crashed or fenced instance, a failed ack) and runs them.
+    async fn claim(&self, idle: Duration) -> crate::Result<()> {
+        let fence = &self.ownership.fence;
         let mut start = "0-0".to_owned();
         loop {
-            let mut cmd = redis::cmd("XAUTOCLAIM");
-            cmd.arg(&self.stream)
-                .arg(keys::GROUP)
-                .arg(self.shared.id.as_str())
-                .arg(idle)
-                .arg(&start)
-                .arg("COUNT")
-                .arg(self.shared.settings.batch);
-            let reply: StreamAutoClaimReply = self.shared.conn.query(&cmd).await?;
+            let batch = self.shared.settings.batch;
+            let consumer = self.shared.id.as_str();
+            let Some(reply) = fence
+                .claim(&self.shared.conn, consumer, idle, &start, batch)
+                .await?
+            else {
+                self.ownership.fenced("claiming");
+                return Ok(());
+            };
             for entry in reply.claimed {
                 if lock(&self.held).insert(entry.id.clone()) {
                     debug!(
@@ -428,10 +534,10 @@ impl<T: Payload, S: TaskService<T>, C: Codec> Fetcher<T, S, C> {
         let run = RunTask {
             shared: self.shared.clone(),
             partition: self.partition,
-            stream: self.stream.clone(),
             assignment: *self.assignment.borrow(),
-            stop: self.stop.clone(),
-            cancel: self.cancel.child_token(),
+            lease: self.lease.clone(),
+            cancel: self.ownership.cancel.child_token(),
+            ownership: self.ownership.clone(),
             held: self.held.clone(),
         };
         self.tracker.spawn(run.run(entry));

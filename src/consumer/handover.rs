@@ -1,0 +1,369 @@
+//! The handover driver (DESIGN.md §4): tells the per-partition state
+//! machine ([`crate::transition`]) what happens — an assignment arrived, a
+//! round failed, the lease ran out, marks were read, a drain finished, a
+//! write was fenced, the instance leaves — and carries out its effects:
+//! start a worker (which records the owner and claims), release a worker
+//! (drain, then cancel), write a mark.
+//!
+//! It never blocks on Redis: reading marks, draining and marking run in
+//! tasks whose results come back through [`Handover::next`].
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use tokio::sync::{broadcast, mpsc, watch};
+use tokio::task::{Id, JoinSet};
+use tokio::time::Instant;
+use tracing::{debug, error, info, warn};
+
+use super::lease::Lease;
+use super::worker::{Ownership, Report, Worker};
+use super::{PartitionChange, PartitionEvent, Payload, Shared, TaskService};
+use crate::assignment::Assignment;
+use crate::codec::Codec;
+use crate::error::Result;
+use crate::fencing::{self, Fence};
+use crate::indexer::Standing;
+use crate::metrics as m;
+use crate::transition::{Effect, Partitions, Timing};
+
+/// How often pending acquires read `{N}:transition` for their marks.
+const POLL_EVERY: Duration = Duration::from_millis(10);
+/// After a failed read of the marks.
+const POLL_BACKOFF: Duration = Duration::from_millis(100);
+/// Tries of one mark write: a lost mark only makes the successor wait for
+/// its deadline.
+const MARK_ATTEMPTS: u32 = 5;
+
+/// What woke the driver.
+#[derive(Debug)]
+pub(super) enum Wake {
+    /// A release finished draining.
+    Drained(u32),
+    /// Marks read for the pending acquires.
+    Marks(Result<BTreeMap<u32, u64>>),
+    /// A worker's report.
+    Report(Report),
+    /// A deadline or the lease's end came, or it is time to read marks.
+    Timer,
+    /// A mark write ended (logged where it ran).
+    Marked,
+}
+
+/// The partitions of one instance, as they move.
+pub(super) struct Handover<T, S, C> {
+    shared: Arc<Shared<T, S, C>>,
+    machine: Partitions,
+    timing: Timing,
+    lease: Lease,
+    /// Whether a lease was granted and has not been found over yet.
+    leased: bool,
+    workers: BTreeMap<u32, Worker>,
+    /// Partitions draining, to cancel at once when leaving at once.
+    draining: BTreeMap<u32, Arc<Ownership>>,
+    drains: JoinSet<u32>,
+    /// Which partition each drain task is for (to know it even if it fails).
+    drain_ids: BTreeMap<Id, u32>,
+    marks: JoinSet<()>,
+    polls: JoinSet<Result<BTreeMap<u32, u64>>>,
+    next_poll: Instant,
+    assignment: Option<watch::Sender<Assignment>>,
+    reports: mpsc::UnboundedReceiver<Report>,
+    events: broadcast::Sender<PartitionEvent>,
+    /// Whether the last assignment owned no partition (logged once).
+    idle: bool,
+}
+
+impl<T: Payload, S: TaskService<T>, C: Codec> Handover<T, S, C> {
+    pub(super) fn new(
+        shared: Arc<Shared<T, S, C>>,
+        timing: Timing,
+        lease: Lease,
+        reports: mpsc::UnboundedReceiver<Report>,
+        events: broadcast::Sender<PartitionEvent>,
+    ) -> Self {
+        let partitions = shared.settings.partitions;
+        Handover {
+            shared,
+            machine: Partitions::new(timing, partitions),
+            timing,
+            lease,
+            leased: false,
+            workers: BTreeMap::new(),
+            draining: BTreeMap::new(),
+            drains: JoinSet::new(),
+            drain_ids: BTreeMap::new(),
+            marks: JoinSet::new(),
+            polls: JoinSet::new(),
+            next_poll: Instant::now(),
+            assignment: None,
+            reports,
+            events,
+            idle: false,
+        }
+    }
+
+    /// The indexer published a new standing.
+    pub(super) fn standing(&mut self, standing: &Standing) {
+        match standing {
+            Standing::Assigned(a) => self.assigned(*a),
+            Standing::Fenced { epoch, reason } => {
+                // Rule 6: a failed round stops fetching at once, without
+                // waiting for the lease or a slow Redis error.
+                self.fence(&format!("no assignment for epoch {epoch}: {reason}"));
+            }
+            Standing::Left { epoch } => {
+                info!(service = %self.shared.name, epoch, "left the service; releasing every partition");
+                let now = self.lease.now();
+                let effects = self.machine.leave(*epoch, now);
+                self.apply(effects);
+            }
+            Standing::Joining => {}
+        }
+    }
+
+    fn assigned(&mut self, a: Assignment) {
+        let now = self.lease.now();
+        let lease_end = self.timing.lease_end(a.epoch);
+        if now < lease_end {
+            self.lease.grant(lease_end);
+            self.leased = true;
+        } else {
+            warn!(service = %self.shared.name, epoch = a.epoch, "assignment arrived after its lease");
+            self.lease.revoke();
+            self.leased = false;
+        }
+        let partitions = self.shared.settings.partitions;
+        let idle = a.owned_partitions(partitions).next().is_none();
+        if idle && !self.idle {
+            info!(service = %self.shared.name, index = a.index, replicas = a.replicas, partitions,
+                  "more instances than partitions: this instance idles");
+        }
+        self.idle = idle;
+        match &self.assignment {
+            Some(tx) => {
+                tx.send_replace(a);
+            }
+            None => self.assignment = Some(watch::Sender::new(a)),
+        }
+        let effects = self.machine.assigned(a, now);
+        self.apply(effects);
+    }
+
+    /// Rules 5 and 6: stop every owned partition now (running tasks are
+    /// cancelled), drop pending acquires, and acquire anew from the next
+    /// assignment on, without marks.
+    fn fence(&mut self, why: &str) {
+        self.lease.revoke();
+        self.leased = false;
+        if self.machine.is_idle() {
+            return;
+        }
+        warn!(service = %self.shared.name, why, "fencing every partition");
+        let effects = self.machine.fence();
+        self.apply(effects);
+    }
+
+    /// Leaves at once (a second signal, the leave timeout): everything
+    /// stops now and running tasks are cancelled.
+    pub(super) fn leave_at_once(&mut self) {
+        self.fence("leaving at once");
+        for ownership in self.draining.values() {
+            ownership.cancel.cancel();
+        }
+    }
+
+    /// Whether nothing is owned, pending, draining or being marked.
+    pub(super) fn is_done(&self) -> bool {
+        self.machine.is_idle()
+            && self.workers.is_empty()
+            && self.drains.is_empty()
+            && self.marks.is_empty()
+    }
+
+    /// Waits for what happens next.
+    pub(super) async fn next(&mut self) -> Wake {
+        let wake_at = self.next_wake();
+        tokio::select! {
+            Some(done) = self.drains.join_next_with_id() => {
+                let id = match &done {
+                    Ok((id, _)) => *id,
+                    Err(e) => e.id(),
+                };
+                if let Err(e) = done {
+                    error!(cause = %e, "a drain failed");
+                }
+                Wake::Drained(self.drain_ids.remove(&id).expect("every drain is recorded"))
+            }
+            Some(read) = self.polls.join_next() => {
+                Wake::Marks(read.unwrap_or_else(|e| Err(crate::Error::Runtime(e.to_string()))))
+            }
+            Some(report) = self.reports.recv() => Wake::Report(report),
+            Some(_) = self.marks.join_next() => Wake::Marked,
+            _ = tokio::time::sleep_until(wake_at) => Wake::Timer,
+        }
+    }
+
+    /// Acts on what woke the driver.
+    pub(super) fn handle(&mut self, wake: Wake) {
+        let now = self.lease.now();
+        match wake {
+            Wake::Drained(p) => {
+                self.draining.remove(&p);
+                self.publish(p, PartitionChange::Drained);
+                let effects = self.machine.drained(p, now);
+                self.apply(effects);
+            }
+            Wake::Marks(Ok(marks)) => {
+                self.next_poll = Instant::now() + POLL_EVERY;
+                let effects = self.machine.marks(&marks, now);
+                self.apply(effects);
+            }
+            Wake::Marks(Err(e)) => {
+                warn!(service = %self.shared.name, cause = %e, "cannot read the release marks");
+                self.next_poll = Instant::now() + POLL_BACKOFF;
+            }
+            Wake::Report(Report::Fenced { partition, token }) => {
+                // Only news while the machine still thinks it owns the
+                // partition with that token; a released one is expected.
+                if self.machine.token(partition) == Some(token) {
+                    self.fence(&format!(
+                        "partition {partition} has a newer owner than token {token}"
+                    ));
+                }
+            }
+            Wake::Timer => {
+                if self.leased && !self.lease.valid() {
+                    // Rule 6: an expired lease stops fetching and cancels
+                    // in-flight tasks.
+                    self.fence("the lease expired before a new assignment arrived");
+                }
+                let effects = self.machine.tick(now);
+                self.apply(effects);
+                self.poll_marks();
+            }
+            Wake::Marked => {}
+        }
+    }
+
+    /// When the driver must wake up next: the lease's end, a handover
+    /// deadline, or the next read of the marks.
+    fn next_wake(&self) -> Instant {
+        let now = Instant::now();
+        let now_wall = self.lease.now();
+        let mut wake = now + Duration::from_secs(3600);
+        if self.leased {
+            wake = wake.min(now + self.lease.left().unwrap_or_default());
+        }
+        if let Some(deadline) = self.machine.next_deadline() {
+            wake = wake.min(now + deadline.saturating_sub(now_wall));
+        }
+        if self.polls.is_empty() && !self.machine.waiting().is_empty() {
+            wake = wake.min(self.next_poll);
+        }
+        wake
+    }
+
+    /// Reads the marks of the pending acquires, unless a read is underway
+    /// or it is not time yet.
+    fn poll_marks(&mut self) {
+        let waiting = self.machine.waiting();
+        if waiting.is_empty() || !self.polls.is_empty() || Instant::now() < self.next_poll {
+            return;
+        }
+        let shared = self.shared.clone();
+        self.polls
+            .spawn(async move { fencing::marks(&shared.conn, &shared.name, &waiting).await });
+    }
+
+    fn apply(&mut self, effects: Vec<Effect>) {
+        for effect in effects {
+            match effect {
+                Effect::Start { partition, token } => self.start(partition, token),
+                Effect::Drain {
+                    partition,
+                    cancel_at,
+                } => self.release(partition, cancel_at),
+                Effect::Mark { partition, epoch } => self.mark(partition, epoch),
+            }
+        }
+        metrics::gauge!(m::OWNED_PARTITIONS, "service" => self.shared.name.to_string())
+            .set(self.workers.len() as f64);
+        self.poll_marks();
+    }
+
+    /// Rule 3: acquire `p` with `token` and start fetching it.
+    fn start(&mut self, p: u32, token: u64) {
+        let assignment = self
+            .assignment
+            .as_ref()
+            .expect("partitions start only after an assignment")
+            .subscribe();
+        let fence = Fence::new(&self.shared.name, p, token, &self.shared.id);
+        let worker = Worker::start(self.shared.clone(), fence, assignment, self.lease.clone());
+        debug!(partition = p, token, "partition started");
+        self.workers.insert(p, worker);
+        self.publish(p, PartitionChange::Started { token });
+    }
+
+    /// Rule 1: stop fetching `p`, let its tasks run until `cancel_at` (the
+    /// instance's wall clock), then cancel them; report when drained.
+    fn release(&mut self, p: u32, cancel_at: Duration) {
+        let left = cancel_at.saturating_sub(self.lease.now());
+        let deadline = Instant::now() + left;
+        let worker = self.workers.remove(&p);
+        if let Some(worker) = &worker {
+            self.draining.insert(p, worker.ownership().clone());
+        }
+        let handle = self.drains.spawn(async move {
+            if let Some(worker) = worker {
+                worker.release(deadline).await;
+            }
+            p
+        });
+        self.drain_ids.insert(handle.id(), p);
+        debug!(partition = p, cancel_in = ?left, "partition released; draining");
+        self.publish(p, PartitionChange::Stopped);
+    }
+
+    /// Rule 2: mark(p) := max(mark(p), epoch), retried a few times.
+    fn mark(&mut self, p: u32, epoch: u64) {
+        let shared = self.shared.clone();
+        self.marks.spawn(async move {
+            let mut backoff = Duration::from_millis(50);
+            for attempt in 1..=MARK_ATTEMPTS {
+                match fencing::mark(&shared.conn, &shared.name, p, epoch).await {
+                    Ok(_) => {
+                        debug!(partition = p, epoch, "marked released");
+                        return;
+                    }
+                    Err(e) => {
+                        warn!(partition = p, epoch, attempt, cause = %e, "cannot write the release mark");
+                        tokio::time::sleep(backoff).await;
+                        backoff *= 2;
+                    }
+                }
+            }
+            error!(
+                partition = p,
+                epoch, "release mark not written; the next owner waits for its deadline"
+            );
+        });
+    }
+
+    fn publish(&self, partition: u32, change: PartitionChange) {
+        let name = match change {
+            PartitionChange::Started { .. } => "started",
+            PartitionChange::Stopped => "stopped",
+            PartitionChange::Drained => "drained",
+        };
+        metrics::counter!(m::PARTITION_CHANGES_TOTAL, "service" => self.shared.name.to_string(), "change" => name)
+            .increment(1);
+        let _ = self.events.send(PartitionEvent {
+            partition,
+            at: SystemTime::now(),
+            change,
+        });
+    }
+}

@@ -1,0 +1,11 @@
+-- Rules 3 and 8 (DESIGN.md §4): the owner takes over entries other consumers
+-- left pending in its partition, only while it is the recorded owner (a
+-- stale owner that claimed would run tasks the real owner runs too).
+-- KEYS[1] = {N/p}:stream     KEYS[2] = {N/p}:owner
+-- ARGV[1] = '<token>:<instance id>'     ARGV[2] = group     ARGV[3] = consumer
+-- ARGV[4] = min idle (ms)     ARGV[5] = start id     ARGV[6] = count
+-- Returns XAUTOCLAIM's reply, or -1 when fenced.
+if redis.call('GET', KEYS[2]) ~= ARGV[1] then
+  return -1
+end
+return redis.call('XAUTOCLAIM', KEYS[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], 'COUNT', ARGV[6])
