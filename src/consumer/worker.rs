@@ -164,7 +164,7 @@ impl Worker {
         // The fetch loop watches `stop` at every wait; bound it anyway.
         let mut fetch = self.fetch;
         if tokio::time::timeout_at(deadline, &mut fetch).await.is_err() {
-            warn!(
+            debug!(
                 partition = self.partition,
                 "fetch loop did not stop by the drain timeout"
             );
