@@ -79,9 +79,10 @@
 //! | [`codec`] | payload encodings: bincode (default) and JSON |
 //! | [`producer`] | enqueues typed tasks: one, a batch, with a key |
 //! | [`handler`] | the `Handler` trait, `TaskContext`, the tower adapter |
-//! | [`consumer`] | the builder and the runtime: workers per partition, acks, retries, dead letters, trimming |
+//! | [`consumer`] | the builder and the runtime: the handover driver, leases, workers per partition, fenced acks, retries, dead letters, trimming |
 //! | `connection` | one multiplexed connection per part, kept out of the pool |
-//! | `transition` | drain-then-switch: the per-partition state machine of DESIGN.md §4 (not wired in yet) |
+//! | `transition` | drain-then-switch: the per-partition state machine of DESIGN.md §4, free of I/O |
+//! | `fencing` | the fenced writes: release marks, owner records, acks, moves, claims |
 //! | [`metrics`] | metric names and descriptions |
 //! | `scripts/` | Lua scripts, one per atomic step |
 

@@ -178,3 +178,58 @@ fn three_example_consumers_handle_every_task_exactly_once_on_its_owner() {
     let by_consumer: BTreeSet<usize> = handled.iter().map(|h| h.consumer).collect();
     assert_eq!(by_consumer.len(), 3, "every consumer handled tasks");
 }
+
+/// Starts one example consumer of `name`, its output discarded.
+fn consumer(bin: &PathBuf, url: &str, name: &str) -> Proc {
+    let child = Command::new(bin)
+        .args(["consume", "--redis", url, "--name", name])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start a consumer");
+    Proc(child)
+}
+
+/// Waits for `proc` to exit successfully; returns when it did.
+fn exited(proc: &mut Proc, within: Duration) -> Instant {
+    let deadline = Instant::now() + within;
+    loop {
+        if let Some(status) = proc.0.try_wait().unwrap() {
+            assert!(
+                status.success(),
+                "a consumer did not stop cleanly: {status}"
+            );
+            return Instant::now();
+        }
+        assert!(Instant::now() < deadline, "a consumer did not exit");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn one_sigterm_leaves_gracefully_and_a_second_leaves_at_once() {
+    let server = RedisServer::start();
+    let name = unique_name("signals");
+    let bin = example_binary();
+    let mut graceful = consumer(&bin, &server.url(), &name);
+    let mut hasty = consumer(&bin, &server.url(), &name);
+    // Both assigned (one to two intervals of 1 s).
+    std::thread::sleep(Duration::from_millis(2500));
+
+    // A graceful leave waits for the first round without the instance: at
+    // least an interval.
+    let sent = Instant::now();
+    sigterm(&graceful.0);
+    let took = exited(&mut graceful, Duration::from_secs(10)) - sent;
+    println!("graceful leave: {took:?}");
+    assert!(took >= Duration::from_millis(900), "left after {took:?}");
+
+    // A second SIGTERM cuts the leave short.
+    let sent = Instant::now();
+    sigterm(&hasty.0);
+    std::thread::sleep(Duration::from_millis(50));
+    sigterm(&hasty.0);
+    let took = exited(&mut hasty, Duration::from_secs(10)) - sent;
+    println!("leave at once: {took:?}");
+    assert!(took < Duration::from_millis(700), "left after {took:?}");
+}

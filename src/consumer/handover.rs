@@ -115,6 +115,11 @@ impl<T: Payload, S: TaskService<T>, C: Codec> Handover<T, S, C> {
             }
             Standing::Left { epoch } => {
                 info!(service = %self.shared.name, epoch, "left the service; releasing every partition");
+                // Nothing is fetched any more; the drains have their own
+                // bounds (rule 1), so the lease's end must not fence them
+                // (and drop the moot waits' marks).
+                self.lease.revoke();
+                self.leased = false;
                 let now = self.lease.now();
                 let effects = self.machine.leave(*epoch, now);
                 self.apply(effects);
