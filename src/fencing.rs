@@ -272,6 +272,11 @@ mod tests {
             "older token: refused"
         );
         assert_eq!(fence(12, &b).acquire(&conn).await.unwrap(), None);
+        assert_eq!(
+            fence(12, &b).acquire(&conn).await.unwrap(),
+            None,
+            "the same acquire again (a retry after a lost reply) is not refused"
+        );
         let mut raw = server.pool().get().await.unwrap();
         let record: String = raw.get(keys::owner(&name, 0)).await.unwrap();
         assert_eq!(record, owner_record(12, &b));

@@ -197,6 +197,7 @@ impl Partitions {
     }
 
     /// The fencing token of a partition this instance fetches.
+    #[cfg(test)]
     pub(crate) fn token(&self, p: u32) -> Option<u64> {
         match self.state(p) {
             State::Owned { token, .. } => Some(token),
@@ -272,6 +273,32 @@ impl Partitions {
         }
         effects.extend(self.settle(now, &BTreeMap::new()));
         effects
+    }
+
+    /// Rule 8: Redis refused a fenced write on `p` owned with `token`:
+    /// another instance holds it now. Only `p` stops (cancelled now, no
+    /// mark: this instance's ownership is not vouched for); a later
+    /// assignment that still owns it acquires it anew through the deadline.
+    pub(crate) fn lost(&mut self, p: u32, token: u64) -> Vec<Effect> {
+        let from = self.state(p);
+        if !matches!(from, State::Owned { token: t, .. } if t == token) {
+            // Released or acquired anew since: the refusal is old news.
+            return Vec::new();
+        }
+        self.set(
+            p,
+            from,
+            State::Draining {
+                epoch: 0,
+                until: Duration::ZERO,
+                mark: false,
+                then: None,
+            },
+        );
+        vec![Effect::Drain {
+            partition: p,
+            cancel_at: Duration::ZERO,
+        }]
     }
 
     /// Rule 5: a skipped epoch, a lapsed lease or a failed round. Everything
@@ -754,6 +781,38 @@ mod tests {
         let later = m.marks(&all_marked(E), start(E + 2) + 200 * MS);
         assert!(marks_in(&[left, later].concat()).is_empty());
         assert!(m.waiting().is_empty());
+    }
+
+    #[test]
+    fn rule8_a_lost_partition_stops_alone_without_a_mark_and_is_acquired_anew() {
+        let mut m = owning_all();
+        // A refusal for an old token is old news.
+        assert!(m.lost(2, E - 1).is_empty());
+        let effects = m.lost(2, E);
+        assert_eq!(
+            effects,
+            vec![Effect::Drain {
+                partition: 2,
+                cancel_at: Duration::ZERO
+            }]
+        );
+        assert_eq!(m.token(1), Some(E), "the others run on");
+        assert!(marks_in(&m.drained(2, start(E) + 300 * MS)).is_empty());
+        // Still owned by the next assignment: acquired anew, with a new
+        // token, at the deadline (no mark will come for it).
+        assert!(
+            m.assigned(a(E + 1, 1, 1), start(E + 1) + 100 * MS)
+                .is_empty()
+        );
+        assert!(matches!(m.state(2), State::Acquiring { epoch, .. } if epoch == E + 1));
+        let started = m.tick(timing().deadline(E + 1));
+        assert_eq!(
+            started,
+            vec![Effect::Start {
+                partition: 2,
+                token: E + 1
+            }]
+        );
     }
 
     #[test]

@@ -478,6 +478,15 @@ async fn a_stale_owners_ack_is_refused_and_it_drops_the_partition() {
     })
     .await
     .expect("partition 0 stopped after its ack was refused");
+    // Only partition 0: the others are still this instance's.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    while let Ok(e) = events.try_recv() {
+        assert!(
+            e.partition == 0 || e.change != PartitionChange::Stopped,
+            "partition {} stopped too",
+            e.partition
+        );
+    }
     let pending: redis::streams::StreamPendingReply =
         conn.xpending(&stream, "peerq").await.unwrap();
     assert_eq!(pending.count(), 1, "the refused ack left the entry pending");

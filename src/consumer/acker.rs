@@ -105,15 +105,21 @@ async fn ack_groups(
             .query_pipe::<Vec<redis::RedisResult<Value>>>(&pipe)
             .await
         {
-            Ok(replies) if !replies.iter().any(is_noscript) => {
-                return replies.iter().map(outcome).collect();
+            Ok(replies) if replies.iter().any(is_noscript) => {
+                // Redis restarted and forgot the script: pipelines do not
+                // load scripts by themselves.
+                match fencing::load_ack_script(conn).await {
+                    Ok(()) => continue,
+                    Err(e) => e.to_string(),
+                }
             }
-            // Redis restarted and forgot the script: pipelines do not load
-            // scripts by themselves.
-            Ok(_) => match fencing::load_ack_script(conn).await {
-                Ok(()) => continue,
-                Err(e) => e.to_string(),
-            },
+            // Redis is loading its data, failing over or busy: the acks
+            // (idempotent) are sent again, like after a connection error.
+            Ok(replies) if replies.iter().any(is_transient) => {
+                let e = replies.into_iter().find(is_transient).expect("found");
+                format!("{:?}", e.err())
+            }
+            Ok(replies) => return replies.iter().map(outcome).collect(),
             Err(e) => e.to_string(),
         };
         warn!(service = %name, attempt, cause = failure, "ack failed; retrying");
@@ -131,6 +137,19 @@ async fn ack_groups(
 
 fn is_noscript(reply: &redis::RedisResult<Value>) -> bool {
     matches!(reply, Err(e) if e.code() == Some("NOSCRIPT"))
+}
+
+/// An error reply that says "not now" rather than "no".
+fn is_transient(reply: &redis::RedisResult<Value>) -> bool {
+    const TRANSIENT: [&str; 6] = [
+        "LOADING",
+        "BUSY",
+        "READONLY",
+        "MASTERDOWN",
+        "TRYAGAIN",
+        "CLUSTERDOWN",
+    ];
+    matches!(reply, Err(e) if e.code().is_some_and(|c| TRANSIENT.contains(&c)))
 }
 
 fn outcome(reply: &redis::RedisResult<Value>) -> Acked {

@@ -212,6 +212,11 @@ impl<T: Payload, S: TaskService<T>, C: Codec> Handover<T, S, C> {
 
     /// Acts on what woke the driver.
     pub(super) fn handle(&mut self, wake: Wake) {
+        // Rule 6, before anything else can start a partition: an expired
+        // lease stops fetching and cancels in-flight tasks.
+        if self.leased && !self.lease.valid() {
+            self.fence("the lease expired before a new assignment arrived");
+        }
         let now = self.lease.now();
         match wake {
             Wake::Drained(p) => {
@@ -230,20 +235,12 @@ impl<T: Payload, S: TaskService<T>, C: Codec> Handover<T, S, C> {
                 self.next_poll = Instant::now() + POLL_BACKOFF;
             }
             Wake::Report(Report::Fenced { partition, token }) => {
-                // Only news while the machine still thinks it owns the
-                // partition with that token; a released one is expected.
-                if self.machine.token(partition) == Some(token) {
-                    self.fence(&format!(
-                        "partition {partition} has a newer owner than token {token}"
-                    ));
-                }
+                // Rule 8: that partition's work is dropped (the worker did
+                // so already); the others run on.
+                let effects = self.machine.lost(partition, token);
+                self.apply(effects);
             }
             Wake::Timer => {
-                if self.leased && !self.lease.valid() {
-                    // Rule 6: an expired lease stops fetching and cancels
-                    // in-flight tasks.
-                    self.fence("the lease expired before a new assignment arrived");
-                }
                 let effects = self.machine.tick(now);
                 self.apply(effects);
                 self.poll_marks();

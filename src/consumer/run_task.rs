@@ -181,7 +181,10 @@ impl<T: Payload, S: TaskService<T>, C: Codec> RunTask<T, S, C> {
             }
         };
         // Cancelled: only a run that succeeded counts; anything else runs
-        // again and never uses up an attempt towards the dead letters.
+        // again with `attempt + 1` and is never dead-lettered for it. (The
+        // attempt number still counts cancelled runs, so a task cancelled
+        // at many drains has fewer real attempts left: the retries issue
+        // counts them apart.)
         match outcome(result) {
             Outcome::Succeeded => Outcome::Succeeded,
             _ => Outcome::Cancelled,

@@ -5,6 +5,7 @@ use std::future::Future;
 use std::marker::PhantomData;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::time::Duration;
 
 use deadpool_redis::Pool;
 use deadpool_redis::redis;
@@ -24,6 +25,12 @@ use crate::indexer::{Indexer, Standing};
 use crate::instance::InstanceId;
 use crate::transition::Timing;
 use crate::{keys, meta};
+
+/// How long leaving at once waits for cancelled tasks to be enqueued again
+/// and finished ones to be acked.
+const ABANDON_AFTER: Duration = Duration::from_secs(1);
+/// How long a finished leave waits for its last acks.
+const ACKER_GRACE: Duration = Duration::from_secs(15);
 
 /// Everything `run` needs, validated.
 pub(super) struct Parts<S, C> {
@@ -109,7 +116,7 @@ where
         .build()?
         .start()
         .await?;
-    let (acks, acker) = acker::spawn(name.clone(), conn.clone());
+    let (acks, mut acker) = acker::spawn(name.clone(), conn.clone());
     let (reports, reported) = mpsc::unbounded_channel();
     let shared = Arc::new(Shared {
         name: name.clone(),
@@ -131,45 +138,61 @@ where
     let mut make_again = Some(again);
     let mut again: Option<Pin<Box<F>>> = None;
     let mut leave_by: Option<Instant> = None;
-    // The indexer published `Left` (or leaving at once): no more standings.
+    // The indexer published `Left`, or the instance leaves at once: no more
+    // standings are followed.
     let mut left = false;
+    // Leaving at once: what is still underway by then is abandoned (entries
+    // not acked or enqueued again stay pending, and the partitions' next
+    // owners claim them).
+    let mut abandon_at: Option<Instant> = None;
     let mut failure = None;
     loop {
         if left && handover.is_done() {
             break;
         }
-        tokio::select! {
+        let at_once = tokio::select! {
             biased;
             _ = &mut signal, if leave_by.is_none() => {
                 info!(service = %name, instance = %id, "leaving: no more rounds; serving until the first round without this instance");
                 indexer.leave();
                 leave_by = Some(Instant::now() + leave_timeout);
                 again = make_again.take().map(|make| Box::pin(make()));
+                false
             }
-            _ = async { again.as_mut().expect("checked").await }, if again.is_some() && !left => {
+            _ = async { again.as_mut().expect("checked").await }, if again.is_some() && abandon_at.is_none() => {
                 warn!(service = %name, instance = %id, "second signal: leaving at once");
-                handover.leave_at_once();
-                left = true;
+                true
             }
-            _ = tokio::time::sleep_until(leave_by.unwrap_or_else(Instant::now)), if leave_by.is_some() && !left => {
+            _ = tokio::time::sleep_until(leave_by.unwrap_or_else(Instant::now)), if leave_by.is_some() && abandon_at.is_none() => {
                 warn!(service = %name, instance = %id, timeout = ?leave_timeout, "graceful leave timed out; leaving at once");
-                handover.leave_at_once();
-                left = true;
+                true
+            }
+            _ = tokio::time::sleep_until(abandon_at.unwrap_or_else(Instant::now)), if abandon_at.is_some() => {
+                warn!(service = %name, instance = %id, "left at once; abandoning what redis has not confirmed");
+                break;
             }
             changed = standing.changed(), if !left => {
                 if changed.is_err() {
                     // Never expected: the indexer ends only after `Left`.
                     failure = Some(Error::Runtime(format!("the peer indexer of `{name}` stopped unexpectedly")));
-                    handover.leave_at_once();
-                    left = true;
-                    continue;
+                    true
+                } else {
+                    let now = standing.borrow_and_update().clone();
+                    handover.standing(&now);
+                    left = matches!(now, Standing::Left { .. });
+                    published.send_replace(now);
+                    false
                 }
-                let now = standing.borrow_and_update().clone();
-                handover.standing(&now);
-                left = matches!(now, Standing::Left { .. });
-                published.send_replace(now);
             }
-            wake = handover.next() => handover.handle(wake),
+            wake = handover.next() => {
+                handover.handle(wake);
+                false
+            }
+        };
+        if at_once {
+            handover.leave_at_once();
+            left = true;
+            abandon_at = Some(Instant::now() + ABANDON_AFTER);
         }
     }
 
@@ -177,7 +200,14 @@ where
     drop(handover);
     // The acker ends once the last sender (in `shared`) is gone.
     drop(shared);
-    let _ = acker.await;
+    let abandon_at = abandon_at.unwrap_or_else(|| Instant::now() + ACKER_GRACE);
+    if tokio::time::timeout_at(abandon_at, &mut acker)
+        .await
+        .is_err()
+    {
+        warn!(service = %name, instance = %id, "acks still underway abandoned; those tasks stay pending and run again");
+        acker.abort();
+    }
     info!(service = %name, instance = %id, "stopped");
     failure.map_or(Ok(()), Err)
 }

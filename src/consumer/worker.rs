@@ -16,7 +16,7 @@
 
 use std::collections::HashSet;
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock, Mutex};
 use std::time::Duration;
 
@@ -25,7 +25,7 @@ use deadpool_redis::redis::{self, AsyncCommands, aio::MultiplexedConnection};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
+use tokio_util::sync::{CancellationToken, DropGuard};
 use tokio_util::task::TaskTracker;
 use tracing::{debug, error, warn};
 
@@ -34,6 +34,7 @@ use super::run_task::RunTask;
 use super::{Payload, Shared, TaskService};
 use crate::assignment::Assignment;
 use crate::codec::Codec;
+use crate::connection::SharedConnection;
 use crate::fencing::Fence;
 use crate::keys;
 
@@ -41,6 +42,11 @@ use crate::keys;
 const MAX_BACKOFF: Duration = Duration::from_secs(2);
 /// How often the owner trims acknowledged entries from its partitions.
 const TRIM_EVERY: Duration = Duration::from_secs(1);
+/// Most entry ids kept fresh in one script call (Lua's `unpack` has a limit
+/// of about 8,000 values).
+const KEEP_CHUNK: usize = 1000;
+/// How long a release waits for Redis to drop a reader it could not stop.
+const KILL_TIMEOUT: Duration = Duration::from_secs(1);
 
 static TRIM: LazyLock<redis::Script> =
     LazyLock::new(|| redis::Script::new(include_str!("../scripts/trim.lua")));
@@ -94,8 +100,12 @@ impl Ownership {
 pub(crate) struct Worker {
     partition: u32,
     ownership: Arc<Ownership>,
-    /// Ends the keeper once every task is done.
-    done: CancellationToken,
+    /// Ends the housekeeping once every task is done, or when the worker
+    /// is dropped (a release cut short).
+    done: DropGuard,
+    /// The server-side id of the fetch loop's reader (0: none yet).
+    reader: Arc<AtomicU64>,
+    conn: Arc<SharedConnection>,
     tracker: TaskTracker,
     fetch: JoinHandle<()>,
 }
@@ -118,6 +128,8 @@ impl Worker {
             is_fenced: AtomicBool::new(false),
         });
         let done = CancellationToken::new();
+        let reader = Arc::new(AtomicU64::new(0));
+        let conn = shared.conn.clone();
         let tracker = TaskTracker::new();
         let held: Held = Arc::default();
         let acquired = CancellationToken::new();
@@ -136,6 +148,7 @@ impl Worker {
             lease,
             ownership: ownership.clone(),
             acquired,
+            reader_id: reader.clone(),
             tracker: tracker.clone(),
             held,
         };
@@ -143,7 +156,9 @@ impl Worker {
         Worker {
             partition,
             ownership,
-            done,
+            done: done.drop_guard(),
+            reader,
+            conn,
             tracker,
             fetch,
         }
@@ -159,16 +174,22 @@ impl Worker {
     /// that finished is acked (DESIGN.md §4 rule 1). Cancelled tasks are
     /// enqueued again with `attempt + 1`; fetched ones that never started
     /// are handed back as they were.
-    pub(crate) async fn release(self, deadline: Instant) {
+    pub(crate) async fn release(mut self, deadline: Instant) {
         self.ownership.stop.cancel();
         // The fetch loop watches `stop` at every wait; bound it anyway.
-        let mut fetch = self.fetch;
-        if tokio::time::timeout_at(deadline, &mut fetch).await.is_err() {
+        let fetch = &mut self.fetch;
+        if tokio::time::timeout_at(deadline, &mut *fetch)
+            .await
+            .is_err()
+        {
             debug!(
                 partition = self.partition,
                 "fetch loop did not stop by the drain timeout"
             );
             fetch.abort();
+            // Until it has stopped, it could still start a task.
+            let _ = fetch.await;
+            self.drop_reader().await;
         }
         self.tracker.close();
         if tokio::time::timeout_at(deadline, self.tracker.wait())
@@ -182,7 +203,31 @@ impl Worker {
             self.ownership.cancel.cancel();
             self.tracker.wait().await;
         }
-        self.done.cancel();
+        drop(self.done);
+    }
+
+    /// The fetch loop was aborted, maybe in a blocking read: have Redis
+    /// drop its reader, so the read cannot deliver an entry into this
+    /// instance's pending list after the drain is reported (the next owner
+    /// would only claim it after `claim_idle`). `CLIENT KILL` returns once
+    /// the client is gone.
+    async fn drop_reader(&self) {
+        let id = self.reader.load(Ordering::SeqCst);
+        if id == 0 {
+            return;
+        }
+        let mut kill = redis::cmd("CLIENT");
+        kill.arg("KILL").arg("ID").arg(id);
+        match tokio::time::timeout(KILL_TIMEOUT, self.conn.query::<redis::Value>(&kill)).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => {
+                debug!(partition = self.partition, cause = %e, "could not drop the reader")
+            }
+            Err(_) => debug!(
+                partition = self.partition,
+                "could not drop the reader in time"
+            ),
+        }
     }
 }
 
@@ -233,21 +278,18 @@ async fn housekeeping<T, S, C>(
 
 async fn keep_fresh<T, S, C>(shared: &Shared<T, S, C>, ownership: &Ownership, held: &Held) {
     let ids: Vec<String> = lock(held).iter().cloned().collect();
-    if ids.is_empty() {
-        return;
-    }
-    match ownership
-        .fence
-        .keep(&shared.conn, shared.id.as_str(), &ids)
-        .await
-    {
-        Ok(true) => {}
-        Ok(false) => ownership.fenced("keeping held entries fresh"),
-        Err(e) => warn!(
-            partition = ownership.fence.partition(),
-            cause = %e,
-            "could not keep held entries fresh"
-        ),
+    for chunk in ids.chunks(KEEP_CHUNK) {
+        let kept = ownership
+            .fence
+            .keep(&shared.conn, shared.id.as_str(), chunk);
+        match kept.await {
+            Ok(true) => {}
+            Ok(false) => return ownership.fenced("keeping held entries fresh"),
+            Err(e) => {
+                let partition = ownership.fence.partition();
+                return warn!(partition, cause = %e, "could not keep held entries fresh");
+            }
+        }
     }
 }
 
@@ -283,6 +325,8 @@ struct Fetcher<T, S, C> {
     ownership: Arc<Ownership>,
     /// Fired once the owner record is written (housekeeping waits for it).
     acquired: CancellationToken,
+    /// Where the reader's server-side id is published, for the release.
+    reader_id: Arc<AtomicU64>,
     tracker: TaskTracker,
     held: Held,
 }
@@ -304,6 +348,10 @@ impl<T: Payload, S: TaskService<T>, C: Codec> Fetcher<T, S, C> {
         let mut claim_idle = Duration::ZERO;
         let mut next_claim = Instant::now();
         loop {
+            // Rule 6: no claim and no fetch without a lease.
+            if !self.lease.valid() && self.or_stop(self.lease.held()).await.is_none() {
+                return;
+            }
             if Instant::now() >= next_claim {
                 let Some(claimed) = self.or_stop(self.claim(claim_idle)).await else {
                     return;
@@ -313,10 +361,6 @@ impl<T: Payload, S: TaskService<T>, C: Codec> Fetcher<T, S, C> {
                     Err(e) => warn!(partition = self.partition, cause = %e, "claim failed"),
                 }
                 next_claim = Instant::now() + self.shared.settings.claim_idle / 3;
-            }
-            // Rule 6: no fetch without a lease.
-            if !self.lease.valid() && self.or_stop(self.lease.held()).await.is_none() {
-                return;
             }
             // Read only while the instance has room, and about as much as
             // it has room for. No permit is held during the read: a blocked
@@ -330,7 +374,10 @@ impl<T: Payload, S: TaskService<T>, C: Codec> Fetcher<T, S, C> {
                 Some(reader) => reader,
                 None => match self.or_stop(self.connect_reader()).await {
                     None => return,
-                    Some(Ok(r)) => reader.insert(r),
+                    Some(Ok(r)) => {
+                        self.reader_id.store(r.client_id, Ordering::SeqCst);
+                        reader.insert(r)
+                    }
                     Some(Err(e)) => {
                         warn!(partition = self.partition, cause = %e, "cannot connect the reader; retrying");
                         self.pause(&mut backoff).await;
@@ -347,6 +394,10 @@ impl<T: Payload, S: TaskService<T>, C: Codec> Fetcher<T, S, C> {
             }
             if self.ownership.stop.is_cancelled() {
                 return;
+            }
+            // Waiting for room or a connection may have outlived the lease.
+            if !self.lease.valid() {
+                continue;
             }
             let (streams, ids) = ([self.stream.as_str()], [id.as_str()]);
             let (read, stopping) = {

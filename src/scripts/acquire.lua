@@ -4,6 +4,11 @@
 -- KEYS[1] = {N/p}:owner     ARGV[1] = token     ARGV[2] = instance id
 -- Returns 1 when recorded, else the recorded token (negated) to say who won.
 local recorded = redis.call('GET', KEYS[1])
+local record = ARGV[1] .. ':' .. ARGV[2]
+-- Already recorded by this very call (a retry after a lost reply).
+if recorded == record then
+  return 1
+end
 local token = tonumber(ARGV[1])
 if recorded then
   local current = tonumber(string.match(recorded, '^(%d+):'))
@@ -11,5 +16,5 @@ if recorded then
     return -current
   end
 end
-redis.call('SET', KEYS[1], ARGV[1] .. ':' .. ARGV[2])
+redis.call('SET', KEYS[1], record)
 return 1
