@@ -478,6 +478,7 @@ async fn a_stale_owners_ack_is_refused_and_it_drops_the_partition() {
     })
     .await
     .expect("partition 0 stopped after its ack was refused");
+    let stopped_after = stopped.at.elapsed().unwrap();
     // Only partition 0: the others are still this instance's.
     tokio::time::sleep(Duration::from_millis(200)).await;
     while let Ok(e) = events.try_recv() {
@@ -490,10 +491,7 @@ async fn a_stale_owners_ack_is_refused_and_it_drops_the_partition() {
     let pending: redis::streams::StreamPendingReply =
         conn.xpending(&stream, "peerq").await.unwrap();
     assert_eq!(pending.count(), 1, "the refused ack left the entry pending");
-    println!(
-        "partition 0 stopped {:?} after the test released the handler",
-        stopped.at.elapsed().unwrap()
-    );
+    println!("partition 0 stopped {stopped_after:?} after the test released the handler");
 
     // Once its epochs pass the other's token, the instance acquires again,
     // with a newer token, and runs the entry the stale ack left: nothing is
