@@ -178,10 +178,10 @@ impl Worker {
         self.ownership.stop.cancel();
         // The fetch loop watches `stop` at every wait; bound it anyway.
         let fetch = &mut self.fetch;
-        if tokio::time::timeout_at(deadline, &mut *fetch)
+        let aborted = tokio::time::timeout_at(deadline, &mut *fetch)
             .await
-            .is_err()
-        {
+            .is_err();
+        if aborted {
             debug!(
                 partition = self.partition,
                 "fetch loop did not stop by the drain timeout"
@@ -189,7 +189,6 @@ impl Worker {
             fetch.abort();
             // Until it has stopped, it could still start a task.
             let _ = fetch.await;
-            self.drop_reader().await;
         }
         self.tracker.close();
         if tokio::time::timeout_at(deadline, self.tracker.wait())
@@ -202,6 +201,10 @@ impl Worker {
             );
             self.ownership.cancel.cancel();
             self.tracker.wait().await;
+        }
+        // After the cancellation (which must not wait for Redis).
+        if aborted {
+            self.drop_reader().await;
         }
         drop(self.done);
     }
