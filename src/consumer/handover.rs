@@ -146,14 +146,19 @@ impl<T: Payload, S: TaskService<T>, C: Codec> Handover<T, S, C> {
                   "more instances than partitions: this instance idles");
         }
         self.idle = idle;
-        match &self.assignment {
-            Some(tx) => {
-                tx.send_replace(a);
-            }
-            None => self.assignment = Some(watch::Sender::new(a)),
-        }
+        let first = self.assignment.is_none();
+        let assignment = self
+            .assignment
+            .get_or_insert_with(|| watch::Sender::new(a))
+            .clone();
         let effects = self.machine.assigned(a, now);
         self.apply(effects);
+        // Only now, with the released partitions stopped: a task their
+        // workers fetched before runs under the assignment that owned its
+        // partition (one started after the stop is handed back instead).
+        if !first {
+            assignment.send_replace(a);
+        }
     }
 
     /// Rules 5 and 6: stop every owned partition now (running tasks are
@@ -316,6 +321,9 @@ impl<T: Payload, S: TaskService<T>, C: Codec> Handover<T, S, C> {
         let deadline = Instant::now() + left;
         let worker = self.workers.remove(&p);
         if let Some(worker) = &worker {
+            // Now, not when the drain task first runs: tasks fetched from
+            // here on are handed back, and none sees the next assignment.
+            worker.ownership().stop.cancel();
             self.draining.insert(p, worker.ownership().clone());
         }
         let handle = self.drains.spawn(async move {
