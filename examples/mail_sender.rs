@@ -2,21 +2,30 @@
 //! name and a `produce`, and watch them split the work.
 //!
 //! ```text
-//! mail_sender consume --redis URL --name NAME [--interval-ms N] [--drain-ms N] [--work-ms N] [--print-tasks]
-//! mail_sender produce --redis URL --name NAME --count N [--batch N] [--rate N]
+//! mail_sender consume --redis URL --name NAME [--interval-ms N] [--drain-ms N] [--skew-ms N] [--work-ms N] [--print-tasks] [--print-events]
+//! mail_sender produce --redis URL --name NAME --count N [--batch N] [--rate N] [--print-enqueued]
 //! ```
 //!
-//! With `--print-tasks` a consumer prints one line per task whose handler
-//! succeeded, on stdout, before the task is acked:
-//! `handled seq=<seq> id=<task id> partition=<p> index=<i> replicas=<r> epoch=<e> attempt=<a>`.
-//! Without it, one status line per second. Logs go to stderr.
+//! With `--print-tasks` a consumer prints, on stdout, a line when a task's
+//! handler starts and one when it succeeded (before the task is acked):
+//! `start seq=<seq> partition=<p> epoch=<e> token=<t> attempt=<a> at=<µs>` and
+//! `handled seq=<seq> id=<task id> partition=<p> index=<i> replicas=<r> epoch=<e> token=<t> attempt=<a> at=<µs>`
+//! (`at`: microseconds since the Unix epoch). With `--print-events` it prints
+//! its partitions' changes, `event partition=<p> change=started|stopped|drained token=<t> at=<µs>`,
+//! and its standing, `standing kind=assigned|fenced|left epoch=<e> at=<µs>`.
+//! Without either, one status line per second. Logs go to stderr.
+//!
+//! The producer retries a batch that failed (Redis restarting, say) until it
+//! is enqueued; with `--print-enqueued` it prints `enqueued from=<seq> to=<seq>`
+//! (exclusive) once a batch's enqueue returned success.
 
 use std::io::Write;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use clap::{Parser, Subcommand};
+use peerq::consumer::{PartitionChange, PartitionEvent};
 use peerq::indexer::Standing;
 use peerq::producer::Producer;
 use peerq::{Consumer, Handler, HandlerError, TaskContext};
@@ -45,12 +54,18 @@ enum Command {
         /// The drain timeout.
         #[arg(long, default_value_t = 300)]
         drain_ms: u64,
+        /// The tolerated clock skew.
+        #[arg(long, default_value_t = 50)]
+        skew_ms: u64,
         /// How long each task takes.
         #[arg(long, default_value_t = 0)]
         work_ms: u64,
-        /// Print one line per handled task instead of a status line per second.
+        /// Print a line when each task starts and when it succeeded.
         #[arg(long)]
         print_tasks: bool,
+        /// Print the partitions' changes and the instance's standing.
+        #[arg(long)]
+        print_events: bool,
     },
     /// Enqueue `count` mails with sequence numbers 0..count.
     Produce {
@@ -69,6 +84,9 @@ enum Command {
         /// Tasks per second (0: as fast as possible).
         #[arg(long, default_value_t = 0)]
         rate: u64,
+        /// Print a line per batch once its enqueue returned success.
+        #[arg(long)]
+        print_enqueued: bool,
     },
 }
 
@@ -90,12 +108,28 @@ impl Handler for SendMail {
     type Task = Mail;
 
     async fn handle(&self, mail: Mail, cx: TaskContext) -> Result<(), HandlerError> {
+        if self.print {
+            say(&format!(
+                "start seq={} partition={} epoch={} token={} attempt={} at={}",
+                mail.seq,
+                cx.partition(),
+                cx.epoch(),
+                cx.fencing_token(),
+                cx.attempt(),
+                micros(SystemTime::now())
+            ))?;
+        }
         if !self.work.is_zero() {
-            tokio::time::sleep(self.work).await;
+            // A real sender would stop between steps; give up when the
+            // partition's drain timeout (or a lapsed lease) cancels us.
+            tokio::select! {
+                _ = tokio::time::sleep(self.work) => {}
+                _ = cx.cancelled() => return Err(HandlerError::msg("cancelled")),
+            }
         }
         if self.print {
-            let line = format!(
-                "handled seq={} id={} partition={} index={} replicas={} epoch={} token={} attempt={}\n",
+            say(&format!(
+                "handled seq={} id={} partition={} index={} replicas={} epoch={} token={} attempt={} at={}",
                 mail.seq,
                 cx.task_id(),
                 cx.partition(),
@@ -103,16 +137,26 @@ impl Handler for SendMail {
                 cx.replicas(),
                 cx.epoch(),
                 cx.fencing_token(),
-                cx.attempt()
-            );
-            // One write per line, flushed, so concurrent lines never mix.
-            let mut out = std::io::stdout().lock();
-            out.write_all(line.as_bytes())?;
-            out.flush()?;
+                cx.attempt(),
+                micros(SystemTime::now())
+            ))?;
         }
         self.handled.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
+}
+
+/// Writes one line to stdout, flushed, so concurrent lines never mix.
+fn say(line: &str) -> std::io::Result<()> {
+    let mut out = std::io::stdout().lock();
+    out.write_all(line.as_bytes())?;
+    out.write_all(b"\n")?;
+    out.flush()
+}
+
+/// Microseconds since the Unix epoch.
+fn micros(t: SystemTime) -> u128 {
+    t.duration_since(UNIX_EPOCH).unwrap_or_default().as_micros()
 }
 
 #[tokio::main]
@@ -129,45 +173,105 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             name,
             interval_ms,
             drain_ms,
+            skew_ms,
             work_ms,
             print_tasks,
-        } => consume(redis, name, interval_ms, drain_ms, work_ms, print_tasks).await?,
+            print_events,
+        } => {
+            let settings = Settings {
+                interval: Duration::from_millis(interval_ms),
+                drain: Duration::from_millis(drain_ms),
+                skew: Duration::from_millis(skew_ms),
+                work: Duration::from_millis(work_ms),
+            };
+            consume(redis, name, settings, print_tasks, print_events).await?
+        }
         Command::Produce {
             redis,
             name,
             count,
             batch,
             rate,
-        } => produce(redis, name, count, batch, rate).await?,
+            print_enqueued,
+        } => produce(redis, name, count, batch, rate, print_enqueued).await?,
     }
     Ok(())
+}
+
+/// A consumer's timing settings.
+struct Settings {
+    interval: Duration,
+    drain: Duration,
+    skew: Duration,
+    work: Duration,
 }
 
 async fn consume(
     redis: String,
     name: String,
-    interval_ms: u64,
-    drain_ms: u64,
-    work_ms: u64,
-    print: bool,
+    settings: Settings,
+    print_tasks: bool,
+    print_events: bool,
 ) -> peerq::Result<()> {
     let handled = Arc::new(AtomicU64::new(0));
     let builder = Consumer::builder()
         .name(&name)
         .redis(redis)
-        .interval(Duration::from_millis(interval_ms))
-        .drain_timeout(Duration::from_millis(drain_ms))
+        .interval(settings.interval)
+        .drain_timeout(settings.drain)
+        .skew(settings.skew)
         .handler(SendMail {
-            work: Duration::from_millis(work_ms),
-            print,
+            work: settings.work,
+            print: print_tasks,
             handled: handled.clone(),
         });
-    if !print {
+    if print_events {
+        tokio::spawn(events(builder.partition_events(), builder.standing()));
+    } else if !print_tasks {
         tokio::spawn(status(name, builder.standing(), handled.clone()));
     }
     builder.run().await?;
     eprintln!("stopped: handled {} tasks", handled.load(Ordering::Relaxed));
     Ok(())
+}
+
+/// Prints the partitions' changes and the instance's standing as they come.
+async fn events(
+    mut events: tokio::sync::broadcast::Receiver<PartitionEvent>,
+    mut standing: tokio::sync::watch::Receiver<Standing>,
+) {
+    loop {
+        let line = tokio::select! {
+            event = events.recv() => match event {
+                Ok(e) => {
+                    let (change, token) = match e.change {
+                        PartitionChange::Started { token } => ("started", token),
+                        PartitionChange::Stopped => ("stopped", 0),
+                        PartitionChange::Drained => ("drained", 0),
+                        _ => ("other", 0),
+                    };
+                    format!("event partition={} change={change} token={token} at={}", e.partition, micros(e.at))
+                }
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => format!("lagged events={n}"),
+                Err(_) => return,
+            },
+            changed = standing.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+                let (kind, epoch) = match &*standing.borrow_and_update() {
+                    Standing::Assigned(a) => ("assigned", a.epoch),
+                    Standing::Fenced { epoch, .. } => ("fenced", *epoch),
+                    Standing::Left { epoch } => ("left", *epoch),
+                    _ => ("joining", 0),
+                };
+                format!("standing kind={kind} epoch={epoch} at={}", micros(SystemTime::now()))
+            }
+        };
+        if say(&line).is_err() {
+            return;
+        }
+    }
 }
 
 /// One line per second: where this instance stands and what it did.
@@ -210,6 +314,7 @@ async fn produce(
     count: u64,
     batch: u64,
     rate: u64,
+    print: bool,
 ) -> peerq::Result<()> {
     let producer = Producer::connect(&redis, &name).await?;
     let started = Instant::now();
@@ -223,7 +328,17 @@ async fn produce(
                 to: format!("user-{s}@example.com"),
             })
             .collect();
-        producer.enqueue_batch(&mails).await?;
+        // Until it lands: Redis may be restarting. (An ambiguous failure,
+        // where the batch landed but the reply was lost, enqueues it twice.)
+        let mut backoff = Duration::from_millis(50);
+        while let Err(e) = producer.enqueue_batch(&mails).await {
+            eprintln!("enqueue failed ({e}); retrying in {backoff:?}");
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(Duration::from_secs(1));
+        }
+        if print {
+            let _ = say(&format!("enqueued from={seq} to={end}"));
+        }
         seq = end;
         if rate > 0 {
             // Spread the tasks over time: batch k is due at k*batch/rate.

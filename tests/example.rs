@@ -96,6 +96,9 @@ fn three_example_consumers_handle_every_task_exactly_once_on_its_owner() {
         let handled = handled.clone();
         std::thread::spawn(move || {
             for line in BufReader::new(out).lines().map_while(Result::ok) {
+                if line.starts_with("start ") {
+                    continue;
+                }
                 let parsed =
                     parse(consumer, &line).unwrap_or_else(|| panic!("unexpected line: {line}"));
                 handled.lock().unwrap().push(parsed);

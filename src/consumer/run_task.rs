@@ -90,6 +90,30 @@ impl<T: Payload, S: TaskService<T>, C: Codec> RunTask<T, S, C> {
         lock(&self.held).remove(&stream_id);
     }
 
+    /// An entry claimed from another consumer (a crashed or fenced
+    /// instance, a lost ack): it may have run there, so it is enqueued
+    /// again with `attempt + 1` (DESIGN.md §5.3: a task that may run twice
+    /// says so in its attempt number) and runs when fetched. One that does
+    /// not parse goes where `run` sends it (the dead letters).
+    pub(crate) async fn take_over(self, raw: StreamId) {
+        let Ok(entry) = Entry::parse(&raw.map) else {
+            return self.run(raw).await;
+        };
+        let next = Entry {
+            attempt: entry.attempt + 1,
+            ..entry
+        };
+        let stream = self.ownership.fence.stream();
+        self.move_entry(
+            stream,
+            &raw.id,
+            &next.fields(),
+            "taking over a claimed entry",
+        )
+        .await;
+        lock(&self.held).remove(&raw.id);
+    }
+
     /// Runs the entry; on success returns the ack's confirmation.
     async fn execute(&self, raw: StreamId) -> Option<oneshot::Receiver<Acked>> {
         let entry = match Entry::parse(&raw.map) {

@@ -573,7 +573,8 @@ impl<T: Payload, S: TaskService<T>, C: Codec> Fetcher<T, S, C> {
                         id = entry.id,
                         "claimed a pending entry"
                     );
-                    self.spawn_task(entry);
+                    let run = self.run_task();
+                    self.tracker.spawn(run.take_over(entry));
                 }
             }
             if reply.next_stream_id == "0-0" {
@@ -585,7 +586,12 @@ impl<T: Payload, S: TaskService<T>, C: Codec> Fetcher<T, S, C> {
 
     /// Runs `entry` in its own task, once the instance has room for it.
     fn spawn_task(&self, entry: StreamId) {
-        let run = RunTask {
+        let run = self.run_task();
+        self.tracker.spawn(run.run(entry));
+    }
+
+    fn run_task(&self) -> RunTask<T, S, C> {
+        RunTask {
             shared: self.shared.clone(),
             partition: self.partition,
             assignment: *self.assignment.borrow(),
@@ -593,7 +599,6 @@ impl<T: Payload, S: TaskService<T>, C: Codec> Fetcher<T, S, C> {
             cancel: self.ownership.cancel.child_token(),
             ownership: self.ownership.clone(),
             held: self.held.clone(),
-        };
-        self.tracker.spawn(run.run(entry));
+        }
     }
 }

@@ -162,7 +162,15 @@ impl RedisServer {
     /// dir. It keeps only what the AOF held (everything acknowledged, since
     /// `appendfsync always`), and nothing without AOF.
     pub fn kill_and_restart(&mut self) {
+        self.kill_and_restart_after(Duration::ZERO);
+    }
+
+    /// Crash, stay down for `down`, then restart as
+    /// [`kill_and_restart`](Self::kill_and_restart) does: clients see
+    /// refused connections meanwhile.
+    pub fn kill_and_restart_after(&mut self, down: Duration) {
         self.kill();
+        thread::sleep(down);
         if !self.opts.aof {
             // A `dump.rdb` left by an earlier `restart()` would bring back
             // old data, which a server without persistence never has.

@@ -1,0 +1,816 @@
+//! The delivery guarantees of DESIGN.md §5, with consumers as separate
+//! processes (the `mail_sender` example) that join, leave, crash, stall and
+//! lose Redis while tasks flow. Each scenario is bounded in time, and they
+//! run one after another: the machine has 2 cores.
+//!
+//! Every consumer prints a line when a task starts and when it succeeded,
+//! its partitions' changes and its standing (`--print-tasks
+//! --print-events`); the tests check those lines against what they did to
+//! the processes, and print the pause of the moved partitions for each churn
+//! event next to the simulation's figures.
+
+mod support;
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use deadpool_redis::redis;
+use support::{RedisServer, ServerOptions, unique_name};
+
+/// The scenarios share the machine's two cores: one at a time.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The service's timing (DESIGN.md §5 scenarios): I = 1 s, drain 0.3 s,
+/// tolerated skew 100 ms.
+const INTERVAL_MS: u64 = 1000;
+const DRAIN_MS: u64 = 300;
+const SKEW_MS: u64 = 100;
+/// How long each task takes: long enough that drains and crashes catch
+/// tasks in flight.
+const WORK_MS: u64 = 20;
+const PARTITIONS: u32 = 64;
+
+/// The example binary, built by `cargo test` next to the test binaries.
+fn example_binary() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let dir = exe.parent().unwrap().parent().unwrap();
+    let path = dir.join("examples").join("mail_sender");
+    assert!(
+        path.exists(),
+        "{} is missing: run the tests with `cargo test` (it builds the examples)",
+        path.display()
+    );
+    path
+}
+
+fn now_us() -> u128 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_micros()
+}
+
+/// What a consumer printed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum What {
+    Start,
+    Handled,
+    Started { token: u64 },
+    Stopped,
+    Drained,
+    Fenced,
+}
+
+#[derive(Debug, Clone)]
+struct Line {
+    consumer: usize,
+    what: What,
+    seq: u64,
+    partition: u32,
+    token: u64,
+    attempt: u32,
+    /// Microseconds since the Unix epoch.
+    at: u128,
+}
+
+fn parse(consumer: usize, line: &str) -> Option<Line> {
+    let (head, rest) = line.split_once(' ')?;
+    let f: BTreeMap<&str, &str> = rest
+        .split(' ')
+        .filter_map(|kv| kv.split_once('='))
+        .collect();
+    let num = |k: &str| f.get(k).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+    let what = match (head, f.get("change").copied(), f.get("kind").copied()) {
+        ("start", _, _) => What::Start,
+        ("handled", _, _) => What::Handled,
+        ("event", Some("started"), _) => What::Started {
+            token: num("token"),
+        },
+        ("event", Some("stopped"), _) => What::Stopped,
+        ("event", Some("drained"), _) => What::Drained,
+        ("standing", _, Some("fenced")) => What::Fenced,
+        _ => return None,
+    };
+    Some(Line {
+        consumer,
+        what,
+        seq: num("seq"),
+        partition: num("partition") as u32,
+        token: num("token"),
+        attempt: num("attempt") as u32,
+        at: f.get("at")?.parse().ok()?,
+    })
+}
+
+/// A child process, killed if the test ends early.
+struct Proc(Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn signal(pid: u32, sig: &str) {
+    let _ = Command::new("kill")
+        .arg(format!("-{sig}"))
+        .arg(pid.to_string())
+        .status();
+}
+
+/// What happened to the processes, with the time.
+#[derive(Debug, Clone)]
+enum Churn {
+    Join(usize),
+    Leave(usize),
+    Kill(usize),
+    Stall(usize),
+    Resume(usize),
+    RedisRestart,
+}
+
+impl Churn {
+    fn label(&self) -> String {
+        match self {
+            Churn::Join(i) => format!("join c{i}"),
+            Churn::Leave(i) => format!("leave c{i}"),
+            Churn::Kill(i) => format!("kill c{i}"),
+            Churn::Stall(i) => format!("stall c{i}"),
+            Churn::Resume(i) => format!("resume c{i}"),
+            Churn::RedisRestart => "redis restart".to_owned(),
+        }
+    }
+}
+
+/// A service's consumers as child processes, and everything they printed.
+struct Fleet {
+    server: RedisServer,
+    name: String,
+    bin: PathBuf,
+    lines: Arc<Mutex<Vec<Line>>>,
+    consumers: Vec<Option<Proc>>,
+    churn: Vec<(u128, Churn)>,
+}
+
+impl Fleet {
+    fn new(prefix: &str, opts: ServerOptions) -> Fleet {
+        support::init_tracing();
+        Fleet {
+            server: RedisServer::start_with(opts),
+            name: unique_name(prefix),
+            bin: example_binary(),
+            lines: Arc::default(),
+            consumers: Vec::new(),
+            churn: Vec::new(),
+        }
+    }
+
+    /// Starts a consumer; returns its number.
+    fn join(&mut self) -> usize {
+        let id = self.consumers.len();
+        let mut child = Command::new(&self.bin)
+            .args([
+                "consume",
+                "--redis",
+                &self.server.url(),
+                "--name",
+                &self.name,
+            ])
+            .args(["--interval-ms", &INTERVAL_MS.to_string()])
+            .args(["--drain-ms", &DRAIN_MS.to_string()])
+            .args(["--skew-ms", &SKEW_MS.to_string()])
+            .args(["--work-ms", &WORK_MS.to_string()])
+            .args(["--print-tasks", "--print-events"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start a consumer");
+        let out = child.stdout.take().unwrap();
+        let lines = self.lines.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(out).lines().map_while(Result::ok) {
+                if let Some(parsed) = parse(id, &line) {
+                    lines.lock().unwrap().push(parsed);
+                }
+            }
+        });
+        self.consumers.push(Some(Proc(child)));
+        self.churn.push((now_us(), Churn::Join(id)));
+        id
+    }
+
+    fn pid(&self, id: usize) -> u32 {
+        self.consumers[id].as_ref().expect("running").0.id()
+    }
+
+    /// The consumers still running.
+    fn running(&self) -> Vec<usize> {
+        (0..self.consumers.len())
+            .filter(|i| self.consumers[*i].is_some())
+            .collect()
+    }
+
+    /// SIGTERM: a graceful leave, in the background.
+    fn leave(&mut self, id: usize) {
+        signal(self.pid(id), "TERM");
+        self.churn.push((now_us(), Churn::Leave(id)));
+    }
+
+    /// SIGKILL, at once.
+    fn kill(&mut self, id: usize) {
+        signal(self.pid(id), "KILL");
+        self.churn.push((now_us(), Churn::Kill(id)));
+        let mut proc = self.consumers[id].take().unwrap();
+        let _ = proc.0.wait();
+    }
+
+    fn stall(&mut self, id: usize) {
+        signal(self.pid(id), "STOP");
+        self.churn.push((now_us(), Churn::Stall(id)));
+    }
+
+    fn resume(&mut self, id: usize) {
+        signal(self.pid(id), "CONT");
+        self.churn.push((now_us(), Churn::Resume(id)));
+    }
+
+    /// Waits for a consumer that was told to leave to exit cleanly.
+    fn wait_exit(&mut self, id: usize, within: Duration) {
+        let mut proc = self.consumers[id].take().expect("running");
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(status) = proc.0.try_wait().unwrap() {
+                assert!(status.success(), "consumer {id} exited with {status}");
+                return;
+            }
+            assert!(Instant::now() < deadline, "consumer {id} did not exit");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Leaves with every running consumer and waits for them.
+    fn stop_all(&mut self) {
+        let running = self.running();
+        for id in &running {
+            signal(self.pid(*id), "TERM");
+        }
+        for id in running {
+            self.wait_exit(id, Duration::from_secs(20));
+        }
+    }
+
+    /// Runs the example producer of `count` tasks at `rate` per second in
+    /// the background; it prints the batches whose enqueue returned success.
+    fn produce(&self, count: u64, rate: u64) -> (Proc, Arc<Mutex<BTreeSet<u64>>>) {
+        let mut child = Command::new(&self.bin)
+            .args([
+                "produce",
+                "--redis",
+                &self.server.url(),
+                "--name",
+                &self.name,
+            ])
+            .args(["--count", &count.to_string(), "--batch", "50"])
+            .args(["--rate", &rate.to_string(), "--print-enqueued"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start the producer");
+        let out = child.stdout.take().unwrap();
+        let enqueued: Arc<Mutex<BTreeSet<u64>>> = Arc::default();
+        let e = enqueued.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(out).lines().map_while(Result::ok) {
+                let Some(rest) = line.strip_prefix("enqueued ") else {
+                    continue;
+                };
+                let f: BTreeMap<&str, u64> = rest
+                    .split(' ')
+                    .filter_map(|kv| kv.split_once('='))
+                    .filter_map(|(k, v)| Some((k, v.parse().ok()?)))
+                    .collect();
+                e.lock().unwrap().extend(f["from"]..f["to"]);
+            }
+        });
+        (Proc(child), enqueued)
+    }
+
+    fn lines(&self) -> Vec<Line> {
+        self.lines.lock().unwrap().clone()
+    }
+
+    /// Each seq's handled lines.
+    fn handled(&self) -> BTreeMap<u64, Vec<Line>> {
+        let mut by_seq: BTreeMap<u64, Vec<Line>> = BTreeMap::new();
+        for line in self.lines() {
+            if line.what == What::Handled {
+                by_seq.entry(line.seq).or_default().push(line);
+            }
+        }
+        by_seq
+    }
+
+    /// Waits until every seq in `want` was handled.
+    fn wait_handled(&self, want: impl Fn() -> BTreeSet<u64>, within: Duration) {
+        let deadline = Instant::now() + within;
+        loop {
+            let want = want();
+            let handled = self.handled();
+            let missing = want.iter().filter(|s| !handled.contains_key(s)).count();
+            if missing == 0 {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{missing} of {} tasks never handled",
+                want.len()
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    /// Pending entries over all partitions.
+    fn pending(&self) -> usize {
+        let mut conn = self.server.client().get_connection().unwrap();
+        (0..PARTITIONS)
+            .map(|p| {
+                let reply: redis::streams::StreamPendingReply = redis::cmd("XPENDING")
+                    .arg(format!("{{{}/{p}}}:stream", self.name))
+                    .arg("peerq")
+                    .query(&mut conn)
+                    .unwrap();
+                reply.count()
+            })
+            .sum()
+    }
+
+    fn wait_nothing_pending(&self) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while self.pending() > 0 {
+            assert!(Instant::now() < deadline, "entries still pending");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// When consumer `id` was stalled (SIGSTOP), if it was.
+    fn stalled_at(&self, id: usize) -> Option<u128> {
+        self.churn.iter().find_map(|(at, c)| match c {
+            Churn::Stall(k) if *k == id => Some(*at),
+            _ => None,
+        })
+    }
+
+    /// When consumer `id` was killed, if it was.
+    fn killed_at(&self, id: usize) -> Option<u128> {
+        self.churn.iter().find_map(|(at, c)| match c {
+            Churn::Kill(k) if *k == id => Some(*at),
+            _ => None,
+        })
+    }
+}
+
+/// One partition on one consumer, from Started to Stopped (or the kill).
+#[derive(Debug, Clone)]
+struct Stretch {
+    consumer: usize,
+    started: u128,
+    ended: Option<u128>,
+}
+
+/// Each partition's stretches, in the order they started.
+fn stretches(fleet: &Fleet, lines: &[Line]) -> BTreeMap<u32, Vec<Stretch>> {
+    let mut open: HashMap<(usize, u32), Stretch> = HashMap::new();
+    let mut done: BTreeMap<u32, Vec<Stretch>> = BTreeMap::new();
+    for l in lines {
+        let key = (l.consumer, l.partition);
+        match l.what {
+            What::Started { .. } => {
+                let s = Stretch {
+                    consumer: l.consumer,
+                    started: l.at,
+                    ended: None,
+                };
+                open.insert(key, s);
+            }
+            What::Stopped => {
+                if let Some(mut s) = open.remove(&key) {
+                    s.ended = Some(l.at);
+                    done.entry(l.partition).or_default().push(s);
+                }
+            }
+            _ => {}
+        }
+    }
+    for ((consumer, p), mut s) in open {
+        s.ended = fleet.killed_at(consumer);
+        done.entry(p).or_default().push(s);
+    }
+    // A stalled consumer does nothing from the moment it froze: for the
+    // pauses, its stretches end there (as a killed one's do).
+    for list in done.values_mut() {
+        for s in list.iter_mut() {
+            if let Some(frozen) = fleet.stalled_at(s.consumer)
+                && s.started < frozen
+                && s.ended.is_none_or(|e| e > frozen)
+            {
+                s.ended = Some(frozen);
+            }
+        }
+    }
+    for list in done.values_mut() {
+        list.sort_by_key(|s| s.started);
+    }
+    done
+}
+
+/// The pauses of moved partitions per churn event (by the event that came
+/// last before the old owner stopped), and a check that partitions never
+/// stop on a consumer only to start there again (kept partitions never
+/// pause), unless that consumer fenced itself meanwhile.
+fn pauses(fleet: &Fleet, lines: &[Line], until: u128) -> Vec<(String, Vec<Duration>)> {
+    let fenced: BTreeSet<usize> = lines
+        .iter()
+        .filter(|l| l.what == What::Fenced)
+        .map(|l| l.consumer)
+        .collect();
+    let mut per_event: BTreeMap<usize, Vec<Duration>> = BTreeMap::new();
+    for (p, list) in stretches(fleet, lines) {
+        for pair in list.windows(2) {
+            let (old, new) = (&pair[0], &pair[1]);
+            let Some(ended) = old.ended else { continue };
+            if ended >= until {
+                continue;
+            }
+            if old.consumer == new.consumer {
+                assert!(
+                    fenced.contains(&old.consumer),
+                    "partition {p} paused on consumer {} without moving or a fence",
+                    old.consumer
+                );
+                continue;
+            }
+            let Some(event) = fleet.churn.iter().rposition(|(at, _)| *at <= ended) else {
+                continue;
+            };
+            let pause = Duration::from_micros(new.started.saturating_sub(ended) as u64);
+            per_event.entry(event).or_default().push(pause);
+        }
+    }
+    if !fenced.is_empty() {
+        println!("consumers that fenced themselves at some point: {fenced:?}");
+    }
+    per_event
+        .into_iter()
+        .map(|(i, pauses)| (fleet.churn[i].1.label(), pauses))
+        .collect()
+}
+
+fn print_pauses(title: &str, rows: &[(String, Vec<Duration>)]) {
+    println!("{title}: pause of moved partitions per churn event (p50 / p99 / max, seconds)");
+    for (event, pauses) in rows {
+        let mut v = pauses.clone();
+        v.sort();
+        let at = |q: f64| v[((v.len() - 1) as f64 * q).round() as usize].as_secs_f64();
+        println!(
+            "  {event:<14} moved {:>2}: {:.2} / {:.2} / {:.2}",
+            v.len(),
+            at(0.5),
+            at(0.99),
+            at(1.0)
+        );
+    }
+    println!(
+        "  simulation (I = 1 s, drain 0.3 s, no skew): join 0.43 / 0.50 / 0.51, graceful leave 0.29 / 0.48 / 0.48, crash 2.08 / 2.66 / 2.67"
+    );
+}
+
+fn max_pause(rows: &[(String, Vec<Duration>)], kind: &str) -> Option<Duration> {
+    rows.iter()
+        .filter(|(e, _)| e.starts_with(kind))
+        .flat_map(|(_, v)| v.iter().copied())
+        .max()
+}
+
+/// A tiny seeded generator for the churn's moments (printed, so a failing
+/// run can be repeated with `PEERQ_SEED`).
+struct Rng(u64);
+
+impl Rng {
+    fn from_env() -> Rng {
+        let seed = std::env::var("PEERQ_SEED")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| now_us() as u64);
+        println!("seed {seed} (PEERQ_SEED to repeat)");
+        Rng(seed | 1)
+    }
+
+    fn next(&mut self) -> u64 {
+        // xorshift64*
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    /// A duration in `[lo, hi)`.
+    fn between(&mut self, lo: Duration, hi: Duration) -> Duration {
+        lo + Duration::from_millis(self.next() % (hi - lo).as_millis() as u64)
+    }
+
+    fn pick(&mut self, from: &[usize]) -> usize {
+        from[(self.next() % from.len() as u64) as usize]
+    }
+}
+
+#[test]
+fn graceful_churn_runs_every_task_exactly_once() {
+    let _serial = serial();
+    let mut rng = Rng::from_env();
+    let mut fleet = Fleet::new("graceful", ServerOptions::default());
+    for _ in 0..3 {
+        fleet.join();
+    }
+    std::thread::sleep(Duration::from_millis(2500));
+    let count = 100_000;
+    let (producer, _) = fleet.produce(count, 4000);
+    // 3 -> 6 -> 2 -> 5, at random moments while the tasks flow (25 s).
+    let mut leaving = Vec::new();
+    std::thread::sleep(rng.between(Duration::from_secs(1), Duration::from_secs(3)));
+    for _ in 0..3 {
+        fleet.join();
+        std::thread::sleep(rng.between(Duration::from_millis(100), Duration::from_millis(800)));
+    }
+    std::thread::sleep(rng.between(Duration::from_secs(3), Duration::from_secs(5)));
+    for _ in 0..4 {
+        let running: Vec<usize> = fleet
+            .running()
+            .into_iter()
+            .filter(|i| !leaving.contains(i))
+            .collect();
+        let id = rng.pick(&running);
+        fleet.leave(id);
+        leaving.push(id);
+        std::thread::sleep(rng.between(Duration::from_millis(100), Duration::from_millis(1500)));
+    }
+    std::thread::sleep(rng.between(Duration::from_secs(3), Duration::from_secs(5)));
+    for _ in 0..3 {
+        fleet.join();
+        std::thread::sleep(rng.between(Duration::from_millis(100), Duration::from_millis(800)));
+    }
+    for id in leaving {
+        fleet.wait_exit(id, Duration::from_secs(20));
+    }
+    drop(wait_child(producer, Duration::from_secs(60)));
+    fleet.wait_handled(|| (0..count).collect(), Duration::from_secs(60));
+    fleet.wait_nothing_pending();
+    let end = now_us();
+    fleet.stop_all();
+
+    let handled = fleet.handled();
+    let twice: Vec<_> = handled
+        .iter()
+        .filter(|(_, h)| h.len() > 1)
+        .take(5)
+        .collect();
+    assert!(twice.is_empty(), "tasks handled twice: {twice:?}");
+    assert_eq!(handled.len() as u64, count);
+    let lines = fleet.lines();
+    let rows = pauses(&fleet, &lines, end);
+    print_pauses("graceful churn (3 -> 6 -> 2 -> 5)", &rows);
+    println!("{count} tasks, each handled exactly once; nothing pending");
+    for kind in ["join", "leave"] {
+        let max = max_pause(&rows, kind).expect("partitions moved");
+        assert!(
+            max <= Duration::from_secs(3),
+            "a {kind} paused a partition for {max:?}"
+        );
+    }
+}
+
+/// Waits for a child to exit successfully.
+fn wait_child(mut proc: Proc, within: Duration) -> Proc {
+    let deadline = Instant::now() + within;
+    loop {
+        if let Some(status) = proc.0.try_wait().unwrap() {
+            assert!(status.success(), "exited with {status}");
+            return proc;
+        }
+        assert!(Instant::now() < deadline, "did not exit in time");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn crash_churn_runs_every_task_and_only_tasks_in_flight_on_a_killed_instance_twice() {
+    let _serial = serial();
+    let mut rng = Rng::from_env();
+    let mut fleet = Fleet::new("crash", ServerOptions::default());
+    for _ in 0..4 {
+        fleet.join();
+    }
+    std::thread::sleep(Duration::from_millis(2500));
+    let count = 40_000;
+    let (producer, _) = fleet.produce(count, 3000);
+    for _ in 0..3 {
+        std::thread::sleep(rng.between(Duration::from_secs(2), Duration::from_secs(4)));
+        let id = rng.pick(&fleet.running());
+        fleet.kill(id);
+        std::thread::sleep(rng.between(Duration::from_millis(200), Duration::from_millis(1500)));
+        fleet.join();
+    }
+    drop(wait_child(producer, Duration::from_secs(60)));
+    fleet.wait_handled(|| (0..count).collect(), Duration::from_secs(60));
+    fleet.wait_nothing_pending();
+    let end = now_us();
+    fleet.stop_all();
+
+    // At least once; twice only if in flight on a killed instance: started
+    // there shortly before the kill (a task takes 20 ms; its ack follows
+    // within milliseconds), and run again with a higher attempt.
+    let lines = fleet.lines();
+    let handled = fleet.handled();
+    assert_eq!(handled.len() as u64, count, "tasks lost");
+    let mut twice = 0;
+    for (seq, runs) in handled.iter().filter(|(_, h)| h.len() > 1) {
+        twice += 1;
+        let excused = lines.iter().any(|l| {
+            l.what == What::Start
+                && l.seq == *seq
+                && fleet
+                    .killed_at(l.consumer)
+                    .is_some_and(|k| l.at <= k && l.at + 2_000_000 >= k)
+        });
+        assert!(
+            excused,
+            "seq {seq} handled twice, not in flight on a killed instance: {runs:?}"
+        );
+        let attempts: BTreeSet<u32> = runs.iter().map(|r| r.attempt).collect();
+        assert_eq!(
+            attempts.len(),
+            runs.len(),
+            "seq {seq}: the re-run's attempt does not show it: {runs:?}"
+        );
+    }
+    // The tasks a kill caught in flight (started there, not handled there)
+    // ran again elsewhere, and their attempt says so.
+    let mut caught = 0;
+    for l in lines.iter().filter(|l| l.what == What::Start) {
+        let Some(k) = fleet.killed_at(l.consumer) else {
+            continue;
+        };
+        let done_there = handled[&l.seq]
+            .iter()
+            .any(|h| h.consumer == l.consumer && h.attempt == l.attempt);
+        if l.at > k || done_there {
+            continue;
+        }
+        caught += 1;
+        let again = handled[&l.seq].iter().map(|h| h.attempt).max().unwrap();
+        assert!(
+            again > l.attempt,
+            "seq {} ran again with attempt {again} after attempt {} was killed",
+            l.seq,
+            l.attempt
+        );
+    }
+    println!(
+        "{caught} tasks were in flight on killed instances; each ran again with a higher attempt"
+    );
+    assert!(
+        caught > 0,
+        "the kills caught no task in flight; the test shows nothing"
+    );
+    let rows = pauses(&fleet, &lines, end);
+    print_pauses(
+        "crash churn (4 instances, 3 SIGKILLs and replacements)",
+        &rows,
+    );
+    println!("{count} tasks handled; {twice} twice, each in flight on a killed instance");
+    let max = max_pause(&rows, "kill").expect("partitions moved after a crash");
+    assert!(
+        max <= Duration::from_secs(6),
+        "a crash paused a partition for {max:?}"
+    );
+}
+
+#[test]
+fn a_stalled_instance_neither_fetches_nor_acks_with_its_stale_assignment() {
+    let _serial = serial();
+    let mut fleet = Fleet::new("stall", ServerOptions::default());
+    for _ in 0..3 {
+        fleet.join();
+    }
+    std::thread::sleep(Duration::from_millis(2500));
+    let count = 20_000;
+    let (producer, _) = fleet.produce(count, 2000);
+    std::thread::sleep(Duration::from_secs(3));
+    let stalled = 1;
+    fleet.stall(stalled);
+    let stopped = now_us();
+    std::thread::sleep(Duration::from_millis(3 * INTERVAL_MS));
+    fleet.resume(stalled);
+    let resumed = now_us();
+    drop(wait_child(producer, Duration::from_secs(60)));
+    fleet.wait_handled(|| (0..count).collect(), Duration::from_secs(60));
+    fleet.wait_nothing_pending();
+    fleet.stop_all();
+
+    let lines = fleet.lines();
+    // The tasks it was running when it froze: started, not yet handled.
+    let mine = |l: &Line| l.consumer == stalled;
+    let started_before: BTreeSet<u64> = lines
+        .iter()
+        .filter(|l| mine(l) && l.what == What::Start && l.at < stopped)
+        .map(|l| l.seq)
+        .collect();
+    let handled_before: BTreeSet<u64> = lines
+        .iter()
+        .filter(|l| mine(l) && l.what == What::Handled && l.at < stopped)
+        .map(|l| l.seq)
+        .collect();
+    let in_flight: BTreeSet<u64> = started_before
+        .difference(&handled_before)
+        .copied()
+        .collect();
+    // After it resumed, nothing starts on it under a token it held before:
+    // only partitions it acquired anew.
+    let old_tokens: BTreeSet<(u32, u64)> = lines
+        .iter()
+        .filter(|l| mine(l) && l.at < stopped)
+        .filter_map(|l| match l.what {
+            What::Started { token } => Some((l.partition, token)),
+            _ => None,
+        })
+        .collect();
+    let stale_starts: Vec<&Line> = lines
+        .iter()
+        .filter(|l| mine(l) && l.what == What::Start && l.at > resumed)
+        .filter(|l| old_tokens.contains(&(l.partition, l.token)))
+        .collect();
+    assert!(
+        stale_starts.is_empty(),
+        "started with a stale assignment: {:?}",
+        &stale_starts[..stale_starts.len().min(3)]
+    );
+    // No task runs twice except those it was running when it froze.
+    let handled = fleet.handled();
+    assert_eq!(handled.len() as u64, count, "tasks lost");
+    let twice: Vec<u64> = handled
+        .iter()
+        .filter(|(_, h)| h.len() > 1)
+        .map(|(s, _)| *s)
+        .collect();
+    for seq in &twice {
+        assert!(
+            in_flight.contains(seq),
+            "seq {seq} handled twice but was not in flight on the stalled instance"
+        );
+    }
+    let rows = pauses(&fleet, &lines, resumed);
+    print_pauses("stall (SIGSTOP for 3 intervals)", &rows);
+    println!(
+        "{count} tasks handled; {} were in flight on the stalled instance, {} of them ran twice",
+        in_flight.len(),
+        twice.len()
+    );
+}
+
+#[test]
+fn a_redis_restart_loses_no_task_whose_enqueue_succeeded() {
+    let _serial = serial();
+    let mut fleet = Fleet::new("restart", ServerOptions { aof: true });
+    for _ in 0..3 {
+        fleet.join();
+    }
+    std::thread::sleep(Duration::from_millis(2500));
+    let count = 20_000;
+    let (producer, enqueued) = fleet.produce(count, 2000);
+    std::thread::sleep(Duration::from_secs(3));
+    fleet.churn.push((now_us(), Churn::RedisRestart));
+    fleet.server.kill_and_restart_after(Duration::from_secs(2));
+    drop(wait_child(producer, Duration::from_secs(90)));
+    let all = enqueued.lock().unwrap().clone();
+    assert_eq!(
+        all.len() as u64,
+        count,
+        "the producer reconnected and enqueued everything"
+    );
+    fleet.wait_handled(|| all.clone(), Duration::from_secs(90));
+    fleet.wait_nothing_pending();
+    fleet.stop_all();
+    let handled = fleet.handled();
+    let twice = handled.values().filter(|h| h.len() > 1).count();
+    println!(
+        "{count} tasks enqueued with success, all handled after a Redis crash and restart ({twice} twice: in flight when Redis went away)"
+    );
+}
