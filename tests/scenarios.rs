@@ -157,6 +157,8 @@ struct Fleet {
     name: String,
     bin: PathBuf,
     lines: Arc<Mutex<Vec<Line>>>,
+    /// Log lines saying Redis refused a consumer's stale write.
+    refusals: Arc<Mutex<Vec<(usize, String)>>>,
     consumers: Vec<Option<Proc>>,
     churn: Vec<(u128, Churn)>,
 }
@@ -169,6 +171,7 @@ impl Fleet {
             name: unique_name(prefix),
             bin: example_binary(),
             lines: Arc::default(),
+            refusals: Arc::default(),
             consumers: Vec::new(),
             churn: Vec::new(),
         }
@@ -191,9 +194,20 @@ impl Fleet {
             .args(["--work-ms", &WORK_MS.to_string()])
             .args(["--print-tasks", "--print-events"])
             .stdout(Stdio::piped())
-            .stderr(Stdio::null())
+            .stderr(Stdio::piped())
             .spawn()
             .expect("start a consumer");
+        // Its log (warnings and errors): the lines where Redis refused a
+        // stale write are kept.
+        let err = child.stderr.take().unwrap();
+        let refusals = self.refusals.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(err).lines().map_while(Result::ok) {
+                if line.contains("fenced: another instance owns the partition now") {
+                    refusals.lock().unwrap().push((id, line));
+                }
+            }
+        });
         let out = child.stdout.take().unwrap();
         let lines = self.lines.clone();
         std::thread::spawn(move || {
@@ -726,22 +740,21 @@ fn a_stalled_instance_neither_fetches_nor_acks_with_its_stale_assignment() {
     fleet.stop_all();
 
     let lines = fleet.lines();
-    // The tasks it was running when it froze: started, not yet handled.
+    // The tasks in flight when it froze: started there, and not finished,
+    // or finished so shortly before that the ack may not have landed (acks
+    // are sent in batches within milliseconds; 500 ms is generous).
     let mine = |l: &Line| l.consumer == stalled;
     let started_before: BTreeSet<u64> = lines
         .iter()
         .filter(|l| mine(l) && l.what == What::Start && l.at < stopped)
         .map(|l| l.seq)
         .collect();
-    let handled_before: BTreeSet<u64> = lines
+    let acked_before: BTreeSet<u64> = lines
         .iter()
-        .filter(|l| mine(l) && l.what == What::Handled && l.at < stopped)
+        .filter(|l| mine(l) && l.what == What::Handled && l.at + 500_000 < stopped)
         .map(|l| l.seq)
         .collect();
-    let in_flight: BTreeSet<u64> = started_before
-        .difference(&handled_before)
-        .copied()
-        .collect();
+    let in_flight: BTreeSet<u64> = started_before.difference(&acked_before).copied().collect();
     // After it resumed, nothing starts on it under a token it held before:
     // only partitions it acquired anew.
     let old_tokens: BTreeSet<(u32, u64)> = lines
@@ -773,9 +786,26 @@ fn a_stalled_instance_neither_fetches_nor_acks_with_its_stale_assignment() {
     for seq in &twice {
         assert!(
             in_flight.contains(seq),
-            "seq {seq} handled twice but was not in flight on the stalled instance"
+            "seq {seq} handled twice but was not in flight on the stalled instance: {:?}",
+            lines
+                .iter()
+                .filter(|l| l.seq == *seq && matches!(l.what, What::Start | What::Handled))
+                .collect::<Vec<_>>()
         );
     }
+    // What it finished after it resumed, it could not ack: Redis refused
+    // its writes (logged once per partition, whichever write came first).
+    let finished_late = lines.iter().any(|l| {
+        mine(l) && l.what == What::Handled && l.at > resumed && in_flight.contains(&l.seq)
+    });
+    let refusals = fleet.refusals.lock().unwrap().clone();
+    let refused = refusals.iter().filter(|(c, _)| *c == stalled).count();
+    if finished_late {
+        assert!(refused > 0, "its late acks were not refused: {refusals:?}");
+    }
+    println!(
+        "the stalled instance finished tasks after it resumed: {finished_late}; partitions where Redis refused its writes: {refused}"
+    );
     let rows = pauses(&fleet, &lines, resumed);
     print_pauses("stall (SIGSTOP for 3 intervals)", &rows);
     println!(

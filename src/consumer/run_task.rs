@@ -116,6 +116,12 @@ impl<T: Payload, S: TaskService<T>, C: Codec> RunTask<T, S, C> {
 
     /// Runs the entry; on success returns the ack's confirmation.
     async fn execute(&self, raw: StreamId) -> Option<oneshot::Receiver<Acked>> {
+        // Rule 6, as late as possible: waiting for room may have outlived
+        // the lease (a frozen process resumes here, say).
+        if !self.lease.valid() {
+            self.hand_back(raw).await;
+            return None;
+        }
         let entry = match Entry::parse(&raw.map) {
             Ok(entry) => entry,
             Err(e) => {
