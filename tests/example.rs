@@ -10,19 +10,10 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use support::{RedisServer, unique_name};
+use support::{Proc, RedisServer, unique_name};
 
-/// The example binary, built by `cargo test` next to the test binaries.
 fn example_binary() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let dir = exe.parent().unwrap().parent().unwrap();
-    let path = dir.join("examples").join("mail_sender");
-    assert!(
-        path.exists(),
-        "{} is missing: run the tests with `cargo test` (it builds the examples)",
-        path.display()
-    );
-    path
+    support::example_binary("mail_sender")
 }
 
 /// One `handled ...` line.
@@ -54,21 +45,8 @@ fn parse(consumer: usize, line: &str) -> Option<Handled> {
     })
 }
 
-/// A child process that is killed if the test ends early.
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 fn sigterm(child: &Child) {
-    let _ = Command::new("kill")
-        .arg("-TERM")
-        .arg(child.id().to_string())
-        .status();
+    support::signal(child.id(), "TERM");
 }
 
 #[test]

@@ -14,12 +14,12 @@ mod support;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use deadpool_redis::redis;
-use support::{RedisServer, ServerOptions, unique_name};
+use support::{Proc, RedisServer, ServerOptions, signal, unique_name};
 
 /// The scenarios share the machine's two cores: one at a time.
 static SERIAL: Mutex<()> = Mutex::new(());
@@ -38,17 +38,8 @@ const SKEW_MS: u64 = 100;
 const WORK_MS: u64 = 20;
 const PARTITIONS: u32 = 64;
 
-/// The example binary, built by `cargo test` next to the test binaries.
 fn example_binary() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let dir = exe.parent().unwrap().parent().unwrap();
-    let path = dir.join("examples").join("mail_sender");
-    assert!(
-        path.exists(),
-        "{} is missing: run the tests with `cargo test` (it builds the examples)",
-        path.display()
-    );
-    path
+    support::example_binary("mail_sender")
 }
 
 fn now_us() -> u128 {
@@ -108,23 +99,6 @@ fn parse(consumer: usize, line: &str) -> Option<Line> {
         attempt: num("attempt") as u32,
         at: f.get("at")?.parse().ok()?,
     })
-}
-
-/// A child process, killed if the test ends early.
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn signal(pid: u32, sig: &str) {
-    let _ = Command::new("kill")
-        .arg(format!("-{sig}"))
-        .arg(pid.to_string())
-        .status();
 }
 
 /// What happened to the processes, with the time.

@@ -17,6 +17,7 @@
 // private in every test binary, so rustc would call each of them unreachable.
 #![allow(unreachable_pub)]
 
+mod process;
 mod proxy;
 mod redis_server;
 
@@ -29,6 +30,8 @@ use deadpool_redis::redis;
 
 // Same reason as `dead_code` above: a binary that never names one of these
 // would see its re-export as an unused import.
+#[allow(unused_imports)]
+pub use process::{Proc, example_binary, signal};
 #[allow(unused_imports)]
 pub use proxy::Proxy;
 #[allow(unused_imports)]
