@@ -16,6 +16,7 @@ mod acker;
 mod builder;
 mod event;
 mod handover;
+mod held;
 mod lease;
 mod run_task;
 mod runtime;

@@ -16,8 +16,9 @@ use tower::ServiceExt;
 use tracing::{Instrument, Span, error, info_span, warn};
 
 use super::acker::{Ack, Acked};
+use super::held::Held;
 use super::lease::Lease;
-use super::worker::{Held, Ownership, lock};
+use super::worker::Ownership;
 use super::{Payload, Shared, TaskService};
 use crate::assignment::Assignment;
 use crate::codec::Codec;
@@ -87,7 +88,7 @@ impl<T: Payload, S: TaskService<T>, C: Codec> RunTask<T, S, C> {
             }
             None => self.hand_back(raw).await,
         }
-        lock(&self.held).remove(&stream_id);
+        self.held.release(&stream_id);
     }
 
     /// An entry claimed from another consumer (a crashed or fenced
@@ -111,7 +112,7 @@ impl<T: Payload, S: TaskService<T>, C: Codec> RunTask<T, S, C> {
             "taking over a claimed entry",
         )
         .await;
-        lock(&self.held).remove(&raw.id);
+        self.held.release(&raw.id);
     }
 
     /// Runs the entry; on success returns the ack's confirmation.

@@ -14,10 +14,9 @@
 //! re-reads its own pending entries (`0`), because a read that failed on the
 //! client may still have been delivered into its pending list.
 
-use std::collections::HashSet;
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, LazyLock, Mutex};
+use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use deadpool_redis::redis::streams::{StreamId, StreamReadOptions, StreamReadReply};
@@ -29,6 +28,7 @@ use tokio_util::sync::{CancellationToken, DropGuard};
 use tokio_util::task::TaskTracker;
 use tracing::{debug, error, warn};
 
+use super::held::Held;
 use super::lease::Lease;
 use super::run_task::RunTask;
 use super::{Payload, Shared, TaskService};
@@ -50,11 +50,6 @@ const KILL_TIMEOUT: Duration = Duration::from_secs(1);
 
 static TRIM: LazyLock<redis::Script> =
     LazyLock::new(|| redis::Script::new(include_str!("../scripts/trim.lua")));
-
-/// The stream ids this instance holds in one partition: fetched, running,
-/// or finished and waiting for their ack to land. Skipped when re-reading
-/// the pending list, and kept fresh so nobody claims them.
-pub(crate) type Held = Arc<Mutex<HashSet<String>>>;
 
 /// What a worker tells the runtime.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -131,7 +126,7 @@ impl Worker {
         let reader = Arc::new(AtomicU64::new(0));
         let conn = shared.conn.clone();
         let tracker = TaskTracker::new();
-        let held: Held = Arc::default();
+        let held = Held::default();
         let acquired = CancellationToken::new();
         tokio::spawn(housekeeping(
             shared.clone(),
@@ -280,7 +275,7 @@ async fn housekeeping<T, S, C>(
 }
 
 async fn keep_fresh<T, S, C>(shared: &Shared<T, S, C>, ownership: &Ownership, held: &Held) {
-    let ids: Vec<String> = lock(held).iter().cloned().collect();
+    let ids = held.ids();
     for chunk in ids.chunks(KEEP_CHUNK) {
         let kept = ownership
             .fence
@@ -305,10 +300,6 @@ async fn trim<T, S, C>(shared: &Shared<T, S, C>, stream: &str) {
         Ok(n) => debug!(stream, trimmed = n, "trimmed acknowledged entries"),
         Err(e) => warn!(stream, cause = %e, "trim failed"),
     }
-}
-
-pub(crate) fn lock(held: &Held) -> std::sync::MutexGuard<'_, HashSet<String>> {
-    held.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// A worker's own connection for blocking reads, and its id on the server
@@ -345,6 +336,7 @@ impl<T: Payload, S: TaskService<T>, C: Codec> Fetcher<T, S, C> {
         // Where the re-read of this instance's own pending list stands;
         // `None` once it is done and new entries (`>`) are read.
         let mut pending_from = Some("0".to_owned());
+        self.held.begin_reread();
         // Rule 3: on acquire, take over whatever other consumers still hold
         // in the partition (the old owner has drained or its deadline
         // passed); later, only what stayed idle for `claim_idle`.
@@ -441,6 +433,7 @@ impl<T: Payload, S: TaskService<T>, C: Codec> Fetcher<T, S, C> {
                     }
                     reader = None;
                     pending_from = Some("0".to_owned());
+                    self.held.begin_reread();
                     if stopping {
                         return;
                     }
@@ -456,10 +449,14 @@ impl<T: Payload, S: TaskService<T>, C: Codec> Fetcher<T, S, C> {
                 }
             }
             for entry in entries {
-                // A pending entry this instance holds already.
-                if lock(&self.held).insert(entry.id.clone()) {
+                // Not one this worker holds already, or finished during
+                // the re-read.
+                if self.held.take(&entry.id) {
                     self.spawn_task(entry);
                 }
+            }
+            if pending_from.is_none() {
+                self.held.end_reread();
             }
             if stopping {
                 return;
@@ -567,7 +564,7 @@ impl<T: Payload, S: TaskService<T>, C: Codec> Fetcher<T, S, C> {
                 return Ok(());
             };
             for entry in reply.claimed {
-                if lock(&self.held).insert(entry.id.clone()) {
+                if self.held.take(&entry.id) {
                     debug!(
                         partition = self.partition,
                         id = entry.id,

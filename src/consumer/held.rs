@@ -1,0 +1,83 @@
+//! The entries a worker holds in its partition: fetched, running, or
+//! finished and waiting for their ack to land.
+//!
+//! They are skipped when an entry comes back from a read of the pending
+//! list or a claim, and kept fresh so nobody claims them. While the worker
+//! re-reads its own pending list (`0`, after a read error and at start), a
+//! reply can be older than an entry's ack: it may list an entry whose task
+//! has finished meanwhile. The entries finished during a re-read are
+//! remembered until it ends, so such a stale reply never runs a task again.
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+#[derive(Debug, Default)]
+struct Entries {
+    running: HashSet<String>,
+    /// `Some` while a re-read of the pending list is underway.
+    finished: Option<HashSet<String>>,
+}
+
+/// The entries one worker holds; cheap to clone.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Held(Arc<Mutex<Entries>>);
+
+impl Held {
+    fn lock(&self) -> MutexGuard<'_, Entries> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Takes `id` to run it; false if it is running already, or finished
+    /// during the re-read underway (a stale reply).
+    pub(crate) fn take(&self, id: &str) -> bool {
+        let mut entries = self.lock();
+        if entries.finished.as_ref().is_some_and(|f| f.contains(id)) {
+            return false;
+        }
+        entries.running.insert(id.to_owned())
+    }
+
+    /// `id` is done here: acked, moved, or left pending after a failure.
+    pub(crate) fn release(&self, id: &str) {
+        let mut entries = self.lock();
+        entries.running.remove(id);
+        if let Some(finished) = &mut entries.finished {
+            finished.insert(id.to_owned());
+        }
+    }
+
+    /// The ids held now.
+    pub(crate) fn ids(&self) -> Vec<String> {
+        self.lock().running.iter().cloned().collect()
+    }
+
+    /// A re-read of the pending list begins.
+    pub(crate) fn begin_reread(&self) {
+        self.lock().finished.get_or_insert_with(HashSet::new);
+    }
+
+    /// The re-read ended: only new entries (`>`) are read from now on,
+    /// which never include a finished one.
+    pub(crate) fn end_reread(&self) {
+        self.lock().finished = None;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_entry_finished_during_a_reread_is_not_taken_again_until_it_ends() {
+        let held = Held::default();
+        assert!(held.take("1-0"));
+        assert!(!held.take("1-0"), "running already");
+        held.begin_reread();
+        held.release("1-0");
+        assert!(!held.take("1-0"), "a stale reply of the re-read");
+        held.end_reread();
+        held.release("2-0");
+        assert!(held.take("2-0"), "outside a re-read nothing is remembered");
+        assert_eq!(held.ids(), vec!["2-0".to_owned()]);
+    }
+}
