@@ -29,6 +29,10 @@ static FENCED_CLAIM: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("scripts/fenced_claim.lua")));
 static FENCED_KEEP: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("scripts/fenced_keep.lua")));
+static FENCED_RETRY: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("scripts/fenced_retry.lua")));
+static PROMOTE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("scripts/promote.lua")));
 
 /// The owner record of a partition: `<token>:<instance id>`.
 pub(crate) fn owner_record(token: u64, id: &InstanceId) -> String {
@@ -75,6 +79,17 @@ pub(crate) enum Moved {
     Fenced,
 }
 
+impl Moved {
+    /// A fenced script's reply: 1, 0 or -1.
+    fn from_reply(reply: i64) -> Moved {
+        match reply {
+            1 => Moved::Yes,
+            0 => Moved::NotPending,
+            _ => Moved::Fenced,
+        }
+    }
+}
+
 /// This instance as the owner of one partition with one fencing token:
 /// every write the framework makes to the partition's entries goes through
 /// it, and Redis refuses them once another instance holds the partition.
@@ -84,6 +99,7 @@ pub(crate) struct Fence {
     token: u64,
     stream: String,
     owner: String,
+    delayed: String,
     instance: String,
     record: String,
 }
@@ -96,6 +112,7 @@ impl Fence {
             token,
             stream: keys::stream(name, p),
             owner: keys::owner(name, p),
+            delayed: keys::delayed(name, p),
             instance: id.as_str().to_owned(),
             record: owner_record(token, id),
         }
@@ -158,12 +175,45 @@ impl Fence {
         for (k, v) in fields {
             script.arg(k).arg(v);
         }
-        let reply: i64 = conn.invoke(&script).await?;
-        Ok(match reply {
-            1 => Moved::Yes,
-            0 => Moved::NotPending,
-            _ => Moved::Fenced,
-        })
+        Ok(Moved::from_reply(conn.invoke(&script).await?))
+    }
+
+    /// Acks entry `id` (a failed attempt) and enqueues `fields` (the next
+    /// attempt) after `delay`, atomically and only while this instance is
+    /// the owner.
+    pub(crate) async fn retry<K: redis::ToRedisArgs, V: redis::ToRedisArgs>(
+        &self,
+        conn: &SharedConnection,
+        id: &str,
+        delay: Duration,
+        fields: &[(K, V)],
+    ) -> Result<Moved> {
+        let mut script = FENCED_RETRY.key(&self.stream);
+        script
+            .key(&self.owner)
+            .key(&self.delayed)
+            .arg(&self.record)
+            .arg(keys::GROUP)
+            .arg(id)
+            .arg(delay.as_millis() as u64);
+        for (k, v) in fields {
+            script.arg(k).arg(v);
+        }
+        Ok(Moved::from_reply(conn.invoke(&script).await?))
+    }
+
+    /// Moves up to `limit` due delayed entries into the stream; returns how
+    /// many, and how long until the next one is due (`None`: none waits).
+    pub(crate) async fn promote(
+        &self,
+        conn: &SharedConnection,
+        limit: usize,
+    ) -> Result<(u64, Option<Duration>)> {
+        let mut script = PROMOTE.key(&self.delayed);
+        script.key(&self.stream).arg(limit);
+        let (moved, next): (u64, i64) = conn.invoke(&script).await?;
+        let next = u64::try_from(next).ok().map(Duration::from_millis);
+        Ok((moved, next))
     }
 
     /// `XAUTOCLAIM` to `consumer` of entries idle at least `min_idle`, from

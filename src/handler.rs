@@ -8,7 +8,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use serde::de::DeserializeOwned;
 use tokio_util::sync::{CancellationToken, WaitForCancellationFuture};
@@ -21,15 +21,43 @@ pub type BoxError = Box<dyn StdError + Send + Sync + 'static>;
 
 /// Why a handler run failed. Any error converts into it with `?`.
 ///
+/// By default the task is retried after the consumer's backoff; the error
+/// can say otherwise:
+///
 /// ```
+/// use std::time::Duration;
 /// use peerq::HandlerError;
+/// use peerq::handler::Disposition;
+///
 /// fn parse(s: &str) -> Result<u32, HandlerError> {
 ///     Ok(s.parse::<u32>()?)
 /// }
 /// assert!(parse("x").unwrap_err().to_string().contains("invalid digit"));
+///
+/// // The mail server said "try again in a minute".
+/// let busy = HandlerError::msg("421 busy").retry_after(Duration::from_secs(60));
+/// assert_eq!(busy.disposition(), Disposition::RetryAfter(Duration::from_secs(60)));
+/// // No address will ever make this mail deliverable: straight to the dead letters.
+/// let bad = HandlerError::msg("550 no such user").permanent();
+/// assert_eq!(bad.disposition(), Disposition::Permanent);
 /// ```
 pub struct HandlerError {
     source: BoxError,
+    disposition: Disposition,
+}
+
+/// What happens to a task after a failed attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Disposition {
+    /// Retried after the consumer's backoff (exponential, with jitter),
+    /// until `max_attempts`; then dead-lettered.
+    Backoff,
+    /// Retried after this delay instead of the backoff (still counted
+    /// towards `max_attempts`).
+    RetryAfter(Duration),
+    /// Never retried: moved to the dead letters at once.
+    Permanent,
 }
 
 impl HandlerError {
@@ -37,12 +65,40 @@ impl HandlerError {
     pub fn msg(message: impl fmt::Display) -> Self {
         HandlerError {
             source: message.to_string().into(),
+            disposition: Disposition::Backoff,
         }
     }
 
-    /// Wraps an error a tower layer returned.
+    /// Wraps an error a tower layer returned (keeping its disposition, if
+    /// it came from a `HandlerError`).
     pub fn from_boxed(source: BoxError) -> Self {
-        HandlerError { source }
+        match source.downcast::<Failure>() {
+            Ok(failure) => HandlerError {
+                source: failure.source,
+                disposition: failure.disposition,
+            },
+            Err(source) => HandlerError {
+                source,
+                disposition: Disposition::Backoff,
+            },
+        }
+    }
+
+    /// Retry after `delay` rather than after the backoff.
+    pub fn retry_after(mut self, delay: Duration) -> Self {
+        self.disposition = Disposition::RetryAfter(delay);
+        self
+    }
+
+    /// Do not retry: the task goes to the dead letters at once.
+    pub fn permanent(mut self) -> Self {
+        self.disposition = Disposition::Permanent;
+        self
+    }
+
+    /// What happens to the task.
+    pub fn disposition(&self) -> Disposition {
+        self.disposition
     }
 
     /// The underlying error.
@@ -57,13 +113,47 @@ impl<E: StdError + Send + Sync + 'static> From<E> for HandlerError {
     fn from(e: E) -> Self {
         HandlerError {
             source: Box::new(e),
+            disposition: Disposition::Backoff,
         }
     }
 }
 
+/// A `HandlerError` on its way through tower layers as a [`BoxError`]: the
+/// runtime reads the disposition back from it.
+#[derive(Debug)]
+pub(crate) struct Failure {
+    source: BoxError,
+    disposition: Disposition,
+}
+
+impl fmt::Display for Failure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.source, f)
+    }
+}
+
+impl StdError for Failure {
+    fn source(&self) -> Option<&(dyn StdError + 'static)> {
+        self.source.source()
+    }
+}
+
+/// The disposition of an error a handler service returned.
+pub(crate) fn disposition_of(error: &BoxError) -> Disposition {
+    error
+        .downcast_ref::<Failure>()
+        .map_or(Disposition::Backoff, |f| f.disposition)
+}
+
 impl From<HandlerError> for BoxError {
     fn from(e: HandlerError) -> Self {
-        e.source
+        match e.disposition {
+            Disposition::Backoff => e.source,
+            disposition => Box::new(Failure {
+                source: e.source,
+                disposition,
+            }),
+        }
     }
 }
 

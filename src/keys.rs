@@ -40,6 +40,18 @@ pub(crate) fn owner(name: &ServiceName, p: u32) -> String {
     format!("{{{name}/{p}}}:owner")
 }
 
+/// The delayed entries of partition `p` (retries waiting for their
+/// backoff), scored by due time in Redis milliseconds.
+pub(crate) fn delayed(name: &ServiceName, p: u32) -> String {
+    format!("{{{name}/{p}}}:delayed")
+}
+
+/// The producer's record that an idempotency key was enqueued (in the
+/// task's partition, so one script checks it and adds the entry).
+pub(crate) fn dedup(name: &ServiceName, p: u32, key: &str) -> String {
+    format!("{{{name}/{p}}}:dedup:{key}")
+}
+
 /// The dead letters of partition `p`.
 pub(crate) fn dead(name: &ServiceName, p: u32) -> String {
     format!("{{{name}/{p}}}:dead")
@@ -59,6 +71,8 @@ mod tests {
         assert_eq!(stream(&n, 7), "{mail-sender/7}:stream");
         assert_eq!(owner(&n, 7), "{mail-sender/7}:owner");
         assert_eq!(dead(&n, 7), "{mail-sender/7}:dead");
+        assert_eq!(delayed(&n, 7), "{mail-sender/7}:delayed");
+        assert_eq!(dedup(&n, 7, "order-1"), "{mail-sender/7}:dedup:order-1");
     }
 
     #[test]

@@ -77,7 +77,9 @@
 //! | [`partition`] | which partition a key goes to (FNV-1a 64 modulo `P`) |
 //! | [`task`] | task ids and the stream entry format |
 //! | [`codec`] | payload encodings: bincode (default) and JSON |
-//! | [`producer`] | enqueues typed tasks: one, a batch, with a key |
+//! | [`producer`] | enqueues typed tasks: one, a batch, with a key or an idempotency key |
+//! | [`dead_letters`] | lists, replays and purges the dead letters across partitions |
+//! | [`retry`] | the backoff between a failed task's attempts |
 //! | [`handler`] | the `Handler` trait, `TaskContext`, the tower adapter |
 //! | [`consumer`] | the builder and the runtime: the handover driver, leases, workers per partition, fenced acks, retries, dead letters, trimming |
 //! | `connection` | one multiplexed connection per part, kept out of the pool |
@@ -92,6 +94,7 @@ pub mod codec;
 pub mod config;
 mod connection;
 pub mod consumer;
+pub mod dead_letters;
 pub mod error;
 mod fencing;
 pub mod handler;
@@ -102,6 +105,7 @@ mod meta;
 pub mod metrics;
 pub mod partition;
 pub mod producer;
+pub mod retry;
 pub mod task;
 mod transition;
 

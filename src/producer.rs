@@ -6,6 +6,8 @@
 
 use std::fmt;
 use std::marker::PhantomData;
+use std::sync::LazyLock;
+use std::time::Duration;
 
 use deadpool_redis::Pool;
 use deadpool_redis::redis;
@@ -27,6 +29,7 @@ pub const DEFAULT_MAX_PAYLOAD: usize = 1024 * 1024;
 #[must_use]
 pub struct Options {
     key: Option<String>,
+    idempotency_key: Option<String>,
 }
 
 impl Options {
@@ -41,7 +44,32 @@ impl Options {
         self.key = Some(key.into());
         self
     }
+
+    /// Enqueue the task at most once per `key` while the producer's
+    /// idempotency TTL lasts (default 24 h): a second enqueue with the
+    /// same key, say a retry after an ambiguous error, enqueues nothing
+    /// and returns the first task's id.
+    ///
+    /// ```no_run
+    /// # async fn demo(producer: peerq::producer::Producer) -> peerq::Result<()> {
+    /// use peerq::producer::Options;
+    /// let once = Options::new().idempotency_key("order-1041-confirmation");
+    /// let first = producer.enqueue_with("mail", once.clone()).await?;
+    /// let again = producer.enqueue_with("mail", once).await?; // nothing enqueued
+    /// assert_eq!(first, again);
+    /// # Ok(()) }
+    /// ```
+    pub fn idempotency_key(mut self, key: impl Into<String>) -> Self {
+        self.idempotency_key = Some(key.into());
+        self
+    }
 }
+
+/// Default time an idempotency key is remembered.
+pub const DEFAULT_IDEMPOTENCY_TTL: Duration = Duration::from_secs(24 * 3600);
+
+static ENQUEUE_ONCE: LazyLock<redis::Script> =
+    LazyLock::new(|| redis::Script::new(include_str!("scripts/enqueue_once.lua")));
 
 /// Enqueues tasks of any serde type into a service's partition streams.
 ///
@@ -68,6 +96,7 @@ pub struct Producer<C: Codec = Bincode> {
     partitions: u32,
     codec: C,
     max_payload: usize,
+    idempotency_ttl: Duration,
 }
 
 impl<C: Codec> fmt::Debug for Producer<C> {
@@ -95,6 +124,7 @@ impl Producer<Bincode> {
             pool: None,
             partitions: DEFAULT_PARTITIONS,
             max_payload: DEFAULT_MAX_PAYLOAD,
+            idempotency_ttl: DEFAULT_IDEMPOTENCY_TTL,
             codec: PhantomData,
         }
     }
@@ -106,12 +136,29 @@ impl<C: Codec> Producer<C> {
         self.enqueue_with(task, Options::new()).await
     }
 
-    /// Enqueues one task with options; returns its id.
+    /// Enqueues one task with options; returns its id (with an
+    /// idempotency key already used, the earlier task's id).
     pub async fn enqueue_with<T: Serialize>(&self, task: T, options: Options) -> Result<TaskId> {
         let entry = self.entry(&task, options.key)?;
         let id = entry.id.clone();
+        let p = self.partition_of(&entry);
+        let stream = keys::stream(&self.name, p);
+        if let Some(key) = options.idempotency_key {
+            // The record lives in the task's partition, so one script
+            // checks it and adds the entry.
+            let mut script = ENQUEUE_ONCE.key(&stream);
+            script
+                .key(keys::dedup(&self.name, p, &key))
+                .arg(self.idempotency_ttl.as_millis() as u64)
+                .arg(id.as_str());
+            for (k, v) in entry.fields() {
+                script.arg(k).arg(v);
+            }
+            let enqueued: String = self.conn.invoke(&script).await?;
+            return Ok(TaskId::from(enqueued.as_str()));
+        }
         let mut cmd = redis::cmd("XADD");
-        cmd.arg(self.stream_of(&entry)).arg("*").arg(entry.fields());
+        cmd.arg(stream).arg("*").arg(entry.fields());
         self.conn.query::<()>(&cmd).await?;
         Ok(id)
     }
@@ -127,7 +174,7 @@ impl<C: Codec> Producer<C> {
         for task in tasks {
             let entry = self.entry(task, None)?;
             pipe.cmd("XADD")
-                .arg(self.stream_of(&entry))
+                .arg(keys::stream(&self.name, self.partition_of(&entry)))
                 .arg("*")
                 .arg(entry.fields())
                 .ignore();
@@ -156,9 +203,8 @@ impl<C: Codec> Producer<C> {
         Ok(Entry::new(TaskId::generate(), key, C::NAME, payload))
     }
 
-    fn stream_of(&self, entry: &Entry) -> String {
-        let p = partition_of(entry.partition_key().as_bytes(), self.partitions);
-        keys::stream(&self.name, p)
+    fn partition_of(&self, entry: &Entry) -> u32 {
+        partition_of(entry.partition_key().as_bytes(), self.partitions)
     }
 }
 
@@ -170,6 +216,7 @@ pub struct ProducerBuilder<C> {
     pool: Option<Pool>,
     partitions: u32,
     max_payload: usize,
+    idempotency_ttl: Duration,
     codec: PhantomData<C>,
 }
 
@@ -216,6 +263,13 @@ impl<C: Codec> ProducerBuilder<C> {
         self
     }
 
+    /// How long an idempotency key is remembered (default 24 h): a second
+    /// enqueue with the key within it enqueues nothing.
+    pub fn idempotency_ttl(mut self, ttl: Duration) -> Self {
+        self.idempotency_ttl = ttl;
+        self
+    }
+
     /// The codec (default [`Bincode`]). Service-wide.
     pub fn codec<D: Codec>(self, _codec: D) -> ProducerBuilder<D> {
         ProducerBuilder {
@@ -224,6 +278,7 @@ impl<C: Codec> ProducerBuilder<C> {
             pool: self.pool,
             partitions: self.partitions,
             max_payload: self.max_payload,
+            idempotency_ttl: self.idempotency_ttl,
             codec: PhantomData,
         }
     }
@@ -239,6 +294,12 @@ impl<C: Codec> ProducerBuilder<C> {
                 "0 bytes accepts no task; use at least 1",
             ));
         }
+        if self.idempotency_ttl < Duration::from_millis(1) {
+            return Err(Error::invalid(
+                "idempotency_ttl",
+                "must be at least 1ms; as long as a producer may retry an enqueue (hours)",
+            ));
+        }
         let pool = crate::connection::pool(self.pool, self.url)?;
         let conn = SharedConnection::new(pool);
         let fields = config::queue_meta_fields(self.partitions, C::NAME);
@@ -249,6 +310,7 @@ impl<C: Codec> ProducerBuilder<C> {
             partitions: self.partitions,
             codec: C::default(),
             max_payload: self.max_payload,
+            idempotency_ttl: self.idempotency_ttl,
         })
     }
 }

@@ -20,6 +20,7 @@ use crate::error::{Error, Result};
 use crate::handler::{BoxError, Handler, HandlerService, Task};
 use crate::indexer::Standing;
 use crate::partition::DEFAULT_PARTITIONS;
+use crate::retry::Backoff;
 
 /// Default tasks in flight per instance.
 pub const DEFAULT_CONCURRENCY: usize = 64;
@@ -85,6 +86,7 @@ impl ConsumerBuilder<(), (), Bincode> {
                 block: DEFAULT_BLOCK,
                 drain_timeout: DEFAULT_DRAIN_TIMEOUT,
                 max_attempts: DEFAULT_MAX_ATTEMPTS,
+                backoff: Backoff::default(),
                 claim_idle: DEFAULT_CLAIM_IDLE,
                 leave_timeout: None,
                 allow_eviction: false,
@@ -193,6 +195,18 @@ impl<T, S, C: Codec> ConsumerBuilder<T, S, C> {
     /// Attempts of a task before it goes to the dead letters (default 5).
     pub fn max_attempts(mut self, attempts: u32) -> Self {
         self.settings.max_attempts = attempts;
+        self
+    }
+
+    /// The wait between a task's failed attempt and the next (default:
+    /// 1 s, doubling, at most 5 min, with jitter). A handler error can ask
+    /// for another delay or for none ([`HandlerError::retry_after`],
+    /// [`HandlerError::permanent`]).
+    ///
+    /// [`HandlerError::retry_after`]: crate::HandlerError::retry_after
+    /// [`HandlerError::permanent`]: crate::HandlerError::permanent
+    pub fn backoff(mut self, backoff: Backoff) -> Self {
+        self.settings.backoff = backoff;
         self
     }
 
@@ -327,6 +341,7 @@ impl<T, S, C: Codec> ConsumerBuilder<T, S, C> {
                 format!("{} is out of range; use 1 to 1000", s.max_attempts),
             ));
         }
+        s.backoff.validate()?;
         if s.leave_timeout.is_some_and(|t| t.is_zero()) {
             return Err(Error::invalid(
                 "leave_timeout",

@@ -41,6 +41,7 @@ use crate::config::ServiceName;
 use crate::connection::SharedConnection;
 use crate::handler::{BoxError, Task};
 use crate::instance::InstanceId;
+use crate::retry::Backoff;
 
 /// Runs a service's handler on the partitions this instance owns.
 ///
@@ -89,6 +90,7 @@ pub(crate) struct ConsumerSettings {
     pub(crate) block: Duration,
     pub(crate) drain_timeout: Duration,
     pub(crate) max_attempts: u32,
+    pub(crate) backoff: Backoff,
     pub(crate) claim_idle: Duration,
     /// `None`: `3 * interval + drain_timeout`.
     pub(crate) leave_timeout: Option<Duration>,

@@ -22,8 +22,9 @@ use super::worker::Ownership;
 use super::{Payload, Shared, TaskService};
 use crate::assignment::Assignment;
 use crate::codec::Codec;
+use crate::dead_letters::added;
 use crate::fencing::Moved;
-use crate::handler::{Task, TaskContext};
+use crate::handler::{Disposition, Task, TaskContext, disposition_of};
 use crate::keys;
 use crate::task::Entry;
 
@@ -35,7 +36,7 @@ const CANCEL_GRACE: Duration = Duration::from_millis(20);
 /// How a handler run ended.
 enum Outcome {
     Succeeded,
-    Failed(String),
+    Failed(String, Disposition),
     /// Cancelled at the drain timeout: runs again, whatever it returned.
     Cancelled,
 }
@@ -155,12 +156,16 @@ impl<T: Payload, S: TaskService<T>, C: Codec> RunTask<T, S, C> {
                 });
                 Some(acked)
             }
-            Outcome::Failed(error) => {
-                self.failed(&raw, &entry, &error).instrument(span).await;
+            Outcome::Failed(error, disposition) => {
+                self.failed(&raw, &entry, &error, disposition)
+                    .instrument(span)
+                    .await;
                 None
             }
             Outcome::Cancelled => {
-                self.retry(&raw.id, &entry, "cancelled at the drain timeout")
+                // At once: it runs on the partition's next owner.
+                let why = "cancelled at the drain timeout";
+                self.retry(&raw.id, &entry, why, Duration::ZERO)
                     .instrument(span)
                     .await;
                 None
@@ -198,7 +203,7 @@ impl<T: Payload, S: TaskService<T>, C: Codec> RunTask<T, S, C> {
                 // A handler that saw the cancellation and gave up (an error)
                 // was cancelled, not failed.
                 return match outcome(result) {
-                    Outcome::Failed(_) if self.cancel.is_cancelled() => Outcome::Cancelled,
+                    Outcome::Failed(..) if self.cancel.is_cancelled() => Outcome::Cancelled,
                     other => other,
                 };
             }
@@ -236,35 +241,54 @@ impl<T: Payload, S: TaskService<T>, C: Codec> RunTask<T, S, C> {
             .map_err(|e| e.to_string())
     }
 
-    async fn failed(&self, raw: &StreamId, entry: &Entry, error: &str) {
-        if entry.attempt >= self.shared.settings.max_attempts {
-            warn!(
-                error,
-                "task failed its last attempt; moved to the dead letters"
-            );
-            self.dead_letter(raw, Some(entry), "failed", error).await;
-        } else {
-            self.retry(&raw.id, entry, error).await;
-        }
+    /// A failed attempt: retried after its backoff (or the delay the error
+    /// asked for), or moved to the dead letters after the last attempt or
+    /// on a permanent error.
+    async fn failed(&self, raw: &StreamId, entry: &Entry, error: &str, disposition: Disposition) {
+        let settings = &self.shared.settings;
+        let delay = match disposition {
+            Disposition::Permanent => {
+                warn!(error, "task failed permanently; moved to the dead letters");
+                return self.dead_letter(raw, Some(entry), "permanent", error).await;
+            }
+            _ if entry.attempt >= settings.max_attempts => {
+                warn!(
+                    error,
+                    "task failed its last attempt; moved to the dead letters"
+                );
+                return self.dead_letter(raw, Some(entry), "failed", error).await;
+            }
+            Disposition::RetryAfter(delay) => delay,
+            _ => settings.backoff.delay(entry.attempt),
+        };
+        self.retry(&raw.id, entry, error, delay).await;
     }
 
-    /// Enqueues the task again with `attempt + 1` and acks this entry, in
-    /// one fenced script. (Backoff between attempts comes with the retries
-    /// issue.)
-    async fn retry(&self, stream_id: &str, entry: &Entry, why: &str) {
-        warn!(why, "task enqueued again");
+    /// Acks this entry and enqueues the task again with `attempt + 1`
+    /// after `delay` (in the partition's delayed set until due), in one
+    /// fenced script.
+    async fn retry(&self, stream_id: &str, entry: &Entry, why: &str, delay: Duration) {
+        warn!(why, retry_in = ?delay, "task enqueued again");
         let next = Entry {
             attempt: entry.attempt + 1,
             ..entry.clone()
         };
-        let stream = self.ownership.fence.stream();
-        self.move_entry(
-            stream,
-            stream_id,
-            &next.fields(),
-            "enqueuing the task again",
-        )
-        .await;
+        let fence = &self.ownership.fence;
+        let what = "enqueuing the task again";
+        match fence
+            .retry(&self.shared.conn, stream_id, delay, &next.fields())
+            .await
+        {
+            Ok(Moved::Yes) if !delay.is_zero() => self.ownership.delayed.notify_one(),
+            Ok(Moved::Yes | Moved::NotPending) => {}
+            Ok(Moved::Fenced) => self.ownership.fenced(what),
+            Err(e) => error!(
+                partition = self.partition,
+                what,
+                cause = %e,
+                "failed; the entry stays pending and will be claimed"
+            ),
+        }
     }
 
     /// Enqueues a fetched but never started entry again as it is, and acks
@@ -301,10 +325,11 @@ impl<T: Payload, S: TaskService<T>, C: Codec> RunTask<T, S, C> {
         let now = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .unwrap_or_default();
-        fields.push(("reason".into(), reason.into()));
-        fields.push(("error".into(), error.into()));
-        fields.push(("stream_id".into(), raw.id.clone().into_bytes()));
-        fields.push(("dead_at".into(), now.as_millis().to_string().into_bytes()));
+        fields.push((added::REASON.into(), reason.into()));
+        fields.push((added::ERROR.into(), error.into()));
+        fields.push((added::STREAM_ID.into(), raw.id.clone().into_bytes()));
+        let dead_at = now.as_millis().to_string().into_bytes();
+        fields.push((added::DEAD_AT.into(), dead_at));
         let dead = keys::dead(&self.shared.name, self.partition);
         self.move_entry(&dead, &raw.id, &fields, "moving to the dead letters")
             .await;
@@ -340,14 +365,15 @@ impl<T: Payload, S: TaskService<T>, C: Codec> RunTask<T, S, C> {
 fn outcome(result: Result<Result<(), crate::handler::BoxError>, Box<dyn Any + Send>>) -> Outcome {
     match result {
         Ok(Ok(())) => Outcome::Succeeded,
-        Ok(Err(e)) => Outcome::Failed(e.to_string()),
+        Ok(Err(e)) => Outcome::Failed(e.to_string(), disposition_of(&e)),
         Err(panic) => {
             let message = panic
                 .downcast_ref::<&str>()
                 .map(|s| (*s).to_owned())
                 .or_else(|| panic.downcast_ref::<String>().cloned())
                 .unwrap_or_default();
-            Outcome::Failed(format!("handler panicked: {message}"))
+            let error = format!("handler panicked: {message}");
+            Outcome::Failed(error, Disposition::Backoff)
         }
     }
 }

@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use deadpool_redis::redis::streams::{StreamId, StreamReadOptions, StreamReadReply};
 use deadpool_redis::redis::{self, AsyncCommands, aio::MultiplexedConnection};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{Notify, mpsc, watch};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::{CancellationToken, DropGuard};
@@ -42,6 +42,10 @@ use crate::keys;
 const MAX_BACKOFF: Duration = Duration::from_secs(2);
 /// How often the owner trims acknowledged entries from its partitions.
 const TRIM_EVERY: Duration = Duration::from_secs(1);
+/// How often the owner looks for due delayed entries at the least.
+const PROMOTE_EVERY: Duration = Duration::from_secs(1);
+/// Most delayed entries moved in one script call.
+const PROMOTE_BATCH: usize = 500;
 /// Most entry ids kept fresh in one script call (Lua's `unpack` has a limit
 /// of about 8,000 values).
 const KEEP_CHUNK: usize = 1000;
@@ -68,6 +72,9 @@ pub(crate) struct Ownership {
     pub(crate) stop: CancellationToken,
     /// Cancels running tasks.
     pub(crate) cancel: CancellationToken,
+    /// Told when a retry was delayed: the housekeeping then looks at when
+    /// the partition's next delayed entry is due.
+    pub(crate) delayed: Notify,
     reports: mpsc::UnboundedSender<Report>,
     is_fenced: AtomicBool,
 }
@@ -119,6 +126,7 @@ impl Worker {
             fence: Arc::new(fence),
             stop: CancellationToken::new(),
             cancel: CancellationToken::new(),
+            delayed: Notify::new(),
             reports: shared.reports.clone(),
             is_fenced: AtomicBool::new(false),
         });
@@ -252,24 +260,58 @@ async fn housekeeping<T, S, C>(
     let keep_every = shared.settings.claim_idle / 3;
     let mut next_keep = Instant::now() + keep_every;
     let mut next_trim = Instant::now() + TRIM_EVERY;
+    // At once: retries the previous owner delayed may be due.
+    let mut next_promote = Instant::now();
     loop {
         let next = if stop.is_cancelled() {
             next_keep
         } else {
-            next_keep.min(next_trim)
+            next_keep.min(next_trim).min(next_promote)
         };
         tokio::select! {
             _ = done.cancelled() => return,
             _ = tokio::time::sleep_until(next) => {}
+            _ = ownership.delayed.notified() => next_promote = Instant::now(),
         }
         let now = Instant::now();
         if now >= next_keep {
             keep_fresh(&shared, &ownership, &held).await;
             next_keep = now + keep_every;
         }
-        if now >= next_trim && !stop.is_cancelled() {
+        if stop.is_cancelled() {
+            continue;
+        }
+        if now >= next_trim {
             trim(&shared, ownership.fence.stream()).await;
             next_trim = now + TRIM_EVERY;
+        }
+        if now >= next_promote {
+            next_promote = promote(&shared, &ownership).await;
+        }
+    }
+}
+
+/// Moves the partition's due delayed entries into its stream; returns when
+/// to look again.
+async fn promote<T, S, C>(shared: &Shared<T, S, C>, ownership: &Ownership) -> Instant {
+    let now = Instant::now();
+    match ownership.fence.promote(&shared.conn, PROMOTE_BATCH).await {
+        // More were due than one call moves.
+        Ok((moved, _)) if moved as usize >= PROMOTE_BATCH => now,
+        Ok((moved, next)) => {
+            if moved > 0 {
+                debug!(
+                    partition = ownership.fence.partition(),
+                    moved, "delayed entries due"
+                );
+            }
+            // Entries may be delayed by others too (the previous owner):
+            // look at least every PROMOTE_EVERY.
+            now + next.unwrap_or(PROMOTE_EVERY).min(PROMOTE_EVERY)
+        }
+        Err(e) => {
+            warn!(partition = ownership.fence.partition(), cause = %e, "cannot move due delayed entries");
+            now + PROMOTE_EVERY
         }
     }
 }
