@@ -274,21 +274,13 @@ impl<T: Payload, S: TaskService<T>, C: Codec> RunTask<T, S, C> {
             ..entry.clone()
         };
         let fence = &self.ownership.fence;
-        let what = "enqueuing the task again";
-        match fence
+        let retried = fence
             .retry(&self.shared.conn, stream_id, delay, &next.fields())
-            .await
-        {
-            Ok(Moved::Yes) if !delay.is_zero() => self.ownership.delayed.notify_one(),
-            Ok(Moved::Yes | Moved::NotPending) => {}
-            Ok(Moved::Fenced) => self.ownership.fenced(what),
-            Err(e) => error!(
-                partition = self.partition,
-                what,
-                cause = %e,
-                "failed; the entry stays pending and will be claimed"
-            ),
+            .await;
+        if matches!(retried, Ok(Moved::Yes)) && !delay.is_zero() {
+            self.ownership.delayed.notify_one();
         }
+        self.moved(retried, "enqueuing the task again");
     }
 
     /// Enqueues a fetched but never started entry again as it is, and acks
@@ -345,10 +337,16 @@ impl<T: Payload, S: TaskService<T>, C: Codec> RunTask<T, S, C> {
         what: &str,
     ) {
         let fence = &self.ownership.fence;
-        match fence
+        let moved = fence
             .move_entry(&self.shared.conn, destination, stream_id, fields)
-            .await
-        {
+            .await;
+        self.moved(moved, what);
+    }
+
+    /// What a fenced write's result means for this worker. On an error the
+    /// entry stays pending, and the partition's owner claims it.
+    fn moved(&self, moved: crate::Result<Moved>, what: &str) {
+        match moved {
             Ok(Moved::Yes | Moved::NotPending) => {}
             Ok(Moved::Fenced) => self.ownership.fenced(what),
             Err(e) => error!(
