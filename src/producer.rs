@@ -48,7 +48,8 @@ impl Options {
     /// Enqueue the task at most once per `key` while the producer's
     /// idempotency TTL lasts (default 24 h): a second enqueue with the
     /// same key, say a retry after an ambiguous error, enqueues nothing
-    /// and returns the first task's id.
+    /// and returns the first task's id. Without a [`key`](Self::key), it
+    /// is also the partition key.
     ///
     /// ```no_run
     /// # async fn demo(producer: peerq::producer::Producer) -> peerq::Result<()> {
@@ -139,7 +140,10 @@ impl<C: Codec> Producer<C> {
     /// Enqueues one task with options; returns its id (with an
     /// idempotency key already used, the earlier task's id).
     pub async fn enqueue_with<T: Serialize>(&self, task: T, options: Options) -> Result<TaskId> {
-        let entry = self.entry(&task, options.key)?;
+        // Without a partition key, the idempotency key places the task, so
+        // a repeat lands in the partition that holds the key's record.
+        let key = options.key.or_else(|| options.idempotency_key.clone());
+        let entry = self.entry(&task, key)?;
         let id = entry.id.clone();
         let p = self.partition_of(&entry);
         let stream = keys::stream(&self.name, p);
