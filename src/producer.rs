@@ -7,7 +7,7 @@
 use std::fmt;
 use std::marker::PhantomData;
 use std::sync::LazyLock;
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use deadpool_redis::Pool;
 use deadpool_redis::redis;
@@ -30,6 +30,8 @@ pub const DEFAULT_MAX_PAYLOAD: usize = 1024 * 1024;
 pub struct Options {
     key: Option<String>,
     idempotency_key: Option<String>,
+    delay: Option<Duration>,
+    at: Option<SystemTime>,
 }
 
 impl Options {
@@ -64,13 +66,36 @@ impl Options {
         self.idempotency_key = Some(key.into());
         self
     }
+
+    /// Run the task no earlier than `delay` from now, by Redis's clock. It
+    /// waits in its partition's delayed set; the partition's owner moves it
+    /// into the stream when due: within milliseconds for delays above a
+    /// second, at most about a second late for shorter ones.
+    pub fn delay(mut self, delay: Duration) -> Self {
+        self.delay = Some(delay);
+        self.at = None;
+        self
+    }
+
+    /// Run the task no earlier than `at` (by this process's clock); see
+    /// [`delay`](Self::delay). A time in the past enqueues it at once.
+    pub fn at(mut self, at: SystemTime) -> Self {
+        self.at = Some(at);
+        self.delay = None;
+        self
+    }
+
+    /// Whether the task goes through the enqueue script.
+    fn scripted(&self) -> bool {
+        self.idempotency_key.is_some() || self.delay.is_some() || self.at.is_some()
+    }
 }
 
 /// Default time an idempotency key is remembered.
 pub const DEFAULT_IDEMPOTENCY_TTL: Duration = Duration::from_secs(24 * 3600);
 
-static ENQUEUE_ONCE: LazyLock<redis::Script> =
-    LazyLock::new(|| redis::Script::new(include_str!("scripts/enqueue_once.lua")));
+static ENQUEUE: LazyLock<redis::Script> =
+    LazyLock::new(|| redis::Script::new(include_str!("scripts/enqueue.lua")));
 
 /// Enqueues tasks of any serde type into a service's partition streams.
 ///
@@ -142,19 +167,40 @@ impl<C: Codec> Producer<C> {
     pub async fn enqueue_with<T: Serialize>(&self, task: T, options: Options) -> Result<TaskId> {
         // Without a partition key, the idempotency key places the task, so
         // a repeat lands in the partition that holds the key's record.
-        let key = options.key.or_else(|| options.idempotency_key.clone());
+        let key = options
+            .key
+            .clone()
+            .or_else(|| options.idempotency_key.clone());
         let entry = self.entry(&task, key)?;
         let id = entry.id.clone();
         let p = self.partition_of(&entry);
         let stream = keys::stream(&self.name, p);
-        if let Some(key) = options.idempotency_key {
-            // The record lives in the task's partition, so one script
-            // checks it and adds the entry.
-            let mut script = ENQUEUE_ONCE.key(&stream);
+        if options.scripted() {
+            // The dedup record and the delayed set live in the task's
+            // partition, so one script checks, delays and adds.
+            let dedup = options.idempotency_key.as_deref().unwrap_or_default();
+            let ttl = match options.idempotency_key {
+                Some(_) => self.idempotency_ttl.as_millis() as u64,
+                None => 0,
+            };
+            let at = options
+                .at
+                .map(|at| {
+                    at.duration_since(UNIX_EPOCH)
+                        .unwrap_or_default()
+                        .as_millis()
+                        .max(1) as u64
+                })
+                .unwrap_or(0);
+            let delay = options.delay.map(|d| d.as_millis() as u64).unwrap_or(0);
+            let mut script = ENQUEUE.key(&stream);
             script
-                .key(keys::dedup(&self.name, p, &key))
-                .arg(self.idempotency_ttl.as_millis() as u64)
-                .arg(id.as_str());
+                .key(keys::delayed(&self.name, p))
+                .key(keys::dedup(&self.name, p, dedup))
+                .arg(ttl)
+                .arg(id.as_str())
+                .arg(at)
+                .arg(delay);
             for (k, v) in entry.fields() {
                 script.arg(k).arg(v);
             }
