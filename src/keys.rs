@@ -52,6 +52,12 @@ pub(crate) fn dedup(name: &ServiceName, p: u32, key: &str) -> String {
     format!("{{{name}/{p}}}:dedup:{key}")
 }
 
+/// The claim of one due time of periodic job `job`, in the job's
+/// partition `p`.
+pub(crate) fn cron(name: &ServiceName, p: u32, job: &str, due_ms: u64) -> String {
+    format!("{{{name}/{p}}}:cron:{job}:{due_ms}")
+}
+
 /// The dead letters of partition `p`.
 pub(crate) fn dead(name: &ServiceName, p: u32) -> String {
     format!("{{{name}/{p}}}:dead")

@@ -79,6 +79,7 @@
 //! | [`codec`] | payload encodings: bincode (default) and JSON |
 //! | [`producer`] | enqueues typed tasks: one, a batch, with a key or an idempotency key |
 //! | [`dead_letters`] | lists, replays and purges the dead letters across partitions |
+//! | [`periodic`] | periodic jobs (interval or cron), triggered once per due time by a claim |
 //! | [`retry`] | the backoff between a failed task's attempts |
 //! | [`handler`] | the `Handler` trait, `TaskContext`, the tower adapter |
 //! | [`consumer`] | the builder and the runtime: the handover driver, leases, workers per partition, fenced acks, retries, dead letters, trimming |
@@ -104,6 +105,7 @@ mod keys;
 mod meta;
 pub mod metrics;
 pub mod partition;
+pub mod periodic;
 pub mod producer;
 pub mod retry;
 pub mod task;

@@ -1,5 +1,7 @@
 //! Scheduling (DESIGN.md §6) against a real redis-server: delayed tasks run
-//! once, when due, also when their partition changes owner meanwhile.
+//! once, when due, also when their partition changes owner meanwhile; a
+//! periodic job runs once per due time across several instances while they
+//! come and go.
 
 mod support;
 
@@ -8,6 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use peerq::handler::Task;
+use peerq::periodic::Periodic;
 use peerq::producer::{Options, Producer};
 use peerq::{Consumer, HandlerError};
 use serde::{Deserialize, Serialize};
@@ -31,24 +34,46 @@ fn consumer(
     name: &str,
     runs: &Runs,
 ) -> (CancellationToken, JoinHandle<peerq::Result<()>>) {
+    consumer_with(url, name, runs, None)
+}
+
+/// The ids of the periodic job's runs, with the time each ran.
+type Ticks = Arc<Mutex<Vec<(String, SystemTime)>>>;
+
+/// A consumer; with `ticks`, it also registers an every-second job.
+fn consumer_with(
+    url: &str,
+    name: &str,
+    runs: &Runs,
+    ticks: Option<&Ticks>,
+) -> (CancellationToken, JoinHandle<peerq::Result<()>>) {
     support::init_tracing();
-    let r = runs.clone();
+    let (r, t) = (runs.clone(), ticks.cloned().unwrap_or_default());
     let service = tower::service_fn(move |task: Task<Job>| {
-        let r = r.clone();
+        let (r, t) = (r.clone(), t.clone());
         async move {
-            r.lock()
-                .unwrap()
-                .entry(task.payload.seq)
-                .or_default()
-                .push(SystemTime::now());
+            let id = task.cx.task_id().as_str().to_owned();
+            if id.starts_with("cron:") {
+                t.lock().unwrap().push((id, SystemTime::now()));
+            } else {
+                r.lock()
+                    .unwrap()
+                    .entry(task.payload.seq)
+                    .or_default()
+                    .push(SystemTime::now());
+            }
             Ok::<(), HandlerError>(())
         }
     });
-    let builder = Consumer::builder()
+    let mut builder = Consumer::builder()
         .name(name)
         .redis(url)
         .partitions(P)
         .service(service);
+    if ticks.is_some() {
+        let every_second = Periodic::cron("tick", "* * * * * *").unwrap();
+        builder = builder.periodic(every_second, &Job { seq: u64::MAX });
+    }
     let stop = CancellationToken::new();
     let task = tokio::spawn(builder.run_until(stop.clone().cancelled_owned()));
     (stop, task)
@@ -124,4 +149,58 @@ async fn delayed_tasks_run_once_when_due_also_across_a_handover() {
     stop_b.cancel();
     a.await.unwrap().unwrap();
     b.await.unwrap().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_periodic_job_runs_once_per_due_time_while_instances_come_and_go() {
+    let server = RedisServer::start();
+    let name = unique_name("periodic");
+    let (runs, ticks): (Runs, Ticks) = Default::default();
+    let mut instances: Vec<_> = (0..3)
+        .map(|_| consumer_with(&server.url(), &name, &runs, Some(&ticks)))
+        .collect();
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    // One leaves gracefully, another joins.
+    let (stop, task) = instances.remove(0);
+    stop.cancel();
+    task.await.unwrap().unwrap();
+    instances.push(consumer_with(&server.url(), &name, &runs, Some(&ticks)));
+    tokio::time::sleep(Duration::from_secs(16)).await;
+    let seen = ticks.lock().unwrap().clone();
+    for (stop, task) in instances {
+        stop.cancel();
+        task.await.unwrap().unwrap();
+    }
+
+    // Due times in milliseconds, from the ids `cron:tick:<due ms>`.
+    let mut dues: Vec<u64> = seen
+        .iter()
+        .map(|(id, _)| id.rsplit(':').next().unwrap().parse().unwrap())
+        .collect();
+    dues.sort_unstable();
+    let distinct = {
+        let mut d = dues.clone();
+        d.dedup();
+        d
+    };
+    assert_eq!(dues, distinct, "a due time ran twice");
+    let gaps: Vec<_> = distinct
+        .windows(2)
+        .filter(|w| w[1] - w[0] != 1000)
+        .collect();
+    assert!(gaps.is_empty(), "due times skipped: {gaps:?}");
+    assert!(distinct.len() >= 20, "only {} due times", distinct.len());
+    let late: Vec<Duration> = seen
+        .iter()
+        .map(|(id, at)| {
+            let due: u64 = id.rsplit(':').next().unwrap().parse().unwrap();
+            at.duration_since(SystemTime::UNIX_EPOCH + Duration::from_millis(due))
+                .unwrap_or_default()
+        })
+        .collect();
+    println!(
+        "{} due times, each run once, none skipped; ran at most {:?} after the due time",
+        distinct.len(),
+        late.iter().max().unwrap()
+    );
 }

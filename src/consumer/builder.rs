@@ -20,6 +20,7 @@ use crate::error::{Error, Result};
 use crate::handler::{BoxError, Handler, HandlerService, Task};
 use crate::indexer::Standing;
 use crate::partition::DEFAULT_PARTITIONS;
+use crate::periodic::{Periodic, Registered};
 use crate::retry::Backoff;
 
 /// Default tasks in flight per instance.
@@ -56,6 +57,8 @@ pub struct ConsumerBuilder<T, S, C> {
     standing: watch::Sender<Standing>,
     /// Where the runtime publishes partition events.
     events: broadcast::Sender<PartitionEvent>,
+    /// Periodic jobs whose task did not encode, for `validate`.
+    periodic_errors: Vec<String>,
     clock: Arc<dyn Clock>,
     task: PhantomData<fn() -> (T, C)>,
 }
@@ -87,6 +90,7 @@ impl ConsumerBuilder<(), (), Bincode> {
                 drain_timeout: DEFAULT_DRAIN_TIMEOUT,
                 max_attempts: DEFAULT_MAX_ATTEMPTS,
                 backoff: Backoff::default(),
+                periodic: Vec::new(),
                 claim_idle: DEFAULT_CLAIM_IDLE,
                 leave_timeout: None,
                 allow_eviction: false,
@@ -94,6 +98,7 @@ impl ConsumerBuilder<(), (), Bincode> {
             service: (),
             standing: watch::Sender::new(Standing::Joining),
             events: broadcast::Sender::new(EVENTS_CAPACITY),
+            periodic_errors: Vec::new(),
             clock: Arc::new(SystemClock),
             task: PhantomData,
         }
@@ -210,6 +215,33 @@ impl<T, S, C: Codec> ConsumerBuilder<T, S, C> {
         self
     }
 
+    /// Registers a periodic job: at each of its due times, one instance of
+    /// the service enqueues `task` (encoded with the service's codec) into
+    /// the job's partition, once across the service. The handler gets it
+    /// like any task, with the id `cron:<job>:<due ms>`.
+    ///
+    /// ```no_run
+    /// # async fn demo(builder: peerq::consumer::ConsumerBuilder<String, (), peerq::codec::Bincode>) -> peerq::Result<()> {
+    /// use peerq::periodic::Periodic;
+    /// builder
+    ///     .periodic(Periodic::cron("nightly-report", "0 30 2 * * *")?, &"report".to_owned());
+    /// # Ok(()) }
+    /// ```
+    pub fn periodic<P: serde::Serialize>(mut self, job: Periodic, task: &P) -> Self {
+        match C::default().encode(task) {
+            Ok(payload) => self.settings.periodic.push(Registered {
+                job,
+                codec: C::NAME,
+                payload,
+            }),
+            Err(e) => self.periodic_errors.push(format!(
+                "job `{}`: its task does not encode: {e}",
+                job.name()
+            )),
+        }
+        self
+    }
+
     /// Idle time after which an entry left pending on another consumer (a
     /// crashed instance) is claimed by the partition's owner (default 30 s).
     pub fn claim_idle(mut self, idle: Duration) -> Self {
@@ -258,6 +290,7 @@ impl<T, S, C: Codec> ConsumerBuilder<T, S, C> {
             service: f(self.service),
             standing: self.standing,
             events: self.events,
+            periodic_errors: self.periodic_errors,
             clock: self.clock,
             task: PhantomData,
         }
@@ -342,6 +375,12 @@ impl<T, S, C: Codec> ConsumerBuilder<T, S, C> {
             ));
         }
         s.backoff.validate()?;
+        if let Some(e) = self.periodic_errors.first() {
+            return Err(Error::invalid("periodic", e.clone()));
+        }
+        for registered in &s.periodic {
+            registered.job.validate()?;
+        }
         if s.leave_timeout.is_some_and(|t| t.is_zero()) {
             return Err(Error::invalid(
                 "leave_timeout",

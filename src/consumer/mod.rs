@@ -20,6 +20,7 @@ mod held;
 mod lease;
 mod run_task;
 mod runtime;
+mod scheduler;
 mod worker;
 
 use std::marker::PhantomData;
@@ -41,6 +42,7 @@ use crate::config::ServiceName;
 use crate::connection::SharedConnection;
 use crate::handler::{BoxError, Task};
 use crate::instance::InstanceId;
+use crate::periodic::Registered;
 use crate::retry::Backoff;
 
 /// Runs a service's handler on the partitions this instance owns.
@@ -91,6 +93,8 @@ pub(crate) struct ConsumerSettings {
     pub(crate) drain_timeout: Duration,
     pub(crate) max_attempts: u32,
     pub(crate) backoff: Backoff,
+    /// Periodic jobs with their tasks' payloads.
+    pub(crate) periodic: Vec<Registered>,
     pub(crate) claim_idle: Duration,
     /// `None`: `3 * interval + drain_timeout`.
     pub(crate) leave_timeout: Option<Duration>,

@@ -15,6 +15,7 @@ use tracing::{info, warn};
 
 use super::handover::Handover;
 use super::lease::Lease;
+use super::scheduler;
 use super::{ConsumerSettings, PartitionEvent, Payload, Shared, TaskService, acker};
 use crate::clock::Clock;
 use crate::codec::Codec;
@@ -132,6 +133,16 @@ where
     });
     info!(service = %name, instance = %id, "consumer started");
 
+    let stop_jobs = tokio_util::sync::CancellationToken::new();
+    let jobs = scheduler::spawn(
+        shared.settings.periodic.clone(),
+        name.clone(),
+        shared.settings.partitions,
+        shared.conn.clone(),
+        clock.clone(),
+        indexer.standing(),
+        stop_jobs.clone(),
+    );
     let mut handover = Handover::new(shared.clone(), timing, Lease::new(clock), reported, events);
     let mut standing = indexer.standing();
     tokio::pin!(signal);
@@ -196,6 +207,8 @@ where
         }
     }
 
+    stop_jobs.cancel();
+    drop(jobs);
     indexer.stop().await;
     drop(handover);
     // The acker ends once the last sender (in `shared`) is gone.

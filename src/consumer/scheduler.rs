@@ -1,0 +1,112 @@
+//! Triggers the consumer's periodic jobs ([`crate::periodic`]): at each due
+//! time, an assigned instance claims it and enqueues the job's task; the
+//! claim makes it once across the service.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, warn};
+
+use crate::clock::Clock;
+use crate::config::ServiceName;
+use crate::connection::SharedConnection;
+use crate::indexer::Standing;
+use crate::periodic::Registered;
+
+/// Runs the jobs' schedules until `stop`.
+pub(super) fn spawn(
+    jobs: Vec<Registered>,
+    name: ServiceName,
+    partitions: u32,
+    conn: Arc<SharedConnection>,
+    clock: Arc<dyn Clock>,
+    standing: watch::Receiver<Standing>,
+    stop: CancellationToken,
+) -> JoinSet<()> {
+    let mut set = JoinSet::new();
+    for job in jobs {
+        let schedule = Schedule {
+            job,
+            name: name.clone(),
+            partitions,
+            conn: conn.clone(),
+            clock: clock.clone(),
+            standing: standing.clone(),
+        };
+        let stop = stop.clone();
+        set.spawn(async move {
+            tokio::select! {
+                _ = stop.cancelled() => {}
+                _ = schedule.run() => {}
+            }
+        });
+    }
+    set
+}
+
+struct Schedule {
+    job: Registered,
+    name: ServiceName,
+    partitions: u32,
+    conn: Arc<SharedConnection>,
+    clock: Arc<dyn Clock>,
+    standing: watch::Receiver<Standing>,
+}
+
+impl Schedule {
+    async fn run(mut self) {
+        // Catch up once on a missed due time, when the job asks for it,
+        // as soon as this instance is assigned.
+        let mut catch_up = self.job.missed_due(self.now());
+        let mut last = self.now();
+        loop {
+            if catch_up.is_some() && self.assigned() {
+                let due = catch_up.take().expect("checked");
+                self.trigger(due, "missed").await;
+            }
+            let Some(due) = self.job.job.next_after(last) else {
+                return;
+            };
+            // By this instance's wall clock (all instances agree on the due
+            // times; skew only moves who gets there first).
+            let wait = due.duration_since(self.now()).unwrap_or(Duration::ZERO);
+            tokio::select! {
+                _ = tokio::time::sleep(wait) => {}
+                // Not assigned yet: wait for it, then look again.
+                _ = self.standing.changed(), if catch_up.is_some() => continue,
+            }
+            if self.now() < due {
+                continue; // woke early (a clock step): sleep the rest
+            }
+            last = due;
+            // A joining or fenced instance leaves it to the others.
+            if self.assigned() {
+                self.trigger(due, "due").await;
+            }
+        }
+    }
+
+    fn now(&self) -> SystemTime {
+        SystemTime::UNIX_EPOCH + self.clock.now()
+    }
+
+    fn assigned(&self) -> bool {
+        matches!(*self.standing.borrow(), Standing::Assigned(_))
+    }
+
+    async fn trigger(&self, due: SystemTime, why: &str) {
+        let job = self.job.job.name();
+        match self
+            .job
+            .trigger(&self.conn, &self.name, self.partitions, due)
+            .await
+        {
+            Ok(true) => debug!(job, ?due, why, "periodic job triggered"),
+            Ok(false) => {}
+            Err(e) => warn!(job, ?due, cause = %e, "could not trigger the periodic job"),
+        }
+    }
+}

@@ -1,0 +1,302 @@
+//! Periodic jobs (DESIGN.md §6): a job registered with an interval or a
+//! cron expression is triggered once per due time across the whole
+//! service, never twice, not by a leader but by a claim.
+//!
+//! Every assigned instance computes the same due times (intervals are
+//! aligned to the Unix epoch; cron expressions are in UTC). At each one it
+//! runs one script in the slot of the job's partition (`hash(job name) % P`)
+//! that sets `{N/p}:cron:<job>:<due>` if absent and enqueues the job's task
+//! in the same step; the first instance wins, the others find the key. The
+//! task's id is `cron:<job>:<due ms>`, so a handler can tell the due time.
+
+use std::fmt;
+use std::str::FromStr;
+use std::sync::LazyLock;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use chrono::{DateTime, Utc};
+use deadpool_redis::redis;
+
+use crate::config::ServiceName;
+use crate::connection::SharedConnection;
+use crate::error::{Error, Result};
+use crate::keys;
+use crate::partition::partition_of;
+use crate::task::{Entry, TaskId};
+
+static TRIGGER: LazyLock<redis::Script> =
+    LazyLock::new(|| redis::Script::new(include_str!("scripts/trigger.lua")));
+
+/// What to do with due times missed while no instance ran.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum Missed {
+    /// Forget them (the default).
+    #[default]
+    Skip,
+    /// Run the job once for the latest one missed, when an instance starts.
+    RunOnce,
+}
+
+#[derive(Clone)]
+enum When {
+    Every(Duration),
+    Cron(Box<cron::Schedule>, String),
+}
+
+/// A job that enqueues its task at every due time.
+///
+/// ```
+/// use std::time::Duration;
+/// use peerq::periodic::{Missed, Periodic};
+///
+/// let digest = Periodic::every("hourly-digest", Duration::from_secs(3600));
+/// let nightly = Periodic::cron("nightly-report", "0 30 2 * * *")?  // sec min hour dom mon dow
+///     .missed(Missed::RunOnce);
+/// # Ok::<(), peerq::Error>(())
+/// ```
+#[derive(Clone)]
+pub struct Periodic {
+    name: String,
+    when: When,
+    missed: Missed,
+}
+
+impl fmt::Debug for Periodic {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let when = match &self.when {
+            When::Every(d) => format!("every {d:?}"),
+            When::Cron(_, expr) => format!("cron `{expr}`"),
+        };
+        f.debug_struct("Periodic")
+            .field("name", &self.name)
+            .field("when", &when)
+            .field("missed", &self.missed)
+            .finish()
+    }
+}
+
+impl Periodic {
+    /// Due every `interval`, at multiples of it since the Unix epoch (so
+    /// every instance agrees on the due times). An interval of 0 is refused
+    /// when the consumer starts.
+    pub fn every(name: impl Into<String>, interval: Duration) -> Self {
+        Periodic {
+            name: name.into(),
+            when: When::Every(interval),
+            missed: Missed::Skip,
+        }
+    }
+
+    /// Due at the times of a cron expression with seconds, in UTC:
+    /// `sec min hour day-of-month month day-of-week [year]`.
+    pub fn cron(name: impl Into<String>, expression: &str) -> Result<Self> {
+        let schedule = cron::Schedule::from_str(expression).map_err(|e| {
+            Error::invalid(
+                "cron",
+                format!(
+                    "`{expression}` does not parse ({e}); use `sec min hour day-of-month month day-of-week`, \
+                     e.g. `0 */5 * * * *` for every five minutes"
+                ),
+            )
+        })?;
+        Ok(Periodic {
+            name: name.into(),
+            when: When::Cron(Box::new(schedule), expression.to_owned()),
+            missed: Missed::Skip,
+        })
+    }
+
+    /// What to do with due times missed while no instance ran (default
+    /// [`Missed::Skip`]).
+    pub fn missed(mut self, missed: Missed) -> Self {
+        self.missed = missed;
+        self
+    }
+
+    /// The job's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The first due time strictly after `t`.
+    pub fn next_after(&self, t: SystemTime) -> Option<SystemTime> {
+        match &self.when {
+            When::Every(interval) => {
+                let every = interval.as_millis().max(1);
+                let ms = t.duration_since(UNIX_EPOCH).ok()?.as_millis();
+                let next = (ms / every + 1) * every;
+                Some(UNIX_EPOCH + Duration::from_millis(u64::try_from(next).ok()?))
+            }
+            When::Cron(schedule, _) => {
+                let after: DateTime<Utc> = t.into();
+                schedule.after(&after).next().map(SystemTime::from)
+            }
+        }
+    }
+
+    /// The latest due time at or before `t`.
+    fn last_at_or_before(&self, t: SystemTime) -> Option<SystemTime> {
+        match &self.when {
+            When::Every(interval) => {
+                let every = interval.as_millis().max(1);
+                let ms = t.duration_since(UNIX_EPOCH).ok()?.as_millis();
+                Some(UNIX_EPOCH + Duration::from_millis(u64::try_from(ms / every * every).ok()?))
+            }
+            When::Cron(schedule, _) => {
+                // Going backwards from just after `t`.
+                let after: DateTime<Utc> = (t + Duration::from_millis(1)).into();
+                schedule.after(&after).next_back().map(SystemTime::from)
+            }
+        }
+    }
+
+    /// How far the due time after `due` is.
+    fn period_near(&self, due: SystemTime) -> Option<Duration> {
+        self.next_after(due)?.duration_since(due).ok()
+    }
+
+    pub(crate) fn validate(&self) -> Result<()> {
+        let bad_name = self.name.is_empty()
+            || self.name.len() > 200
+            || self
+                .name
+                .chars()
+                .any(|c| c.is_whitespace() || c.is_control());
+        if bad_name {
+            return Err(Error::invalid(
+                "periodic",
+                format!(
+                    "job name `{}`: use 1 to 200 characters, no whitespace",
+                    self.name
+                ),
+            ));
+        }
+        if matches!(self.when, When::Every(d) if d < Duration::from_millis(100)) {
+            return Err(Error::invalid(
+                "periodic",
+                format!("job `{}`: use an interval of at least 100ms", self.name),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// A registered job with its task's payload, ready to trigger.
+#[derive(Debug, Clone)]
+pub(crate) struct Registered {
+    pub(crate) job: Periodic,
+    pub(crate) codec: &'static str,
+    pub(crate) payload: Vec<u8>,
+}
+
+impl Registered {
+    /// Claims due time `due` and enqueues the job's task, once across the
+    /// service; true if this call did it.
+    pub(crate) async fn trigger(
+        &self,
+        conn: &SharedConnection,
+        name: &ServiceName,
+        partitions: u32,
+        due: SystemTime,
+    ) -> Result<bool> {
+        let job = &self.job.name;
+        let p = partition_of(job.as_bytes(), partitions);
+        let due_ms = due
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_millis() as u64;
+        let id = TaskId::from(format!("cron:{job}:{due_ms}").as_str());
+        let entry = Entry::new(id, Some(job.clone()), self.codec, self.payload.clone());
+        // Kept well past the last instance that could still try this due
+        // time (clock skew, a slow scheduler).
+        let keep = self
+            .job
+            .period_near(due)
+            .unwrap_or(Duration::from_secs(3600))
+            .saturating_mul(2)
+            .clamp(Duration::from_secs(60), Duration::from_secs(8 * 24 * 3600));
+        let mut script = TRIGGER.key(keys::stream(name, p));
+        script
+            .key(keys::cron(name, p, job, due_ms))
+            .arg(keep.as_millis() as u64);
+        for (k, v) in entry.fields() {
+            script.arg(k).arg(v);
+        }
+        let triggered: i64 = conn.invoke(&script).await?;
+        Ok(triggered == 1)
+    }
+
+    /// The due time to catch up on at start, if the job runs missed ones.
+    pub(crate) fn missed_due(&self, now: SystemTime) -> Option<SystemTime> {
+        match self.job.missed {
+            Missed::Skip => None,
+            Missed::RunOnce => self.job.last_at_or_before(now),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(secs: u64) -> SystemTime {
+        UNIX_EPOCH + Duration::from_secs(secs)
+    }
+
+    #[test]
+    fn intervals_are_aligned_to_the_epoch() {
+        let job = Periodic::every("j", Duration::from_secs(60));
+        assert_eq!(job.next_after(at(1_000_000_010)), Some(at(1_000_000_020)));
+        assert_eq!(
+            job.next_after(at(1_000_000_020)),
+            Some(at(1_000_000_080)),
+            "strictly after"
+        );
+    }
+
+    #[test]
+    fn a_cron_expression_gives_its_next_due_times() {
+        // 2026-11-22 03:00:00 UTC is 1795316400.
+        let job = Periodic::cron("report", "0 30 2 * * *").unwrap();
+        let next = job.next_after(at(1_795_316_400)).unwrap();
+        assert_eq!(
+            next,
+            at(1_795_316_400 + 23 * 3600 + 30 * 60),
+            "02:30 the next day"
+        );
+        let every5 = Periodic::cron("tick", "*/5 * * * * *").unwrap();
+        let first = every5.next_after(at(1_795_316_401)).unwrap();
+        assert_eq!(first, at(1_795_316_405));
+        assert_eq!(every5.next_after(first), Some(at(1_795_316_410)));
+    }
+
+    #[test]
+    fn a_bad_cron_expression_is_refused_by_name() {
+        let err = Periodic::cron("x", "every tuesday")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("cron") && err.contains("every tuesday"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn the_latest_missed_due_time_is_found() {
+        let job = Periodic::every("j", Duration::from_secs(60));
+        assert_eq!(
+            job.last_at_or_before(at(1_000_000_050)),
+            Some(at(1_000_000_020))
+        );
+        assert_eq!(
+            job.last_at_or_before(at(1_000_000_020)),
+            Some(at(1_000_000_020))
+        );
+        let cron = Periodic::cron("c", "0 0 * * * *").unwrap();
+        assert_eq!(
+            cron.last_at_or_before(at(1_795_316_400 + 10)),
+            Some(at(1_795_316_400))
+        );
+    }
+}
