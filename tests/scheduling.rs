@@ -204,3 +204,113 @@ async fn a_periodic_job_runs_once_per_due_time_while_instances_come_and_go() {
         late.iter().max().unwrap()
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ordered_partitions_keep_same_key_order_through_a_retry_and_a_handover() {
+    let server = RedisServer::start();
+    let name = unique_name("ordered");
+    // (key, seq, attempt, started, succeeded at) per run.
+    type Log = Arc<Mutex<Vec<(String, u64, u32, SystemTime, Option<SystemTime>)>>>;
+    let log: Log = Arc::default();
+    #[derive(Debug, Clone, Serialize, Deserialize)]
+    struct Keyed {
+        key: String,
+        seq: u64,
+    }
+    let start = |log: Log| {
+        let service = tower::service_fn(move |task: Task<Keyed>| {
+            let log = log.clone();
+            async move {
+                let Keyed { key, seq } = task.payload;
+                let attempt = task.cx.attempt();
+                let at = log.lock().unwrap().len();
+                log.lock()
+                    .unwrap()
+                    .push((key.clone(), seq, attempt, SystemTime::now(), None));
+                tokio::time::sleep(10 * MS).await;
+                // Key "a", seq 10 fails its first attempt: the partition
+                // waits for its retry.
+                if key == "a" && seq == 10 && attempt == 1 {
+                    return Err(HandlerError::msg("first attempt fails"));
+                }
+                log.lock().unwrap()[at].4 = Some(SystemTime::now());
+                Ok::<(), HandlerError>(())
+            }
+        });
+        let builder = Consumer::builder()
+            .name(&name)
+            .redis(server.url())
+            .partitions(P)
+            .ordered(true)
+            .backoff(peerq::retry::Backoff::exponential(300 * MS, 1000 * MS))
+            .service(service);
+        let stop = CancellationToken::new();
+        (
+            stop.clone(),
+            tokio::spawn(builder.run_until(stop.cancelled_owned())),
+        )
+    };
+    let first = start(log.clone());
+    let producer = Producer::builder()
+        .name(&name)
+        .redis(server.url())
+        .partitions(P)
+        .connect()
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let keys = ["a", "b", "c", "d"];
+    let mut second = None;
+    for seq in 0..40u64 {
+        for key in keys {
+            let task = Keyed {
+                key: key.into(),
+                seq,
+            };
+            producer
+                .enqueue_with(task, Options::new().key(key))
+                .await
+                .unwrap();
+        }
+        tokio::time::sleep(100 * MS).await;
+        if seq == 10 {
+            // A second instance joins: about half the partitions move.
+            second = Some(start(log.clone()));
+        }
+    }
+    wait_until(Duration::from_secs(30), "every task to succeed", || {
+        log.lock().unwrap().iter().filter(|r| r.4.is_some()).count() == 160
+    })
+    .await;
+    for (stop, task) in [first, second.unwrap()] {
+        stop.cancel();
+        task.await.unwrap().unwrap();
+    }
+
+    let log = log.lock().unwrap().clone();
+    for key in keys {
+        let mut runs: Vec<_> = log.iter().filter(|r| r.0 == key).cloned().collect();
+        runs.sort_by_key(|r| r.3);
+        // Successes in enqueue order, each once.
+        let done: Vec<u64> = runs.iter().filter(|r| r.4.is_some()).map(|r| r.1).collect();
+        assert_eq!(done, (0..40).collect::<Vec<_>>(), "key {key}: {done:?}");
+        // Nothing of a key starts before the task before it succeeded.
+        for pair in runs.windows(2) {
+            let (prev, next) = (&pair[0], &pair[1]);
+            let prev_end = prev.4.unwrap_or(prev.3);
+            assert!(
+                next.3 >= prev_end,
+                "key {key}: seq {} started before seq {} ended",
+                next.1,
+                prev.1
+            );
+        }
+    }
+    let retried: Vec<_> = log
+        .iter()
+        .filter(|r| r.0 == "a" && r.1 == 10)
+        .map(|r| r.2)
+        .collect();
+    assert_eq!(retried, vec![1, 2], "retried in place with attempt 2");
+    println!("4 keys x 40 tasks in order through a retry in place and a handover");
+}

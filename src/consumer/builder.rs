@@ -90,6 +90,7 @@ impl ConsumerBuilder<(), (), Bincode> {
                 drain_timeout: DEFAULT_DRAIN_TIMEOUT,
                 max_attempts: DEFAULT_MAX_ATTEMPTS,
                 backoff: Backoff::default(),
+                ordered: false,
                 periodic: Vec::new(),
                 claim_idle: DEFAULT_CLAIM_IDLE,
                 leave_timeout: None,
@@ -212,6 +213,17 @@ impl<T, S, C: Codec> ConsumerBuilder<T, S, C> {
     /// [`HandlerError::permanent`]: crate::HandlerError::permanent
     pub fn backoff(mut self, backoff: Backoff) -> Self {
         self.settings.backoff = backoff;
+        self
+    }
+
+    /// Ordered partitions (default false: concurrent): each partition's
+    /// tasks run one at a time in stream order, so tasks with one key run
+    /// in enqueue order. A failed task is retried in place after its
+    /// backoff, blocking its partition; across a handover the next owner
+    /// runs what was left pending first. Throughput per partition is one
+    /// task at a time. Service-wide.
+    pub fn ordered(mut self, ordered: bool) -> Self {
+        self.settings.ordered = ordered;
         self
     }
 

@@ -93,6 +93,8 @@ pub(crate) struct ConsumerSettings {
     pub(crate) drain_timeout: Duration,
     pub(crate) max_attempts: u32,
     pub(crate) backoff: Backoff,
+    /// One task at a time per partition, in stream order (service-wide).
+    pub(crate) ordered: bool,
     /// Periodic jobs with their tasks' payloads.
     pub(crate) periodic: Vec<Registered>,
     pub(crate) claim_idle: Duration,

@@ -6,6 +6,7 @@
 use std::any::Any;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use deadpool_redis::redis::{self, streams::StreamId};
@@ -53,10 +54,15 @@ pub(crate) struct RunTask<T, S, C> {
     /// Fires at the drain timeout, a lapsed lease or a fence.
     pub(crate) cancel: CancellationToken,
     pub(crate) held: Held,
+    /// Whether the entry is no longer pending: acked, or moved (retried,
+    /// dead-lettered, handed back).
+    pub(crate) settled: AtomicBool,
 }
 
 impl<T: Payload, S: TaskService<T>, C: Codec> RunTask<T, S, C> {
-    pub(crate) async fn run(self, raw: StreamId) {
+    /// Runs `raw` to its outcome; true if the entry is no longer pending
+    /// (false: left for this instance's or the next owner's pending list).
+    pub(crate) async fn run(self, raw: StreamId) -> bool {
         let stream_id = raw.id.clone();
         // Wait for room, and for the lease (rule 6: nothing fetched runs
         // without one); a task that has not started when its partition is
@@ -81,15 +87,26 @@ impl<T: Payload, S: TaskService<T>, C: Codec> RunTask<T, S, C> {
                 drop(permit);
                 // Held until the ack has landed: re-reading the pending list
                 // before that must not run the task again.
-                if let Some(acked) = acked
-                    && let Ok(Acked::Fenced) = acked.await
-                {
-                    self.ownership.fenced("acking");
+                if let Some(acked) = acked {
+                    match acked.await {
+                        Ok(Acked::Yes) => self.settled.store(true, Ordering::SeqCst),
+                        Ok(Acked::Fenced) => self.ownership.fenced("acking"),
+                        _ => {}
+                    }
                 }
             }
+            // Ordered: left pending, so the next owner runs it first.
+            None if self.ordered() => {}
             None => self.hand_back(raw).await,
         }
         self.held.release(&stream_id);
+        self.settled.load(Ordering::SeqCst)
+    }
+
+    /// Ordered partitions (DESIGN.md §5.4): one task at a time, in stream
+    /// order; nothing is enqueued again at the stream's end.
+    fn ordered(&self) -> bool {
+        self.shared.settings.ordered
     }
 
     /// An entry claimed from another consumer (a crashed or fenced
@@ -99,7 +116,8 @@ impl<T: Payload, S: TaskService<T>, C: Codec> RunTask<T, S, C> {
     /// not parse goes where `run` sends it (the dead letters).
     pub(crate) async fn take_over(self, raw: StreamId) {
         let Ok(entry) = Entry::parse(&raw.map) else {
-            return self.run(raw).await;
+            self.run(raw).await;
+            return;
         };
         let next = Entry {
             attempt: entry.attempt + 1,
@@ -121,7 +139,9 @@ impl<T: Payload, S: TaskService<T>, C: Codec> RunTask<T, S, C> {
         // Rule 6, as late as possible: waiting for room may have outlived
         // the lease (a frozen process resumes here, say).
         if !self.lease.valid() {
-            self.hand_back(raw).await;
+            if !self.ordered() {
+                self.hand_back(raw).await;
+            }
             return None;
         }
         let entry = match Entry::parse(&raw.map) {
@@ -132,43 +152,70 @@ impl<T: Payload, S: TaskService<T>, C: Codec> RunTask<T, S, C> {
                 return None;
             }
         };
-        let payload: T = match self.decode(&entry) {
-            Ok(payload) => payload,
-            Err(e) => {
-                self.dead_letter(&raw, Some(&entry), "decode", &e).await;
-                return None;
-            }
-        };
-        let span = info_span!(
-            "task",
-            task_id = %entry.id,
-            partition = self.partition,
-            attempt = entry.attempt,
-            epoch = self.assignment.epoch
-        );
-        match self.call(&entry, payload, span.clone()).await {
-            Outcome::Succeeded => {
-                let (done, acked) = oneshot::channel();
-                let _ = self.shared.acks.send(Ack {
-                    fence: self.ownership.fence.clone(),
-                    id: raw.id.clone(),
-                    done,
-                });
-                Some(acked)
-            }
-            Outcome::Failed(error, disposition) => {
-                self.failed(&raw, &entry, &error, disposition)
-                    .instrument(span)
-                    .await;
-                None
-            }
-            Outcome::Cancelled => {
-                // At once: it runs on the partition's next owner.
-                let why = "cancelled at the drain timeout";
-                self.retry(&raw.id, &entry, why, Duration::ZERO)
-                    .instrument(span)
-                    .await;
-                None
+        let mut entry = entry;
+        loop {
+            let payload: T = match self.decode(&entry) {
+                Ok(payload) => payload,
+                Err(e) => {
+                    self.dead_letter(&raw, Some(&entry), "decode", &e).await;
+                    return None;
+                }
+            };
+            let span = info_span!(
+                "task",
+                task_id = %entry.id,
+                partition = self.partition,
+                attempt = entry.attempt,
+                epoch = self.assignment.epoch
+            );
+            match self.call(&entry, payload, span.clone()).await {
+                Outcome::Succeeded => {
+                    let (done, acked) = oneshot::channel();
+                    let _ = self.shared.acks.send(Ack {
+                        fence: self.ownership.fence.clone(),
+                        id: raw.id.clone(),
+                        done,
+                    });
+                    return Some(acked);
+                }
+                // Ordered: retried in place after its backoff, blocking the
+                // partition, so tasks with one key keep their order.
+                Outcome::Failed(error, disposition) if self.ordered() => {
+                    let delay = match self.next_attempt(&entry, &error, disposition) {
+                        Ok(delay) => delay,
+                        Err(reason) => {
+                            self.dead_letter(&raw, Some(&entry), reason, &error)
+                                .instrument(span)
+                                .await;
+                            return None;
+                        }
+                    };
+                    warn!(parent: &span, error, retry_in = ?delay, "task failed; retried in place");
+                    // A release meanwhile leaves it pending: the next owner
+                    // runs it first.
+                    tokio::select! {
+                        _ = tokio::time::sleep(delay) => {}
+                        _ = self.ownership.stop.cancelled() => return None,
+                        _ = self.cancel.cancelled() => return None,
+                    }
+                    entry.attempt += 1;
+                }
+                Outcome::Failed(error, disposition) => {
+                    self.failed(&raw, &entry, &error, disposition)
+                        .instrument(span)
+                        .await;
+                    return None;
+                }
+                // Ordered: left pending; it runs first on the next owner.
+                Outcome::Cancelled if self.ordered() => return None,
+                Outcome::Cancelled => {
+                    // At once: it runs on the partition's next owner.
+                    let why = "cancelled at the drain timeout";
+                    self.retry(&raw.id, &entry, why, Duration::ZERO)
+                        .instrument(span)
+                        .await;
+                    return None;
+                }
             }
         }
     }
@@ -245,23 +292,36 @@ impl<T: Payload, S: TaskService<T>, C: Codec> RunTask<T, S, C> {
     /// asked for), or moved to the dead letters after the last attempt or
     /// on a permanent error.
     async fn failed(&self, raw: &StreamId, entry: &Entry, error: &str, disposition: Disposition) {
+        match self.next_attempt(entry, error, disposition) {
+            Ok(delay) => self.retry(&raw.id, entry, error, delay).await,
+            Err(reason) => self.dead_letter(raw, Some(entry), reason, error).await,
+        }
+    }
+
+    /// After a failed attempt: the delay before the next one, or why there
+    /// is none (the dead letters' reason).
+    fn next_attempt(
+        &self,
+        entry: &Entry,
+        error: &str,
+        disposition: Disposition,
+    ) -> Result<Duration, &'static str> {
         let settings = &self.shared.settings;
-        let delay = match disposition {
+        match disposition {
             Disposition::Permanent => {
                 warn!(error, "task failed permanently; moved to the dead letters");
-                return self.dead_letter(raw, Some(entry), "permanent", error).await;
+                Err("permanent")
             }
             _ if entry.attempt >= settings.max_attempts => {
                 warn!(
                     error,
                     "task failed its last attempt; moved to the dead letters"
                 );
-                return self.dead_letter(raw, Some(entry), "failed", error).await;
+                Err("failed")
             }
-            Disposition::RetryAfter(delay) => delay,
-            _ => settings.backoff.delay(entry.attempt),
-        };
-        self.retry(&raw.id, entry, error, delay).await;
+            Disposition::RetryAfter(delay) => Ok(delay),
+            _ => Ok(settings.backoff.delay(entry.attempt)),
+        }
     }
 
     /// Acks this entry and enqueues the task again with `attempt + 1`
@@ -347,7 +407,7 @@ impl<T: Payload, S: TaskService<T>, C: Codec> RunTask<T, S, C> {
     /// entry stays pending, and the partition's owner claims it.
     fn moved(&self, moved: crate::Result<Moved>, what: &str) {
         match moved {
-            Ok(Moved::Yes | Moved::NotPending) => {}
+            Ok(Moved::Yes | Moved::NotPending) => self.settled.store(true, Ordering::SeqCst),
             Ok(Moved::Fenced) => self.ownership.fenced(what),
             Err(e) => error!(
                 partition = self.partition,

@@ -92,6 +92,7 @@ where
     check_eviction(&conn, settings.allow_eviction).await?;
     let mut fields = config::queue_meta_fields(settings.partitions, C::NAME);
     fields.push(("drain_timeout", fmt_duration(settings.drain_timeout)));
+    fields.push(("ordered", settings.ordered.to_string()));
     meta::ensure(&mut conn.get().await?, &name, &fields).await?;
     create_groups(&conn, &name, settings.partitions).await?;
 

@@ -394,7 +394,16 @@ impl<T: Payload, S: TaskService<T>, C: Codec> Fetcher<T, S, C> {
                     return;
                 };
                 match claimed {
-                    Ok(()) => claim_idle = self.shared.settings.claim_idle,
+                    Ok(took_any) => {
+                        claim_idle = self.shared.settings.claim_idle;
+                        // Ordered: what was claimed is now in this
+                        // instance's pending list; read it from there, in
+                        // stream order, before anything new.
+                        if took_any && self.shared.settings.ordered {
+                            pending_from = Some("0".to_owned());
+                            self.held.begin_reread();
+                        }
+                    }
                     Err(e) => warn!(partition = self.partition, cause = %e, "claim failed"),
                 }
                 next_claim = Instant::now() + self.shared.settings.claim_idle / 3;
@@ -406,7 +415,11 @@ impl<T: Payload, S: TaskService<T>, C: Codec> Fetcher<T, S, C> {
                 return;
             };
             drop(room);
-            let count = self.shared.permits.available_permits().clamp(1, batch);
+            // Ordered: one at a time.
+            let count = match self.shared.settings.ordered {
+                true => 1,
+                false => self.shared.permits.available_permits().clamp(1, batch),
+            };
             let Reader { conn, client_id } = match &mut reader {
                 Some(reader) => reader,
                 None => match self.or_stop(self.connect_reader()).await {
@@ -493,8 +506,24 @@ impl<T: Payload, S: TaskService<T>, C: Codec> Fetcher<T, S, C> {
             for entry in entries {
                 // Not one this worker holds already, or finished during
                 // the re-read.
-                if self.held.take(&entry.id) {
-                    self.spawn_task(entry);
+                if !self.held.take(&entry.id) {
+                    continue;
+                }
+                let run = self.spawn_task(entry);
+                if !self.shared.settings.ordered {
+                    continue;
+                }
+                // Ordered: the next read waits until this task is done; one
+                // left pending (no lease, a failed write) is read again
+                // before anything after it.
+                match self.or_stop(run).await {
+                    None => return,
+                    Some(Ok(true)) => {}
+                    Some(_) => {
+                        pending_from = Some("0".to_owned());
+                        self.held.begin_reread();
+                        break;
+                    }
                 }
             }
             if pending_from.is_none() {
@@ -591,8 +620,10 @@ impl<T: Payload, S: TaskService<T>, C: Codec> Fetcher<T, S, C> {
     }
 
     /// Claims entries other consumers left pending for `idle` or longer
-    /// (a crashed or fenced instance, a failed ack) and runs them.
-    async fn claim(&self, idle: Duration) -> crate::Result<()> {
+    /// (a crashed or fenced instance, a failed ack) and runs them; true if
+    /// it took any.
+    async fn claim(&self, idle: Duration) -> crate::Result<bool> {
+        let mut took_any = false;
         let fence = &self.ownership.fence;
         let mut start = "0-0".to_owned();
         loop {
@@ -603,9 +634,15 @@ impl<T: Payload, S: TaskService<T>, C: Codec> Fetcher<T, S, C> {
                 .await?
             else {
                 self.ownership.fenced("claiming");
-                return Ok(());
+                return Ok(took_any);
             };
+            took_any |= !reply.claimed.is_empty();
             for entry in reply.claimed {
+                // Ordered: they run from this instance's pending list, in
+                // order, not enqueued again at the end.
+                if self.shared.settings.ordered {
+                    continue;
+                }
                 if self.held.take(&entry.id) {
                     debug!(
                         partition = self.partition,
@@ -617,16 +654,16 @@ impl<T: Payload, S: TaskService<T>, C: Codec> Fetcher<T, S, C> {
                 }
             }
             if reply.next_stream_id == "0-0" {
-                return Ok(());
+                return Ok(took_any);
             }
             start = reply.next_stream_id;
         }
     }
 
     /// Runs `entry` in its own task, once the instance has room for it.
-    fn spawn_task(&self, entry: StreamId) {
+    fn spawn_task(&self, entry: StreamId) -> JoinHandle<bool> {
         let run = self.run_task();
-        self.tracker.spawn(run.run(entry));
+        self.tracker.spawn(run.run(entry))
     }
 
     fn run_task(&self) -> RunTask<T, S, C> {
@@ -638,6 +675,7 @@ impl<T: Payload, S: TaskService<T>, C: Codec> Fetcher<T, S, C> {
             cancel: self.ownership.cancel.child_token(),
             ownership: self.ownership.clone(),
             held: self.held.clone(),
+            settled: AtomicBool::new(false),
         }
     }
 }
