@@ -314,3 +314,87 @@ async fn ordered_partitions_keep_same_key_order_through_a_retry_and_a_handover()
     assert_eq!(retried, vec![1, 2], "retried in place with attempt 2");
     println!("4 keys x 40 tasks in order through a retry in place and a handover");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn due_times_missed_while_no_instance_ran_are_skipped_or_run_once() {
+    use peerq::periodic::Missed;
+    let server = RedisServer::start();
+    let name = unique_name("missed");
+    let ticks: Ticks = Arc::default();
+    let start = |ticks: Ticks| {
+        let service = tower::service_fn(move |task: Task<Job>| {
+            let ticks = ticks.clone();
+            async move {
+                let id = task.cx.task_id().as_str().to_owned();
+                ticks.lock().unwrap().push((id, SystemTime::now()));
+                Ok::<(), HandlerError>(())
+            }
+        });
+        let every = Duration::from_secs(2);
+        let builder = Consumer::builder()
+            .name(&name)
+            .redis(server.url())
+            .partitions(P)
+            .periodic(Periodic::every("skipper", every), &Job { seq: 1 })
+            .periodic(
+                Periodic::every("catcher", every).missed(Missed::RunOnce),
+                &Job { seq: 2 },
+            )
+            .service(service);
+        let stop = CancellationToken::new();
+        (
+            stop.clone(),
+            tokio::spawn(builder.run_until(stop.cancelled_owned())),
+        )
+    };
+    let due_of = |id: &str| -> u64 { id.rsplit(':').next().unwrap().parse().unwrap() };
+    let ms = |t: SystemTime| {
+        t.duration_since(SystemTime::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as u64
+    };
+
+    let (stop, task) = start(ticks.clone());
+    wait_until(Duration::from_secs(15), "both jobs to run", || {
+        let t = ticks.lock().unwrap();
+        ["skipper", "catcher"]
+            .iter()
+            .all(|j| t.iter().any(|(id, _)| id.contains(j)))
+    })
+    .await;
+    stop.cancel();
+    task.await.unwrap().unwrap();
+    let stopped = ms(SystemTime::now());
+    // No instance runs for 5 s: two or three due times pass.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let restarted = ms(SystemTime::now());
+    let (stop, task) = start(ticks.clone());
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    stop.cancel();
+    task.await.unwrap().unwrap();
+
+    let ticks = ticks.lock().unwrap().clone();
+    let in_gap = |job: &str| {
+        ticks
+            .iter()
+            .filter(|(id, _)| id.contains(job))
+            .map(|(id, _)| due_of(id))
+            .filter(|due| *due > stopped && *due <= restarted)
+            .collect::<Vec<_>>()
+    };
+    println!(
+        "missed due times run: skipper {:?}, catcher {:?}",
+        in_gap("skipper"),
+        in_gap("catcher")
+    );
+    assert!(in_gap("skipper").is_empty(), "Skip ran a missed due time");
+    assert_eq!(
+        in_gap("catcher").len(),
+        1,
+        "RunOnce runs the latest missed due time once"
+    );
+    assert!(
+        in_gap("catcher")[0] + 2000 > restarted,
+        "the latest missed one, not an older one"
+    );
+}
