@@ -200,8 +200,14 @@ impl DeadLetters {
         for (k, v) in letter.replayed() {
             script.arg(k).arg(v);
         }
-        let replayed: i64 = self.conn.invoke(&script).await?;
-        Ok(replayed == 1)
+        match self.conn.invoke::<i64>(&script).await? {
+            1 => Ok(true),
+            0 => Ok(false),
+            _ => Err(Error::Runtime(format!(
+                "dead letter {} of partition {} holds no task fields to replay; purge it",
+                letter.id, letter.partition
+            ))),
+        }
     }
 
     /// Removes `letter` for good; false if it was gone already.

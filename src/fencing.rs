@@ -272,17 +272,12 @@ pub(crate) async fn load_ack_script(conn: &SharedConnection) -> Result<()> {
     conn.query::<String>(&load).await.map(drop)
 }
 
-/// The integration tests' harness: real redis-server processes.
-#[cfg(test)]
-#[path = "../tests/support/mod.rs"]
-mod support;
-
 #[cfg(test)]
 mod tests {
     //! Against a real redis-server started by the integration tests' harness.
 
-    use super::support;
     use super::*;
+    use crate::test_support as support;
     use deadpool_redis::redis::AsyncCommands;
 
     async fn setup() -> (support::RedisServer, SharedConnection, ServiceName) {

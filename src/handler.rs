@@ -140,9 +140,15 @@ impl StdError for Failure {
 
 /// The disposition of an error a handler service returned.
 pub(crate) fn disposition_of(error: &BoxError) -> Disposition {
-    error
-        .downcast_ref::<Failure>()
-        .map_or(Disposition::Backoff, |f| f.disposition)
+    // A layer may wrap the handler's error and keep it as its source.
+    let mut next: Option<&(dyn StdError + 'static)> = Some(&**error);
+    while let Some(e) = next {
+        if let Some(failure) = e.downcast_ref::<Failure>() {
+            return failure.disposition;
+        }
+        next = e.source();
+    }
+    Disposition::Backoff
 }
 
 impl From<HandlerError> for BoxError {

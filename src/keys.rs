@@ -52,10 +52,10 @@ pub(crate) fn dedup(name: &ServiceName, p: u32, key: &str) -> String {
     format!("{{{name}/{p}}}:dedup:{key}")
 }
 
-/// The claim of one due time of periodic job `job`, in the job's
-/// partition `p`.
-pub(crate) fn cron(name: &ServiceName, p: u32, job: &str, due_ms: u64) -> String {
-    format!("{{{name}/{p}}}:cron:{job}:{due_ms}")
+/// The latest due time of periodic job `job` that was triggered, in the
+/// job's partition `p`.
+pub(crate) fn cron(name: &ServiceName, p: u32, job: &str) -> String {
+    format!("{{{name}/{p}}}:cron:{job}")
 }
 
 /// The dead letters of partition `p`.

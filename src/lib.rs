@@ -111,6 +111,12 @@ pub mod retry;
 pub mod task;
 mod transition;
 
+/// The integration tests' harness (real redis-server processes), for unit
+/// tests of the scripts.
+#[cfg(test)]
+#[path = "../tests/support/mod.rs"]
+mod test_support;
+
 pub use assignment::Assignment;
 pub use config::Indexing;
 pub use consumer::Consumer;

@@ -5,9 +5,11 @@
 //! Every assigned instance computes the same due times (intervals are
 //! aligned to the Unix epoch; cron expressions are in UTC). At each one it
 //! runs one script in the slot of the job's partition (`hash(job name) % P`)
-//! that sets `{N/p}:cron:<job>:<due>` if absent and enqueues the job's task
-//! in the same step; the first instance wins, the others find the key. The
-//! task's id is `cron:<job>:<due ms>`, so a handler can tell the due time.
+//! that moves the job's high-water mark `{N/p}:cron:<job>` to the due time,
+//! if it is below, and enqueues the job's task in the same step; the first
+//! instance wins, the others (and any instance late with an older due
+//! time) are refused. The task's id is `cron:<job>:<due ms>`, so a handler
+//! can tell the due time.
 
 use std::fmt;
 use std::str::FromStr;
@@ -152,7 +154,7 @@ impl Periodic {
     }
 
     /// How far the due time after `due` is.
-    fn period_near(&self, due: SystemTime) -> Option<Duration> {
+    pub(crate) fn period_near(&self, due: SystemTime) -> Option<Duration> {
         self.next_after(due)?.duration_since(due).ok()
     }
 
@@ -208,18 +210,8 @@ impl Registered {
             .as_millis() as u64;
         let id = TaskId::from(format!("cron:{job}:{due_ms}").as_str());
         let entry = Entry::new(id, Some(job.clone()), self.codec, self.payload.clone());
-        // Kept well past the last instance that could still try this due
-        // time (clock skew, a slow scheduler).
-        let keep = self
-            .job
-            .period_near(due)
-            .unwrap_or(Duration::from_secs(3600))
-            .saturating_mul(2)
-            .clamp(Duration::from_secs(60), Duration::from_secs(8 * 24 * 3600));
         let mut script = TRIGGER.key(keys::stream(name, p));
-        script
-            .key(keys::cron(name, p, job, due_ms))
-            .arg(keep.as_millis() as u64);
+        script.key(keys::cron(name, p, job)).arg(due_ms);
         for (k, v) in entry.fields() {
             script.arg(k).arg(v);
         }
@@ -298,5 +290,40 @@ mod tests {
             cron.last_at_or_before(at(1_795_316_400 + 10)),
             Some(at(1_795_316_400))
         );
+    }
+
+    #[tokio::test]
+    async fn a_due_time_triggers_once_and_never_after_a_later_one() {
+        let server = crate::test_support::RedisServer::start();
+        let conn = SharedConnection::new(server.pool());
+        let name = ServiceName::new(&crate::test_support::unique_name("trigger")).unwrap();
+        // A monthly job: its claim must hold for any period (no expiry).
+        let job = Registered {
+            job: Periodic::cron("monthly", "0 0 0 1 * *").unwrap(),
+            codec: "bincode",
+            payload: vec![1, 2, 3],
+        };
+        let trigger = |secs| job.trigger(&conn, &name, 8, at(secs));
+        assert!(trigger(1_800_000_000).await.unwrap(), "first: triggered");
+        assert!(
+            !trigger(1_800_000_000).await.unwrap(),
+            "the same due time: refused"
+        );
+        assert!(
+            !trigger(1_790_000_000).await.unwrap(),
+            "an older one (a paused instance): refused"
+        );
+        assert!(
+            trigger(1_802_592_000).await.unwrap(),
+            "the next one: triggered"
+        );
+        let p = partition_of(b"monthly", 8);
+        let mut raw = server.pool().get().await.unwrap();
+        let len: usize = redis::cmd("XLEN")
+            .arg(keys::stream(&name, p))
+            .query_async(&mut *raw)
+            .await
+            .unwrap();
+        assert_eq!(len, 2, "two tasks enqueued");
     }
 }

@@ -37,11 +37,15 @@ impl Held {
         entries.running.insert(id.to_owned())
     }
 
-    /// `id` is done here: acked, moved, or left pending after a failure.
-    pub(crate) fn release(&self, id: &str) {
+    /// `id` is done here: `settled` if acked or moved, else left pending
+    /// (a failed write, no lease). Only a settled one is remembered during a
+    /// re-read: one left pending must be read and run again.
+    pub(crate) fn release(&self, id: &str, settled: bool) {
         let mut entries = self.lock();
         entries.running.remove(id);
-        if let Some(finished) = &mut entries.finished {
+        if let Some(finished) = &mut entries.finished
+            && settled
+        {
             finished.insert(id.to_owned());
         }
     }
@@ -73,10 +77,14 @@ mod tests {
         assert!(held.take("1-0"));
         assert!(!held.take("1-0"), "running already");
         held.begin_reread();
-        held.release("1-0");
+        held.release("1-0", true);
         assert!(!held.take("1-0"), "a stale reply of the re-read");
+        assert!(held.take("3-0"));
+        held.release("3-0", false);
+        assert!(held.take("3-0"), "left pending: it runs again");
+        held.release("3-0", true);
         held.end_reread();
-        held.release("2-0");
+        held.release("2-0", true);
         assert!(held.take("2-0"), "outside a re-read nothing is remembered");
         assert_eq!(held.ids(), vec!["2-0".to_owned()]);
     }

@@ -99,8 +99,9 @@ impl<T: Payload, S: TaskService<T>, C: Codec> RunTask<T, S, C> {
             None if self.ordered() => {}
             None => self.hand_back(raw).await,
         }
-        self.held.release(&stream_id);
-        self.settled.load(Ordering::SeqCst)
+        let settled = self.settled.load(Ordering::SeqCst);
+        self.held.release(&stream_id, settled);
+        settled
     }
 
     /// Ordered partitions (DESIGN.md §5.4): one task at a time, in stream
@@ -131,7 +132,8 @@ impl<T: Payload, S: TaskService<T>, C: Codec> RunTask<T, S, C> {
             "taking over a claimed entry",
         )
         .await;
-        self.held.release(&raw.id);
+        self.held
+            .release(&raw.id, self.settled.load(Ordering::SeqCst));
     }
 
     /// Runs the entry; on success returns the ack's confirmation.
@@ -197,6 +199,10 @@ impl<T: Payload, S: TaskService<T>, C: Codec> RunTask<T, S, C> {
                         _ = tokio::time::sleep(delay) => {}
                         _ = self.ownership.stop.cancelled() => return None,
                         _ = self.cancel.cancelled() => return None,
+                    }
+                    // Rule 6 again: the wait may have outlived the lease.
+                    if !self.lease.valid() {
+                        return None;
                     }
                     entry.attempt += 1;
                 }

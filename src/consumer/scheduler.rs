@@ -76,7 +76,12 @@ impl Schedule {
             tokio::select! {
                 _ = tokio::time::sleep(wait) => {}
                 // Not assigned yet: wait for it, then look again.
-                _ = self.standing.changed(), if catch_up.is_some() => continue,
+                changed = self.standing.changed(), if catch_up.is_some() => {
+                    if changed.is_err() {
+                        catch_up = None; // the indexer stopped: no more standings
+                    }
+                    continue;
+                }
             }
             if self.now() < due {
                 continue; // woke early (a clock step): sleep the rest
@@ -97,16 +102,32 @@ impl Schedule {
         matches!(*self.standing.borrow(), Standing::Assigned(_))
     }
 
+    /// Triggers `due`, retrying while Redis fails (every instance calls at
+    /// once, so one stall would otherwise skip the due time everywhere),
+    /// until half a period after it: the claim makes retries safe.
     async fn trigger(&self, due: SystemTime, why: &str) {
         let job = self.job.job.name();
-        match self
+        let period = self
             .job
-            .trigger(&self.conn, &self.name, self.partitions, due)
-            .await
-        {
-            Ok(true) => debug!(job, ?due, why, "periodic job triggered"),
-            Ok(false) => {}
-            Err(e) => warn!(job, ?due, cause = %e, "could not trigger the periodic job"),
+            .job
+            .period_near(due)
+            .unwrap_or(Duration::from_secs(1));
+        let give_up = due + period / 2;
+        let mut backoff = Duration::from_millis(50);
+        loop {
+            let triggered = self
+                .job
+                .trigger(&self.conn, &self.name, self.partitions, due);
+            match triggered.await {
+                Ok(true) => return debug!(job, ?due, why, "periodic job triggered"),
+                Ok(false) => return,
+                Err(e) if self.now() + backoff < give_up => {
+                    debug!(job, ?due, cause = %e, "could not trigger the periodic job; retrying");
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(5));
+                }
+                Err(e) => return warn!(job, ?due, cause = %e, "could not trigger the periodic job"),
+            }
         }
     }
 }

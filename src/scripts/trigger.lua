@@ -1,10 +1,17 @@
 -- DESIGN.md §6: triggers one due time of a periodic job, once across the
--- service: claims the due time and enqueues the job's task in one step.
--- KEYS[1] = {N/p}:stream     KEYS[2] = {N/p}:cron:<job>:<due ms>
--- ARGV[1] = how long the claim is kept (ms)     ARGV[2..] = field, value, ...
--- Returns 1 when this call triggered it, 0 when it was triggered already.
-if redis.call('SET', KEYS[2], '1', 'NX', 'PX', ARGV[1]) == false then
+-- service: moves the job's high-water mark (the latest due time triggered)
+-- to this due time and enqueues the job's task, in one step. A due time at
+-- or below the mark was triggered already, or is older than one that was
+-- (an instance that was paused, or that catches up on a missed one): it is
+-- refused. The mark never expires, so this holds for any period.
+-- KEYS[1] = {N/p}:stream     KEYS[2] = {N/p}:cron:<job>
+-- ARGV[1] = the due time (ms)     ARGV[2..] = field, value, ...
+-- Returns 1 when this call triggered it, 0 when it was refused.
+local mark = tonumber(redis.call('GET', KEYS[2]) or '-1')
+local due = tonumber(ARGV[1])
+if due <= mark then
   return 0
 end
+redis.call('SET', KEYS[2], ARGV[1])
 redis.call('XADD', KEYS[1], '*', unpack(ARGV, 2))
 return 1
