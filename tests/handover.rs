@@ -540,10 +540,11 @@ async fn an_instance_cut_from_redis_stops_within_its_lease() {
             move |task: Task<Job>| {
                 let seen = seen.clone();
                 async move {
-                    let at = seen.lock().unwrap().len();
-                    seen.lock()
-                        .unwrap()
-                        .push((task.payload.seq, SystemTime::now(), None));
+                    let at = {
+                        let mut seen = seen.lock().unwrap();
+                        seen.push((task.payload.seq, SystemTime::now(), None));
+                        seen.len() - 1
+                    };
                     // The first run (the one running when Redis goes away;
                     // concurrency 1) runs until cancelled; the rest finish.
                     if at == 0 {

@@ -223,10 +223,12 @@ async fn ordered_partitions_keep_same_key_order_through_a_retry_and_a_handover()
             async move {
                 let Keyed { key, seq } = task.payload;
                 let attempt = task.cx.attempt();
-                let at = log.lock().unwrap().len();
-                log.lock()
-                    .unwrap()
-                    .push((key.clone(), seq, attempt, SystemTime::now(), None));
+                // One lock: tasks of other keys run at the same time.
+                let at = {
+                    let mut log = log.lock().unwrap();
+                    log.push((key.clone(), seq, attempt, SystemTime::now(), None));
+                    log.len() - 1
+                };
                 tokio::time::sleep(10 * MS).await;
                 // Key "a", seq 10 fails its first attempt: the partition
                 // waits for its retry.
@@ -278,10 +280,22 @@ async fn ordered_partitions_keep_same_key_order_through_a_retry_and_a_handover()
             second = Some(start(log.clone()));
         }
     }
-    wait_until(Duration::from_secs(30), "every task to succeed", || {
-        log.lock().unwrap().iter().filter(|r| r.4.is_some()).count() == 160
-    })
-    .await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while log.lock().unwrap().iter().filter(|r| r.4.is_some()).count() < 160 {
+        if Instant::now() > deadline {
+            let log = log.lock().unwrap().clone();
+            let progress: Vec<_> = keys
+                .iter()
+                .map(|k| {
+                    let done = log.iter().filter(|r| r.0 == *k && r.4.is_some()).count();
+                    let last: Vec<_> = log.iter().filter(|r| r.0 == *k).rev().take(2).collect();
+                    format!("{k}: {done} done, last runs {last:?}")
+                })
+                .collect();
+            panic!("not every task succeeded: {progress:#?}");
+        }
+        tokio::time::sleep(20 * MS).await;
+    }
     for (stop, task) in [first, second.unwrap()] {
         stop.cancel();
         task.await.unwrap().unwrap();
@@ -396,5 +410,81 @@ async fn due_times_missed_while_no_instance_ran_are_skipped_or_run_once() {
     assert!(
         in_gap("catcher")[0] + 2000 > restarted,
         "the latest missed one, not an older one"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ordered_task_left_by_a_crashed_owner_runs_first_with_a_higher_attempt() {
+    use deadpool_redis::redis;
+    let server = RedisServer::start();
+    let name = unique_name("ordered-crash");
+    let producer = Producer::builder()
+        .name(&name)
+        .redis(server.url())
+        .partitions(P)
+        .connect()
+        .await
+        .unwrap();
+    let p = peerq::partition::partition_of(b"k", P);
+    let stream = format!("{{{name}/{p}}}:stream");
+    let mut conn = server.pool().get().await.unwrap();
+    let () = redis::cmd("XGROUP")
+        .arg("CREATE")
+        .arg(&stream)
+        .arg("peerq")
+        .arg("0")
+        .arg("MKSTREAM")
+        .query_async(&mut *conn)
+        .await
+        .unwrap();
+    for seq in 0..3u64 {
+        producer
+            .enqueue_with(Job { seq }, Options::new().key("k"))
+            .await
+            .unwrap();
+    }
+    // An instance that crashed had read the first task (it may have run).
+    let _: redis::Value = redis::cmd("XREADGROUP")
+        .arg("GROUP")
+        .arg("peerq")
+        .arg("crashed-instance")
+        .arg("COUNT")
+        .arg(1)
+        .arg("STREAMS")
+        .arg(&stream)
+        .arg(">")
+        .query_async(&mut *conn)
+        .await
+        .unwrap();
+
+    let seen: Arc<Mutex<Vec<(u64, u32)>>> = Arc::default();
+    let s = seen.clone();
+    let service = tower::service_fn(move |task: Task<Job>| {
+        let s = s.clone();
+        async move {
+            s.lock()
+                .unwrap()
+                .push((task.payload.seq, task.cx.attempt()));
+            Ok::<(), HandlerError>(())
+        }
+    });
+    let builder = Consumer::builder()
+        .name(&name)
+        .redis(server.url())
+        .partitions(P)
+        .ordered(true)
+        .service(service);
+    let stop = CancellationToken::new();
+    let consumer = tokio::spawn(builder.run_until(stop.clone().cancelled_owned()));
+    wait_until(Duration::from_secs(15), "the three tasks", || {
+        seen.lock().unwrap().len() == 3
+    })
+    .await;
+    stop.cancel();
+    consumer.await.unwrap().unwrap();
+    assert_eq!(
+        seen.lock().unwrap().clone(),
+        vec![(0, 2), (1, 1), (2, 1)],
+        "the crashed owner's task first, its attempt showing the earlier delivery"
     );
 }

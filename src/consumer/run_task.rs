@@ -57,6 +57,9 @@ pub(crate) struct RunTask<T, S, C> {
     /// Whether the entry is no longer pending: acked, or moved (retried,
     /// dead-lettered, handed back).
     pub(crate) settled: AtomicBool,
+    /// Read from the pending list rather than new: in ordered mode its
+    /// attempt number comes from Redis's delivery count too.
+    pub(crate) redelivered: bool,
 }
 
 impl<T: Payload, S: TaskService<T>, C: Codec> RunTask<T, S, C> {
@@ -102,6 +105,35 @@ impl<T: Payload, S: TaskService<T>, C: Codec> RunTask<T, S, C> {
         let settled = self.settled.load(Ordering::SeqCst);
         self.held.release(&stream_id, settled);
         settled
+    }
+
+    /// Ordered mode keeps a task in place, so its entry's attempt number is
+    /// not rewritten; after a crash, a cancellation or a handover the
+    /// attempt is counted from Redis's delivery count instead (the first
+    /// delivery, then one claim and one read of the pending list per
+    /// handover): at least one more than the runs it may have had. 0 when
+    /// Redis does not say.
+    async fn deliveries(&self, id: &str) -> u32 {
+        let mut cmd = redis::cmd("XPENDING");
+        cmd.arg(self.ownership.fence.stream())
+            .arg(keys::GROUP)
+            .arg(id)
+            .arg(id)
+            .arg(1);
+        match self
+            .shared
+            .conn
+            .query::<redis::streams::StreamPendingCountReply>(&cmd)
+            .await
+        {
+            Ok(reply) => reply.ids.first().map_or(0, |p| {
+                u32::try_from(p.times_delivered.saturating_sub(1)).unwrap_or(u32::MAX)
+            }),
+            Err(e) => {
+                warn!(partition = self.partition, cause = %e, "cannot read the delivery count");
+                0
+            }
+        }
     }
 
     /// Ordered partitions (DESIGN.md §5.4): one task at a time, in stream
@@ -155,6 +187,9 @@ impl<T: Payload, S: TaskService<T>, C: Codec> RunTask<T, S, C> {
             }
         };
         let mut entry = entry;
+        if self.ordered() && self.redelivered {
+            entry.attempt = entry.attempt.max(self.deliveries(&raw.id).await);
+        }
         loop {
             let payload: T = match self.decode(&entry) {
                 Ok(payload) => payload,

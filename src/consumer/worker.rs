@@ -497,6 +497,7 @@ impl<T: Payload, S: TaskService<T>, C: Codec> Fetcher<T, S, C> {
                 }
             };
             backoff = Duration::from_millis(50);
+            let redelivered = pending_from.is_some();
             if let Some(from) = &mut pending_from {
                 match entries.last() {
                     Some(last) => *from = last.id.clone(),
@@ -509,7 +510,7 @@ impl<T: Payload, S: TaskService<T>, C: Codec> Fetcher<T, S, C> {
                 if !self.held.take(&entry.id) {
                     continue;
                 }
-                let run = self.spawn_task(entry);
+                let run = self.spawn_task(entry, redelivered);
                 if !self.shared.settings.ordered {
                     continue;
                 }
@@ -661,8 +662,11 @@ impl<T: Payload, S: TaskService<T>, C: Codec> Fetcher<T, S, C> {
     }
 
     /// Runs `entry` in its own task, once the instance has room for it.
-    fn spawn_task(&self, entry: StreamId) -> JoinHandle<bool> {
-        let run = self.run_task();
+    /// `redelivered`: read from this instance's pending list (it may have
+    /// run before, here or on a previous owner).
+    fn spawn_task(&self, entry: StreamId, redelivered: bool) -> JoinHandle<bool> {
+        let mut run = self.run_task();
+        run.redelivered = redelivered;
         self.tracker.spawn(run.run(entry))
     }
 
@@ -676,6 +680,7 @@ impl<T: Payload, S: TaskService<T>, C: Codec> Fetcher<T, S, C> {
             ownership: self.ownership.clone(),
             held: self.held.clone(),
             settled: AtomicBool::new(false),
+            redelivered: false,
         }
     }
 }
