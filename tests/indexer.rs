@@ -1005,9 +1005,12 @@ async fn an_instance_whose_loop_stalls_skips_the_late_round_and_rejoins() {
     rx.borrow_and_update();
     rx.changed().await.unwrap();
     let seen = epoch_of(&rx.borrow_and_update()).unwrap();
-    // Freeze the whole runtime for 2.5 intervals: whenever the overdue round
-    // wakes, it is at least 1.5 intervals into its interval.
-    handle.spawn(async move { std::thread::sleep(interval * 5 / 2) });
+    // Freeze the whole runtime, from just after a round, for 2.75
+    // intervals: it wakes 0.75 I after the newest round it missed, beyond
+    // that round's window (I/2 here), so that round too is skipped as late.
+    // (At 2.5 I it woke right at the window's end, and the newest missed
+    // round sometimes still ran: a late round inside its window is run.)
+    handle.spawn(async move { std::thread::sleep(interval * 11 / 4) });
     tokio::time::sleep(interval * 3).await;
     fleet.run_epochs(fleet.epochs().len() + 3).await;
 
