@@ -191,7 +191,10 @@ async fn ten_thousand_tasks_on_three_instances_run_exactly_once_on_their_owners(
     for run in &runs {
         // Run by the owner of its partition under the assignment in force.
         assert_eq!(run.partition % run.replicas, run.index - 1, "{run:?}");
-        assert_eq!(run.attempt, 1, "{run:?}");
+        // 1, or 2 for an entry a release cut short left in the old owner's
+        // pending list (fetched, never run): the new owner takes it over
+        // with attempt + 1, as it cannot know it never ran.
+        assert!(run.attempt <= 2, "{run:?}");
     }
     assert_each_once(&runs, 10_000, "on three instances");
     assert_eq!(pending(&server, &name, 64).await, 0);

@@ -345,10 +345,13 @@ async fn joins_and_graceful_leaves_move_partitions_without_overlap_or_pauses_of_
     let twice: Vec<_> = per_seq.values().filter(|r| r.len() > 1).take(5).collect();
     assert!(twice.is_empty(), "tasks run twice: {twice:?}");
     assert_eq!(per_seq.len() as u64, count);
-    assert!(runs.iter().all(|r| r.attempt == 1));
+    // Attempt 2 only for an entry a release cut short left pending on the
+    // old owner (fetched, never run), taken over by the new one.
+    assert!(runs.iter().all(|r| r.attempt <= 2));
     let overlaps = world.overlaps.lock().unwrap().clone();
     assert!(overlaps.is_empty(), "{overlaps:?}");
-    println!("{count} tasks, each run once");
+    let taken_over = runs.iter().filter(|r| r.attempt == 2).count();
+    println!("{count} tasks, each run once ({taken_over} taken over from a release cut short)");
 
     let fenced = world.fenced.lock().unwrap().clone();
     if !fenced.is_empty() {
