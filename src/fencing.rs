@@ -367,6 +367,22 @@ mod tests {
         pending.count()
     }
 
+    /// Partition 0 with an entry delivered to its old owner, then acquired
+    /// by a new one: (entry id, stale fence, owner fence, old id, new id).
+    async fn moved_on(
+        server: &support::RedisServer,
+        conn: &SharedConnection,
+        name: &ServiceName,
+    ) -> (String, Fence, Fence, InstanceId, InstanceId) {
+        let (old, new) = (InstanceId::generate(), InstanceId::generate());
+        let id = delivered(server, name, &old).await;
+        let (stale, owner) = (Fence::new(name, 0, 5, &old), Fence::new(name, 0, 6, &new));
+        stale.acquire(conn).await.unwrap();
+        // The partition moved on: the old owner may no longer write.
+        owner.acquire(conn).await.unwrap();
+        (id, stale, owner, old, new)
+    }
+
     async fn run_ack(conn: &SharedConnection, fence: &Fence, id: &str) -> i64 {
         conn.invoke(&fence.ack(&[id])).await.unwrap()
     }
@@ -374,12 +390,7 @@ mod tests {
     #[tokio::test]
     async fn a_stale_owners_ack_is_refused() {
         let (server, conn, name) = setup().await;
-        let (old, new) = (InstanceId::generate(), InstanceId::generate());
-        let id = delivered(&server, &name, &old).await;
-        let (stale, owner) = (Fence::new(&name, 0, 5, &old), Fence::new(&name, 0, 6, &new));
-        stale.acquire(&conn).await.unwrap();
-        // The partition moved on: the old owner may no longer ack.
-        owner.acquire(&conn).await.unwrap();
+        let (id, stale, owner, _, _) = moved_on(&server, &conn, &name).await;
         assert_eq!(run_ack(&conn, &stale, &id).await, -1);
         assert_eq!(
             pending(&server, &name).await,
@@ -392,11 +403,7 @@ mod tests {
     #[tokio::test]
     async fn a_stale_owner_can_neither_move_nor_claim_nor_keep() {
         let (server, conn, name) = setup().await;
-        let (old, new) = (InstanceId::generate(), InstanceId::generate());
-        let id = delivered(&server, &name, &old).await;
-        let (stale, owner) = (Fence::new(&name, 0, 5, &old), Fence::new(&name, 0, 6, &new));
-        stale.acquire(&conn).await.unwrap();
-        owner.acquire(&conn).await.unwrap();
+        let (id, stale, owner, old, new) = moved_on(&server, &conn, &name).await;
         let dead = keys::dead(&name, 0);
         let fields = [("k", "v2")];
         assert_eq!(

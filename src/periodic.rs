@@ -124,12 +124,7 @@ impl Periodic {
     /// The first due time strictly after `t`.
     pub fn next_after(&self, t: SystemTime) -> Option<SystemTime> {
         match &self.when {
-            When::Every(interval) => {
-                let every = interval.as_millis().max(1);
-                let ms = t.duration_since(UNIX_EPOCH).ok()?.as_millis();
-                let next = (ms / every + 1) * every;
-                Some(UNIX_EPOCH + Duration::from_millis(u64::try_from(next).ok()?))
-            }
+            When::Every(interval) => aligned(*interval, t, 1),
             When::Cron(schedule, _) => {
                 let after: DateTime<Utc> = t.into();
                 schedule.after(&after).next().map(SystemTime::from)
@@ -140,11 +135,7 @@ impl Periodic {
     /// The latest due time at or before `t`.
     fn last_at_or_before(&self, t: SystemTime) -> Option<SystemTime> {
         match &self.when {
-            When::Every(interval) => {
-                let every = interval.as_millis().max(1);
-                let ms = t.duration_since(UNIX_EPOCH).ok()?.as_millis();
-                Some(UNIX_EPOCH + Duration::from_millis(u64::try_from(ms / every * every).ok()?))
-            }
+            When::Every(interval) => aligned(*interval, t, 0),
             When::Cron(schedule, _) => {
                 // Going backwards from just after `t`.
                 let after: DateTime<Utc> = (t + Duration::from_millis(1)).into();
@@ -182,6 +173,14 @@ impl Periodic {
         }
         Ok(())
     }
+}
+
+/// The multiple of `every` (since the Unix epoch) at or before `t`, plus
+/// `ahead` more: every instance computes the same due times.
+fn aligned(every: Duration, t: SystemTime, ahead: u128) -> Option<SystemTime> {
+    let every = every.as_millis().max(1);
+    let ms = (t.duration_since(UNIX_EPOCH).ok()?.as_millis() / every + ahead) * every;
+    Some(UNIX_EPOCH + Duration::from_millis(u64::try_from(ms).ok()?))
 }
 
 /// A registered job with its task's payload, ready to trigger.

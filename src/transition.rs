@@ -239,20 +239,7 @@ impl Partitions {
                         epoch: owned_in, ..
                     },
                     false,
-                ) => {
-                    let until = self.timing.drain_end(e, now);
-                    effects.push(Effect::Drain {
-                        partition: p,
-                        cancel_at: until,
-                    });
-                    let mark = continuous && owned_in + 1 == e;
-                    State::Draining {
-                        epoch: e,
-                        until,
-                        mark,
-                        then: None,
-                    }
-                }
+                ) => self.release(p, e, now, continuous && owned_in + 1 == e, &mut effects),
                 // Rule 4: a pending acquire still owned keeps its epoch and
                 // deadline (restarting it starves a dead owner's partitions).
                 (acquiring @ State::Acquiring { .. }, true) => acquiring,
@@ -285,20 +272,10 @@ impl Partitions {
             // Released or acquired anew since: the refusal is old news.
             return Vec::new();
         }
-        self.set(
-            p,
-            from,
-            State::Draining {
-                epoch: 0,
-                until: Duration::ZERO,
-                mark: false,
-                then: None,
-            },
-        );
-        vec![Effect::Drain {
-            partition: p,
-            cancel_at: Duration::ZERO,
-        }]
+        let mut effects = Vec::new();
+        let to = Self::stop_now(p, &mut effects);
+        self.set(p, from, to);
+        effects
     }
 
     /// Rule 5: a skipped epoch, a lapsed lease or a failed round. Everything
@@ -311,18 +288,7 @@ impl Partitions {
         for p in 0..self.partitions {
             let from = self.state(p);
             let to = match from {
-                State::Owned { .. } => {
-                    effects.push(Effect::Drain {
-                        partition: p,
-                        cancel_at: Duration::ZERO,
-                    });
-                    State::Draining {
-                        epoch: 0,
-                        until: Duration::ZERO,
-                        mark: false,
-                        then: None,
-                    }
-                }
+                State::Owned { .. } => Self::stop_now(p, &mut effects),
                 // Its release was vouched for before the fence: the mark
                 // it will write after the drain is still true.
                 draining @ State::Draining { .. } => draining.with_then(None),
@@ -346,20 +312,13 @@ impl Partitions {
             let to = match from {
                 State::Owned {
                     epoch: owned_in, ..
-                } => {
-                    let until = self.timing.drain_end(number, now);
-                    effects.push(Effect::Drain {
-                        partition: p,
-                        cancel_at: until,
-                    });
-                    let mark = continuous && owned_in + 1 == number;
-                    State::Draining {
-                        epoch: number,
-                        until,
-                        mark,
-                        then: None,
-                    }
-                }
+                } => self.release(
+                    p,
+                    number,
+                    now,
+                    continuous && owned_in + 1 == number,
+                    &mut effects,
+                ),
                 // Rule 2: a pending acquire may only chain a mark if this
                 // instance was the owner under `number - 1`.
                 State::Acquiring { epoch, deadline } if continuous => State::Moot {
@@ -413,6 +372,50 @@ impl Partitions {
         self.set(p, from, to);
         effects.extend(self.settle(now, &BTreeMap::new()));
         effects
+    }
+
+    /// Rule 1: releases owned `p` for epoch `e` (an assignment or a leave
+    /// that arrived at `now`); `mark`: whether its release is vouched for.
+    fn release(
+        &self,
+        p: u32,
+        e: u64,
+        now: Duration,
+        mark: bool,
+        effects: &mut Vec<Effect>,
+    ) -> State {
+        let until = self.timing.drain_end(e, now);
+        effects.push(Effect::Drain {
+            partition: p,
+            cancel_at: until,
+        });
+        State::Draining {
+            epoch: e,
+            until,
+            mark,
+            then: None,
+        }
+    }
+
+    /// Rules 5 and 8: stops owned `p` at once (cancelled now), no mark.
+    fn stop_now(p: u32, effects: &mut Vec<Effect>) -> State {
+        effects.push(Effect::Drain {
+            partition: p,
+            cancel_at: Duration::ZERO,
+        });
+        State::Draining {
+            epoch: 0,
+            until: Duration::ZERO,
+            mark: false,
+            then: None,
+        }
+    }
+
+    /// Whether any partition waits for a mark.
+    pub(crate) fn is_waiting(&self) -> bool {
+        self.states
+            .values()
+            .any(|s| matches!(s, State::Acquiring { .. } | State::Moot { .. }))
     }
 
     /// Completes the waits whose condition holds: mark(p) >= epoch, or the

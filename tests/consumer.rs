@@ -14,7 +14,7 @@ use peerq::handler::Task;
 use peerq::producer::Producer;
 use peerq::{Consumer, Handler, HandlerError, TaskContext};
 use serde::{Deserialize, Serialize};
-use support::{RedisServer, unique_name};
+use support::{RedisServer, unique_name, wait_until};
 use tokio_util::sync::CancellationToken;
 
 const MS: Duration = Duration::from_millis(1);
@@ -113,15 +113,6 @@ impl Instance {
     async fn shutdown(self) {
         self.stop.cancel();
         self.task.await.unwrap().unwrap();
-    }
-}
-
-/// Waits until `done` holds, polling; panics after `within`.
-async fn wait_until(within: Duration, what: &str, mut done: impl FnMut() -> bool) {
-    let deadline = Instant::now() + within;
-    while !done() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(20 * MS).await;
     }
 }
 

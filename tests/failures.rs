@@ -16,7 +16,7 @@ use peerq::handler::Task;
 use peerq::producer::{Options, Producer};
 use peerq::retry::Backoff;
 use serde::{Deserialize, Serialize};
-use support::{RedisServer, unique_name};
+use support::{RedisServer, unique_name, wait_until};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -76,14 +76,6 @@ async fn producer(url: &str, name: &str) -> Producer {
         .connect()
         .await
         .unwrap()
-}
-
-async fn wait_until(within: Duration, what: &str, mut done: impl FnMut() -> bool) {
-    let deadline = Instant::now() + within;
-    while !done() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(20 * MS).await;
-    }
 }
 
 fn runs_of(runs: &Runs, seq: u64) -> Vec<(u32, Instant)> {

@@ -21,7 +21,7 @@ use peerq::indexer::Standing;
 use peerq::producer::{Options, Producer};
 use peerq::{Consumer, HandlerError};
 use serde::{Deserialize, Serialize};
-use support::{Proxy, RedisServer, unique_name};
+use support::{Proxy, RedisServer, unique_name, wait_until};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -52,15 +52,6 @@ async fn producer(url: &str, name: &str, partitions: u32) -> Producer {
         .connect()
         .await
         .unwrap()
-}
-
-/// Waits until `done` holds, polling; panics after `within`.
-async fn wait_until(within: Duration, what: &str, mut done: impl FnMut() -> bool) {
-    let deadline = Instant::now() + within;
-    while !done() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(20 * MS).await;
-    }
 }
 
 /// A key for each partition `0..partitions`.

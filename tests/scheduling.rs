@@ -14,7 +14,7 @@ use peerq::periodic::Periodic;
 use peerq::producer::{Options, Producer};
 use peerq::{Consumer, HandlerError};
 use serde::{Deserialize, Serialize};
-use support::{RedisServer, unique_name};
+use support::{RedisServer, unique_name, wait_until};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -77,14 +77,6 @@ fn consumer_with(
     let stop = CancellationToken::new();
     let task = tokio::spawn(builder.run_until(stop.clone().cancelled_owned()));
     (stop, task)
-}
-
-async fn wait_until(within: Duration, what: &str, mut done: impl FnMut() -> bool) {
-    let deadline = Instant::now() + within;
-    while !done() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(20 * MS).await;
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

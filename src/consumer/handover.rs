@@ -266,7 +266,7 @@ impl<T: Payload, S: TaskService<T>, C: Codec> Handover<T, S, C> {
         if let Some(deadline) = self.machine.next_deadline() {
             wake = wake.min(now + deadline.saturating_sub(now_wall));
         }
-        if self.polls.is_empty() && !self.machine.waiting().is_empty() {
+        if self.polls.is_empty() && self.machine.is_waiting() {
             wake = wake.min(self.next_poll);
         }
         wake
@@ -275,10 +275,10 @@ impl<T: Payload, S: TaskService<T>, C: Codec> Handover<T, S, C> {
     /// Reads the marks of the pending acquires, unless a read is underway
     /// or it is not time yet.
     fn poll_marks(&mut self) {
-        let waiting = self.machine.waiting();
-        if waiting.is_empty() || !self.polls.is_empty() || Instant::now() < self.next_poll {
+        if !self.machine.is_waiting() || !self.polls.is_empty() || Instant::now() < self.next_poll {
             return;
         }
+        let waiting = self.machine.waiting();
         let shared = self.shared.clone();
         self.polls
             .spawn(async move { fencing::marks(&shared.conn, &shared.name, &waiting).await });

@@ -498,10 +498,14 @@ impl<T: Payload, S: TaskService<T>, C: Codec> Fetcher<T, S, C> {
             };
             backoff = Duration::from_millis(50);
             let redelivered = pending_from.is_some();
+            let mut reread_ended = false;
             if let Some(from) = &mut pending_from {
                 match entries.last() {
                     Some(last) => *from = last.id.clone(),
-                    None => pending_from = None,
+                    None => {
+                        pending_from = None;
+                        reread_ended = true;
+                    }
                 }
             }
             for entry in entries {
@@ -527,7 +531,7 @@ impl<T: Payload, S: TaskService<T>, C: Codec> Fetcher<T, S, C> {
                     }
                 }
             }
-            if pending_from.is_none() {
+            if reread_ended {
                 self.held.end_reread();
             }
             if stopping {

@@ -3,9 +3,9 @@
 //! blackhole one client's link to Redis ([`Proxy`]), unique service names and
 //! tracing setup.
 //!
-//! Everything here is synchronous and owns its threads and processes, so it
-//! works the same from a plain `#[test]` and from a multi-thread
-//! `#[tokio::test]`, and never depends on the caller's runtime.
+//! Everything here but [`wait_until`] is synchronous and owns its threads
+//! and processes, so it works the same from a plain `#[test]` and from a
+//! multi-thread `#[tokio::test]`, and never depends on the caller's runtime.
 //!
 //! It does not own the tests' assertions or any peerq type: it only provides
 //! the Redis side of the world and ways to break it.
@@ -20,6 +20,7 @@
 mod process;
 mod proxy;
 mod redis_server;
+mod wait;
 
 use std::collections::HashSet;
 use std::io;
@@ -36,6 +37,8 @@ pub use process::{Proc, example_binary, signal};
 pub use proxy::Proxy;
 #[allow(unused_imports)]
 pub use redis_server::{RedisServer, ServerOptions, process_exists};
+#[allow(unused_imports)]
+pub use wait::wait_until;
 
 /// A service name unique per test and run, such as `t-orders-1a2b3c4d`.
 ///
