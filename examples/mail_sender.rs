@@ -9,8 +9,9 @@
 //! With `--print-tasks` a consumer prints, on stdout, a line when a task's
 //! handler starts and one when it succeeded (before the task is acked):
 //! `start seq=<seq> partition=<p> epoch=<e> token=<t> attempt=<a> at=<µs>` and
-//! `handled seq=<seq> id=<task id> partition=<p> index=<i> replicas=<r> epoch=<e> token=<t> attempt=<a> at=<µs>`
-//! (`at`: microseconds since the Unix epoch). With `--print-events` it prints
+//! `handled seq=<seq> id=<task id> partition=<p> index=<i> replicas=<r> epoch=<e> token=<t> attempt=<a> checked_at=<µs> at=<µs>`
+//! (`at`: microseconds since the Unix epoch; `checked_at`: when
+//! `TaskContext::still_owned` last passed, right before the line is printed). With `--print-events` it prints
 //! its partitions' changes, `event partition=<p> change=started|stopped|drained token=<t> at=<µs>`,
 //! and its standing, `standing kind=assigned|fenced|left epoch=<e> at=<µs>`.
 //! Without either, one status line per second. Logs go to stderr.
@@ -127,9 +128,16 @@ impl Handler for SendMail {
                 _ = cx.cancelled() => return Err(HandlerError::msg("cancelled")),
             }
         }
+        // Right before the effect (printing `handled`): may this instance
+        // still act? After a freeze longer than the lease it may not, and
+        // the partition's next owner runs the task.
+        if !cx.still_owned() {
+            return Err(HandlerError::msg("no longer the partition's owner"));
+        }
+        let checked_at = micros(SystemTime::now());
         if self.print {
             say(&format!(
-                "handled seq={} id={} partition={} index={} replicas={} epoch={} token={} attempt={} at={}",
+                "handled seq={} id={} partition={} index={} replicas={} epoch={} token={} attempt={} checked_at={checked_at} at={}",
                 mail.seq,
                 cx.task_id(),
                 cx.partition(),
@@ -141,6 +149,9 @@ impl Handler for SendMail {
                 micros(SystemTime::now())
             ))?;
         }
+        // The effect is done: a cancellation that fires now must not run
+        // the task again.
+        cx.finished();
         self.handled.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }

@@ -31,6 +31,8 @@ static FENCED_KEEP: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("scripts/fenced_keep.lua")));
 static FENCED_RETRY: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("scripts/fenced_retry.lua")));
+static FENCED_ATTEMPT: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("scripts/fenced_attempt.lua")));
 static PROMOTE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("scripts/promote.lua")));
 
@@ -217,7 +219,9 @@ impl Fence {
     }
 
     /// `XAUTOCLAIM` to `consumer` of entries idle at least `min_idle`, from
-    /// `start`; `Ok(None)` when fenced.
+    /// `start`; `Ok(None)` when fenced. `just_ids`: return only the ids and
+    /// leave the delivery counts as they are (ordered mode, where the count
+    /// is the attempt record, see [`Fence::record_attempt`]).
     pub(crate) async fn claim(
         &self,
         conn: &SharedConnection,
@@ -225,6 +229,7 @@ impl Fence {
         min_idle: Duration,
         start: &str,
         count: usize,
+        just_ids: bool,
     ) -> Result<Option<StreamAutoClaimReply>> {
         let mut script = FENCED_CLAIM.key(&self.stream);
         script
@@ -235,6 +240,9 @@ impl Fence {
             .arg(min_idle.as_millis() as u64)
             .arg(start)
             .arg(count);
+        if just_ids {
+            script.arg("JUSTID");
+        }
         let reply: Value = conn.invoke(&script).await?;
         if matches!(reply, Value::Int(_)) {
             return Ok(None);
@@ -261,6 +269,30 @@ impl Fence {
             .arg(ids);
         let reply: i64 = conn.invoke(&script).await?;
         Ok(reply >= 0)
+    }
+
+    /// Ordered mode: records that `attempt` of entry `id` (held by
+    /// `consumer`) starts now, as the entry's delivery count, so that the
+    /// next owner continues the count (a later delivery adds one: the
+    /// attempt that may have run). `Ok(None)` when fenced, `Ok(Some(false))`
+    /// when the entry is not pending.
+    pub(crate) async fn record_attempt(
+        &self,
+        conn: &SharedConnection,
+        consumer: &str,
+        id: &str,
+        attempt: u32,
+    ) -> Result<Option<bool>> {
+        let mut script = FENCED_ATTEMPT.key(&self.stream);
+        script
+            .key(&self.owner)
+            .arg(&self.record)
+            .arg(keys::GROUP)
+            .arg(consumer)
+            .arg(id)
+            .arg(attempt);
+        let reply: i64 = conn.invoke(&script).await?;
+        Ok((reply >= 0).then_some(reply > 0))
     }
 }
 
@@ -412,7 +444,7 @@ mod tests {
         );
         assert!(
             stale
-                .claim(&conn, old.as_str(), Duration::ZERO, "0", 10)
+                .claim(&conn, old.as_str(), Duration::ZERO, "0", 10, false)
                 .await
                 .unwrap()
                 .is_none()
@@ -434,7 +466,7 @@ mod tests {
         // The owner claims it (the stale owner still holds it), keeps it,
         // and moves it once even when the move is repeated.
         let claimed = owner
-            .claim(&conn, new.as_str(), Duration::ZERO, "0", 10)
+            .claim(&conn, new.as_str(), Duration::ZERO, "0", 10, false)
             .await
             .unwrap()
             .unwrap();
@@ -455,5 +487,55 @@ mod tests {
         );
         let dead_len: usize = raw.xlen(&dead).await.unwrap();
         assert_eq!((dead_len, pending(&server, &name).await), (1, 0));
+    }
+
+    async fn delivery_count(server: &support::RedisServer, name: &ServiceName, id: &str) -> usize {
+        let mut raw = server.pool().get().await.unwrap();
+        let reply: redis::streams::StreamPendingCountReply = raw
+            .xpending_count(keys::stream(name, 0), keys::GROUP, id, id, 1)
+            .await
+            .unwrap();
+        reply.ids[0].times_delivered
+    }
+
+    #[tokio::test]
+    async fn an_attempt_record_is_the_owners_alone_and_a_just_ids_claim_keeps_it() {
+        let (server, conn, name) = setup().await;
+        let (id, stale, owner, old, new) = moved_on(&server, &conn, &name).await;
+        assert_eq!(
+            stale
+                .record_attempt(&conn, old.as_str(), &id, 5)
+                .await
+                .unwrap(),
+            None,
+            "fenced"
+        );
+        assert_eq!(delivery_count(&server, &name, &id).await, 1);
+        // Ordered take-over: claimed with its ids only, the count unchanged.
+        let claimed = owner
+            .claim(&conn, new.as_str(), Duration::ZERO, "0", 10, true)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(claimed.claimed.len(), 1);
+        assert_eq!(claimed.claimed[0].id, id);
+        assert_eq!(delivery_count(&server, &name, &id).await, 1);
+        assert_eq!(
+            owner
+                .record_attempt(&conn, new.as_str(), &id, 5)
+                .await
+                .unwrap(),
+            Some(true)
+        );
+        assert_eq!(delivery_count(&server, &name, &id).await, 5);
+        assert_eq!(run_ack(&conn, &owner, &id).await, 1);
+        assert_eq!(
+            owner
+                .record_attempt(&conn, new.as_str(), &id, 6)
+                .await
+                .unwrap(),
+            Some(false),
+            "not pending any more"
+        );
     }
 }

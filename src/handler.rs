@@ -7,6 +7,7 @@ use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime};
 
@@ -185,6 +186,19 @@ pub struct TaskContext {
     pub(crate) assignment: Assignment,
     pub(crate) fencing_token: u64,
     pub(crate) cancel: CancellationToken,
+    /// Whether the instance still holds the partition, from local state;
+    /// `None` outside a consumer (unit tests of a handler).
+    pub(crate) standing: Option<Arc<dyn Standing>>,
+    /// Set by [`TaskContext::finished`].
+    pub(crate) finished: Arc<AtomicBool>,
+}
+
+/// What [`TaskContext::still_owned`] asks besides the cancellation: the
+/// instance's lease and whether Redis refused a write of the partition.
+/// Answered from memory, never from Redis.
+pub(crate) trait Standing: fmt::Debug + Send + Sync {
+    /// The lease holds now and the partition was not fenced.
+    fn holds(&self) -> bool;
 }
 
 impl TaskContext {
@@ -208,6 +222,8 @@ impl TaskContext {
             },
             fencing_token: 1,
             cancel,
+            standing: None,
+            finished: Arc::default(),
         }
     }
 
@@ -295,6 +311,53 @@ impl TaskContext {
     /// Resolves when the task is being cancelled.
     pub fn cancelled(&self) -> WaitForCancellationFuture<'_> {
         self.cancel.cancelled()
+    }
+
+    /// Whether this instance may still act on the task: its lease holds,
+    /// the task is not being cancelled, and Redis has not refused a write
+    /// of the partition. It stays true while the partition drains (a
+    /// release lets running tasks finish). Answered from memory (the
+    /// lease's end by the monotonic and the wall clock), with no Redis
+    /// round trip, so it is cheap enough to call right before every
+    /// external effect: a process that resumes from a freeze longer than
+    /// its lease sees `false` at once, even if its own timer fired in the
+    /// same instant.
+    ///
+    /// It narrows the window for a stale effect to the instant between the
+    /// check and the effect; a freeze can still land in between, and only
+    /// the [fencing token](TaskContext::fencing_token) checked where the
+    /// effect is written closes it.
+    ///
+    /// ```
+    /// # use peerq::{HandlerError, TaskContext};
+    /// # fn send(_to: &str) {}
+    /// fn deliver(to: &str, cx: &TaskContext) -> Result<(), HandlerError> {
+    ///     if !cx.still_owned() {
+    ///         // The partition's next owner runs the task.
+    ///         return Err(HandlerError::msg("no longer the partition's owner"));
+    ///     }
+    ///     send(to);
+    ///     cx.finished();
+    ///     Ok(())
+    /// }
+    /// # let cx = TaskContext::for_test("t", Default::default());
+    /// # deliver("a@example.com", &cx).unwrap();
+    /// ```
+    pub fn still_owned(&self) -> bool {
+        !self.cancel.is_cancelled() && self.standing.as_ref().is_none_or(|s| s.holds())
+    }
+
+    /// Says that the task's effect is done, so the run counts as a success
+    /// even if its cancellation fires before the handler returns.
+    ///
+    /// A run whose cancellation (drain timeout, lapsed lease, fence) fired
+    /// before it returned runs again with `attempt + 1`, whatever it
+    /// returns: returning `Ok(())` from a cancelled run does not mean the
+    /// work was done. A handler whose effect completed anyway calls this
+    /// right after the effect and returns `Ok(())`; that run is then acked
+    /// (if Redis still accepts the partition's writes).
+    pub fn finished(&self) {
+        self.finished.store(true, Ordering::SeqCst);
     }
 }
 

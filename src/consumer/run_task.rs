@@ -25,7 +25,7 @@ use crate::assignment::Assignment;
 use crate::codec::Codec;
 use crate::dead_letters::added;
 use crate::fencing::Moved;
-use crate::handler::{Disposition, Task, TaskContext, disposition_of};
+use crate::handler::{Disposition, Standing, Task, TaskContext, disposition_of};
 use crate::keys;
 use crate::task::Entry;
 
@@ -38,7 +38,8 @@ const CANCEL_GRACE: Duration = Duration::from_millis(20);
 enum Outcome {
     Succeeded,
     Failed(String, Disposition),
-    /// Cancelled at the drain timeout: runs again, whatever it returned.
+    /// Its cancellation fired before it returned (and it did not say it
+    /// finished): runs again, whatever it returned.
     Cancelled,
 }
 
@@ -108,11 +109,15 @@ impl<T: Payload, S: TaskService<T>, C: Codec> RunTask<T, S, C> {
     }
 
     /// Ordered mode keeps a task in place, so its entry's attempt number is
-    /// not rewritten; after a crash, a cancellation or a handover the
-    /// attempt is counted from Redis's delivery count instead (the first
-    /// delivery, then one claim and one read of the pending list per
-    /// handover): at least one more than the runs it may have had. 0 when
+    /// not rewritten: Redis's delivery count of the entry holds it instead.
+    /// The first read counts 1; each attempt after the first is recorded
+    /// as it starts ([`Fence::record_attempt`]); every later delivery (a
+    /// re-read of the pending list, here or on the next owner after a
+    /// crash, a cancellation, a lost ack or a handover) counts one more,
+    /// the attempt that may have run. Claims leave the count alone. 0 when
     /// Redis does not say.
+    ///
+    /// [`Fence::record_attempt`]: crate::fencing::Fence::record_attempt
     async fn deliveries(&self, id: &str) -> u32 {
         let mut cmd = redis::cmd("XPENDING");
         cmd.arg(self.ownership.fence.stream())
@@ -126,12 +131,37 @@ impl<T: Payload, S: TaskService<T>, C: Codec> RunTask<T, S, C> {
             .query::<redis::streams::StreamPendingCountReply>(&cmd)
             .await
         {
-            Ok(reply) => reply.ids.first().map_or(0, |p| {
-                u32::try_from(p.times_delivered.saturating_sub(1)).unwrap_or(u32::MAX)
-            }),
+            Ok(reply) => reply
+                .ids
+                .first()
+                .map_or(0, |p| u32::try_from(p.times_delivered).unwrap_or(u32::MAX)),
             Err(e) => {
                 warn!(partition = self.partition, cause = %e, "cannot read the delivery count");
                 0
+            }
+        }
+    }
+
+    /// Ordered: records in Redis that `attempt` of the entry starts now, so
+    /// the partition's next owner continues the count. False when the
+    /// partition has a newer owner (the task must not run). If Redis does
+    /// not answer, the task runs anyway: this instance knows the attempt,
+    /// and only a handover before the next record could count it lower.
+    async fn record_attempt(&self, id: &str, attempt: u32) -> bool {
+        let fence = &self.ownership.fence;
+        let consumer = self.shared.id.as_str();
+        match fence
+            .record_attempt(&self.shared.conn, consumer, id, attempt)
+            .await
+        {
+            Ok(Some(_)) => true,
+            Ok(None) => {
+                self.ownership.fenced("recording the attempt");
+                false
+            }
+            Err(e) => {
+                warn!(partition = self.partition, attempt, cause = %e, "cannot record the attempt");
+                true
             }
         }
     }
@@ -187,8 +217,12 @@ impl<T: Payload, S: TaskService<T>, C: Codec> RunTask<T, S, C> {
             }
         };
         let mut entry = entry;
+        // Ordered: the attempt Redis has counted for the entry (a new read
+        // counts 1).
+        let mut counted = 1;
         if self.ordered() && self.redelivered {
-            entry.attempt = entry.attempt.max(self.deliveries(&raw.id).await);
+            counted = self.deliveries(&raw.id).await;
+            entry.attempt = entry.attempt.max(counted);
         }
         loop {
             let payload: T = match self.decode(&entry) {
@@ -205,6 +239,12 @@ impl<T: Payload, S: TaskService<T>, C: Codec> RunTask<T, S, C> {
                 attempt = entry.attempt,
                 epoch = self.assignment.epoch
             );
+            if self.ordered() && entry.attempt > counted {
+                if !self.record_attempt(&raw.id, entry.attempt).await {
+                    return None;
+                }
+                counted = entry.attempt;
+            }
             match self.call(&entry, payload, span.clone()).await {
                 Outcome::Succeeded => {
                     let (done, acked) = oneshot::channel();
@@ -264,6 +304,7 @@ impl<T: Payload, S: TaskService<T>, C: Codec> RunTask<T, S, C> {
     /// Calls the handler service (a panic is a failed attempt), cancelling
     /// it at the drain timeout.
     async fn call(&self, entry: &Entry, payload: T, span: Span) -> Outcome {
+        let finished = Arc::new(AtomicBool::new(false));
         let cx = TaskContext {
             task_id: entry.id.clone(),
             attempt: entry.attempt,
@@ -272,6 +313,11 @@ impl<T: Payload, S: TaskService<T>, C: Codec> RunTask<T, S, C> {
             assignment: self.assignment,
             fencing_token: self.ownership.fence.token(),
             cancel: self.cancel.clone(),
+            standing: Some(Arc::new(TaskStanding {
+                lease: self.lease.clone(),
+                ownership: self.ownership.clone(),
+            })),
+            finished: finished.clone(),
         };
         let mut service = self.shared.service.clone();
         // Run inline, a panic caught as a failed attempt; dropping the future
@@ -287,14 +333,7 @@ impl<T: Payload, S: TaskService<T>, C: Codec> RunTask<T, S, C> {
         tokio::pin!(handler);
         let result = tokio::select! {
             biased;
-            result = &mut handler => {
-                // A handler that saw the cancellation and gave up (an error)
-                // was cancelled, not failed.
-                return match outcome(result) {
-                    Outcome::Failed(..) if self.cancel.is_cancelled() => Outcome::Cancelled,
-                    other => other,
-                };
-            }
+            result = &mut handler => result,
             _ = self.cancel.cancelled() => {
                 // The handler saw the signal (its context shares it): give it
                 // a moment to return, then abort it.
@@ -304,13 +343,17 @@ impl<T: Payload, S: TaskService<T>, C: Codec> RunTask<T, S, C> {
                 }
             }
         };
-        // Cancelled: only a run that succeeded counts; anything else runs
-        // again with `attempt + 1` and is never dead-lettered for it. (The
-        // attempt number still counts cancelled runs, so a task cancelled
-        // at many drains has fewer real attempts left: the retries issue
-        // counts them apart.)
+        if !self.cancel.is_cancelled() {
+            return outcome(result);
+        }
+        // Its cancellation fired before it returned: it runs again with
+        // `attempt + 1` (never dead-lettered for it), whatever it returned,
+        // unless the handler said its effect was done. A handler that gives
+        // up on the signal may well return `Ok(())`. (The attempt number
+        // still counts cancelled runs, so a task cancelled at many drains
+        // has fewer real attempts left.)
         match outcome(result) {
-            Outcome::Succeeded => Outcome::Succeeded,
+            Outcome::Succeeded if finished.load(Ordering::SeqCst) => Outcome::Succeeded,
             _ => Outcome::Cancelled,
         }
     }
@@ -457,6 +500,20 @@ impl<T: Payload, S: TaskService<T>, C: Codec> RunTask<T, S, C> {
                 "failed; the entry stays pending and will be claimed"
             ),
         }
+    }
+}
+
+/// What a task's [`TaskContext::still_owned`] consults besides its
+/// cancellation.
+#[derive(Debug)]
+struct TaskStanding {
+    lease: Lease,
+    ownership: Arc<Ownership>,
+}
+
+impl Standing for TaskStanding {
+    fn holds(&self) -> bool {
+        self.lease.valid() && !self.ownership.is_fenced()
     }
 }
 

@@ -51,6 +51,10 @@ const PROMOTE_BATCH: usize = 500;
 const KEEP_CHUNK: usize = 1000;
 /// How long a release waits for Redis to drop a reader it could not stop.
 const KILL_TIMEOUT: Duration = Duration::from_secs(1);
+/// How much earlier than the lease a blocking read must end (the read's
+/// command reaches Redis one trip after the lease was checked; about a
+/// round's latency on a LAN, like the lease margin).
+const READ_MARGIN: Duration = Duration::from_millis(20);
 
 static TRIM: LazyLock<redis::Script> =
     LazyLock::new(|| redis::Script::new(include_str!("../scripts/trim.lua")));
@@ -80,6 +84,11 @@ pub(crate) struct Ownership {
 }
 
 impl Ownership {
+    /// Whether Redis refused a write of the partition to this worker.
+    pub(crate) fn is_fenced(&self) -> bool {
+        self.is_fenced.load(Ordering::SeqCst)
+    }
+
     /// Redis refused `what` (an ack, a move, a claim): the partition has a
     /// newer owner. Stop fetching, cancel what runs (its writes would be
     /// refused too; the new owner runs it), and tell the runtime, once.
@@ -404,7 +413,16 @@ impl<T: Payload, S: TaskService<T>, C: Codec> Fetcher<T, S, C> {
                             self.held.begin_reread();
                         }
                     }
-                    Err(e) => warn!(partition = self.partition, cause = %e, "claim failed"),
+                    Err(e) => {
+                        warn!(partition = self.partition, cause = %e, "claim failed");
+                        // Ordered: what other consumers still hold comes
+                        // before anything new in the stream, so nothing new
+                        // is read until the first claim has gone through.
+                        if self.shared.settings.ordered && claim_idle.is_zero() {
+                            self.pause(&mut backoff).await;
+                            continue;
+                        }
+                    }
                 }
                 next_claim = Instant::now() + self.shared.settings.claim_idle / 3;
             }
@@ -439,15 +457,24 @@ impl<T: Payload, S: TaskService<T>, C: Codec> Fetcher<T, S, C> {
             let mut opts = StreamReadOptions::default()
                 .group(keys::GROUP, self.shared.id.as_str())
                 .count(count);
-            if pending_from.is_none() {
-                opts = opts.block(block.as_millis() as usize);
-            }
             if self.ownership.stop.is_cancelled() {
                 return;
             }
             // Waiting for room or a connection may have outlived the lease.
             if !self.lease.valid() {
                 continue;
+            }
+            if pending_from.is_none() {
+                // Rule 6 for a read that waits: it ends on the server before
+                // the lease does. Redis serves the earliest blocked reader
+                // first, so a frozen instance's open read would otherwise
+                // take entries added after the next owner took over.
+                let Some(wait) = self.read_wait(block) else {
+                    let _ = self.or_stop(tokio::time::sleep(READ_MARGIN)).await;
+                    continue;
+                };
+                // Never 0 ms: `BLOCK 0` waits forever.
+                opts = opts.block(wait.as_millis().max(1) as usize);
             }
             let (streams, ids) = ([self.stream.as_str()], [id.as_str()]);
             let (read, stopping) = {
@@ -575,6 +602,13 @@ impl<T: Payload, S: TaskService<T>, C: Codec> Fetcher<T, S, C> {
         }
     }
 
+    /// How long a read may wait for new entries: `block`, cut to end
+    /// `READ_MARGIN` before the lease; `None` when the lease ends sooner.
+    fn read_wait(&self, block: Duration) -> Option<Duration> {
+        let left = self.lease.left()?.checked_sub(READ_MARGIN)?;
+        Some(left.min(block)).filter(|wait| *wait >= Duration::from_millis(1))
+    }
+
     /// Runs `fut` unless the worker stops first.
     async fn or_stop<F: Future>(&self, fut: F) -> Option<F::Output> {
         tokio::select! {
@@ -631,11 +665,14 @@ impl<T: Payload, S: TaskService<T>, C: Codec> Fetcher<T, S, C> {
         let mut took_any = false;
         let fence = &self.ownership.fence;
         let mut start = "0-0".to_owned();
+        // Ordered: the delivery count is the attempt record; the claim must
+        // not add to it (the re-read that runs the entries does).
+        let ordered = self.shared.settings.ordered;
         loop {
             let batch = self.shared.settings.batch;
             let consumer = self.shared.id.as_str();
             let Some(reply) = fence
-                .claim(&self.shared.conn, consumer, idle, &start, batch)
+                .claim(&self.shared.conn, consumer, idle, &start, batch, ordered)
                 .await?
             else {
                 self.ownership.fenced("claiming");
@@ -645,7 +682,7 @@ impl<T: Payload, S: TaskService<T>, C: Codec> Fetcher<T, S, C> {
             for entry in reply.claimed {
                 // Ordered: they run from this instance's pending list, in
                 // order, not enqueued again at the end.
-                if self.shared.settings.ordered {
+                if ordered {
                     continue;
                 }
                 if self.held.take(&entry.id) {

@@ -4,8 +4,13 @@
 -- KEYS[1] = {N/p}:stream     KEYS[2] = {N/p}:owner
 -- ARGV[1] = '<token>:<instance id>'     ARGV[2] = group     ARGV[3] = consumer
 -- ARGV[4] = min idle (ms)     ARGV[5] = start id     ARGV[6] = count
+-- ARGV[7] = 'JUSTID' (optional): ordered mode, where the delivery count is
+--           the attempt record and a claim must not add to it
 -- Returns XAUTOCLAIM's reply, or -1 when fenced.
 if redis.call('GET', KEYS[2]) ~= ARGV[1] then
   return -1
+end
+if ARGV[7] == 'JUSTID' then
+  return redis.call('XAUTOCLAIM', KEYS[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], 'COUNT', ARGV[6], 'JUSTID')
 end
 return redis.call('XAUTOCLAIM', KEYS[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], 'COUNT', ARGV[6])

@@ -1,0 +1,119 @@
+//! The contract of a cancelled run, against a real redis-server: a run
+//! whose cancellation fired before it returned runs again with
+//! `attempt + 1` whatever it returned, unless the handler said its effect
+//! was done with `TaskContext::finished`.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use peerq::handler::Task;
+use peerq::producer::{Options, Producer};
+use peerq::{Consumer, HandlerError};
+use serde::{Deserialize, Serialize};
+use support::{RedisServer, unique_name, wait_until};
+use tokio_util::sync::CancellationToken;
+
+const P: u32 = 4;
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Job {
+    seq: u64,
+    /// Whether the handler says it finished after its cancellation.
+    says_finished: bool,
+}
+
+/// Runs of each seq: (instance label, attempt).
+type Runs = Arc<Mutex<BTreeMap<u64, Vec<(&'static str, u32)>>>>;
+
+fn start(
+    url: &str,
+    name: &str,
+    label: &'static str,
+    runs: &Runs,
+) -> (
+    CancellationToken,
+    tokio::task::JoinHandle<peerq::Result<()>>,
+) {
+    support::init_tracing();
+    let runs = runs.clone();
+    let service = tower::service_fn(move |task: Task<Job>| {
+        let runs = runs.clone();
+        async move {
+            let cx = task.cx;
+            runs.lock()
+                .unwrap()
+                .entry(task.payload.seq)
+                .or_default()
+                .push((label, cx.attempt()));
+            if cx.attempt() == 1 {
+                // Runs until the drain timeout cancels it, then gives up
+                // with Ok(()), as a handler that ignores errors might.
+                cx.cancelled().await;
+                if task.payload.says_finished {
+                    cx.finished();
+                }
+            }
+            Ok::<(), HandlerError>(())
+        }
+    });
+    let builder = Consumer::builder()
+        .name(name)
+        .redis(url)
+        .partitions(P)
+        .drain_timeout(Duration::from_millis(300))
+        .service(service);
+    let stop = CancellationToken::new();
+    let task = tokio::spawn(builder.run_until(stop.clone().cancelled_owned()));
+    (stop, task)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_run_that_returns_ok_runs_again_unless_it_said_it_finished() {
+    let server = RedisServer::start();
+    let name = unique_name("cancelled-ok");
+    let runs: Runs = Arc::default();
+    let (stop_a, a) = start(&server.url(), &name, "a", &runs);
+    let producer = Producer::builder()
+        .name(&name)
+        .redis(server.url())
+        .partitions(P)
+        .connect()
+        .await
+        .unwrap();
+    for (seq, says_finished) in [(1, false), (2, true)] {
+        let job = Job { seq, says_finished };
+        producer
+            .enqueue_with(job, Options::new().key(format!("k{seq}")))
+            .await
+            .unwrap();
+    }
+    wait_until(Duration::from_secs(15), "both tasks start on a", || {
+        runs.lock().unwrap().len() == 2
+    })
+    .await;
+    // b joins and a leaves: every partition moves to b, and a's running
+    // tasks are cancelled at the drain timeout.
+    let (stop_b, b) = start(&server.url(), &name, "b", &runs);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    stop_a.cancel();
+    a.await.unwrap().unwrap();
+    wait_until(Duration::from_secs(15), "the unfinished run again", || {
+        runs.lock().unwrap()[&1].len() == 2
+    })
+    .await;
+    // Time for a wrong re-run of the finished one to show.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    stop_b.cancel();
+    b.await.unwrap().unwrap();
+    let runs = runs.lock().unwrap().clone();
+    println!("runs: {runs:?}");
+    assert_eq!(
+        runs[&1],
+        vec![("a", 1), ("b", 2)],
+        "returned Ok after its cancellation without saying it finished: runs again"
+    );
+    assert_eq!(runs[&2], vec![("a", 1)], "said it finished: runs once");
+}
