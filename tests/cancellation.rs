@@ -117,3 +117,68 @@ async fn a_cancelled_run_that_returns_ok_runs_again_unless_it_said_it_finished()
     );
     assert_eq!(runs[&2], vec![("a", 1)], "said it finished: runs once");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_draining_during_a_graceful_leave_still_owns_its_partition() {
+    support::init_tracing();
+    let server = RedisServer::start();
+    let name = unique_name("leave-owned");
+    let left = Arc::new(tokio::sync::Notify::new());
+    // (attempt, still_owned once the instance has left) per run.
+    let checks: Arc<Mutex<Vec<(u32, bool)>>> = Arc::default();
+    let (l, c) = (left.clone(), checks.clone());
+    let service = tower::service_fn(move |task: Task<Job>| {
+        let (left, checks) = (l.clone(), c.clone());
+        async move {
+            let cx = task.cx;
+            // Still running when the instance has left and its partitions
+            // drain (the drain timeout is 450 ms).
+            left.notified().await;
+            checks
+                .lock()
+                .unwrap()
+                .push((cx.attempt(), cx.still_owned()));
+            Ok::<(), HandlerError>(())
+        }
+    });
+    let builder = Consumer::builder()
+        .name(&name)
+        .redis(server.url())
+        .partitions(P)
+        .drain_timeout(Duration::from_millis(450))
+        .service(service);
+    let mut standing = builder.standing();
+    let stop = CancellationToken::new();
+    let consumer = tokio::spawn(builder.run_until(stop.clone().cancelled_owned()));
+    let producer = Producer::builder()
+        .name(&name)
+        .redis(server.url())
+        .partitions(P)
+        .connect()
+        .await
+        .unwrap();
+    let job = Job {
+        seq: 1,
+        says_finished: false,
+    };
+    producer.enqueue(&job).await.unwrap();
+    // Started: the handler waits for `left`.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    stop.cancel();
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        standing.wait_for(|s| matches!(s, peerq::indexer::Standing::Left { .. })),
+    )
+    .await
+    .expect("the instance leaves")
+    .unwrap();
+    left.notify_one();
+    consumer.await.unwrap().unwrap();
+    let checks = checks.lock().unwrap().clone();
+    println!("(attempt, still_owned while draining the leave): {checks:?}");
+    assert_eq!(
+        checks,
+        vec![(1, true)],
+        "its partition drains: the task may still act, and ran once"
+    );
+}

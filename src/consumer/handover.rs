@@ -323,7 +323,7 @@ impl<T: Payload, S: TaskService<T>, C: Codec> Handover<T, S, C> {
         if let Some(worker) = &worker {
             // Now, not when the drain task first runs: tasks fetched from
             // here on are handed back, and none sees the next assignment.
-            worker.ownership().stop.cancel();
+            worker.ownership().release(deadline);
             self.draining.insert(p, worker.ownership().clone());
         }
         let handle = self.drains.spawn(async move {

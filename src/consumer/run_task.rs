@@ -114,11 +114,11 @@ impl<T: Payload, S: TaskService<T>, C: Codec> RunTask<T, S, C> {
     /// as it starts ([`Fence::record_attempt`]); every later delivery (a
     /// re-read of the pending list, here or on the next owner after a
     /// crash, a cancellation, a lost ack or a handover) counts one more,
-    /// the attempt that may have run. Claims leave the count alone. 0 when
-    /// Redis does not say.
+    /// the attempt that may have run. Claims leave the count alone. `None`
+    /// when Redis does not say.
     ///
     /// [`Fence::record_attempt`]: crate::fencing::Fence::record_attempt
-    async fn deliveries(&self, id: &str) -> u32 {
+    async fn deliveries(&self, id: &str) -> Option<u32> {
         let mut cmd = redis::cmd("XPENDING");
         cmd.arg(self.ownership.fence.stream())
             .arg(keys::GROUP)
@@ -131,13 +131,15 @@ impl<T: Payload, S: TaskService<T>, C: Codec> RunTask<T, S, C> {
             .query::<redis::streams::StreamPendingCountReply>(&cmd)
             .await
         {
-            Ok(reply) => reply
-                .ids
-                .first()
-                .map_or(0, |p| u32::try_from(p.times_delivered).unwrap_or(u32::MAX)),
+            Ok(reply) => Some(
+                reply
+                    .ids
+                    .first()
+                    .map_or(0, |p| u32::try_from(p.times_delivered).unwrap_or(u32::MAX)),
+            ),
             Err(e) => {
                 warn!(partition = self.partition, cause = %e, "cannot read the delivery count");
-                0
+                None
             }
         }
     }
@@ -221,7 +223,10 @@ impl<T: Payload, S: TaskService<T>, C: Codec> RunTask<T, S, C> {
         // counts 1).
         let mut counted = 1;
         if self.ordered() && self.redelivered {
-            counted = self.deliveries(&raw.id).await;
+            // Unknown, it could be higher than the entry says: left pending
+            // and read again (which counts one more) rather than run with
+            // an attempt that goes back.
+            counted = self.deliveries(&raw.id).await?;
             entry.attempt = entry.attempt.max(counted);
         }
         loop {
@@ -513,7 +518,7 @@ struct TaskStanding {
 
 impl Standing for TaskStanding {
     fn holds(&self) -> bool {
-        self.lease.valid() && !self.ownership.is_fenced()
+        self.ownership.holds(&self.lease)
     }
 }
 

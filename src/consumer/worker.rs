@@ -16,7 +16,7 @@
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, LazyLock};
+use std::sync::{Arc, LazyLock, OnceLock};
 use std::time::Duration;
 
 use deadpool_redis::redis::streams::{StreamId, StreamReadOptions, StreamReadReply};
@@ -81,12 +81,36 @@ pub(crate) struct Ownership {
     pub(crate) delayed: Notify,
     reports: mpsc::UnboundedSender<Report>,
     is_fenced: AtomicBool,
+    /// Once released: when its drain ends (rule 1). Until then its running
+    /// tasks may still act, with or without a lease (a graceful leave
+    /// revokes the lease before its drains).
+    drain_until: OnceLock<Instant>,
 }
 
 impl Ownership {
     /// Whether Redis refused a write of the partition to this worker.
     pub(crate) fn is_fenced(&self) -> bool {
         self.is_fenced.load(Ordering::SeqCst)
+    }
+
+    /// Stops fetching: the partition is released, and its running tasks
+    /// may finish until `deadline`.
+    pub(crate) fn release(&self, deadline: Instant) {
+        let _ = self.drain_until.set(deadline);
+        self.stop.cancel();
+    }
+
+    /// Whether this worker may still act on the partition now, from
+    /// memory: not fenced, and within its drain if released, else within
+    /// `lease`.
+    pub(crate) fn holds(&self, lease: &Lease) -> bool {
+        if self.is_fenced() {
+            return false;
+        }
+        match self.drain_until.get() {
+            Some(deadline) => Instant::now() < *deadline,
+            None => lease.valid(),
+        }
     }
 
     /// Redis refused `what` (an ack, a move, a claim): the partition has a
@@ -138,6 +162,7 @@ impl Worker {
             delayed: Notify::new(),
             reports: shared.reports.clone(),
             is_fenced: AtomicBool::new(false),
+            drain_until: OnceLock::new(),
         });
         let done = CancellationToken::new();
         let reader = Arc::new(AtomicU64::new(0));
@@ -187,7 +212,7 @@ impl Worker {
     /// enqueued again with `attempt + 1`; fetched ones that never started
     /// are handed back as they were.
     pub(crate) async fn release(mut self, deadline: Instant) {
-        self.ownership.stop.cancel();
+        self.ownership.release(deadline);
         // The fetch loop watches `stop` at every wait; bound it anyway.
         let fetch = &mut self.fetch;
         let aborted = tokio::time::timeout_at(deadline, &mut *fetch)
