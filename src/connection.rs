@@ -15,7 +15,7 @@ use deadpool_redis::Pool;
 use deadpool_redis::redis::aio::MultiplexedConnection;
 use deadpool_redis::redis::{Cmd, FromRedisValue, Pipeline, RedisError, ScriptInvocation};
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 
 /// How long a command on a shared connection may wait for its reply. The
 /// client's default (500 ms) turns a large pipelined batch into an error
@@ -26,12 +26,102 @@ const RESPONSE_TIMEOUT: Duration = Duration::from_secs(10);
 pub(crate) fn pool(pool: Option<Pool>, url: Option<String>) -> Result<Pool> {
     match (pool, url) {
         (Some(pool), _) => Ok(pool),
-        (None, Some(url)) => Ok(deadpool_redis::Config::from_url(url)
-            .create_pool(Some(deadpool_redis::Runtime::Tokio1))?),
-        (None, None) => Err(crate::Error::invalid(
+        (None, Some(url)) => deadpool_redis::Config::from_url(url.as_str())
+            .create_pool(Some(deadpool_redis::Runtime::Tokio1))
+            .map_err(|e| {
+                Error::invalid(
+                    "redis",
+                    format!(
+                        "`{}` is not a Redis URL ({e}); use redis://[user:password@]host[:port][/db], \
+                         or rediss:// for TLS",
+                        redact(&url)
+                    ),
+                )
+            }),
+        (None, None) => Err(Error::invalid(
             "redis",
             "no Redis given; call .redis(url) or .pool(pool)",
         )),
+    }
+}
+
+/// How errors and logs name the Redis a builder was given: its URL without
+/// the password, or the pool (which takes precedence).
+pub(crate) fn target(pool: Option<&Pool>, url: Option<&str>) -> String {
+    match (pool, url) {
+        (Some(_), _) => "the pool given to the builder".to_owned(),
+        (None, Some(url)) => redact(url),
+        (None, None) => "no redis given".to_owned(),
+    }
+}
+
+/// `url` with its password replaced by `***`: in the user info
+/// (`redis://user:***@host/`) and in a `pass` or `password` query parameter
+/// (`redis+unix:///run/redis.sock?pass=***`). Errors and logs show URLs only
+/// through it.
+pub(crate) fn redact(url: &str) -> String {
+    let (scheme, rest) = match url.split_once("://") {
+        Some((scheme, rest)) => (Some(scheme), rest),
+        None => (None, url),
+    };
+    let mut out = String::with_capacity(url.len());
+    if let Some(scheme) = scheme {
+        out.push_str(scheme);
+        out.push_str("://");
+    }
+    // The last `@`, not the first: a password with an unescaped `@` must
+    // not leave its tail in the host part.
+    let rest = match rest.rfind('@') {
+        Some(at) => {
+            let user = &rest[..at];
+            match user.split_once(':') {
+                Some((name, _password)) => {
+                    out.push_str(name);
+                    out.push_str(":***");
+                }
+                None => out.push_str(user),
+            }
+            out.push('@');
+            &rest[at + 1..]
+        }
+        None => rest,
+    };
+    match rest.split_once('?') {
+        Some((path, query)) => {
+            out.push_str(path);
+            out.push('?');
+            for (i, pair) in query.split('&').enumerate() {
+                if i > 0 {
+                    out.push('&');
+                }
+                match pair.split_once('=') {
+                    Some((key @ ("pass" | "password"), _)) => {
+                        out.push_str(key);
+                        out.push_str("=***");
+                    }
+                    _ => out.push_str(pair),
+                }
+            }
+        }
+        None => out.push_str(rest),
+    }
+    out
+}
+
+/// `e`, from a producer connecting or a consumer starting, with the Redis
+/// it came from when Redis or the network caused it (a refusal, an
+/// unreachable server). Other errors, such as a settings mismatch, stay as
+/// they are, so callers can still match on them.
+pub(crate) fn at(target: &str, e: Error) -> Error {
+    let source = match e {
+        // The pool's wrapping adds nothing the operator needs.
+        Error::Pool(deadpool_redis::PoolError::Backend(e)) => Error::Redis(e),
+        e @ (Error::Redis(_) | Error::Pool(_) | Error::Timeout(_)) => e,
+        other => return other,
+    };
+    Error::Connect {
+        url: target.to_owned(),
+        source: Box::new(source),
     }
 }
 
@@ -116,5 +206,67 @@ impl SharedConnection {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Option<MultiplexedConnection>> {
         self.cached.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn redact_hides_passwords_and_keeps_the_rest() {
+        let cases = [
+            (
+                "redis://:s3cret@127.0.0.1:6390/",
+                "redis://:***@127.0.0.1:6390/",
+            ),
+            (
+                "rediss://app:s3cret@db.internal/2",
+                "rediss://app:***@db.internal/2",
+            ),
+            // An unescaped `@` in the password.
+            ("redis://app:s3@cret@db/", "redis://app:***@db/"),
+            ("redis://app@db/", "redis://app@db/"),
+            ("redis://127.0.0.1:6379/", "redis://127.0.0.1:6379/"),
+            (
+                "redis+unix:///run/redis.sock?user=app&pass=s3cret&db=1",
+                "redis+unix:///run/redis.sock?user=app&pass=***&db=1",
+            ),
+            (
+                "redis://db/?password=s3cret&protocol=resp3",
+                "redis://db/?password=***&protocol=resp3",
+            ),
+            ("app:s3cret@db:6379", "app:***@db:6379"),
+        ];
+        for (url, redacted) in cases {
+            assert_eq!(redact(url), redacted, "{url}");
+            assert!(!redact(url).contains("s3"), "{url}");
+        }
+    }
+
+    #[test]
+    fn a_malformed_url_is_refused_without_its_password() {
+        let err = pool(None, Some("redis//:s3cret@db".to_owned())).unwrap_err();
+        let msg = err.to_string();
+        assert!(msg.contains("invalid setting `redis`"), "{msg}");
+        assert!(msg.contains(":***@db"), "{msg}");
+        assert!(!msg.contains("s3cret"), "{msg}");
+    }
+
+    #[test]
+    fn only_redis_errors_name_the_redis() {
+        let refused = Error::Pool(deadpool_redis::PoolError::Backend(
+            std::io::Error::from(std::io::ErrorKind::ConnectionRefused).into(),
+        ));
+        let Error::Connect { url, source } = at("redis://db/", refused) else {
+            panic!("not wrapped");
+        };
+        assert_eq!(url, "redis://db/");
+        assert!(matches!(*source, Error::Redis(_)), "{source:?}");
+        let invalid = at("redis://db/", Error::invalid("allow_eviction", "no"));
+        assert!(
+            matches!(invalid, Error::InvalidSetting { .. }),
+            "{invalid:?}"
+        );
     }
 }

@@ -7,7 +7,8 @@
 use std::fmt;
 use std::time::Duration;
 
-use deadpool_redis::redis::RedisError;
+use deadpool_redis::redis::{ErrorKind, RedisError};
+use deadpool_redis::{HookError, PoolError};
 
 /// A `Result` with peerq's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -63,6 +64,18 @@ pub enum Error {
     /// Redis did not answer in time.
     #[error("redis did not answer within {0:?}")]
     Timeout(Duration),
+
+    /// The Redis a producer connects to, or a consumer starts on, cannot be
+    /// used: a producer could not reach it, or it refused this client (a
+    /// wrong password, an ACL). A consumer waits for an unreachable Redis
+    /// instead of returning this.
+    #[error("cannot use redis at {url}: {source}{}", hint(.source))]
+    Connect {
+        /// The URL without its password, or a note that a pool was given.
+        url: String,
+        /// What failed.
+        source: Box<Error>,
+    },
 }
 
 impl Error {
@@ -72,6 +85,60 @@ impl Error {
             setting,
             message: message.into(),
         }
+    }
+
+    /// Whether trying again later may succeed: Redis cannot be reached
+    /// (connection refused, a timeout, a name that does not resolve yet, any
+    /// I/O error), is loading its data set, busy or failing over. Everything
+    /// else is final, retrying cannot fix it: a wrong password (WRONGPASS,
+    /// NOAUTH), an ACL refusal (NOPERM), an invalid URL or setting, a
+    /// `{N}:meta` mismatch, a refused eviction policy, an unexpected reply.
+    pub(crate) fn is_transient(&self) -> bool {
+        match self {
+            Error::Redis(e) => redis_is_transient(e),
+            Error::Pool(PoolError::Backend(e)) => redis_is_transient(e),
+            Error::Pool(PoolError::PostCreateHook(HookError::Backend(e))) => redis_is_transient(e),
+            Error::Pool(PoolError::Timeout(_)) | Error::Timeout(_) => true,
+            Error::Connect { source, .. } => source.is_transient(),
+            _ => false,
+        }
+    }
+}
+
+/// [`Error::is_transient`] for a redis-rs error.
+fn redis_is_transient(e: &RedisError) -> bool {
+    // Refused, reset, timed out, or a name that did not resolve: redis-rs
+    // reports them all as I/O errors.
+    if e.is_io_error() {
+        return true;
+    }
+    match e.code() {
+        // Loading its data set, a script running, a failover or a cluster
+        // healing: the same command works later.
+        Some("LOADING" | "BUSY" | "TRYAGAIN" | "MASTERDOWN" | "CLUSTERDOWN" | "READONLY") => true,
+        // Refused at connect while too many clients are connected (many
+        // instances starting together).
+        Some("ERR") => e
+            .detail()
+            .is_some_and(|d| d.starts_with("max number of clients reached")),
+        _ => false,
+    }
+}
+
+/// A hint after a [`Error::Connect`] message, for the refusals an operator
+/// fixes in the URL or in Redis's ACL.
+fn hint(source: &Error) -> &'static str {
+    let redis = match source {
+        Error::Redis(e) | Error::Pool(PoolError::Backend(e)) => e,
+        _ => return "",
+    };
+    match (redis.kind(), redis.code()) {
+        (ErrorKind::AuthenticationFailed, _) | (_, Some("WRONGPASS" | "NOAUTH")) => {
+            "; check the user and password in the URL"
+        }
+        (_, Some("NOPERM")) => "; the redis user lacks a permission (ACL) peerq needs",
+        _ if redis.is_io_error() => "; is redis running and reachable from here?",
+        _ => "",
     }
 }
 
@@ -118,5 +185,132 @@ impl fmt::Display for SettingsMismatch {
              instances and delete `{}`",
             self.key
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io;
+
+    use deadpool_redis::redis::{ServerErrorKind, make_extension_error};
+    use deadpool_redis::{ConfigError, CreatePoolError, PoolError, TimeoutType};
+
+    use super::*;
+
+    fn io_error(kind: io::ErrorKind) -> RedisError {
+        io::Error::from(kind).into()
+    }
+
+    fn server(kind: ServerErrorKind) -> RedisError {
+        (ErrorKind::Server(kind), "from the server").into()
+    }
+
+    fn extension(code: &str) -> RedisError {
+        make_extension_error(code.to_owned(), Some("from the server".to_owned()))
+    }
+
+    #[test]
+    fn unreachable_loading_or_failing_over_is_transient() {
+        let transient = [
+            Error::Redis(io_error(io::ErrorKind::ConnectionRefused)),
+            Error::Redis(io_error(io::ErrorKind::TimedOut)),
+            Error::Redis(io_error(io::ErrorKind::ConnectionReset)),
+            // How tokio reports a name that does not resolve.
+            Error::Redis(io::Error::other("failed to lookup address information").into()),
+            Error::Pool(PoolError::Backend(io_error(
+                io::ErrorKind::ConnectionRefused,
+            ))),
+            Error::Pool(PoolError::Timeout(TimeoutType::Create)),
+            Error::Redis(server(ServerErrorKind::BusyLoading)),
+            Error::Redis(extension("LOADING")),
+            Error::Redis(server(ServerErrorKind::MasterDown)),
+            Error::Redis(extension("BUSY")),
+            Error::Redis(
+                (
+                    ErrorKind::Server(ServerErrorKind::ResponseError),
+                    "refused",
+                    "max number of clients reached".to_owned(),
+                )
+                    .into(),
+            ),
+            Error::Timeout(Duration::from_secs(1)),
+            Error::Connect {
+                url: "redis://127.0.0.1:1/".into(),
+                source: Box::new(Error::Redis(io_error(io::ErrorKind::ConnectionRefused))),
+            },
+        ];
+        for e in transient {
+            assert!(e.is_transient(), "{e}");
+        }
+    }
+
+    #[test]
+    fn refusals_and_bad_settings_are_final() {
+        let final_ = [
+            Error::Redis(
+                (
+                    ErrorKind::AuthenticationFailed,
+                    "Password authentication failed",
+                )
+                    .into(),
+            ),
+            Error::Pool(PoolError::Backend(
+                (
+                    ErrorKind::AuthenticationFailed,
+                    "Password authentication failed",
+                )
+                    .into(),
+            )),
+            Error::Redis(extension("WRONGPASS")),
+            Error::Redis(extension("NOAUTH")),
+            Error::Redis(server(ServerErrorKind::NoPerm)),
+            Error::Redis(extension("NOPERM")),
+            Error::Redis(server(ServerErrorKind::ResponseError)),
+            Error::Redis((ErrorKind::InvalidClientConfig, "Redis URL did not parse").into()),
+            Error::CreatePool(CreatePoolError::Config(
+                ConfigError::UrlAndConnectionSpecified,
+            )),
+            Error::invalid("allow_eviction", "redis has maxmemory-policy `allkeys-lru`"),
+            Error::SettingsMismatch(SettingsMismatch {
+                key: "{n}:meta".into(),
+                settings: Vec::new(),
+            }),
+            Error::Pool(PoolError::Closed),
+            Error::Connect {
+                url: "redis://:***@127.0.0.1:1/".into(),
+                source: Box::new(Error::Redis(extension("WRONGPASS"))),
+            },
+        ];
+        for e in final_ {
+            assert!(!e.is_transient(), "{e}");
+        }
+    }
+
+    #[test]
+    fn a_connect_error_says_what_to_check() {
+        let refused = Error::Connect {
+            url: "redis://:***@db:6379/".into(),
+            source: Box::new(Error::Redis(
+                (
+                    ErrorKind::AuthenticationFailed,
+                    "Password authentication failed",
+                )
+                    .into(),
+            )),
+        };
+        let msg = refused.to_string();
+        assert!(
+            msg.starts_with("cannot use redis at redis://:***@db:6379/: "),
+            "{msg}"
+        );
+        assert!(
+            msg.ends_with("check the user and password in the URL"),
+            "{msg}"
+        );
+        let acl = Error::Connect {
+            url: "redis://db/".into(),
+            source: Box::new(Error::Redis(extension("NOPERM"))),
+        };
+        assert!(acl.to_string().contains("(ACL)"), "{acl}");
     }
 }

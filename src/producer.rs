@@ -137,7 +137,8 @@ impl<C: Codec> fmt::Debug for Producer<C> {
 
 impl Producer<Bincode> {
     /// Connects a producer with the defaults (bincode, 64 partitions) to
-    /// service `name` at `url`.
+    /// service `name` at `url`; see [`ProducerBuilder::connect`] for its
+    /// errors.
     pub async fn connect(url: &str, name: &str) -> Result<Self> {
         Producer::builder().redis(url).name(name).connect().await
     }
@@ -274,7 +275,7 @@ impl<C> fmt::Debug for ProducerBuilder<C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ProducerBuilder")
             .field("name", &self.name)
-            .field("url", &self.url)
+            .field("url", &self.url.as_deref().map(crate::connection::redact))
             .field("partitions", &self.partitions)
             .field("max_payload", &self.max_payload)
             .finish_non_exhaustive()
@@ -335,6 +336,11 @@ impl<C: Codec> ProducerBuilder<C> {
 
     /// Validates the settings, connects, and checks them against the
     /// service's `{N}:meta` (recording them if the service is new).
+    ///
+    /// Unlike a consumer, it does not wait for Redis: an unreachable or
+    /// refusing Redis is an [`Error::Connect`] naming the URL without its
+    /// password, and settings that differ from the service's are an
+    /// [`Error::SettingsMismatch`].
     pub async fn connect(self) -> Result<Producer<C>> {
         let name = ServiceName::new(self.name.as_deref().unwrap_or_default())?;
         config::validate_partitions(self.partitions)?;
@@ -350,10 +356,16 @@ impl<C: Codec> ProducerBuilder<C> {
                 "must be at least 1ms; as long as a producer may retry an enqueue (hours)",
             ));
         }
+        let redis = crate::connection::target(self.pool.as_ref(), self.url.as_deref());
         let pool = crate::connection::pool(self.pool, self.url)?;
         let conn = SharedConnection::new(pool);
         let fields = config::queue_meta_fields(self.partitions, C::NAME);
-        meta::ensure(&mut conn.get().await?, &name, &fields).await?;
+        // No waiting for Redis here, unlike a consumer: the caller holds the
+        // tasks and decides whether to wait, retry or fail.
+        let checked = async { meta::ensure(&mut conn.get().await?, &name, &fields).await };
+        checked
+            .await
+            .map_err(|e| crate::connection::at(&redis, e))?;
         Ok(Producer {
             name,
             conn,

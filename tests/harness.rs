@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use deadpool_redis::redis::{self, Commands as _};
 use support::{
     Proxy, RedisServer, ServerOptions, connect, is_interrupted, process_exists, retry_interrupted,
-    unique_name,
+    unique_name, unused_port,
 };
 
 /// Response timeout of probe connections: short, so a hang shows up fast.
@@ -56,6 +56,30 @@ fn two_servers_get_different_ports_and_data() {
 }
 
 #[test]
+fn a_server_starts_later_on_a_port_chosen_in_advance_with_a_password() {
+    let port = unused_port();
+    let anonymous = format!("redis://127.0.0.1:{port}/");
+    assert!(connect(&anonymous, PROBE).is_err(), "nothing listens yet");
+    let server = RedisServer::start_on(
+        port,
+        ServerOptions {
+            requirepass: Some("pw-of-the-test"),
+            ..ServerOptions::default()
+        },
+    );
+    assert_eq!(server.port(), port);
+    assert_eq!(
+        server.url(),
+        format!("redis://:pw-of-the-test@127.0.0.1:{port}/")
+    );
+    let mut con = connect(&server.url(), PROBE).expect("connect with the password");
+    assert_eq!(ping(&mut con).expect("PING"), "PONG");
+    let mut con = connect(&anonymous, PROBE).expect("connect without it");
+    let refused = ping(&mut con).expect_err("PING without the password");
+    assert_eq!(refused.code(), Some("NOAUTH"), "{refused}");
+}
+
+#[test]
 fn data_survives_restart() {
     let mut server = RedisServer::start();
     let port = server.port();
@@ -74,7 +98,10 @@ fn data_survives_restart() {
 
 #[test]
 fn data_survives_restart_with_aof() {
-    let mut server = RedisServer::start_with(ServerOptions { aof: true });
+    let mut server = RedisServer::start_with(ServerOptions {
+        aof: true,
+        ..ServerOptions::default()
+    });
     set(&server.url(), "k", "v");
     server.restart();
     assert_eq!(get(&server.url(), "k").as_deref(), Some("v"));
@@ -82,7 +109,10 @@ fn data_survives_restart_with_aof() {
 
 #[test]
 fn kill_and_restart_keeps_aof_data() {
-    let mut server = RedisServer::start_with(ServerOptions { aof: true });
+    let mut server = RedisServer::start_with(ServerOptions {
+        aof: true,
+        ..ServerOptions::default()
+    });
     let pid = server.pid();
     set(&server.url(), "k", "v");
     server.kill_and_restart();

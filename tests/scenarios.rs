@@ -801,7 +801,13 @@ fn a_stalled_instance_neither_fetches_nor_acks_with_its_stale_assignment() {
 #[test]
 fn a_redis_restart_loses_no_task_whose_enqueue_succeeded() {
     let _serial = serial();
-    let mut fleet = Fleet::new("restart", ServerOptions { aof: true });
+    let mut fleet = Fleet::new(
+        "restart",
+        ServerOptions {
+            aof: true,
+            ..ServerOptions::default()
+        },
+    );
     for _ in 0..3 {
         fleet.join();
     }

@@ -67,7 +67,7 @@ impl<T, S, C: Codec> fmt::Debug for ConsumerBuilder<T, S, C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ConsumerBuilder")
             .field("name", &self.name)
-            .field("url", &self.url)
+            .field("url", &self.url.as_deref().map(crate::connection::redact))
             .field("indexer", &self.indexer)
             .field("settings", &self.settings)
             .field("codec", &C::NAME)
@@ -426,6 +426,18 @@ where
     /// marks, so the others take them over without waiting for a deadline.
     /// A second signal, or the [`leave_timeout`](Self::leave_timeout),
     /// leaves at once: running tasks are cancelled and enqueued again.
+    ///
+    /// Redis need not be up yet: while it cannot be reached (connection
+    /// refused, a timeout, a name that does not resolve yet, Redis loading
+    /// its data), the start is tried again with backoff (200 ms doubling to
+    /// 10 s), with one warning per try, and a signal during that wait ends
+    /// the run with `Ok`. It returns an error only for what retrying cannot
+    /// fix: an invalid setting ([`Error::InvalidSetting`]), settings that
+    /// differ from the service's `{N}:meta` ([`Error::SettingsMismatch`]),
+    /// a `maxmemory-policy` that may evict keys (see
+    /// [`allow_eviction`](Self::allow_eviction)), or a Redis that refuses
+    /// this client, such as a wrong password or an ACL ([`Error::Connect`],
+    /// naming the URL without its password).
     pub async fn run(self) -> Result<()> {
         self.start(runtime::shutdown_signal(), runtime::shutdown_signal)
             .await
@@ -443,10 +455,12 @@ where
         again: impl FnOnce() -> F + Send,
     ) -> Result<()> {
         let name = self.validate()?;
+        let redis = crate::connection::target(self.pool.as_ref(), self.url.as_deref());
         let pool = crate::connection::pool(self.pool, self.url)?;
         runtime::run(
             runtime::Parts {
                 name,
+                redis,
                 pool,
                 indexer: self.indexer,
                 settings: self.settings,

@@ -21,6 +21,7 @@ mod lease;
 mod run_task;
 mod runtime;
 mod scheduler;
+mod startup;
 mod worker;
 
 use std::marker::PhantomData;

@@ -8,7 +8,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use deadpool_redis::Pool;
-use deadpool_redis::redis;
 use tokio::sync::{Semaphore, broadcast, mpsc, watch};
 use tokio::time::Instant;
 use tracing::{info, warn};
@@ -16,16 +15,16 @@ use tracing::{info, warn};
 use super::handover::Handover;
 use super::lease::Lease;
 use super::scheduler;
+use super::startup::Startup;
 use super::{ConsumerSettings, PartitionEvent, Payload, Shared, TaskService, acker};
 use crate::clock::Clock;
 use crate::codec::Codec;
 use crate::config::{self, IndexerSettings, ServiceName, fmt_duration};
 use crate::connection::SharedConnection;
 use crate::error::{Error, Result};
-use crate::indexer::{Indexer, Standing};
+use crate::indexer::Standing;
 use crate::instance::InstanceId;
 use crate::transition::Timing;
-use crate::{keys, meta};
 
 /// How long leaving at once waits for cancelled tasks to be enqueued again
 /// and finished ones to be acked.
@@ -36,6 +35,8 @@ const ACKER_GRACE: Duration = Duration::from_secs(15);
 /// Everything `run` needs, validated.
 pub(super) struct Parts<S, C> {
     pub(super) name: ServiceName,
+    /// The Redis, as errors and logs name it (no password).
+    pub(super) redis: String,
     pub(super) pool: Pool,
     pub(super) indexer: IndexerSettings,
     pub(super) settings: ConsumerSettings,
@@ -79,6 +80,7 @@ where
 {
     let Parts {
         name,
+        redis,
         pool,
         indexer,
         settings,
@@ -88,14 +90,10 @@ where
         events,
         clock,
     } = parts;
-    let conn = Arc::new(SharedConnection::new(pool.clone()));
-    check_eviction(&conn, settings.allow_eviction).await?;
+    let conn = Arc::new(SharedConnection::new(pool));
     let mut fields = config::queue_meta_fields(settings.partitions, C::NAME);
     fields.push(("drain_timeout", fmt_duration(settings.drain_timeout)));
     fields.push(("ordered", settings.ordered.to_string()));
-    meta::ensure(&mut conn.get().await?, &name, &fields).await?;
-    create_groups(&conn, &name, settings.partitions).await?;
-
     let id = InstanceId::generate();
     let timing = Timing {
         interval: indexer.interval,
@@ -106,18 +104,23 @@ where
     let leave_timeout = settings
         .leave_timeout
         .unwrap_or(3 * indexer.interval + settings.drain_timeout);
-    let indexer = Indexer::builder()
-        .name(name.as_str())
-        .pool(pool)
-        .interval(indexer.interval)
-        .skew(indexer.skew)
-        .lease_margin(indexer.lease_margin)
-        .indexing(indexer.indexing)
-        .clock(clock.clone())
-        .instance_id(id.clone())
-        .build()?
-        .start()
-        .await?;
+    tokio::pin!(signal);
+    let startup = Startup {
+        name: &name,
+        id: &id,
+        redis: &redis,
+        conn: &conn,
+        indexer: &indexer,
+        clock: &clock,
+        meta: &fields,
+        partitions: settings.partitions,
+        allow_eviction: settings.allow_eviction,
+    };
+    // A stop while Redis cannot be reached ends the wait for it.
+    let Some(indexer) = startup.run(&mut signal).await? else {
+        info!(service = %name, instance = %id, "stopped before redis could be reached");
+        return Ok(());
+    };
     let (acks, mut acker) = acker::spawn(name.clone(), conn.clone());
     let (reports, reported) = mpsc::unbounded_channel();
     let shared = Arc::new(Shared {
@@ -146,7 +149,6 @@ where
     );
     let mut handover = Handover::new(shared.clone(), timing, Lease::new(clock), reported, events);
     let mut standing = indexer.standing();
-    tokio::pin!(signal);
     let mut make_again = Some(again);
     let mut again: Option<Pin<Box<F>>> = None;
     let mut leave_by: Option<Instant> = None;
@@ -224,59 +226,4 @@ where
     }
     info!(service = %name, instance = %id, "stopped");
     failure.map_or(Ok(()), Err)
-}
-
-/// Refuses a Redis that may evict keys, unless the user allowed it. Reads
-/// `INFO memory`, which managed services and ACL users allow more often
-/// than `CONFIG GET`.
-async fn check_eviction(conn: &SharedConnection, allowed: bool) -> Result<()> {
-    let info: String = conn.query(redis::cmd("INFO").arg("memory")).await?;
-    let policy = info
-        .lines()
-        .find_map(|l| l.strip_prefix("maxmemory_policy:"))
-        .map(|p| p.trim().to_owned())
-        .unwrap_or_default();
-    if policy == "noeviction" || policy.is_empty() {
-        return Ok(());
-    }
-    if allowed {
-        warn!(
-            policy,
-            "redis may evict keys (maxmemory-policy); tasks and coordination keys can be lost"
-        );
-        return Ok(());
-    }
-    Err(Error::invalid(
-        "allow_eviction",
-        format!(
-            "redis has maxmemory-policy `{policy}`, which can silently evict tasks, owner records and \
-             marks; set it to `noeviction` (CONFIG SET maxmemory-policy noeviction), or call \
-             .allow_eviction(true) to run anyway"
-        ),
-    ))
-}
-
-/// Creates every partition's stream and consumer group, reading from the
-/// start, so tasks enqueued before any consumer existed are delivered. One
-/// pipeline; BUSYGROUP (the group exists) is the common answer.
-async fn create_groups(conn: &SharedConnection, name: &ServiceName, partitions: u32) -> Result<()> {
-    let mut pipe = redis::pipe();
-    pipe.ignore_errors();
-    for p in 0..partitions {
-        pipe.cmd("XGROUP")
-            .arg("CREATE")
-            .arg(keys::stream(name, p))
-            .arg(keys::GROUP)
-            .arg("0")
-            .arg("MKSTREAM");
-    }
-    let replies: Vec<redis::RedisResult<redis::Value>> = conn.query_pipe(&pipe).await?;
-    for reply in replies {
-        match reply {
-            Ok(_) => {}
-            Err(e) if e.code() == Some("BUSYGROUP") => {}
-            Err(e) => return Err(e.into()),
-        }
-    }
-    Ok(())
 }

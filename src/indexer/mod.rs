@@ -173,7 +173,7 @@ impl fmt::Debug for IndexerBuilder {
             .field("name", &self.name)
             .field("settings", &self.settings)
             .field("clock", &self.clock)
-            .field("url", &self.url)
+            .field("url", &self.url.as_deref().map(crate::connection::redact))
             .finish_non_exhaustive()
     }
 }

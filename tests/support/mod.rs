@@ -36,7 +36,7 @@ pub use process::{Proc, example_binary, signal};
 #[allow(unused_imports)]
 pub use proxy::Proxy;
 #[allow(unused_imports)]
-pub use redis_server::{RedisServer, ServerOptions, process_exists};
+pub use redis_server::{RedisServer, ServerOptions, process_exists, unused_port};
 #[allow(unused_imports)]
 pub use wait::wait_until;
 

@@ -44,6 +44,9 @@ pub struct ServerOptions {
     /// write survives [`RedisServer::kill_and_restart`]. `false` (default): no
     /// persistence at all.
     pub aof: bool,
+    /// `Some(password)`: `--requirepass password`, and
+    /// [`RedisServer::url`] carries it. `None` (default): no password.
+    pub requirepass: Option<&'static str>,
 }
 
 /// A private `redis-server` process, listening on `127.0.0.1` on a free
@@ -102,14 +105,34 @@ impl RedisServer {
         );
     }
 
+    /// Starts a server on `port`, chosen in advance (see [`unused_port`]),
+    /// for a test whose clients try to connect before the server exists.
+    /// Waits until it answers PING; panics if the port stays taken.
+    pub fn start_on(port: u16, opts: ServerOptions) -> RedisServer {
+        ensure_redis_server();
+        let mut server = RedisServer {
+            port,
+            dir: make_temp_dir(),
+            opts,
+            child: None,
+            pid: Arc::new(AtomicU32::new(0)),
+        };
+        server.relaunch();
+        server
+    }
+
     /// The port the server listens on; it stays the same across restarts.
     pub fn port(&self) -> u16 {
         self.port
     }
 
-    /// `redis://127.0.0.1:<port>/`.
+    /// `redis://127.0.0.1:<port>/`, or `redis://:<password>@127.0.0.1:<port>/`
+    /// with [`ServerOptions::requirepass`].
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}/", self.port)
+        match self.opts.requirepass {
+            Some(password) => format!("redis://:{password}@127.0.0.1:{}/", self.port),
+            None => format!("redis://127.0.0.1:{}/", self.port),
+        }
     }
 
     /// The server's data dir (`dump.rdb`, `appendonlydir/`, `redis.log`).
@@ -225,6 +248,9 @@ impl RedisServer {
             .args(["--save", "", "--appendonly", appendonly]);
         if self.opts.aof {
             cmd.args(["--appendfsync", "always"]);
+        }
+        if let Some(password) = self.opts.requirepass {
+            cmd.args(["--requirepass", password]);
         }
         let child = cmd
             .stdin(Stdio::null())
@@ -381,6 +407,24 @@ fn free_port() -> u16 {
         .and_then(|listener| listener.local_addr())
         .map(|addr| addr.port())
         .expect("bind a probe socket on 127.0.0.1")
+}
+
+/// A port on `127.0.0.1` that nothing listens on now and that the kernel
+/// will not hand out by itself, for [`RedisServer::start_on`].
+///
+/// It lies below Linux's ephemeral range (32768 and up by default), where
+/// [`free_port`] and every outgoing connection take their ports: a port
+/// from that range could be given to another test's server meanwhile, or
+/// become the local port of a client's own connect attempt to it (a TCP
+/// self-connect, which then looks like a server that answers nothing).
+pub fn unused_port() -> u16 {
+    const RANGE: std::ops::Range<u16> = 20_000..32_000;
+    loop {
+        let port = RANGE.start + rand::random::<u16>() % (RANGE.end - RANGE.start);
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
 }
 
 /// Creates a fresh dir under the system temp dir.

@@ -1,0 +1,159 @@
+//! What a consumer does in Redis before it serves: refuse an evicting Redis,
+//! check and record the service's `{N}:meta`, create the partitions'
+//! consumer groups, start the peer indexer.
+//!
+//! An instance may start before its Redis does (a pod scheduled first, a DNS
+//! name not yet published), so while Redis cannot be reached the whole start
+//! is tried again with backoff, and the stop signal ends the wait. What
+//! retrying cannot fix (a wrong password, an ACL refusal, a `{N}:meta`
+//! mismatch, an evicting Redis) ends the start with an error at once.
+//!
+//! It does not own the run loop (`runtime`) nor the indexer's rounds.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use deadpool_redis::redis;
+use tracing::warn;
+
+use crate::clock::Clock;
+use crate::config::{IndexerSettings, ServiceName};
+use crate::connection::{self, SharedConnection};
+use crate::error::{Error, Result};
+use crate::indexer::{Indexer, IndexerHandle};
+use crate::instance::InstanceId;
+use crate::retry::{self, Backoff};
+use crate::{keys, meta};
+
+/// The wait between start attempts: soon after the first failures (Redis
+/// is usually a moment away), then at most 10 s, one warning per wait.
+const BACKOFF: Backoff = Backoff::exponential(Duration::from_millis(200), Duration::from_secs(10));
+
+/// What the start needs.
+pub(super) struct Startup<'a> {
+    pub(super) name: &'a ServiceName,
+    pub(super) id: &'a InstanceId,
+    /// The Redis, as errors and logs name it (no password).
+    pub(super) redis: &'a str,
+    pub(super) conn: &'a SharedConnection,
+    pub(super) indexer: &'a IndexerSettings,
+    pub(super) clock: &'a Arc<dyn Clock>,
+    /// The consumer's fields of `{N}:meta`.
+    pub(super) meta: &'a [(&'static str, String)],
+    pub(super) partitions: u32,
+    pub(super) allow_eviction: bool,
+}
+
+impl Startup<'_> {
+    /// Starts, waiting for Redis while it cannot be reached. `Ok(None)`:
+    /// `stop` resolved during a wait. An attempt underway when it resolves
+    /// finishes first (a connect gives up after about a second), so a
+    /// consumer told to stop at once still reports a final error, such as
+    /// a settings mismatch, that its first attempt found.
+    pub(super) async fn run(
+        &self,
+        stop: impl Future<Output = ()>,
+    ) -> Result<Option<IndexerHandle>> {
+        retry::until_ok(
+            BACKOFF,
+            stop,
+            || self.attempt(),
+            |e, wait| {
+                warn!(
+                    service = %self.name,
+                    redis = %self.redis,
+                    cause = %e,
+                    retry_in = ?wait,
+                    "cannot reach redis; retrying"
+                );
+            },
+        )
+        .await
+        .map_err(|e| connection::at(self.redis, e))
+    }
+
+    /// One attempt. Each step is idempotent, so a retry after a failure
+    /// part way repeats the finished steps harmlessly.
+    async fn attempt(&self) -> Result<IndexerHandle> {
+        let started = async {
+            check_eviction(self.conn, self.allow_eviction).await?;
+            meta::ensure(&mut self.conn.get().await?, self.name, self.meta).await?;
+            create_groups(self.conn, self.name, self.partitions).await?;
+            Indexer::builder()
+                .name(self.name.as_str())
+                .pool(self.conn.pool().clone())
+                .interval(self.indexer.interval)
+                .skew(self.indexer.skew)
+                .lease_margin(self.indexer.lease_margin)
+                .indexing(self.indexer.indexing)
+                .clock(self.clock.clone())
+                .instance_id(self.id.clone())
+                .build()?
+                .start()
+                .await
+        };
+        let result = started.await;
+        if result.as_ref().is_err_and(Error::is_transient) {
+            // A connection that failed half way may be broken (`meta` uses
+            // it directly); the next attempt takes a fresh one.
+            self.conn.reset();
+        }
+        result
+    }
+}
+
+/// Refuses a Redis that may evict keys, unless the user allowed it. Reads
+/// `INFO memory`, which managed services and ACL users allow more often
+/// than `CONFIG GET`.
+async fn check_eviction(conn: &SharedConnection, allowed: bool) -> Result<()> {
+    let info: String = conn.query(redis::cmd("INFO").arg("memory")).await?;
+    let policy = info
+        .lines()
+        .find_map(|l| l.strip_prefix("maxmemory_policy:"))
+        .map(|p| p.trim().to_owned())
+        .unwrap_or_default();
+    if policy == "noeviction" || policy.is_empty() {
+        return Ok(());
+    }
+    if allowed {
+        warn!(
+            policy,
+            "redis may evict keys (maxmemory-policy); tasks and coordination keys can be lost"
+        );
+        return Ok(());
+    }
+    Err(Error::invalid(
+        "allow_eviction",
+        format!(
+            "redis has maxmemory-policy `{policy}`, which can silently evict tasks, owner records and \
+             marks; set it to `noeviction` (CONFIG SET maxmemory-policy noeviction), or call \
+             .allow_eviction(true) to run anyway"
+        ),
+    ))
+}
+
+/// Creates every partition's stream and consumer group, reading from the
+/// start, so tasks enqueued before any consumer existed are delivered. One
+/// pipeline; BUSYGROUP (the group exists) is the common answer.
+async fn create_groups(conn: &SharedConnection, name: &ServiceName, partitions: u32) -> Result<()> {
+    let mut pipe = redis::pipe();
+    pipe.ignore_errors();
+    for p in 0..partitions {
+        pipe.cmd("XGROUP")
+            .arg("CREATE")
+            .arg(keys::stream(name, p))
+            .arg(keys::GROUP)
+            .arg("0")
+            .arg("MKSTREAM");
+    }
+    let replies: Vec<redis::RedisResult<redis::Value>> = conn.query_pipe(&pipe).await?;
+    for reply in replies {
+        match reply {
+            Ok(_) => {}
+            Err(e) if e.code() == Some("BUSYGROUP") => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
+}
