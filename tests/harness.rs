@@ -266,6 +266,38 @@ fn proxy_hold_delivers_requests_late_on_restore() {
     assert_eq!(get(&server.url(), "held").as_deref(), Some("late"));
 }
 
+/// Whether the server has a client with id `id`.
+fn has_client(url: &str, id: u64) -> bool {
+    let mut con = connect(url, PROBE).expect("connect directly");
+    let list: String = retry_interrupted(|| redis::cmd("CLIENT").arg("LIST").query(&mut con))
+        .expect("CLIENT LIST");
+    list.lines()
+        .any(|line| line.starts_with(&format!("id={id} ")))
+}
+
+#[test]
+fn proxy_hold_keeps_a_closed_connection_open_toward_the_server_until_restore() {
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.port());
+    let mut through = connect(&proxy.url(), PROBE).expect("connect through proxy");
+    let id: u64 = retry_interrupted(|| redis::cmd("CLIENT").arg("ID").query(&mut through))
+        .expect("CLIENT ID");
+
+    proxy.hold();
+    drop(through);
+    // The client's close does not cross the held link: the server still
+    // has the connection (a blocking read on it would stay blocked).
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(has_client(&server.url(), id), "closed during the hold");
+
+    proxy.restore();
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while has_client(&server.url(), id) {
+        assert!(Instant::now() < deadline, "still open after restore");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 #[test]
 fn proxy_follows_server_restart() {
     let mut server = RedisServer::start();

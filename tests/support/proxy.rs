@@ -36,7 +36,9 @@ enum Mode {
     /// and never answered.
     Blackhole,
     /// Bytes are read and held both ways, and delivered on restore, as TCP
-    /// delivers them when a partition heals: requests arrive late.
+    /// delivers them when a partition heals: requests arrive late. A side
+    /// that closes its connection meanwhile is closed toward the other side
+    /// only then, after its held bytes: its FIN is held too.
     Hold,
 }
 
@@ -183,7 +185,10 @@ impl Proxy {
     /// Keeps connections open and holds every byte both ways; `restore`
     /// delivers them, late, in order. New connections are accepted and
     /// connected, their bytes held too. Models a network partition that
-    /// heals: a request sent during it arrives after it.
+    /// heals: a request sent during it arrives after it. A connection its
+    /// client closes during the hold stays open toward Redis until
+    /// `restore` (a blocking read it sent stays blocked on the server), as
+    /// the client's FIN would not cross the partition either.
     pub fn hold(&self) {
         self.shared.state().mode = Mode::Hold;
     }
@@ -327,7 +332,8 @@ fn handle(client: TcpStream, target: SocketAddr, shared: &Arc<Shared>) {
 
 /// Copies `from` to `to` while the proxy forwards, drops the bytes while it
 /// blackholes (or when there is no `to`), and closes the whole connection
-/// when either side ends, as a TCP proxy would.
+/// when either side ends, as a TCP proxy would (during a hold, only once it
+/// is over).
 fn pump(id: u64, mut from: TcpStream, mut to: Option<TcpStream>, shared: &Shared) {
     let mut buf = [0u8; 16 * 1024];
     // Bytes read during a hold, delivered once the proxy forwards again.
@@ -370,6 +376,34 @@ fn pump(id: u64, mut from: TcpStream, mut to: Option<TcpStream>, shared: &Shared
                 }
             }
             Mode::Blackhole | Mode::Cut => held.clear(),
+        }
+    }
+    close_after_hold(id, to.as_mut(), &held, shared);
+}
+
+/// `from` ended: closes the connection, but during a hold only once it is
+/// over, after delivering what was held, as a FIN or a reset does not cross
+/// a partition before the bytes sent ahead of it.
+fn close_after_hold(id: u64, to: Option<&mut TcpStream>, held: &[u8], shared: &Shared) {
+    loop {
+        let mode = {
+            let state = shared.state();
+            match state.conns.get(&id) {
+                // Closed by `cut`, by the other pump or by `Drop`.
+                None => break,
+                Some(conn) if conn.tainted => Mode::Blackhole,
+                Some(_) => state.mode,
+            }
+        };
+        match mode {
+            Mode::Hold => thread::sleep(PUMP_POLL),
+            Mode::Forward => {
+                if let Some(to) = to {
+                    let _ = to.write_all(held);
+                }
+                break;
+            }
+            Mode::Blackhole | Mode::Cut => break,
         }
     }
     shared.close(id);

@@ -1,0 +1,444 @@
+//! The owner's periodic claim (the design's handover rule 8): an entry
+//! left pending on a consumer that will never ack it is claimed by the
+//! partition's owner once it has been idle for `claim_idle`, and runs again
+//! with `attempt + 1`. Two ways an entry gets there, with real Redis:
+//!
+//! - its ack never landed: Redis refused it (an ACL that denies `XACK`),
+//!   the acker gave up, and the entry stays in the owner's own pending list;
+//! - a consumer that is not the owner anymore (cut off by a proxy that
+//!   holds its traffic) still had a blocking read on the server, which
+//!   delivered the entry into its pending list after the new owner had
+//!   acquired the partition (so the acquire's claim could not see it).
+//!
+//! In both, the owner's claim on acquire has already run, so only the
+//! periodic claim can pick the entry up.
+
+mod support;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use deadpool_redis::redis::{self, AsyncCommands};
+use peerq::codec::Bincode;
+use peerq::consumer::{ConsumerBuilder, PartitionChange, PartitionEvent};
+use peerq::handler::HandlerService;
+use peerq::indexer::Standing;
+use peerq::producer::{Options, Producer};
+use peerq::{Consumer, Handler, HandlerError, TaskContext};
+use serde::{Deserialize, Serialize};
+use support::{Proxy, RedisServer, unique_name, wait_until};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+const MS: Duration = Duration::from_millis(1);
+/// Short, so the test waits seconds, not the default 30 s.
+const CLAIM_IDLE: Duration = Duration::from_secs(2);
+/// The default read block: the fetch loop looks at its claim timer when a
+/// read returns, so a claim may come up to one block after it is due.
+const BLOCK: Duration = Duration::from_secs(1);
+/// Slack on the upper bound for a loaded 2-core machine.
+const SLACK: Duration = Duration::from_secs(2);
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Job {
+    seq: u64,
+}
+
+/// Each handler run: seq → (attempt, when it started), in order.
+type Runs = Arc<Mutex<BTreeMap<u64, Vec<(u32, Instant)>>>>;
+
+fn runs_of(runs: &Runs, seq: u64) -> Vec<(u32, Instant)> {
+    runs.lock().unwrap().get(&seq).cloned().unwrap_or_default()
+}
+
+/// A handler that records every run in `runs`.
+#[derive(Clone)]
+struct Recorder {
+    runs: Runs,
+}
+
+impl Handler for Recorder {
+    type Task = Job;
+    async fn handle(&self, job: Job, cx: TaskContext) -> Result<(), HandlerError> {
+        self.runs
+            .lock()
+            .unwrap()
+            .entry(job.seq)
+            .or_default()
+            .push((cx.attempt(), Instant::now()));
+        Ok(())
+    }
+}
+
+type Builder = ConsumerBuilder<Job, HandlerService<Recorder>, Bincode>;
+
+/// A consumer whose handler records every run in `runs`.
+fn builder(url: &str, name: &str, partitions: u32, runs: &Runs) -> Builder {
+    support::init_tracing();
+    Consumer::builder()
+        .name(name)
+        .redis(url)
+        .partitions(partitions)
+        .claim_idle(CLAIM_IDLE)
+        .block(BLOCK)
+        .handler(Recorder { runs: runs.clone() })
+}
+
+async fn producer(url: &str, name: &str, partitions: u32) -> Producer {
+    Producer::builder()
+        .name(name)
+        .redis(url)
+        .partitions(partitions)
+        .connect()
+        .await
+        .unwrap()
+}
+
+/// A key for each partition `0..partitions`.
+fn keys_by_partition(partitions: u32) -> BTreeMap<u32, String> {
+    let mut keys = BTreeMap::new();
+    for i in 0.. {
+        let key = format!("k{i}");
+        keys.entry(peerq::partition::partition_of(key.as_bytes(), partitions))
+            .or_insert(key);
+        if keys.len() == partitions as usize {
+            return keys;
+        }
+    }
+    unreachable!()
+}
+
+fn stream(name: &str, p: u32) -> String {
+    format!("{{{name}/{p}}}:stream")
+}
+
+/// The pending entries of partition `p`: (entry id, consumer).
+async fn pending_entries(
+    conn: &mut deadpool_redis::Connection,
+    name: &str,
+    p: u32,
+) -> Vec<(String, String)> {
+    let reply: redis::streams::StreamPendingCountReply = conn
+        .xpending_count(stream(name, p), "peerq", "-", "+", 100)
+        .await
+        .unwrap();
+    reply.ids.into_iter().map(|e| (e.id, e.consumer)).collect()
+}
+
+/// The instance id recorded as `p`'s owner (`<token>:<id>`).
+async fn owner_of(conn: &mut deadpool_redis::Connection, name: &str, p: u32) -> String {
+    let record: String = conn.get(format!("{{{name}/{p}}}:owner")).await.unwrap();
+    let (_, id) = record.split_once(':').expect("<token>:<id>");
+    id.to_owned()
+}
+
+/// Waits until nothing of `name` is pending any more.
+async fn wait_nothing_pending(conn: &mut deadpool_redis::Connection, name: &str, partitions: u32) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let mut left = Vec::new();
+        for p in 0..partitions {
+            left.extend(pending_entries(conn, name, p).await);
+        }
+        if left.is_empty() {
+            return;
+        }
+        assert!(Instant::now() < deadline, "still pending: {left:?}");
+        tokio::time::sleep(50 * MS).await;
+    }
+}
+
+/// `rerun` happened after the entry had been idle `CLAIM_IDLE` (counted
+/// from `enqueued`, before its delivery), and within one claim period and
+/// one read block after it became claimable at `idle_from` (plus slack).
+fn assert_claimed_in_time(seq: u64, enqueued: Instant, idle_from: Instant, rerun: Instant) {
+    let after = rerun - enqueued;
+    let upper = (idle_from - enqueued) + CLAIM_IDLE + CLAIM_IDLE / 3 + BLOCK + SLACK;
+    eprintln!(
+        "seq {seq}: ran again {:.3}s after its enqueue (claim_idle {:.1}s, bound {:.3}s)",
+        after.as_secs_f64(),
+        CLAIM_IDLE.as_secs_f64(),
+        upper.as_secs_f64()
+    );
+    assert!(
+        after >= CLAIM_IDLE,
+        "seq {seq} ran again {after:?} after its enqueue, before claim_idle"
+    );
+    assert!(
+        after <= upper,
+        "seq {seq} ran again {after:?} after its enqueue, later than {upper:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_entry_whose_ack_never_landed_is_claimed_by_its_owner_after_claim_idle() {
+    const P: u32 = 2;
+    let server = RedisServer::start();
+    let name = unique_name("lost-ack");
+    let mut conn = server.pool().get().await.unwrap();
+    // The consumer's user may do everything but XACK (also inside the
+    // scripts, which Redis checks too): its acks get an error reply, which
+    // the acker does not retry (it is no outage), so the task stays pending.
+    let () = redis::cmd("ACL")
+        .arg(&[
+            "SETUSER", "worker", "on", ">secret", "~*", "&*", "+@all", "-xack",
+        ])
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let url = format!("redis://worker:secret@127.0.0.1:{}/", server.port());
+    let runs = Runs::default();
+    let consumer = builder(&url, &name, P, &runs);
+    let mut events = consumer.partition_events();
+    let stop = CancellationToken::new();
+    let task = tokio::spawn(consumer.run_until(stop.clone().cancelled_owned()));
+    // Every partition acquired: the claim on acquire (idle 0) has run.
+    let mut started = BTreeSet::new();
+    while started.len() < P as usize {
+        let e = tokio::time::timeout(Duration::from_secs(15), events.recv())
+            .await
+            .expect("partitions start")
+            .unwrap();
+        if let PartitionChange::Started { .. } = e.change {
+            started.insert(e.partition);
+        }
+    }
+
+    let producer = producer(&server.url(), &name, P).await;
+    let enqueued = Instant::now();
+    producer.enqueue(Job { seq: 1 }).await.unwrap();
+    // The ack was refused: Redis logs the denied XACK.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let log: Vec<redis::Value> = redis::cmd("ACL")
+            .arg("LOG")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        if format!("{log:?}").contains("xack") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the ack was never refused");
+        tokio::time::sleep(10 * MS).await;
+    }
+    let refused = Instant::now();
+    // From now on acks land, so the run after the claim is acked.
+    let () = redis::cmd("ACL")
+        .arg(&["SETUSER", "worker", "+xack"])
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let first = runs_of(&runs, 1);
+    assert_eq!(first.len(), 1, "{first:?}");
+    assert_eq!(first[0].0, 1);
+    // Left pending, on the owner's own consumer.
+    let mut left = Vec::new();
+    for p in 0..P {
+        for (id, consumer) in pending_entries(&mut conn, &name, p).await {
+            assert_eq!(consumer, owner_of(&mut conn, &name, p).await);
+            left.push(id);
+        }
+    }
+    assert_eq!(left.len(), 1, "the entry whose ack never landed is pending");
+
+    // Tasks enqueued meanwhile run at once, once.
+    let later: Vec<Job> = (2..12).map(|seq| Job { seq }).collect();
+    producer.enqueue_batch(&later).await.unwrap();
+
+    wait_until(Duration::from_secs(15), "the task to run again", || {
+        runs_of(&runs, 1).len() >= 2
+    })
+    .await;
+    let again = runs_of(&runs, 1);
+    assert_eq!(again.len(), 2, "{again:?}");
+    assert_eq!(again[1].0, 2, "taken over with attempt + 1");
+    assert_claimed_in_time(1, enqueued, refused, again[1].1);
+    wait_until(Duration::from_secs(10), "the later tasks to run", || {
+        (2..12).all(|seq| !runs_of(&runs, seq).is_empty())
+    })
+    .await;
+    wait_nothing_pending(&mut conn, &name, P).await;
+    for seq in 2..12 {
+        let r = runs_of(&runs, seq);
+        assert_eq!(r.len(), 1, "seq {seq}: {r:?}");
+        assert_eq!(r[0].0, 1, "seq {seq}: {r:?}");
+    }
+    // Nothing runs a third time.
+    tokio::time::sleep(CLAIM_IDLE).await;
+    assert_eq!(runs_of(&runs, 1).len(), 2);
+    stop.cancel();
+    task.await.unwrap().unwrap();
+}
+
+/// A consumer instance in this process.
+struct Instance {
+    stop: CancellationToken,
+    task: JoinHandle<peerq::Result<()>>,
+    standing: tokio::sync::watch::Receiver<Standing>,
+    events: Arc<Mutex<Vec<PartitionEvent>>>,
+}
+
+impl Instance {
+    fn start(builder: Builder) -> Instance {
+        let standing = builder.standing();
+        let mut rx = builder.partition_events();
+        let events = Arc::new(Mutex::new(Vec::new()));
+        tokio::spawn({
+            let events = events.clone();
+            async move {
+                while let Ok(e) = rx.recv().await {
+                    events.lock().unwrap().push(e);
+                }
+            }
+        });
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(builder.run_until(stop.clone().cancelled_owned()));
+        Instance {
+            stop,
+            task,
+            standing,
+            events,
+        }
+    }
+
+    fn replicas(&self) -> Option<u32> {
+        self.standing.borrow().assignment().map(|a| a.replicas)
+    }
+
+    /// The partitions this instance works on now (started, not stopped).
+    fn owned(&self) -> BTreeSet<u32> {
+        let mut owned = BTreeSet::new();
+        for e in self.events.lock().unwrap().iter() {
+            match e.change {
+                PartitionChange::Started { .. } => {
+                    owned.insert(e.partition);
+                }
+                PartitionChange::Stopped => {
+                    owned.remove(&e.partition);
+                }
+                _ => {}
+            }
+        }
+        owned
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_entry_a_cut_off_former_owner_read_late_is_claimed_by_the_new_owner_after_claim_idle() {
+    const P: u32 = 4;
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.port());
+    let name = unique_name("late-read");
+    let runs = Runs::default();
+    let mut conn = server.pool().get().await.unwrap();
+    // A reaches Redis through the proxy and blocks its reads for a minute,
+    // so a read it sent before being cut off stays blocked on the server
+    // long after it lost the partition. B is direct.
+    let a = Instance::start(
+        builder(&proxy.url(), &name, P, &runs)
+            .block(Duration::from_secs(60))
+            .leave_timeout(Duration::from_millis(100)),
+    );
+    let b = Instance::start(builder(&server.url(), &name, P, &runs));
+    wait_until(
+        Duration::from_secs(20),
+        "two replicas, each with its partitions",
+        || {
+            a.replicas() == Some(2)
+                && b.replicas() == Some(2)
+                && a.owned().len() == 2
+                && b.owned().len() == 2
+        },
+    )
+    .await;
+    // Let A's readers block on the server.
+    tokio::time::sleep(500 * MS).await;
+    let a_partitions = a.owned();
+    let a_id = owner_of(&mut conn, &name, *a_partitions.first().unwrap()).await;
+    eprintln!("A ({a_id}) owns {a_partitions:?}");
+
+    // Cut A off: its traffic is held, so its blocked reads stay on the
+    // server, and nothing it sends from now on arrives.
+    proxy.hold();
+    wait_until(Duration::from_secs(20), "B to own every partition", || {
+        b.owned().len() == P as usize
+    })
+    .await;
+    for &p in &a_partitions {
+        let owner = owner_of(&mut conn, &name, p).await;
+        assert_ne!(owner, a_id, "partition {p} is B's now");
+        assert!(
+            pending_entries(&mut conn, &name, p).await.is_empty(),
+            "nothing pending when B acquired"
+        );
+    }
+
+    // One task into each of A's former partitions: A's stale read, blocked
+    // before B's, is served first and takes it into A's pending list.
+    let producer = producer(&server.url(), &name, P).await;
+    let keys = keys_by_partition(P);
+    let enqueued = Instant::now();
+    let mut stuck = Vec::new();
+    for (seq, &p) in (100..).zip(&a_partitions) {
+        producer
+            .enqueue_with(Job { seq }, Options::new().key(keys[&p].clone()))
+            .await
+            .unwrap();
+        stuck.push(seq);
+    }
+    let delivered = Instant::now();
+    for &p in &a_partitions {
+        let pending = pending_entries(&mut conn, &name, p).await;
+        assert_eq!(
+            pending.len(),
+            1,
+            "partition {p}: the entry went to a read: {pending:?}"
+        );
+        assert_eq!(
+            pending[0].1, a_id,
+            "partition {p}: delivered to the former owner A, not to B (is A's read still blocked?)"
+        );
+    }
+    // More tasks, everywhere: B runs them at once.
+    let later: Vec<Job> = (0..40).map(|seq| Job { seq }).collect();
+    producer.enqueue_batch(&later).await.unwrap();
+
+    wait_until(
+        Duration::from_secs(20),
+        "B to claim and run the stuck tasks",
+        || stuck.iter().all(|&seq| !runs_of(&runs, seq).is_empty()),
+    )
+    .await;
+    for &seq in &stuck {
+        let r = runs_of(&runs, seq);
+        // A never ran it (its read's reply is held): the claim's
+        // take-over enqueues it again with attempt + 1, as it cannot know.
+        assert_eq!(r.len(), 1, "seq {seq}: {r:?}");
+        assert_eq!(r[0].0, 2, "seq {seq}: taken over with attempt + 1");
+        assert_claimed_in_time(seq, enqueued, delivered, r[0].1);
+    }
+    wait_until(Duration::from_secs(10), "the later tasks to run", || {
+        (0..40).all(|seq| !runs_of(&runs, seq).is_empty())
+    })
+    .await;
+    wait_nothing_pending(&mut conn, &name, P).await;
+    for seq in 0..40 {
+        let r = runs_of(&runs, seq);
+        assert_eq!(r.len(), 1, "seq {seq}: {r:?}");
+        assert_eq!(r[0].0, 1, "seq {seq}: {r:?}");
+    }
+
+    b.stop.cancel();
+    b.task.await.unwrap().unwrap();
+    // A cannot reach Redis: it leaves at once after its leave timeout and
+    // abandons what is underway; its end result does not matter here.
+    a.stop.cancel();
+    if tokio::time::timeout(Duration::from_secs(10), a.task)
+        .await
+        .is_err()
+    {
+        eprintln!("A did not stop within 10 s");
+    }
+    drop(proxy);
+}

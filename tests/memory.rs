@@ -1,0 +1,273 @@
+//! Bounded memory with a large backlog: a consumer over 1,000,000 queued
+//! tasks with a slow handler holds about `concurrency` tasks plus one read
+//! per owned partition in memory, never the backlog.
+//!
+//! The consumer is the example binary (`mail_sender consume`, 64
+//! partitions, concurrency 64, reads of at most 64 entries, each task
+//! 50 ms), a child process, so its memory is its own: the test reads its
+//! `/proc/<pid>/status` (Linux only; elsewhere the test says so and
+//! passes). Its peak RSS over the backlog is compared with its peak RSS on
+//! an empty queue.
+
+mod support;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use deadpool_redis::redis::{self, AsyncCommands};
+use peerq::codec::{Bincode, Codec};
+use peerq::producer::Producer;
+use serde::Serialize;
+use support::{Proc, RedisServer, unique_name};
+
+const TASKS: u64 = 1_000_000;
+/// The example's defaults.
+const PARTITIONS: u32 = 64;
+/// Tasks enqueued through the producer, to time it; the rest is written
+/// by a script in the same entry format, as the producer is too slow in a
+/// debug build to enqueue a million tasks within the test's time.
+const THROUGH_PRODUCER: u64 = 20_000;
+const WORK_MS: u64 = 50;
+/// How long the consumer works through the backlog while it is sampled.
+const RUN: Duration = Duration::from_secs(10);
+/// Growth of the peak RSS over the idle consumer's peak that the test
+/// allows. Measured (debug build): idle ~16 MiB, over the backlog ~20-26
+/// MiB (growth 4-10 MiB). With reads of 10,000 entries whatever the room
+/// (changed in the worker for a trial run), the consumer read ~80,000
+/// entries in the same time, peaked at 265 MiB (growth 249 MiB) and the
+/// test failed; reading the whole backlog would take several times that.
+const BOUND: u64 = 64 << 20;
+
+/// The example's task (`mail_sender`'s `Mail`), encoded the same way.
+#[derive(Serialize)]
+struct Mail {
+    seq: u64,
+    to: String,
+}
+
+/// Adds `ARGV[1]` entries to `KEYS[1]` in the entry format the README
+/// documents (`id`, `attempt`, `enqueued_at`, `codec`, `payload`); ids are
+/// `ARGV[2]..i`, so unique. (Entries are spread over the partitions
+/// evenly, not by the hash of their id: the consumer runs whatever is in
+/// the partitions it owns.)
+const FILL: &str = r"
+local n = tonumber(ARGV[1])
+for i = 1, n do
+  redis.call('XADD', KEYS[1], '*', 'id', ARGV[2] .. i, 'attempt', '1',
+    'enqueued_at', ARGV[3], 'codec', 'bincode', 'payload', ARGV[4])
+end
+return n
+";
+
+/// A `VmRSS`/`VmHWM` line of `/proc/<pid>/status`, in bytes.
+fn status_bytes(pid: u32, field: &str) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|l| l.starts_with(field))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+fn mib(bytes: u64) -> String {
+    format!("{:.1} MiB", bytes as f64 / (1 << 20) as f64)
+}
+
+/// What a consumer child printed: partitions started, tasks handled.
+#[derive(Debug, Default)]
+struct Printed {
+    started: u32,
+    handled: u64,
+}
+
+/// A consumer child process on `name`, and what it prints
+/// (`--print-events`, `--print-tasks`).
+fn consumer(server: &RedisServer, name: &str) -> (Proc, Arc<Mutex<Printed>>) {
+    let mut child = Command::new(support::example_binary("mail_sender"))
+        .args(["consume", "--redis", &server.url(), "--name", name])
+        .args(["--work-ms", &WORK_MS.to_string()])
+        .args(["--print-events", "--print-tasks"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("start the consumer");
+    let printed = Arc::new(Mutex::new(Printed::default()));
+    let out = child.stdout.take().unwrap();
+    std::thread::spawn({
+        let printed = printed.clone();
+        move || {
+            for line in BufReader::new(out).lines().map_while(Result::ok) {
+                let mut printed = printed.lock().unwrap();
+                if line.starts_with("handled ") {
+                    printed.handled += 1;
+                } else if line.contains("change=started") {
+                    printed.started += 1;
+                }
+            }
+        }
+    });
+    (Proc(child), printed)
+}
+
+/// One consumer run: its peak RSS (the kernel's high-water mark, `VmHWM`),
+/// the max of the samples, and the tasks it handled.
+#[derive(Debug)]
+struct Run {
+    hwm: u64,
+    sampled: u64,
+    handled: u64,
+}
+
+/// Runs a consumer on `name` until all its partitions have started and
+/// then for `run`, sampling its RSS every 100 ms.
+fn measure(server: &RedisServer, name: &str, run: Duration) -> Run {
+    let (mut proc, printed) = consumer(server, name);
+    let pid = proc.0.id();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while printed.lock().unwrap().started < PARTITIONS {
+        assert!(
+            Instant::now() < deadline,
+            "the consumer did not start its partitions"
+        );
+        assert!(proc.0.try_wait().unwrap().is_none(), "the consumer exited");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let end = Instant::now() + run;
+    let mut sampled = 0;
+    while Instant::now() < end {
+        sampled = sampled.max(status_bytes(pid, "VmRSS:").expect("VmRSS"));
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let hwm = status_bytes(pid, "VmHWM:").expect("VmHWM");
+    assert!(proc.0.try_wait().unwrap().is_none(), "the consumer exited");
+    support::signal(pid, "KILL");
+    let _ = proc.0.wait();
+    let handled = printed.lock().unwrap().handled;
+    Run {
+        hwm,
+        sampled,
+        handled,
+    }
+}
+
+/// Entries delivered and not acked, over all partitions.
+async fn pending(conn: &mut deadpool_redis::Connection, name: &str) -> u64 {
+    let mut total = 0;
+    for p in 0..PARTITIONS {
+        let reply: redis::streams::StreamPendingReply = conn
+            .xpending(format!("{{{name}/{p}}}:stream"), "peerq")
+            .await
+            .unwrap();
+        total += reply.count() as u64;
+    }
+    total
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_consumer_over_a_million_task_backlog_holds_only_what_it_runs() {
+    if !std::path::Path::new("/proc/self/status").exists() {
+        eprintln!("no /proc: RSS cannot be read here; skipped");
+        return;
+    }
+    let server = RedisServer::start();
+    let name = unique_name("memory");
+    let mut conn = server.pool().get().await.unwrap();
+
+    // The producer, timed.
+    let producer = Producer::connect(&server.url(), &name).await.unwrap();
+    let mail = |seq| Mail {
+        seq,
+        to: format!("user{seq}@example.com"),
+    };
+    let started = Instant::now();
+    for from in (0..THROUGH_PRODUCER).step_by(1000) {
+        let batch: Vec<Mail> = (from..from + 1000).map(mail).collect();
+        producer.enqueue_batch(&batch).await.unwrap();
+    }
+    let producer_time = started.elapsed();
+    // The rest by script, one call per partition.
+    let started = Instant::now();
+    let rest = TASKS - THROUGH_PRODUCER;
+    let payload = Bincode.encode(&mail(0)).unwrap();
+    let now_ms = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis()
+        .to_string();
+    let fill = redis::Script::new(FILL);
+    // A connection of its own: a call fills ~15,000 entries, longer than
+    // the pool's response timeout on a loaded machine.
+    let config =
+        redis::AsyncConnectionConfig::new().set_response_timeout(Some(Duration::from_secs(60)));
+    let mut filler = server
+        .client()
+        .get_multiplexed_async_connection_with_config(&config)
+        .await
+        .unwrap();
+    for p in 0..u64::from(PARTITIONS) {
+        let n = rest / u64::from(PARTITIONS) + u64::from(p < rest % u64::from(PARTITIONS));
+        let _: u64 = fill
+            .key(format!("{{{name}/{p}}}:stream"))
+            .arg(n)
+            .arg(format!("fill-{p}-"))
+            .arg(&now_ms)
+            .arg(&payload)
+            .invoke_async(&mut filler)
+            .await
+            .unwrap();
+    }
+    let script_time = started.elapsed();
+    let mut queued = 0;
+    for p in 0..PARTITIONS {
+        let len: u64 = redis::cmd("XLEN")
+            .arg(format!("{{{name}/{p}}}:stream"))
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        queued += len;
+    }
+    assert_eq!(queued, TASKS);
+    let per_sec = THROUGH_PRODUCER as f64 / producer_time.as_secs_f64();
+    eprintln!(
+        "prefill: {THROUGH_PRODUCER} tasks through Producer::enqueue_batch in {:.2}s \
+         ({per_sec:.0}/s: {:.0}s for a million), {rest} by script in {:.2}s",
+        producer_time.as_secs_f64(),
+        TASKS as f64 / per_sec,
+        script_time.as_secs_f64()
+    );
+
+    // The same consumer on an empty queue, for its baseline.
+    let idle = tokio::task::block_in_place(|| {
+        measure(&server, &unique_name("memory-idle"), Duration::from_secs(3))
+    });
+    let busy = tokio::task::block_in_place(|| measure(&server, &name, RUN));
+    let growth = busy.hwm.saturating_sub(idle.hwm);
+    eprintln!(
+        "idle consumer: peak RSS {} (sampled max {}); over the backlog for {}s: peak RSS {} \
+         (sampled max {}), growth {}",
+        mib(idle.hwm),
+        mib(idle.sampled),
+        RUN.as_secs(),
+        mib(busy.hwm),
+        mib(busy.sampled),
+        mib(growth),
+    );
+    // Read: handled, or still pending (fetched, running or not acked).
+    let read = busy.handled + pending(&mut conn, &name).await;
+    eprintln!(
+        "{} tasks handled, about {read} read, {} left unread",
+        busy.handled,
+        TASKS - read
+    );
+    assert!(
+        growth < BOUND,
+        "peak RSS {} grew by {} over the idle consumer's {}",
+        mib(busy.hwm),
+        mib(growth),
+        mib(idle.hwm)
+    );
+    // It really worked through the backlog (64 × 20 tasks/s at best) …
+    assert!(busy.handled >= 1000, "only {} tasks handled", busy.handled);
+    // … and read only about what it could run, not the backlog.
+    assert!(read < 100_000, "{read} entries read");
+}
