@@ -45,8 +45,23 @@ mod sealed {
 
 /// bincode 2 with serde, its standard configuration (variable-length
 /// integers, little endian). The default.
+///
+/// Decoding refuses a payload that would decode to more than 1 GiB (as
+/// bincode counts it, about the value's size in memory): bincode allocates
+/// a string or byte buffer as long as its length prefix says before it
+/// reads it, so without a limit ten bytes claiming 2^64 of them panic, and
+/// a claim of some terabytes aborts the process. 1 GiB is twice the
+/// largest entry a consumer accepts.
+///
+/// bincode has no nesting limit: a task type that contains itself (an
+/// `enum` with a `Box<Self>` variant, say) lets a payload of a few kilobytes
+/// nest deep enough to overflow the stack, which aborts the process. Use
+/// [`Json`] (nesting limit 128) for such types.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Bincode;
+
+/// The most bytes a bincode decode may claim; see [`Bincode`].
+const BINCODE_DECODE_LIMIT: usize = 1 << 30;
 
 impl Codec for Bincode {
     const NAME: &'static str = "bincode";
@@ -59,11 +74,14 @@ impl Codec for Bincode {
     }
 
     fn decode<T: DeserializeOwned>(&self, bytes: &[u8]) -> Result<T, CodecError> {
-        let (value, read) = bincode::serde::decode_from_slice(bytes, bincode::config::standard())
-            .map_err(|e| CodecError {
-            codec: Self::NAME,
-            message: e.to_string(),
-        })?;
+        // The limit is not part of the format: what `encode` writes (with
+        // the standard configuration) reads back unchanged.
+        let config = bincode::config::standard().with_limit::<BINCODE_DECODE_LIMIT>();
+        let (value, read) =
+            bincode::serde::decode_from_slice(bytes, config).map_err(|e| CodecError {
+                codec: Self::NAME,
+                message: e.to_string(),
+            })?;
         // Trailing bytes mean the payload was written for another type.
         if read != bytes.len() {
             return Err(CodecError {
@@ -130,6 +148,25 @@ mod tests {
             assert!(Bincode.decode::<Mail>(bytes).is_err());
             assert!(Json.decode::<Mail>(bytes).is_err());
         }
+    }
+
+    #[test]
+    fn a_huge_length_prefix_is_an_error_not_an_allocation() {
+        // A string said to be 2^64 - 1 bytes long (unlimited, bincode
+        // panics: capacity overflow), then 2^40 bytes (unlimited, the
+        // allocation fails and aborts the process), then just over the
+        // limit; each followed by nothing.
+        for len in [u64::MAX, 1 << 40, (BINCODE_DECODE_LIMIT as u64) + 1] {
+            let mut bytes = vec![253];
+            bytes.extend(len.to_le_bytes());
+            let err = Bincode.decode::<Mail>(&bytes).unwrap_err();
+            assert!(err.message.contains("LimitExceeded"), "{len}: {err}");
+            assert!(Bincode.decode::<Vec<u8>>(&bytes).is_err());
+        }
+        // Within the limit, it fails at the read: the input is too short.
+        let mut bytes = vec![253];
+        bytes.extend((1u64 << 20).to_le_bytes());
+        assert!(Bincode.decode::<String>(&bytes).is_err());
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! The dead letters (DESIGN.md §6): tasks that failed their last attempt,
-//! failed permanently, or cannot be decoded, kept per partition in
-//! `{N/p}:dead` with the reason, the last error, the attempt count and the
-//! original payload. This module lists them across partitions, replays them
+//! failed permanently, cannot be decoded or are too large, kept per
+//! partition in `{N/p}:dead` with the reason, the last error, the attempt
+//! count and the original payload. This module lists them across partitions, replays them
 //! (back to their partition, attempts reset) and purges them.
 
 use std::fmt;
@@ -39,8 +39,9 @@ pub struct DeadLetter {
     /// The task's id (`None` for an entry too malformed to have one).
     pub task_id: Option<TaskId>,
     /// Why: `failed` (its last attempt), `permanent` (the handler said so),
-    /// `decode` (the payload does not decode) or `malformed` (the entry
-    /// lacks the format's fields).
+    /// `decode` (the payload does not decode), `malformed` (the entry
+    /// lacks the format's fields) or `too_large` (the entry is larger than
+    /// the consumer's `max_entry_bytes`; kept as it was, undecoded).
     pub reason: String,
     /// The last error.
     pub error: String,

@@ -308,7 +308,9 @@ impl<C: Codec> ProducerBuilder<C> {
     }
 
     /// The largest encoded payload accepted (default 1 MiB); larger tasks
-    /// are refused with [`Error::PayloadTooLarge`].
+    /// are refused with [`Error::PayloadTooLarge`]. Consumers dead-letter
+    /// entries over their `max_entry_bytes` (default 4 MiB), so keep that
+    /// above this plus a few hundred bytes for the other fields.
     pub fn max_payload(mut self, bytes: usize) -> Self {
         self.max_payload = bytes;
         self

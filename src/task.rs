@@ -11,6 +11,10 @@
 //! | `enqueued_at` | decimal milliseconds since the Unix epoch |
 //! | `codec` | `bincode` or `json`: how `payload` is encoded |
 //! | `payload` | the encoded task |
+//!
+//! It also decides whether a consumer can run an entry at all
+//! ([`Entry::read`], [`Entry::decode`]): an entry too large, malformed or
+//! not decodable is [`Unrunnable`], and its `reason()` is the dead letter's.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -18,6 +22,10 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use deadpool_redis::redis::Value;
+use serde::de::DeserializeOwned;
+
+use crate::codec::Codec;
+use crate::error::Error;
 
 /// The names of an entry's fields.
 pub(crate) mod field {
@@ -80,6 +88,75 @@ pub(crate) struct Entry {
 #[error("malformed entry: {0}")]
 pub(crate) struct MalformedEntry(pub(crate) String);
 
+/// Why a consumer cannot run an entry; it goes to the dead letters with
+/// [`reason`](Self::reason).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum Unrunnable {
+    /// Larger than the consumer's `max_entry_bytes`: nothing of it was
+    /// parsed or decoded.
+    #[error("entry of {size} bytes exceeds the limit of {limit} bytes (`max_entry_bytes`)")]
+    TooLarge { size: usize, limit: usize },
+    /// Its fields do not follow the format.
+    #[error(transparent)]
+    Malformed(#[from] MalformedEntry),
+    /// Its payload does not decode into the task type, or was written with
+    /// another codec.
+    #[error("{0}")]
+    Decode(String),
+}
+
+impl Unrunnable {
+    /// The dead letter's `reason` field.
+    pub(crate) fn reason(&self) -> &'static str {
+        match self {
+            Unrunnable::TooLarge { .. } => "too_large",
+            Unrunnable::Malformed(_) => "malformed",
+            Unrunnable::Decode(_) => "decode",
+        }
+    }
+}
+
+/// The smallest `max_entry_bytes` a consumer accepts: the fields besides
+/// the payload take about 100 bytes (their names, a UUID id, two decimal
+/// numbers, the codec's name), so below 1 KiB hardly any task would pass.
+const MIN_ENTRY_BYTES: usize = 1024;
+
+/// The largest `max_entry_bytes`: Redis's own limit on one value
+/// (`proto-max-bulk-len`, 512 MiB by default).
+const MAX_ENTRY_BYTES: usize = 512 * 1024 * 1024;
+
+/// Checks a consumer's `max_entry_bytes`.
+pub(crate) fn validate_max_entry_bytes(bytes: usize) -> crate::Result<()> {
+    if !(MIN_ENTRY_BYTES..=MAX_ENTRY_BYTES).contains(&bytes) {
+        return Err(Error::invalid(
+            "max_entry_bytes",
+            format!(
+                "{bytes} bytes is out of range; use {MIN_ENTRY_BYTES} (1 KiB) to \
+                 {MAX_ENTRY_BYTES} (512 MiB), more than the producers' `max_payload` \
+                 plus a few hundred bytes for the other fields"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// An entry's size as the limit counts it: its field names' and values'
+/// bytes. Redis sends stream values as bulk strings; any other value (not
+/// one Redis writes into a stream) counts nothing here, and `parse`
+/// refuses it in a format field.
+fn entry_size(map: &HashMap<String, Value>) -> usize {
+    map.iter()
+        .map(|(name, value)| {
+            let value = match value {
+                Value::BulkString(b) => b.len(),
+                Value::SimpleString(s) => s.len(),
+                _ => 0,
+            };
+            name.len().saturating_add(value)
+        })
+        .fold(0, usize::saturating_add)
+}
+
 impl Entry {
     /// A first attempt of `payload`, enqueued now.
     pub(crate) fn new(id: TaskId, key: Option<String>, codec: &str, payload: Vec<u8>) -> Self {
@@ -120,8 +197,40 @@ impl Entry {
         self.key.as_deref().unwrap_or(self.id.as_str())
     }
 
+    /// Reads an entry a consumer may run from a stream reply's field map:
+    /// at most `max_bytes` large, counted before anything is parsed (so an
+    /// oversized entry, which anyone with `XADD` can write, never reaches a
+    /// decoder), and with the format's fields.
+    pub(crate) fn read(
+        map: &HashMap<String, Value>,
+        max_bytes: usize,
+    ) -> Result<Entry, Unrunnable> {
+        let size = entry_size(map);
+        if size > max_bytes {
+            return Err(Unrunnable::TooLarge {
+                size,
+                limit: max_bytes,
+            });
+        }
+        Ok(Entry::parse(map)?)
+    }
+
+    /// The task, decoded with the service's codec.
+    pub(crate) fn decode<T: DeserializeOwned, C: Codec>(&self, codec: &C) -> Result<T, Unrunnable> {
+        if self.codec != C::NAME {
+            return Err(Unrunnable::Decode(format!(
+                "entry is encoded with `{}`, this service uses `{}`",
+                self.codec,
+                C::NAME
+            )));
+        }
+        codec
+            .decode(&self.payload)
+            .map_err(|e| Unrunnable::Decode(e.to_string()))
+    }
+
     /// Reads an entry from a stream reply's field map.
-    pub(crate) fn parse(map: &HashMap<String, Value>) -> Result<Entry, MalformedEntry> {
+    fn parse(map: &HashMap<String, Value>) -> Result<Entry, MalformedEntry> {
         let id = text(map, field::ID)?.ok_or_else(|| missing(field::ID))?;
         let attempt = text(map, field::ATTEMPT)?
             .ok_or_else(|| missing(field::ATTEMPT))?
@@ -166,8 +275,12 @@ fn text(map: &HashMap<String, Value>, field: &str) -> Result<Option<String>, Mal
 }
 
 #[cfg(test)]
+mod fuzz;
+
+#[cfg(test)]
 mod tests {
     use super::*;
+    use crate::codec::{Bincode, Json};
 
     fn as_map(entry: &Entry) -> HashMap<String, Value> {
         entry
@@ -209,6 +322,54 @@ mod tests {
                 .to_string()
                 .contains("`attempt`")
         );
+    }
+
+    #[test]
+    fn the_limit_counts_names_and_values_and_comes_before_parsing() {
+        let e = Entry::new(TaskId::from("t-1"), None, "json", b"{}".to_vec());
+        let map = as_map(&e);
+        let size: usize = e.fields().iter().map(|(k, v)| k.len() + v.len()).sum();
+        assert_eq!(Entry::read(&map, size), Ok(e.clone()), "at the limit");
+        let over = Entry::read(&map, size - 1).unwrap_err();
+        assert_eq!(over.reason(), "too_large");
+        assert_eq!(
+            over.to_string(),
+            format!(
+                "entry of {size} bytes exceeds the limit of {} bytes (`max_entry_bytes`)",
+                size - 1
+            )
+        );
+        // Too large wins over malformed: nothing of it is looked at.
+        let junk = HashMap::from([("x".to_owned(), Value::BulkString(vec![0; 2000]))]);
+        assert_eq!(Entry::read(&junk, 1024).unwrap_err().reason(), "too_large");
+        assert_eq!(Entry::read(&junk, 4096).unwrap_err().reason(), "malformed");
+    }
+
+    #[test]
+    fn a_payload_of_another_codec_or_type_does_not_decode() {
+        let e = Entry::new(TaskId::generate(), None, "json", b"[1,2]".to_vec());
+        assert_eq!(e.decode::<Vec<u8>, _>(&Json), Ok(vec![1, 2]));
+        let other = e.decode::<Vec<u8>, _>(&Bincode).unwrap_err();
+        assert_eq!(other.reason(), "decode");
+        assert!(other.to_string().contains("encoded with `json`"), "{other}");
+        let wrong = e.decode::<String, _>(&Json).unwrap_err();
+        assert_eq!(wrong.reason(), "decode");
+        assert!(wrong.to_string().starts_with("json: "), "{wrong}");
+    }
+
+    #[test]
+    fn max_entry_bytes_is_refused_by_name_out_of_its_range() {
+        for bad in [0, 1023, 512 * 1024 * 1024 + 1] {
+            let err = validate_max_entry_bytes(bad).unwrap_err().to_string();
+            assert!(
+                err.starts_with("invalid setting `max_entry_bytes`: ")
+                    && err.contains("1024 (1 KiB) to 536870912 (512 MiB)"),
+                "{err}"
+            );
+        }
+        for good in [1024, 4 * 1024 * 1024, 512 * 1024 * 1024] {
+            validate_max_entry_bytes(good).unwrap();
+        }
     }
 
     #[test]

@@ -790,6 +790,8 @@ async fn invalid_consumer_settings_are_refused_by_name_before_redis() {
         ("block", |b| b.block(Duration::ZERO)),
         ("max_attempts", |b| b.max_attempts(0)),
         ("claim_idle", |b| b.claim_idle(MS)),
+        ("max_entry_bytes", |b| b.max_entry_bytes(0)),
+        ("max_entry_bytes", |b| b.max_entry_bytes(1023)),
         ("interval", |b| b.interval(Duration::ZERO)),
     ];
     let mut results = Vec::new();

@@ -1,6 +1,7 @@
 //! Failures (DESIGN.md §6) against a real redis-server: retries after a
 //! growing backoff, errors that ask for a delay or for none, dead letters
-//! listed, replayed once and purged, and producer idempotency keys.
+//! listed, replayed once and purged, entries over `max_entry_bytes`, and
+//! producer idempotency keys.
 //! (Undecodable entries and panicking handlers: `tests/consumer.rs`.)
 
 mod support;
@@ -9,8 +10,12 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use deadpool_redis::redis::AsyncCommands;
+use deadpool_redis::redis::streams::{StreamPendingReply, StreamRangeReply};
 use peerq::Consumer;
 use peerq::HandlerError;
+use peerq::codec::{Bincode, Codec};
+use peerq::consumer::ConsumerBuilder;
 use peerq::dead_letters::DeadLetters;
 use peerq::handler::Task;
 use peerq::producer::{Options, Producer};
@@ -41,6 +46,19 @@ fn consumer(
     max_attempts: u32,
     answer: Answer,
 ) -> (Runs, CancellationToken, JoinHandle<peerq::Result<()>>) {
+    consumer_with(url, name, max_attempts, answer, |builder| builder)
+}
+
+type Builder = ConsumerBuilder<(), (), Bincode>;
+
+/// [`consumer`], with more settings made by `configure`.
+fn consumer_with(
+    url: &str,
+    name: &str,
+    max_attempts: u32,
+    answer: Answer,
+    configure: impl FnOnce(Builder) -> Builder,
+) -> (Runs, CancellationToken, JoinHandle<peerq::Result<()>>) {
     support::init_tracing();
     let runs: Runs = Arc::default();
     let r = runs.clone();
@@ -56,7 +74,7 @@ fn consumer(
             answer(seq, attempt)
         }
     });
-    let builder = Consumer::builder()
+    let builder = configure(Consumer::builder())
         .name(name)
         .redis(url)
         .partitions(P)
@@ -237,6 +255,123 @@ async fn dead_letters_are_listed_replayed_once_and_purged() {
     assert!(dead.purge(&rest[0]).await.unwrap());
     assert_eq!(dead.purge_all().await.unwrap(), 1);
     assert!(dead.list(10).await.unwrap().is_empty());
+    stop.cancel();
+    consumer.await.unwrap().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_entry_over_max_entry_bytes_is_dead_lettered_as_it_was_and_never_run() {
+    const LIMIT: usize = 64 * 1024;
+    let server = RedisServer::start();
+    let name = unique_name("too-large");
+    let (runs, stop, consumer) = consumer_with(
+        &server.url(),
+        &name,
+        3,
+        |_, _| Ok(()),
+        |b| b.max_entry_bytes(LIMIT),
+    );
+    let producer = producer(&server.url(), &name).await;
+    let mut conn = server.pool().get().await.unwrap();
+    // Added with a raw XADD, as anyone with access to Redis can: task 99,
+    // whose payload decodes (it would run, but for a 64 KiB extra field),
+    // and a payload of 64 KiB + 1 of bytes that do not decode (it would be
+    // a `decode` dead letter, were it decoded).
+    let valid = Bincode.encode(&Job { seq: 99 }).unwrap();
+    let note = vec![b'x'; LIMIT];
+    let garbage = vec![0xff; LIMIT + 1];
+    type Fields<'a> = &'a [(&'a str, &'a [u8])];
+    let huge: [(&str, Fields); 2] = [
+        (
+            "0",
+            &[
+                ("id", b"huge-valid"),
+                ("attempt", b"1"),
+                ("enqueued_at", b"0"),
+                ("codec", b"bincode"),
+                ("payload", &valid),
+                ("note", &note),
+            ],
+        ),
+        (
+            "1",
+            &[
+                ("id", b"huge-garbage"),
+                ("attempt", b"1"),
+                ("enqueued_at", b"0"),
+                ("codec", b"bincode"),
+                ("payload", &garbage),
+            ],
+        ),
+    ];
+    for (p, fields) in huge {
+        let _: String = conn
+            .xadd(format!("{{{name}/{p}}}:stream"), "*", fields)
+            .await
+            .unwrap();
+    }
+    // Ordinary tasks after them, over all partitions.
+    let jobs: Vec<Job> = (1..=8).map(|seq| Job { seq }).collect();
+    producer.enqueue_batch(&jobs).await.unwrap();
+
+    let dead = DeadLetters::connect(&server.url(), &name).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let letters = loop {
+        let letters = dead.list(10).await.unwrap();
+        let ran = (1..=8).all(|seq| runs_of(&runs, seq).len() == 1);
+        if letters.len() >= 2 && ran {
+            break letters;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{} dead letters, runs {:?}",
+            letters.len(),
+            runs.lock().unwrap().keys().collect::<Vec<_>>()
+        );
+        tokio::time::sleep(50 * MS).await;
+    };
+    tokio::time::sleep(300 * MS).await;
+    assert!(
+        runs_of(&runs, 99).is_empty(),
+        "the handler never saw task 99"
+    );
+    assert_eq!(dead.list(10).await.unwrap().len(), 2, "{letters:?}");
+    for letter in &letters {
+        eprintln!(
+            "dead letter {:?}: {} ({}), payload {} bytes",
+            letter.task_id,
+            letter.reason,
+            letter.error,
+            letter.payload.len()
+        );
+        assert_eq!(letter.reason, "too_large");
+        assert!(
+            letter.error.contains(&format!(
+                "exceeds the limit of {LIMIT} bytes (`max_entry_bytes`)"
+            )),
+            "{}",
+            letter.error
+        );
+        // Kept as it was, to be inspected, or replayed under a larger limit.
+        let (id, payload) = if letter.partition == 0 {
+            ("huge-valid", &valid)
+        } else {
+            ("huge-garbage", &garbage)
+        };
+        assert_eq!(letter.task_id.as_ref().map(|t| t.as_str()), Some(id));
+        assert_eq!(&letter.payload, payload);
+    }
+    let kept: StreamRangeReply = conn.xrange_all(format!("{{{name}/0}}:dead")).await.unwrap();
+    let kept_note: Vec<u8> = kept.ids[0].get("note").unwrap();
+    assert_eq!(kept_note, note, "the extra field is kept too");
+    // Moved, so nothing is left pending to be claimed and tried again.
+    for p in 0..P {
+        let pending: StreamPendingReply = conn
+            .xpending(format!("{{{name}/{p}}}:stream"), "peerq")
+            .await
+            .unwrap();
+        assert_eq!(pending.count(), 0, "partition {p}");
+    }
     stop.cancel();
     consumer.await.unwrap().unwrap();
 }

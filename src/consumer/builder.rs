@@ -37,6 +37,9 @@ pub const DEFAULT_MAX_ATTEMPTS: u32 = 5;
 /// Default idle time after which an entry pending on another consumer is
 /// claimed by the partition's owner.
 pub const DEFAULT_CLAIM_IDLE: Duration = Duration::from_secs(30);
+/// Default largest stream entry a consumer runs: 4 MiB, room for the
+/// producer's default `max_payload` (1 MiB) with any codec's overhead.
+pub const DEFAULT_MAX_ENTRY_BYTES: usize = 4 * 1024 * 1024;
 
 /// Partition events kept for a slow receiver before it misses some.
 const EVENTS_CAPACITY: usize = 16_384;
@@ -95,6 +98,7 @@ impl ConsumerBuilder<(), (), Bincode> {
                 claim_idle: DEFAULT_CLAIM_IDLE,
                 leave_timeout: None,
                 allow_eviction: false,
+                max_entry_bytes: DEFAULT_MAX_ENTRY_BYTES,
             },
             service: (),
             standing: watch::Sender::new(Standing::Joining),
@@ -285,6 +289,17 @@ impl<T, S, C: Codec> ConsumerBuilder<T, S, C> {
         self
     }
 
+    /// The largest stream entry this instance runs, in bytes: its field
+    /// names and values together (default 4 MiB; 1 KiB to 512 MiB). A
+    /// larger entry, which anyone with `XADD` on the stream can add, goes
+    /// to the dead letters with reason `too_large` as it is, without its
+    /// payload being decoded; raise the limit and replay it to run it. Keep
+    /// it above the producers' `max_payload` plus a few hundred bytes.
+    pub fn max_entry_bytes(mut self, bytes: usize) -> Self {
+        self.settings.max_entry_bytes = bytes;
+        self
+    }
+
     /// The codec (default [`Bincode`]). Service-wide.
     pub fn codec<D: Codec>(self, _codec: D) -> ConsumerBuilder<T, S, D> {
         self.map_service(|service| service)
@@ -387,6 +402,7 @@ impl<T, S, C: Codec> ConsumerBuilder<T, S, C> {
             ));
         }
         s.backoff.validate()?;
+        crate::task::validate_max_entry_bytes(s.max_entry_bytes)?;
         if let Some(e) = self.periodic_errors.first() {
             return Err(Error::invalid("periodic", e.clone()));
         }

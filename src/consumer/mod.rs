@@ -35,7 +35,7 @@ use tokio::sync::{Semaphore, mpsc};
 
 pub use self::builder::{
     ConsumerBuilder, DEFAULT_BATCH, DEFAULT_BLOCK, DEFAULT_CLAIM_IDLE, DEFAULT_CONCURRENCY,
-    DEFAULT_DRAIN_TIMEOUT, DEFAULT_MAX_ATTEMPTS,
+    DEFAULT_DRAIN_TIMEOUT, DEFAULT_MAX_ATTEMPTS, DEFAULT_MAX_ENTRY_BYTES,
 };
 pub use self::event::{PartitionChange, PartitionEvent};
 use crate::codec::Bincode;
@@ -102,6 +102,8 @@ pub(crate) struct ConsumerSettings {
     /// `None`: `3 * interval + drain_timeout`.
     pub(crate) leave_timeout: Option<Duration>,
     pub(crate) allow_eviction: bool,
+    /// Larger entries are dead-lettered (`too_large`) undecoded.
+    pub(crate) max_entry_bytes: usize,
 }
 
 /// A handler service the runtime can drive: a tower service of `Task<T>`

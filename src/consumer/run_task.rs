@@ -177,10 +177,10 @@ impl<T: Payload, S: TaskService<T>, C: Codec> RunTask<T, S, C> {
     /// An entry claimed from another consumer (a crashed or fenced
     /// instance, a lost ack): it may have run there, so it is enqueued
     /// again with `attempt + 1` (DESIGN.md §5.3: a task that may run twice
-    /// says so in its attempt number) and runs when fetched. One that does
-    /// not parse goes where `run` sends it (the dead letters).
+    /// says so in its attempt number) and runs when fetched. One too large
+    /// or that does not parse goes where `run` sends it (the dead letters).
     pub(crate) async fn take_over(self, raw: StreamId) {
-        let Ok(entry) = Entry::parse(&raw.map) else {
+        let Ok(entry) = Entry::read(&raw.map, self.shared.settings.max_entry_bytes) else {
             self.run(raw).await;
             return;
         };
@@ -210,10 +210,11 @@ impl<T: Payload, S: TaskService<T>, C: Codec> RunTask<T, S, C> {
             }
             return None;
         }
-        let entry = match Entry::parse(&raw.map) {
+        // Dead-lettered as it was: too large (never decoded) or malformed.
+        let entry = match Entry::read(&raw.map, self.shared.settings.max_entry_bytes) {
             Ok(entry) => entry,
             Err(e) => {
-                self.dead_letter(&raw, None, "malformed", &e.to_string())
+                self.dead_letter(&raw, None, e.reason(), &e.to_string())
                     .await;
                 return None;
             }
@@ -230,10 +231,11 @@ impl<T: Payload, S: TaskService<T>, C: Codec> RunTask<T, S, C> {
             entry.attempt = entry.attempt.max(counted);
         }
         loop {
-            let payload: T = match self.decode(&entry) {
+            let payload: T = match entry.decode(&self.shared.codec) {
                 Ok(payload) => payload,
                 Err(e) => {
-                    self.dead_letter(&raw, Some(&entry), "decode", &e).await;
+                    self.dead_letter(&raw, Some(&entry), e.reason(), &e.to_string())
+                        .await;
                     return None;
                 }
             };
@@ -361,20 +363,6 @@ impl<T: Payload, S: TaskService<T>, C: Codec> RunTask<T, S, C> {
             Outcome::Succeeded if finished.load(Ordering::SeqCst) => Outcome::Succeeded,
             _ => Outcome::Cancelled,
         }
-    }
-
-    fn decode(&self, entry: &Entry) -> Result<T, String> {
-        if entry.codec != C::NAME {
-            return Err(format!(
-                "entry is encoded with `{}`, this service uses `{}`",
-                entry.codec,
-                C::NAME
-            ));
-        }
-        self.shared
-            .codec
-            .decode(&entry.payload)
-            .map_err(|e| e.to_string())
     }
 
     /// A failed attempt: retried after its backoff (or the delay the error
