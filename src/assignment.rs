@@ -1,5 +1,5 @@
 //! An instance's place in its service for one epoch, and the partitions that
-//! place owns (DESIGN.md §3: the modulo filter).
+//! place owns (docs/design.md §3: the modulo filter).
 
 use std::fmt;
 

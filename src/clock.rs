@@ -1,7 +1,7 @@
 //! The wall clock, behind a trait so tests can give instances skewed clocks.
 //!
 //! The peer indexer schedules its rounds by the wall clock of its instance
-//! (DESIGN.md §2): skew between instances is part of the protocol's model, so
+//! (docs/design.md §2): skew between instances is part of the protocol's model, so
 //! the tests must be able to produce it. Waiting is still done with tokio's
 //! timer, for the duration the clock says is left.
 

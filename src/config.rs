@@ -15,7 +15,7 @@ use crate::error::{Error, Result};
 pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(1);
 /// Default tolerated clock skew `S`.
 pub const DEFAULT_SKEW: Duration = Duration::from_millis(50);
-/// Default lease margin (about the round latency on a LAN, DESIGN.md §4 rule 6).
+/// Default lease margin (about the round latency on a LAN, docs/design.md §4 rule 6).
 pub const DEFAULT_LEASE_MARGIN: Duration = Duration::from_millis(20);
 /// Smallest interval accepted: below it a round's latency, the timer
 /// granularity and the skew allowance leave no room for the protocol.
@@ -83,7 +83,7 @@ impl fmt::Debug for ServiceName {
     }
 }
 
-/// How the peer indexer derives an instance's index (DESIGN.md §2).
+/// How the peer indexer derives an instance's index (docs/design.md §2).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Indexing {
     /// The seed's algorithm: `INCR` of the round's counter; the index is the
@@ -135,7 +135,7 @@ impl Default for IndexerSettings {
 }
 
 impl IndexerSettings {
-    /// Checks the ranges of DESIGN.md §2 and §4.
+    /// Checks the ranges of docs/design.md §2 and §4.
     pub(crate) fn validate(&self) -> Result<()> {
         let i = self.interval;
         if !(MIN_INTERVAL..=MAX_INTERVAL).contains(&i) {
@@ -316,7 +316,7 @@ mod tests {
 
     proptest! {
         /// Whatever validates keeps the skew below I/4 - margin, so the writes
-        /// of one interval land before its counts are read (DESIGN.md §2).
+        /// of one interval land before its counts are read (docs/design.md §2).
         #[test]
         fn valid_settings_keep_the_skew_bound(i in 0u64..5000, s in 0u64..2000, m in 0u64..2000) {
             let st = settings(i, s, m);

@@ -1,4 +1,4 @@
-//! The dead letters (DESIGN.md §6): tasks that failed their last attempt,
+//! The dead letters (docs/design.md §6): tasks that failed their last attempt,
 //! failed permanently, cannot be decoded or are too large, kept per
 //! partition in `{N/p}:dead` with the reason, the last error, the attempt
 //! count and the original payload. This module lists them across partitions, replays them

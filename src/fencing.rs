@@ -1,4 +1,4 @@
-//! The fenced writes of the handover (DESIGN.md §4 rules 2, 3 and 8): release
+//! The fenced writes of the handover (docs/design.md §4 rules 2, 3 and 8): release
 //! marks that only move forward, owner records whose tokens only increase,
 //! and acknowledgements that only the recorded owner may make.
 //!

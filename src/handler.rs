@@ -263,7 +263,7 @@ impl TaskContext {
     }
 
     /// The fencing token: the epoch in which this instance acquired the
-    /// partition, as in its owner record (DESIGN.md §4 rule 9); strictly
+    /// partition, as in its owner record (docs/design.md §4 rule 9); strictly
     /// increasing per partition.
     ///
     /// peerq fences its own writes (acks, retries, dead letters) with it. A

@@ -1,4 +1,4 @@
-//! Every Redis key name of peerq, in one place (DESIGN.md §3).
+//! Every Redis key name of peerq, in one place (docs/design.md §3).
 //!
 //! Braces are literal Redis Cluster hash tags: the coordination keys of one
 //! service (`{N}:…`) share one slot, and the keys of one partition

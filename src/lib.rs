@@ -59,8 +59,8 @@
 //!   `XREADGROUP`, runs the handler as a `tower::Service`, acks in batches,
 //!   retries failures and moves what cannot run to the dead letters.
 //!
-//! The design, its guarantees and its key layout are in the project's
-//! `DESIGN.md`.
+//! The design, its guarantees and its key layout are in the repository's
+//! `docs/design.md`.
 //!
 //! ## Layout
 //!
@@ -84,7 +84,7 @@
 //! | [`handler`] | the `Handler` trait, `TaskContext`, the tower adapter |
 //! | [`consumer`] | the builder and the runtime: the handover driver, leases, workers per partition, fenced acks, retries, dead letters, trimming |
 //! | `connection` | one multiplexed connection per part, kept out of the pool |
-//! | `transition` | drain-then-switch: the per-partition state machine of DESIGN.md §4, free of I/O |
+//! | `transition` | drain-then-switch: the per-partition state machine of docs/design.md §4, free of I/O |
 //! | `fencing` | the fenced writes: release marks, owner records, acks, moves, claims |
 //! | [`metrics`] | metric names and descriptions |
 //! | `scripts/` | Lua scripts, one per atomic step |

@@ -1,4 +1,4 @@
-//! Service-wide settings in `{N}:meta` (DESIGN.md §3).
+//! Service-wide settings in `{N}:meta` (docs/design.md §3).
 //!
 //! Some settings only work when every instance (and producer) of a service
 //! agrees on them: the interval, the skew, the partitions. The first process

@@ -1,4 +1,4 @@
-//! Which partition a task goes to (DESIGN.md §3).
+//! Which partition a task goes to (docs/design.md §3).
 //!
 //! `partition = fnv1a64(key bytes) % P`: FNV-1a, 64 bit, over the key's
 //! UTF-8 bytes, with no seed, so every process, version and language agrees

@@ -1,4 +1,4 @@
-//! Periodic jobs (DESIGN.md §6): a job registered with an interval or a
+//! Periodic jobs (docs/design.md §6): a job registered with an interval or a
 //! cron expression is triggered once per due time across the whole
 //! service, never twice, not by a leader but by a claim.
 //!

@@ -1,4 +1,4 @@
-//! Enqueues typed tasks (DESIGN.md §1, §3).
+//! Enqueues typed tasks (docs/design.md §1, §3).
 //!
 //! A task goes to partition `fnv1a64(key) % P` (see [`crate::partition`]),
 //! where the key is the task id unless the producer gives one: tasks with

@@ -1,4 +1,4 @@
-//! How long a failed task waits before its next attempt (DESIGN.md §6):
+//! How long a failed task waits before its next attempt (docs/design.md §6):
 //! exponential backoff with jitter; and `until_ok`, the loop that retries
 //! a Redis call with it while Redis cannot be reached.
 //!

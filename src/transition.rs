@@ -1,4 +1,4 @@
-//! Drain-then-switch (DESIGN.md §4): an explicit state machine per
+//! Drain-then-switch (docs/design.md §4): an explicit state machine per
 //! partition, free of I/O.
 //!
 //! The machine is told what happens — an assignment arrived, marks were
@@ -20,7 +20,7 @@ use tracing::debug;
 
 use crate::assignment::Assignment;
 
-/// Timer lateness and cancellation latency (DESIGN.md §4 rule 3).
+/// Timer lateness and cancellation latency (docs/design.md §4 rule 3).
 const LATENESS: Duration = Duration::from_millis(50);
 
 /// The service-wide times the rules are computed from.

@@ -1,4 +1,4 @@
-//! Failures (DESIGN.md §6) against a real redis-server: retries after a
+//! Failures (docs/design.md §6) against a real redis-server: retries after a
 //! growing backoff, errors that ask for a delay or for none, dead letters
 //! listed, replayed once and purged, entries over `max_entry_bytes`, and
 //! producer idempotency keys.

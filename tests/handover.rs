@@ -1,4 +1,4 @@
-//! Drain-then-switch (DESIGN.md §4) with real Redis and several instances
+//! Drain-then-switch (docs/design.md §4) with real Redis and several instances
 //! in one process: partitions move between instances with no task run twice
 //! and no overlap, kept partitions never pause, stale owners are fenced, an
 //! instance cut from Redis stops within its lease, and a leave can be cut

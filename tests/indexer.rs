@@ -1,4 +1,4 @@
-//! The peer indexer against a real redis-server (DESIGN.md §2).
+//! The peer indexer against a real redis-server (docs/design.md §2).
 //!
 //! Each test starts its own server and uses its own service name. Intervals
 //! are short (a few hundred ms) so the suite stays quick; the properties are
@@ -717,7 +717,7 @@ async fn invalid_settings_are_rejected_before_redis() {
 /// in the epoch before, over `epochs` epochs of 20 stable instances.
 async fn reshuffles(indexing: Indexing, epochs: usize) -> (usize, usize) {
     let server = RedisServer::start();
-    // I = 1 s, as in the simulation's numbers (DESIGN.md §2), so the
+    // I = 1 s, as in the simulation's numbers (docs/design.md §2), so the
     // offsets spread over 500 ms as they would in production.
     let mut fleet = Fleet::new("reshuffle", indexing, Duration::from_secs(1));
     for _ in 0..20 {

@@ -1,4 +1,4 @@
-//! Scheduling (DESIGN.md §6) against a real redis-server: delayed tasks run
+//! Scheduling (docs/design.md §6) against a real redis-server: delayed tasks run
 //! once, when due, also when their partition changes owner meanwhile; a
 //! periodic job runs once per due time across several instances while they
 //! come and go.

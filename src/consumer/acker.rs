@@ -4,7 +4,7 @@
 //! finished since its last round trip and sends one fenced ack script per
 //! partition in one pipeline, so acks cost one round trip per batch, not
 //! per task, and add no delay when the instance is idle. The script acks
-//! only while this instance is the partition's recorded owner (DESIGN.md §4
+//! only while this instance is the partition's recorded owner (docs/design.md §4
 //! rule 8).
 
 use std::collections::BTreeMap;

@@ -437,7 +437,7 @@ where
     C: Codec,
 {
     /// Validates the settings and runs until SIGTERM or ctrl-c, then leaves
-    /// gracefully (DESIGN.md §4 rule 7): it stops writing rounds, serves
+    /// gracefully (docs/design.md §4 rule 7): it stops writing rounds, serves
     /// until the first round without it, then releases its partitions with
     /// marks, so the others take them over without waiting for a deadline.
     /// A second signal, or the [`leave_timeout`](Self::leave_timeout),

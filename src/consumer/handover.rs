@@ -1,4 +1,4 @@
-//! The handover driver (DESIGN.md §4): tells the per-partition state
+//! The handover driver (docs/design.md §4): tells the per-partition state
 //! machine ([`crate::transition`]) what happens — an assignment arrived, a
 //! round failed, the lease ran out, marks were read, a drain finished, a
 //! write was fenced, the instance leaves — and carries out its effects:

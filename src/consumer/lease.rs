@@ -1,4 +1,4 @@
-//! The instance's lease (DESIGN.md §4 rule 6): an assignment of epoch `E`
+//! The instance's lease (docs/design.md §4 rule 6): an assignment of epoch `E`
 //! vouches for the partitions it owns until `(E - 1) * I + 1.5 I + lease
 //! margin` by the local clock, and for no longer than that much monotonic
 //! time from its arrival, so a step of the wall clock never extends it.

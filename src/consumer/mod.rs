@@ -6,7 +6,7 @@
 //! handler service, and the acker acks what succeeded, in batches.
 //!
 //! When the assignment changes, each partition moves by drain-then-switch
-//! (DESIGN.md §4, driven by [`handover`]): the old owner stops fetching,
+//! (docs/design.md §4, driven by [`handover`]): the old owner stops fetching,
 //! lets running tasks finish until the drain timeout (then cancels them),
 //! and marks the partition released; the new owner waits for that mark or
 //! the handover deadline, records itself as owner with its fencing token,

@@ -30,7 +30,7 @@ use crate::keys;
 use crate::task::Entry;
 
 /// How long a cancelled handler may take to notice its cancellation signal
-/// and return before it is aborted. Kept within the 50 ms that DESIGN.md §4
+/// and return before it is aborted. Kept within the 50 ms that docs/design.md §4
 /// allows for cancellation latency.
 const CANCEL_GRACE: Duration = Duration::from_millis(20);
 
@@ -168,7 +168,7 @@ impl<T: Payload, S: TaskService<T>, C: Codec> RunTask<T, S, C> {
         }
     }
 
-    /// Ordered partitions (DESIGN.md §5.4): one task at a time, in stream
+    /// Ordered partitions (docs/design.md §5.4): one task at a time, in stream
     /// order; nothing is enqueued again at the stream's end.
     fn ordered(&self) -> bool {
         self.shared.settings.ordered
@@ -176,7 +176,7 @@ impl<T: Payload, S: TaskService<T>, C: Codec> RunTask<T, S, C> {
 
     /// An entry claimed from another consumer (a crashed or fenced
     /// instance, a lost ack): it may have run there, so it is enqueued
-    /// again with `attempt + 1` (DESIGN.md §5.3: a task that may run twice
+    /// again with `attempt + 1` (docs/design.md §5.3: a task that may run twice
     /// says so in its attempt number) and runs when fetched. One too large
     /// or that does not parse goes where `run` sends it (the dead letters).
     pub(crate) async fn take_over(self, raw: StreamId) {

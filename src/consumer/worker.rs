@@ -3,7 +3,7 @@
 //! behind, trim, and release it on demand. Running one entry is
 //! [`super::run_task`]'s job.
 //!
-//! Every write to the partition's entries is fenced (DESIGN.md §4 rule 8):
+//! Every write to the partition's entries is fenced (docs/design.md §4 rule 8):
 //! once another instance holds the partition, Redis refuses them, and the
 //! worker drops the partition's work ([`Ownership::fenced`]). Fetching and
 //! running stop while the instance's lease does not hold (rule 6).
@@ -208,7 +208,7 @@ impl Worker {
 
     /// Stops fetching, lets running tasks finish until `deadline`, then
     /// cancels the rest and waits until they have stopped and everything
-    /// that finished is acked (DESIGN.md §4 rule 1). Cancelled tasks are
+    /// that finished is acked (docs/design.md §4 rule 1). Cancelled tasks are
     /// enqueued again with `attempt + 1`; fetched ones that never started
     /// are handed back as they were.
     pub(crate) async fn release(mut self, deadline: Instant) {

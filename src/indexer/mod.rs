@@ -1,4 +1,4 @@
-//! The peer indexer (DESIGN.md §2): each instance learns its
+//! The peer indexer (docs/design.md §2): each instance learns its
 //! `(index, replicas)` once per interval from an atomic write to a
 //! per-interval Redis key, with no coordinator.
 //!
@@ -353,7 +353,7 @@ impl IndexerHandle {
         self.offset
     }
 
-    /// Begins a graceful leave (DESIGN.md §4 rule 7): stop writing rounds,
+    /// Begins a graceful leave (docs/design.md §4 rule 7): stop writing rounds,
     /// keep emitting the assignment already earned, then publish
     /// [`Standing::Left`] at the first round without an index and stop.
     pub fn leave(&self) {

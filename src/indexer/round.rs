@@ -147,7 +147,7 @@ impl RoundLoop {
         };
         // A reply after the deadline may mean the write landed after others
         // read the count: treat it as failed at once instead of waiting for
-        // a slow Redis error (DESIGN.md §4 rule 6).
+        // a slow Redis error (docs/design.md §4 rule 6).
         let budget = deadline.saturating_sub(now);
         let outcome = tokio::time::timeout(budget, self.exchange(number, leaving, prev)).await;
         match outcome.unwrap_or(Err(Error::Timeout(budget))) {
@@ -229,7 +229,7 @@ impl RoundLoop {
         let ttl = (self.settings.interval * ROUND_KEY_TTL_INTERVALS).as_millis() as u64;
         // By Redis's clock: the others read this key no earlier than
         // `number * I - S`; the window closes `late_end + S` after the
-        // interval began, which is before that (DESIGN.md §2).
+        // interval began, which is before that (docs/design.md §2).
         let write_by = if write {
             let window = self.schedule.late_end() + self.settings.skew;
             (self.schedule.interval_start(number) + window).as_micros() as u64

@@ -1,5 +1,5 @@
 //! When rounds run and which number they use: the pure arithmetic of
-//! DESIGN.md §2, kept apart from I/O so it can be tested exhaustively.
+//! docs/design.md §2, kept apart from I/O so it can be tested exhaustively.
 
 use std::time::Duration;
 
@@ -42,7 +42,7 @@ impl Schedule {
     pub(crate) fn new(interval: Duration, skew: Duration, offset: Duration) -> Self {
         debug_assert!(offset < interval / 2);
         // A write later than this after its interval began is skipped
-        // (DESIGN.md §2). Offsets are below I/2, so a round on time never is.
+        // (docs/design.md §2). Offsets are below I/2, so a round on time never is.
         let late_end = (interval / 2).max(interval.saturating_sub(2 * skew + LATE_SLACK));
         Schedule {
             interval,

@@ -1,4 +1,4 @@
--- DESIGN.md §6: enqueues one task with options, in one step in the task's
+-- docs/design.md §6: enqueues one task with options, in one step in the task's
 -- partition: at most once per idempotency key (the dedup record is written
 -- with the entry, so a producer that retries after an ambiguous failure
 -- enqueues it once), and either now or, delayed, in the partition's delayed

@@ -1,4 +1,4 @@
--- Rules 3 and 8 (DESIGN.md §4): the owner takes over entries other consumers
+-- Rules 3 and 8 (docs/design.md §4): the owner takes over entries other consumers
 -- left pending in its partition, only while it is the recorded owner (a
 -- stale owner that claimed would run tasks the real owner runs too).
 -- KEYS[1] = {N/p}:stream     KEYS[2] = {N/p}:owner

@@ -1,4 +1,4 @@
--- DESIGN.md §4: keep the entries this instance still runs fresh (their idle
+-- docs/design.md §4: keep the entries this instance still runs fresh (their idle
 -- time reset), so that claiming never takes a task still running on its
 -- owner; only while it is the recorded owner, so a stale owner never takes
 -- entries back from the partition's new owner.

@@ -1,4 +1,4 @@
--- Rule 8 (DESIGN.md §4): move an entry (a retry, a dead letter, a hand-back)
+-- Rule 8 (docs/design.md §4): move an entry (a retry, a dead letter, a hand-back)
 -- only while this instance is the partition's recorded owner: ack it in the
 -- partition's stream and add its new form to the destination, atomically.
 -- KEYS[1] = {N/p}:stream     KEYS[2] = {N/p}:owner     KEYS[3] = destination

@@ -1,4 +1,4 @@
--- DESIGN.md §6 and §4 rule 8: a failed attempt's retry, written with the
+-- docs/design.md §6 and §4 rule 8: a failed attempt's retry, written with the
 -- ack of the failed entry, only while this instance is the partition's
 -- recorded owner. With a delay the next attempt waits in the partition's
 -- delayed set (scored by Redis's clock, so instance clocks do not matter);

@@ -1,4 +1,4 @@
--- Rule 2 (DESIGN.md §4): mark(p) := max(mark(p), E). Marks only move forward.
+-- Rule 2 (docs/design.md §4): mark(p) := max(mark(p), E). Marks only move forward.
 -- KEYS[1] = {N}:transition     ARGV[1] = partition     ARGV[2] = epoch E
 -- Returns the mark after the write.
 local current = tonumber(redis.call('HGET', KEYS[1], ARGV[1]) or '0')

@@ -1,4 +1,4 @@
--- DESIGN.md §6: moves a partition's due delayed entries into its stream,
+-- docs/design.md §6: moves a partition's due delayed entries into its stream,
 -- each exactly once (added and removed in one step).
 -- KEYS[1] = {N/p}:delayed     KEYS[2] = {N/p}:stream     ARGV[1] = most to move
 -- Returns { moved, ms until the next one is due (-1: none) }.

@@ -1,4 +1,4 @@
--- DESIGN.md §6: replays a dead letter: enqueues the task again and removes
+-- docs/design.md §6: replays a dead letter: enqueues the task again and removes
 -- it from the partition's dead letters, in one step, so a replay repeated
 -- (after a lost reply, or by two operators) enqueues it once. The letter is
 -- removed only once the task is enqueued (a script that fails half-way is

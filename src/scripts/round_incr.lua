@@ -1,4 +1,4 @@
--- One indexer round in Incr mode, the seed's algorithm (DESIGN.md §2).
+-- One indexer round in Incr mode, the seed's algorithm (docs/design.md §2).
 -- KEYS[1] = {N}:<number>           this round's counter
 -- KEYS[2] = {N}:<number>:by        who took which value from it
 -- KEYS[3] = {N}:<number - 1>       the previous round's counter

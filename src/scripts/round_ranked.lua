@@ -1,4 +1,4 @@
--- One indexer round in Ranked mode (DESIGN.md §2): write this round, read the previous.
+-- One indexer round in Ranked mode (docs/design.md §2): write this round, read the previous.
 -- KEYS[1] = {N}:<number>       this round's sorted set
 -- KEYS[2] = {N}:<number - 1>   the previous round's
 -- ARGV[1] = instance id         ARGV[2] = score (the instance's offset)

@@ -1,4 +1,4 @@
--- DESIGN.md §6: triggers one due time of a periodic job, once across the
+-- docs/design.md §6: triggers one due time of a periodic job, once across the
 -- service: moves the job's high-water mark (the latest due time triggered)
 -- to this due time and enqueues the job's task, in one step. A due time at
 -- or below the mark was triggered already, or is older than one that was
