@@ -224,8 +224,18 @@ impl Entry {
                 C::NAME
             )));
         }
-        codec
-            .decode(&self.payload)
+        // A codec or a payload type's `Deserialize` may panic on hostile
+        // bytes: that is this entry's decode failure (dead-lettered), never
+        // a lost worker task with the entry left pending for good.
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| codec.decode(&self.payload)))
+            .map_err(|panic| {
+                let message = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| (*s).to_owned())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_default();
+                Unrunnable::Decode(format!("decoding panicked: {message}"))
+            })?
             .map_err(|e| Unrunnable::Decode(e.to_string()))
     }
 
@@ -303,6 +313,24 @@ mod tests {
         let back = Entry::parse(&as_map(&no_key)).unwrap();
         assert_eq!(back.key, None);
         assert_eq!(back.partition_key(), no_key.id.as_str());
+    }
+
+    /// A payload type whose `Deserialize` panics, as user code may.
+    #[derive(Debug)]
+    struct Fragile;
+
+    impl<'de> serde::Deserialize<'de> for Fragile {
+        fn deserialize<D: serde::Deserializer<'de>>(_: D) -> Result<Self, D::Error> {
+            panic!("fragile payload")
+        }
+    }
+
+    #[test]
+    fn a_payload_whose_deserialize_panics_is_a_decode_failure() {
+        let e = Entry::new(TaskId::generate(), None, "json", b"{}".to_vec());
+        let err = e.decode::<Fragile, _>(&Json).unwrap_err();
+        assert_eq!(err.reason(), "decode");
+        assert!(err.to_string().contains("fragile payload"), "{err}");
     }
 
     #[test]
