@@ -6,9 +6,11 @@
 //! - its ack never landed: Redis refused it (an ACL that denies `XACK`),
 //!   the acker gave up, and the entry stays in the owner's own pending list;
 //! - a consumer that is not the owner anymore (cut off by a proxy that
-//!   holds its traffic) still had a blocking read on the server, which
-//!   delivered the entry into its pending list after the new owner had
-//!   acquired the partition (so the acquire's claim could not see it).
+//!   holds its traffic) had a read reach Redis late, which delivered the
+//!   entry into its pending list after the new owner had acquired the
+//!   partition (so the acquire's claim could not see it). A consumer's own
+//!   reads end with its lease, so only a network delay of the command can
+//!   do this; the test issues that late read itself.
 //!
 //! In both, the owner's claim on acquire has already run, so only the
 //! periodic claim can pick the entry up.
@@ -17,10 +19,10 @@ mod support;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use deadpool_redis::redis::{self, AsyncCommands};
-use peerq::codec::Bincode;
+use peerq::codec::{Bincode, Codec};
 use peerq::consumer::{ConsumerBuilder, PartitionChange, PartitionEvent};
 use peerq::handler::HandlerService;
 use peerq::indexer::Standing;
@@ -271,6 +273,15 @@ async fn an_entry_whose_ack_never_landed_is_claimed_by_its_owner_after_claim_idl
     task.await.unwrap().unwrap();
 }
 
+/// Adds one entry to `KEYS[1]` in the documented entry format (`id`,
+/// `attempt`, `enqueued_at`, `codec`, `payload` = `ARGV[1..3]`) and reads it
+/// into consumer `ARGV[4]`'s pending list, in one step.
+const LATE_READ: &str = r"
+redis.call('XADD', KEYS[1], '*', 'id', ARGV[1], 'attempt', '1',
+  'enqueued_at', ARGV[2], 'codec', 'bincode', 'payload', ARGV[3])
+redis.call('XREADGROUP', 'GROUP', 'peerq', ARGV[4], 'COUNT', 1, 'STREAMS', KEYS[1], '>')
+";
+
 /// A consumer instance in this process.
 struct Instance {
     stop: CancellationToken,
@@ -332,13 +343,9 @@ async fn an_entry_a_cut_off_former_owner_read_late_is_claimed_by_the_new_owner_a
     let name = unique_name("late-read");
     let runs = Runs::default();
     let mut conn = server.pool().get().await.unwrap();
-    // A reaches Redis through the proxy and blocks its reads for a minute,
-    // so a read it sent before being cut off stays blocked on the server
-    // long after it lost the partition. B is direct.
+    // A reaches Redis through the proxy, which will cut it off. B is direct.
     let a = Instance::start(
-        builder(&proxy.url(), &name, P, &runs)
-            .block(Duration::from_secs(60))
-            .leave_timeout(Duration::from_millis(100)),
+        builder(&proxy.url(), &name, P, &runs).leave_timeout(Duration::from_millis(100)),
     );
     let b = Instance::start(builder(&server.url(), &name, P, &runs));
     wait_until(
@@ -358,8 +365,7 @@ async fn an_entry_a_cut_off_former_owner_read_late_is_claimed_by_the_new_owner_a
     let a_id = owner_of(&mut conn, &name, *a_partitions.first().unwrap()).await;
     eprintln!("A ({a_id}) owns {a_partitions:?}");
 
-    // Cut A off: its traffic is held, so its blocked reads stay on the
-    // server, and nothing it sends from now on arrives.
+    // Cut A off: nothing it sends from now on arrives.
     proxy.hold();
     wait_until(Duration::from_secs(20), "B to own every partition", || {
         b.owned().len() == P as usize
@@ -374,15 +380,28 @@ async fn an_entry_a_cut_off_former_owner_read_late_is_claimed_by_the_new_owner_a
         );
     }
 
-    // One task into each of A's former partitions: A's stale read, blocked
-    // before B's, is served first and takes it into A's pending list.
-    let producer = producer(&server.url(), &name, P).await;
-    let keys = keys_by_partition(P);
+    // One task into each of A's former partitions, taken by a read of A's
+    // that reached Redis late: a read command the network delayed past A's
+    // lease (A's own reads end with its lease, so only such a delay leaves
+    // an entry with a former owner). The test issues that read itself, in
+    // one script with the XADD, so B's waiting read cannot take the entry
+    // first.
     let enqueued = Instant::now();
     let mut stuck = Vec::new();
     for (seq, &p) in (100..).zip(&a_partitions) {
-        producer
-            .enqueue_with(Job { seq }, Options::new().key(keys[&p].clone()))
+        let payload = Bincode.encode(&Job { seq }).unwrap();
+        let enqueued_ms = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_millis()
+            .to_string();
+        let () = redis::Script::new(LATE_READ)
+            .key(stream(&name, p))
+            .arg(format!("late-{seq}"))
+            .arg(enqueued_ms)
+            .arg(payload)
+            .arg(&a_id)
+            .invoke_async(&mut *conn)
             .await
             .unwrap();
         stuck.push(seq);
@@ -397,10 +416,11 @@ async fn an_entry_a_cut_off_former_owner_read_late_is_claimed_by_the_new_owner_a
         );
         assert_eq!(
             pending[0].1, a_id,
-            "partition {p}: delivered to the former owner A, not to B (is A's read still blocked?)"
+            "partition {p}: delivered to the former owner A, not to B"
         );
     }
     // More tasks, everywhere: B runs them at once.
+    let producer = producer(&server.url(), &name, P).await;
     let later: Vec<Job> = (0..40).map(|seq| Job { seq }).collect();
     producer.enqueue_batch(&later).await.unwrap();
 
@@ -412,7 +432,7 @@ async fn an_entry_a_cut_off_former_owner_read_late_is_claimed_by_the_new_owner_a
     .await;
     for &seq in &stuck {
         let r = runs_of(&runs, seq);
-        // A never ran it (its read's reply is held): the claim's
+        // A never ran it (it never saw the read's reply): the claim's
         // take-over enqueues it again with attempt + 1, as it cannot know.
         assert_eq!(r.len(), 1, "seq {seq}: {r:?}");
         assert_eq!(r[0].0, 2, "seq {seq}: taken over with attempt + 1");
