@@ -26,7 +26,7 @@ use peerq::codec::{Bincode, Codec};
 use peerq::consumer::{ConsumerBuilder, PartitionChange, PartitionEvent};
 use peerq::handler::HandlerService;
 use peerq::indexer::Standing;
-use peerq::producer::{Options, Producer};
+use peerq::producer::Producer;
 use peerq::{Consumer, Handler, HandlerError, TaskContext};
 use serde::{Deserialize, Serialize};
 use support::{Proxy, RedisServer, unique_name, wait_until};
@@ -95,20 +95,6 @@ async fn producer(url: &str, name: &str, partitions: u32) -> Producer {
         .connect()
         .await
         .unwrap()
-}
-
-/// A key for each partition `0..partitions`.
-fn keys_by_partition(partitions: u32) -> BTreeMap<u32, String> {
-    let mut keys = BTreeMap::new();
-    for i in 0.. {
-        let key = format!("k{i}");
-        keys.entry(peerq::partition::partition_of(key.as_bytes(), partitions))
-            .or_insert(key);
-        if keys.len() == partitions as usize {
-            return keys;
-        }
-    }
-    unreachable!()
 }
 
 fn stream(name: &str, p: u32) -> String {
