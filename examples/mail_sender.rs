@@ -13,8 +13,9 @@
 //! (`at`: microseconds since the Unix epoch; `checked_at`: when
 //! `TaskContext::still_owned` last passed, right before the line is printed). With `--print-events` it prints
 //! its partitions' changes, `event partition=<p> change=started|stopped|drained token=<t> at=<µs>`,
-//! and its standing, `standing kind=assigned|fenced|left epoch=<e> at=<µs>`.
-//! Without either, one status line per second. Logs go to stderr.
+//! and its standing, `standing kind=assigned epoch=<e> index=<i> replicas=<r> at=<µs>`
+//! or `standing kind=fenced|left epoch=<e> at=<µs>`. Without either, one
+//! status line per second. Logs go to stderr.
 //!
 //! The producer retries a batch that failed (Redis restarting, say) until it
 //! is enqueued; with `--print-enqueued` it prints `enqueued from=<seq> to=<seq>`
@@ -270,13 +271,19 @@ async fn events(
                 if changed.is_err() {
                     return;
                 }
-                let (kind, epoch) = match &*standing.borrow_and_update() {
-                    Standing::Assigned(a) => ("assigned", a.epoch),
-                    Standing::Fenced { epoch, .. } => ("fenced", *epoch),
-                    Standing::Left { epoch } => ("left", *epoch),
-                    _ => ("joining", 0),
+                // With the index and replicas, so a reader can tell which
+                // partitions the assignment owns.
+                let (kind, epoch, place) = match &*standing.borrow_and_update() {
+                    Standing::Assigned(a) => (
+                        "assigned",
+                        a.epoch,
+                        format!(" index={} replicas={}", a.index, a.replicas),
+                    ),
+                    Standing::Fenced { epoch, .. } => ("fenced", *epoch, String::new()),
+                    Standing::Left { epoch } => ("left", *epoch, String::new()),
+                    _ => ("joining", 0, String::new()),
                 };
-                format!("standing kind={kind} epoch={epoch} at={}", micros(SystemTime::now()))
+                format!("standing kind={kind} epoch={epoch}{place} at={}", micros(SystemTime::now()))
             }
         };
         if say(&line).is_err() {

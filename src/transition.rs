@@ -16,7 +16,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use tracing::debug;
+use tracing::{debug, warn};
 
 use crate::assignment::Assignment;
 
@@ -219,7 +219,16 @@ impl Partitions {
         }
         let mut effects = Vec::new();
         // Rule 5: after a skipped epoch, nothing held before is trusted.
-        if self.last_epoch.is_some_and(|last| last + 1 != e) {
+        // Said like every other fence, so an operator (and the scenario
+        // tests) can tell this stop from a paused kept partition.
+        if let Some(last) = self.last_epoch.filter(|last| last + 1 != e) {
+            if !self.is_idle() {
+                warn!(
+                    last,
+                    epoch = e,
+                    "an epoch was skipped; fencing every partition"
+                );
+            }
             effects.extend(self.fence());
         }
         // Rule 2: only the owner under E - 1 may mark E.

@@ -7,8 +7,12 @@
 //! its partitions' changes and its standing (`--print-tasks
 //! --print-events`); the tests check those lines against what they did to
 //! the processes, and print the pause of the moved partitions for each churn
-//! event next to the simulation's figures.
+//! event next to the simulation's figures. A partition that stops on a
+//! consumer and starts there again must be explained by what that consumer
+//! printed about itself ([`restarts`]).
 
+#[path = "scenarios/restarts.rs"]
+mod restarts;
 mod support;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -19,6 +23,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use deadpool_redis::redis;
+use restarts::Note;
 use support::{Proc, RedisServer, ServerOptions, signal, unique_name};
 
 /// The scenarios share the machine's two cores: one at a time.
@@ -57,7 +62,6 @@ enum What {
     Started { token: u64 },
     Stopped,
     Drained,
-    Fenced,
 }
 
 #[derive(Debug, Clone)]
@@ -79,15 +83,14 @@ fn parse(consumer: usize, line: &str) -> Option<Line> {
         .filter_map(|kv| kv.split_once('='))
         .collect();
     let num = |k: &str| f.get(k).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
-    let what = match (head, f.get("change").copied(), f.get("kind").copied()) {
-        ("start", _, _) => What::Start,
-        ("handled", _, _) => What::Handled,
-        ("event", Some("started"), _) => What::Started {
+    let what = match (head, f.get("change").copied()) {
+        ("start", _) => What::Start,
+        ("handled", _) => What::Handled,
+        ("event", Some("started")) => What::Started {
             token: num("token"),
         },
-        ("event", Some("stopped"), _) => What::Stopped,
-        ("event", Some("drained"), _) => What::Drained,
-        ("standing", _, Some("fenced")) => What::Fenced,
+        ("event", Some("stopped")) => What::Stopped,
+        ("event", Some("drained")) => What::Drained,
         _ => return None,
     };
     Some(Line {
@@ -133,6 +136,9 @@ struct Fleet {
     lines: Arc<Mutex<Vec<Line>>>,
     /// Log lines saying Redis refused a consumer's stale write.
     refusals: Arc<Mutex<Vec<(usize, String)>>>,
+    /// What each consumer printed about itself: its log, its standing and
+    /// its partition events.
+    notes: Arc<Mutex<Vec<Note>>>,
     consumers: Vec<Option<Proc>>,
     churn: Vec<(u128, Churn)>,
 }
@@ -146,6 +152,7 @@ impl Fleet {
             bin: example_binary(),
             lines: Arc::default(),
             refusals: Arc::default(),
+            notes: Arc::default(),
             consumers: Vec::new(),
             churn: Vec::new(),
         }
@@ -167,25 +174,49 @@ impl Fleet {
             .args(["--skew-ms", &SKEW_MS.to_string()])
             .args(["--work-ms", &WORK_MS.to_string()])
             .args(["--print-tasks", "--print-events"])
+            // Plain log lines, each starting with its time.
+            .env("NO_COLOR", "1")
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
             .expect("start a consumer");
-        // Its log (warnings and errors): the lines where Redis refused a
-        // stale write are kept.
+        // Its log (warnings and errors), all of it; the lines where Redis
+        // refused a stale write also on their own (the stall test counts
+        // them).
         let err = child.stderr.take().unwrap();
         let refusals = self.refusals.clone();
+        let notes = self.notes.clone();
         std::thread::spawn(move || {
             for line in BufReader::new(err).lines().map_while(Result::ok) {
                 if line.contains("fenced: another instance owns the partition now") {
-                    refusals.lock().unwrap().push((id, line));
+                    refusals.lock().unwrap().push((id, line.clone()));
                 }
+                // A line without a time (a panic's, the last one) is dated
+                // when it is read.
+                let at = restarts::log_time(&line).unwrap_or_else(now_us);
+                let note = Note {
+                    consumer: id,
+                    at,
+                    text: line,
+                };
+                notes.lock().unwrap().push(note);
             }
         });
         let out = child.stdout.take().unwrap();
         let lines = self.lines.clone();
+        let notes = self.notes.clone();
         std::thread::spawn(move || {
             for line in BufReader::new(out).lines().map_while(Result::ok) {
+                let about_itself = line.starts_with("standing ") || line.starts_with("event ");
+                let at = restarts::field(&line, "at").and_then(|a| a.parse().ok());
+                if let (true, Some(at)) = (about_itself, at) {
+                    let note = Note {
+                        consumer: id,
+                        at,
+                        text: line.clone(),
+                    };
+                    notes.lock().unwrap().push(note);
+                }
                 if let Some(parsed) = parse(id, &line) {
                     lines.lock().unwrap().push(parsed);
                 }
@@ -370,8 +401,13 @@ impl Fleet {
 #[derive(Debug, Clone)]
 struct Stretch {
     consumer: usize,
+    /// The fencing token it started with.
+    token: u64,
     started: u128,
+    /// When it ended for the pauses: stopped, killed or frozen.
     ended: Option<u128>,
+    /// When the consumer said it stopped, if it did.
+    stopped: Option<u128>,
 }
 
 /// Each partition's stretches, in the order they started.
@@ -381,17 +417,20 @@ fn stretches(fleet: &Fleet, lines: &[Line]) -> BTreeMap<u32, Vec<Stretch>> {
     for l in lines {
         let key = (l.consumer, l.partition);
         match l.what {
-            What::Started { .. } => {
+            What::Started { token } => {
                 let s = Stretch {
                     consumer: l.consumer,
+                    token,
                     started: l.at,
                     ended: None,
+                    stopped: None,
                 };
                 open.insert(key, s);
             }
             What::Stopped => {
                 if let Some(mut s) = open.remove(&key) {
                     s.ended = Some(l.at);
+                    s.stopped = Some(l.at);
                     done.entry(l.partition).or_default().push(s);
                 }
             }
@@ -423,13 +462,12 @@ fn stretches(fleet: &Fleet, lines: &[Line]) -> BTreeMap<u32, Vec<Stretch>> {
 /// The pauses of moved partitions per churn event (by the event that came
 /// last before the old owner stopped), and a check that partitions never
 /// stop on a consumer only to start there again (kept partitions never
-/// pause), unless that consumer fenced itself meanwhile.
+/// pause) unless what that consumer printed explains it: it fenced itself,
+/// Redis refused its write, the partition moved away and came back, or it
+/// left ([`restarts::cause`]). Prints how often each explained it.
 fn pauses(fleet: &Fleet, lines: &[Line], until: u128) -> Vec<(String, Vec<Duration>)> {
-    let fenced: BTreeSet<usize> = lines
-        .iter()
-        .filter(|l| l.what == What::Fenced)
-        .map(|l| l.consumer)
-        .collect();
+    let notes = fleet.notes.lock().unwrap().clone();
+    let mut restarted: BTreeMap<&'static str, usize> = BTreeMap::new();
     let mut per_event: BTreeMap<usize, Vec<Duration>> = BTreeMap::new();
     for (p, list) in stretches(fleet, lines) {
         for pair in list.windows(2) {
@@ -439,11 +477,21 @@ fn pauses(fleet: &Fleet, lines: &[Line], until: u128) -> Vec<(String, Vec<Durati
                 continue;
             }
             if old.consumer == new.consumer {
-                assert!(
-                    fenced.contains(&old.consumer),
-                    "partition {p} paused on consumer {} without moving or a fence",
-                    old.consumer
-                );
+                let stopped = old.stopped.unwrap_or(ended);
+                let own: Vec<&Note> = notes
+                    .iter()
+                    .filter(|n| n.consumer == old.consumer)
+                    .collect();
+                let Some(cause) = restarts::cause(&own, p, old.token, old.started, stopped) else {
+                    let from = old.started.max(stopped.saturating_sub(3_000_000));
+                    panic!(
+                        "partition {p} paused on consumer {} without moving or a fence (stopped at {stopped}, started again at {}); what it printed then:\n{}",
+                        old.consumer,
+                        new.started,
+                        restarts::around(&notes, old.consumer, p, from, new.started + 1_000_000)
+                    );
+                };
+                *restarted.entry(cause).or_default() += 1;
                 continue;
             }
             let Some(event) = fleet.churn.iter().rposition(|(at, _)| *at <= ended) else {
@@ -453,8 +501,10 @@ fn pauses(fleet: &Fleet, lines: &[Line], until: u128) -> Vec<(String, Vec<Durati
             per_event.entry(event).or_default().push(pause);
         }
     }
-    if !fenced.is_empty() {
-        println!("consumers that fenced themselves at some point: {fenced:?}");
+    if !restarted.is_empty() {
+        println!(
+            "partitions that stopped and started again on the same consumer, by cause: {restarted:?}"
+        );
     }
     per_event
         .into_iter()
@@ -638,10 +688,15 @@ fn crash_churn_runs_every_task_and_only_tasks_in_flight_on_a_killed_instance_twi
                     .killed_at(l.consumer)
                     .is_some_and(|k| l.at <= k && l.at + 2_000_000 >= k)
         });
-        assert!(
-            excused,
-            "seq {seq} handled twice, not in flight on a killed instance: {runs:?}"
-        );
+        if !excused {
+            let first = &runs[0];
+            let notes = fleet.notes.lock().unwrap().clone();
+            let (from, to) = (first.at - 2_000_000, runs[runs.len() - 1].at + 1_000_000);
+            panic!(
+                "seq {seq} handled twice, not in flight on a killed instance: {runs:?}; what its first consumer printed then:\n{}",
+                restarts::around(&notes, first.consumer, first.partition, from, to)
+            );
+        }
         let attempts: BTreeSet<u32> = runs.iter().map(|r| r.attempt).collect();
         assert_eq!(
             attempts.len(),
