@@ -1,4 +1,4 @@
-//! The delivery guarantees of DESIGN.md §5, with consumers as separate
+//! The delivery guarantees of docs/design.md §5, with consumers as separate
 //! processes (the `mail_sender` example) that join, leave, crash, stall and
 //! lose Redis while tasks flow. Each scenario is bounded in time, and they
 //! run one after another: the machine has 2 cores.
@@ -33,7 +33,7 @@ fn serial() -> MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// The service's timing (DESIGN.md §5 scenarios): I = 1 s, drain 0.3 s,
+/// The service's timing (docs/design.md §5 scenarios): I = 1 s, drain 0.3 s,
 /// tolerated skew 100 ms.
 const INTERVAL_MS: u64 = 1000;
 const DRAIN_MS: u64 = 300;
@@ -74,6 +74,9 @@ struct Line {
     attempt: u32,
     /// Microseconds since the Unix epoch.
     at: u128,
+    /// On `handled` lines: when the handler's `still_owned` check passed,
+    /// right before it printed the line (its effect).
+    checked_at: u128,
 }
 
 fn parse(consumer: usize, line: &str) -> Option<Line> {
@@ -101,6 +104,10 @@ fn parse(consumer: usize, line: &str) -> Option<Line> {
         token: num("token"),
         attempt: num("attempt") as u32,
         at: f.get("at")?.parse().ok()?,
+        checked_at: f
+            .get("checked_at")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0),
     })
 }
 
@@ -141,6 +148,8 @@ struct Fleet {
     notes: Arc<Mutex<Vec<Note>>>,
     consumers: Vec<Option<Proc>>,
     churn: Vec<(u128, Churn)>,
+    /// How long each task takes on the consumers.
+    work_ms: u64,
 }
 
 impl Fleet {
@@ -155,6 +164,7 @@ impl Fleet {
             notes: Arc::default(),
             consumers: Vec::new(),
             churn: Vec::new(),
+            work_ms: WORK_MS,
         }
     }
 
@@ -172,7 +182,7 @@ impl Fleet {
             .args(["--interval-ms", &INTERVAL_MS.to_string()])
             .args(["--drain-ms", &DRAIN_MS.to_string()])
             .args(["--skew-ms", &SKEW_MS.to_string()])
-            .args(["--work-ms", &WORK_MS.to_string()])
+            .args(["--work-ms", &self.work_ms.to_string()])
             .args(["--print-tasks", "--print-events"])
             // Plain log lines, each starting with its time.
             .env("NO_COLOR", "1")
@@ -750,12 +760,14 @@ fn crash_churn_runs_every_task_and_only_tasks_in_flight_on_a_killed_instance_twi
 fn a_stalled_instance_neither_fetches_nor_acks_with_its_stale_assignment() {
     let _serial = serial();
     let mut fleet = Fleet::new("stall", ServerOptions::default());
+    // 200 ms tasks: the freeze always lands in the middle of running ones.
+    fleet.work_ms = 200;
     for _ in 0..3 {
         fleet.join();
     }
     std::thread::sleep(Duration::from_millis(2500));
-    let count = 20_000;
-    let (producer, _) = fleet.produce(count, 2000);
+    let count = 10_000;
+    let (producer, _) = fleet.produce(count, 1000);
     std::thread::sleep(Duration::from_secs(3));
     let stalled = 1;
     fleet.stall(stalled);
@@ -823,11 +835,58 @@ fn a_stalled_instance_neither_fetches_nor_acks_with_its_stale_assignment() {
                 .collect::<Vec<_>>()
         );
     }
+    // `cx.still_owned()` right before the effect (the example's `handled`
+    // line): after it resumed, the stalled instance's effects under a
+    // partition it held before the freeze all passed their check before
+    // the freeze (the freeze landed between check and effect); no check
+    // passed after it.
+    let late_effects: Vec<&Line> = lines
+        .iter()
+        .filter(|l| mine(l) && l.what == What::Handled && l.at > resumed)
+        .filter(|l| old_tokens.contains(&(l.partition, l.token)))
+        .collect();
+    for l in &late_effects {
+        assert!(
+            l.checked_at < stopped,
+            "an effect after the freeze whose check passed after it: {l:?}"
+        );
+    }
+    // A task's effect shows twice only when one of them is the stalled
+    // instance's, whose check passed before the freeze.
+    for seq in &twice {
+        assert!(
+            handled[seq]
+                .iter()
+                .any(|l| mine(l) && l.checked_at > 0 && l.checked_at < stopped),
+            "seq {seq}'s effect shows twice, and no check of it passed before the freeze: {:?}",
+            handled[seq]
+        );
+    }
+    // Running when it froze (started, no effect yet), and whose effect
+    // never showed under the ownership it had then: still_owned held it
+    // back after the resume (the task ran again under a new owner or token).
+    let held_back = started_before
+        .iter()
+        .filter(|s| {
+            !lines.iter().any(|l| {
+                mine(l)
+                    && l.what == What::Handled
+                    && l.seq == **s
+                    && (l.at < stopped || old_tokens.contains(&(l.partition, l.token)))
+            })
+        })
+        .count();
+    assert!(
+        held_back > 0,
+        "the freeze caught no task before its effect; the test shows nothing"
+    );
+    println!(
+        "tasks in flight at the freeze whose effect still_owned held back after it: {held_back}; effects printed after the resume, checked before the freeze: {}",
+        late_effects.len()
+    );
     // What it finished after it resumed, it could not ack: Redis refused
     // its writes (logged once per partition, whichever write came first).
-    let finished_late = lines.iter().any(|l| {
-        mine(l) && l.what == What::Handled && l.at > resumed && in_flight.contains(&l.seq)
-    });
+    let finished_late = !late_effects.is_empty();
     let refusals = fleet.refusals.lock().unwrap().clone();
     let refused = refusals.iter().filter(|(c, _)| *c == stalled).count();
     if finished_late {
