@@ -114,8 +114,8 @@ impl<T: Payload, S: TaskService<T>, C: Codec> RunTask<T, S, C> {
     /// as it starts ([`Fence::record_attempt`]); every later delivery (a
     /// re-read of the pending list, here or on the next owner after a
     /// crash, a cancellation, a lost ack or a handover) counts one more,
-    /// the attempt that may have run. Claims leave the count alone. `None`
-    /// when Redis does not say.
+    /// the attempt that may have run. Claims leave the count alone. 0 when
+    /// the entry is not pending any more; `None` when Redis does not say.
     ///
     /// [`Fence::record_attempt`]: crate::fencing::Fence::record_attempt
     async fn deliveries(&self, id: &str) -> Option<u32> {
@@ -145,10 +145,11 @@ impl<T: Payload, S: TaskService<T>, C: Codec> RunTask<T, S, C> {
     }
 
     /// Ordered: records in Redis that `attempt` of the entry starts now, so
-    /// the partition's next owner continues the count. False when the
-    /// partition has a newer owner (the task must not run). If Redis does
-    /// not answer, the task runs anyway: this instance knows the attempt,
-    /// and only a handover before the next record could count it lower.
+    /// the partition's next owner continues the count. False when the task
+    /// must not run: the partition has a newer owner, or the entry is not
+    /// pending any more. If Redis does not answer, the task runs anyway:
+    /// this instance knows the attempt, and only a handover before the next
+    /// record could count it lower.
     async fn record_attempt(&self, id: &str, attempt: u32) -> bool {
         let fence = &self.ownership.fence;
         let consumer = self.shared.id.as_str();
@@ -156,7 +157,7 @@ impl<T: Payload, S: TaskService<T>, C: Codec> RunTask<T, S, C> {
             .record_attempt(&self.shared.conn, consumer, id, attempt)
             .await
         {
-            Ok(Some(_)) => true,
+            Ok(Some(pending)) => pending,
             Ok(None) => {
                 self.ownership.fenced("recording the attempt");
                 false
@@ -228,6 +229,10 @@ impl<T: Payload, S: TaskService<T>, C: Codec> RunTask<T, S, C> {
             // and read again (which counts one more) rather than run with
             // an attempt that goes back.
             counted = self.deliveries(&raw.id).await?;
+            // Not pending any more: it finished meanwhile.
+            if counted == 0 {
+                return None;
+            }
             entry.attempt = entry.attempt.max(counted);
         }
         loop {
