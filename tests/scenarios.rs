@@ -702,8 +702,12 @@ fn crash_churn_runs_every_task_and_only_tasks_in_flight_on_a_killed_instance_twi
             let first = &runs[0];
             let notes = fleet.notes.lock().unwrap().clone();
             let (from, to) = (first.at - 2_000_000, runs[runs.len() - 1].at + 1_000_000);
+            let starts: Vec<&Line> = lines
+                .iter()
+                .filter(|l| l.seq == *seq && l.what == What::Start)
+                .collect();
             panic!(
-                "seq {seq} handled twice, not in flight on a killed instance: {runs:?}; what its first consumer printed then:\n{}",
+                "seq {seq} handled twice, not in flight on a killed instance: {runs:?}; its starts: {starts:?}; what its first consumer printed then:\n{}",
                 restarts::around(&notes, first.consumer, first.partition, from, to)
             );
         }
