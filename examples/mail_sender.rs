@@ -2,7 +2,7 @@
 //! name and a `produce`, and watch them split the work.
 //!
 //! ```text
-//! mail_sender consume --redis URL --name NAME [--interval-ms N] [--drain-ms N] [--skew-ms N] [--work-ms N] [--print-tasks] [--print-events]
+//! mail_sender consume --redis URL --name NAME [--indexing ranked|incr] [--interval-ms N] [--drain-ms N] [--skew-ms N] [--work-ms N] [--print-tasks] [--print-events]
 //! mail_sender produce --redis URL --name NAME --count N [--batch N] [--rate N] [--print-enqueued]
 //! ```
 //!
@@ -16,6 +16,11 @@
 //! and its standing, `standing kind=assigned|fenced|left epoch=<e> at=<µs>`.
 //! Without either, one status line per second. Logs go to stderr.
 //!
+//! `--indexing` picks the indexer's mode (service-wide: every instance of a
+//! name must use the same one): `ranked` (default) keeps indices while the
+//! membership is stable; `incr` is the seed's `INCR` per interval, whose
+//! indices can swap between instances and move partitions.
+//!
 //! The producer retries a batch that failed (Redis restarting, say) until it
 //! is enqueued; with `--print-enqueued` it prints `enqueued from=<seq> to=<seq>`
 //! (exclusive) once a batch's enqueue returned success.
@@ -25,11 +30,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use clap::{Parser, Subcommand};
+use clap::{Parser, Subcommand, ValueEnum};
 use peerq::consumer::{PartitionChange, PartitionEvent};
 use peerq::indexer::Standing;
 use peerq::producer::Producer;
-use peerq::{Consumer, Handler, HandlerError, TaskContext};
+use peerq::{Consumer, Handler, HandlerError, Indexing, TaskContext};
 use serde::{Deserialize, Serialize};
 
 #[derive(Parser)]
@@ -49,6 +54,9 @@ enum Command {
         /// The service name.
         #[arg(long)]
         name: String,
+        /// The indexer's mode; service-wide.
+        #[arg(long, value_enum, default_value_t = IndexingArg::Ranked)]
+        indexing: IndexingArg,
         /// The indexer's round interval.
         #[arg(long, default_value_t = 1000)]
         interval_ms: u64,
@@ -89,6 +97,24 @@ enum Command {
         #[arg(long)]
         print_enqueued: bool,
     },
+}
+
+/// `--indexing`: the indexer's mode, as named on the command line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum IndexingArg {
+    /// The rank of the instance's offset: stable while the membership is.
+    Ranked,
+    /// The seed's `INCR` per interval: indices can swap between instances.
+    Incr,
+}
+
+impl From<IndexingArg> for Indexing {
+    fn from(arg: IndexingArg) -> Self {
+        match arg {
+            IndexingArg::Ranked => Indexing::Ranked,
+            IndexingArg::Incr => Indexing::Incr,
+        }
+    }
 }
 
 /// One mail to send.
@@ -182,6 +208,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         Command::Consume {
             redis,
             name,
+            indexing,
             interval_ms,
             drain_ms,
             skew_ms,
@@ -190,6 +217,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             print_events,
         } => {
             let settings = Settings {
+                indexing: indexing.into(),
                 interval: Duration::from_millis(interval_ms),
                 drain: Duration::from_millis(drain_ms),
                 skew: Duration::from_millis(skew_ms),
@@ -209,8 +237,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
-/// A consumer's timing settings.
+/// A consumer's indexing and timing settings.
 struct Settings {
+    indexing: Indexing,
     interval: Duration,
     drain: Duration,
     skew: Duration,
@@ -228,6 +257,7 @@ async fn consume(
     let builder = Consumer::builder()
         .name(&name)
         .redis(redis)
+        .indexing(settings.indexing)
         .interval(settings.interval)
         .drain_timeout(settings.drain)
         .skew(settings.skew)

@@ -10,6 +10,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use deadpool_redis::redis;
 use support::{Proc, RedisServer, unique_name};
 
 fn example_binary() -> PathBuf {
@@ -213,4 +214,57 @@ fn one_sigterm_leaves_gracefully_and_a_second_leaves_at_once() {
     let took = exited(&mut hasty, Duration::from_secs(10)) - sent;
     println!("leave at once: {took:?}");
     assert!(took < Duration::from_millis(700), "left after {took:?}");
+}
+
+/// The service's indexing mode as recorded in its meta hash, once the first
+/// consumer has started.
+fn recorded_indexing(server: &RedisServer, name: &str) -> Option<String> {
+    let mut con = server.client().get_connection().unwrap();
+    redis::cmd("HGET")
+        .arg(format!("{{{name}}}:meta"))
+        .arg("indexing")
+        .query(&mut con)
+        .unwrap()
+}
+
+#[test]
+fn indexing_flag_picks_the_service_mode() {
+    let server = RedisServer::start();
+    let bin = example_binary();
+    let incr = unique_name("flag-incr");
+    let ranked = unique_name("flag-ranked");
+    let _incr = {
+        let child = Command::new(&bin)
+            .args(["consume", "--redis", &server.url(), "--name", &incr])
+            .args(["--indexing", "incr"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start a consumer");
+        Proc(child)
+    };
+    let _ranked = consumer(&bin, &server.url(), &ranked);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while recorded_indexing(&server, &incr).is_none()
+        || recorded_indexing(&server, &ranked).is_none()
+    {
+        assert!(Instant::now() < deadline, "no consumer recorded its mode");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(recorded_indexing(&server, &incr).as_deref(), Some("incr"));
+    assert_eq!(
+        recorded_indexing(&server, &ranked).as_deref(),
+        Some("ranked"),
+        "ranked is the default"
+    );
+
+    // Any other value is refused before the consumer starts.
+    let out = Command::new(&bin)
+        .args(["consume", "--redis", &server.url(), "--name", &ranked])
+        .args(["--indexing", "sorted"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("invalid value 'sorted'"), "{err}");
 }
