@@ -180,6 +180,52 @@ fn proxy_forwards_commands() {
     assert_eq!(get(&proxy.url(), "big").as_deref(), Some(big.as_str()));
 }
 
+/// Round trips of `n` PINGs on `con`, sorted.
+fn ping_times(con: &mut redis::Connection, n: usize) -> Vec<Duration> {
+    let mut times: Vec<Duration> = (0..n)
+        .map(|_| {
+            let started = Instant::now();
+            retry_interrupted(|| ping(con)).expect("PING");
+            started.elapsed()
+        })
+        .collect();
+    times.sort();
+    times
+}
+
+#[test]
+fn proxy_jitter_delays_each_chunk_up_to_its_bound_in_order() {
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.port());
+    let max = Duration::from_millis(30);
+    proxy.jitter(max);
+    let mut con = connect(&proxy.url(), Duration::from_secs(5)).expect("connect");
+    // A PING and its reply cross the proxy once each: 0 to 60 ms, 30 on
+    // average.
+    let times = ping_times(&mut con, 40);
+    let mean = times.iter().sum::<Duration>() / times.len() as u32;
+    let (min, max_seen) = (times[0], times[times.len() - 1]);
+    println!("with jitter up to {max:?}: min {min:?} mean {mean:?} max {max_seen:?}");
+    assert!(mean >= Duration::from_millis(10), "mean {mean:?}");
+    assert!(max_seen - min >= Duration::from_millis(10), "{times:?}");
+    // Generous for a loaded machine: two waits of at most 30 ms each.
+    assert!(max_seen < 2 * max + Duration::from_millis(250), "{times:?}");
+
+    // Pipelined requests stay in order on their connection.
+    let mut pipe = redis::pipe();
+    for _ in 0..200 {
+        pipe.incr("n", 1);
+    }
+    let replies: Vec<u64> = retry_interrupted(|| pipe.query(&mut con)).expect("INCRs");
+    assert_eq!(replies, (1..=200).collect::<Vec<u64>>());
+
+    proxy.jitter(Duration::ZERO);
+    let times = ping_times(&mut con, 40);
+    let median = times[times.len() / 2];
+    println!("without jitter: median {median:?}");
+    assert!(median < Duration::from_millis(5), "{times:?}");
+}
+
 #[test]
 fn proxy_cut_fails_fast_and_restore_allows_reconnect() {
     let server = RedisServer::start();

@@ -1,6 +1,7 @@
 //! Test harness shared by the integration tests: private `redis-server`
-//! processes on free ports ([`RedisServer`]), a TCP proxy that can cut or
-//! blackhole one client's link to Redis ([`Proxy`]), unique service names and
+//! processes on free ports ([`RedisServer`]), a TCP proxy that can cut,
+//! blackhole, hold or delay (jitter) its clients' links to Redis
+//! ([`Proxy`]), unique service names and
 //! tracing setup.
 //!
 //! Everything here but [`wait_until`] is synchronous and owns its threads

@@ -2,6 +2,10 @@
 //! from one instance (the one connected through the proxy) while the others
 //! keep it.
 //!
+//! It can also add network jitter ([`Proxy::jitter`]): each chunk it
+//! forwards waits a random time first, so requests of different clients can
+//! reach Redis in another order than they were sent.
+//!
 //! Plain std threads: one accepts, two per connection pump bytes. Every open
 //! connection is kept in a registry, with clones of both sockets, so `cut`
 //! and `Drop` can shut them down from outside; a shut-down socket wakes its
@@ -10,7 +14,7 @@
 use std::collections::HashMap;
 use std::io::{ErrorKind, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::thread::{self, JoinHandle};
 use std::time::Duration;
@@ -81,6 +85,8 @@ struct State {
 struct Shared {
     state: Mutex<State>,
     stop: AtomicBool,
+    /// The most a chunk waits before it is forwarded, in µs (0: no jitter).
+    jitter_us: AtomicU64,
     /// Pump threads, joined on drop.
     pumps: Mutex<Vec<JoinHandle<()>>>,
 }
@@ -137,6 +143,7 @@ impl Proxy {
                 next_id: 0,
             }),
             stop: AtomicBool::new(false),
+            jitter_us: AtomicU64::new(0),
             pumps: Mutex::new(Vec::new()),
         });
         let acceptor = {
@@ -191,6 +198,17 @@ impl Proxy {
     /// the client's FIN would not cross the partition either.
     pub fn hold(&self) {
         self.shared.state().mode = Mode::Hold;
+    }
+
+    /// Delays every chunk forwarded from now on, either way, by a random
+    /// time in `[0, max]`, drawn per chunk; `Duration::ZERO` turns it off.
+    /// A connection's bytes stay in order (a chunk waits behind the one
+    /// before it, and bytes that arrive meanwhile join the next chunk), but
+    /// requests on different connections can overtake each other: network
+    /// jitter. Independent of `cut`, `blackhole` and `hold`.
+    pub fn jitter(&self, max: Duration) {
+        let us = u64::try_from(max.as_micros()).unwrap_or(u64::MAX);
+        self.shared.jitter_us.store(us, Ordering::SeqCst);
     }
 
     /// Back to forwarding. Connections closed by `cut` stay closed, and
@@ -369,6 +387,7 @@ fn pump(id: u64, mut from: TcpStream, mut to: Option<TcpStream>, shared: &Shared
                 if !held.is_empty()
                     && let Some(to) = to.as_mut()
                 {
+                    jitter(shared);
                     if to.write_all(&held).is_err() {
                         break;
                     }
@@ -379,6 +398,14 @@ fn pump(id: u64, mut from: TcpStream, mut to: Option<TcpStream>, shared: &Shared
         }
     }
     close_after_hold(id, to.as_mut(), &held, shared);
+}
+
+/// Waits a random time up to the proxy's jitter, if it has one.
+fn jitter(shared: &Shared) {
+    let max = shared.jitter_us.load(Ordering::SeqCst);
+    if max > 0 {
+        thread::sleep(Duration::from_micros(rand::random_range(0..=max)));
+    }
 }
 
 /// `from` ended: closes the connection, but during a hold only once it is
