@@ -676,10 +676,15 @@ fn graceful_churn(indexing: &'static str) {
             .iter()
             .filter(|l| l.seq == *seq && l.what == What::Start)
             .collect();
-        assert!(
-            fleet.rerun_after_a_fence(runs, &starts),
-            "seq {seq} handled twice: {runs:?}; its starts: {starts:?}"
-        );
+        if !fleet.rerun_after_a_fence(runs, &starts) {
+            let first = &runs[0];
+            let notes = fleet.notes.lock().unwrap().clone();
+            let (from, to) = (first.at - 2_000_000, runs[runs.len() - 1].at + 1_000_000);
+            panic!(
+                "seq {seq} handled twice: {runs:?}; its starts: {starts:?}; what its first consumer printed then:\n{}",
+                restarts::around(&notes, first.consumer, first.partition, from, to)
+            );
+        }
         after_a_fence += 1;
     }
     assert_eq!(handled.len() as u64, count);
