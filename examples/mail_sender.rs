@@ -22,11 +22,6 @@
 //! membership is stable; `incr` is the seed's `INCR` per interval, whose
 //! indices can swap between instances and move partitions.
 //!
-//! `--indexing` picks the indexer's mode (service-wide: every instance of a
-//! name must use the same one): `ranked` (default) keeps indices while the
-//! membership is stable; `incr` is the seed's `INCR` per interval, whose
-//! indices can swap between instances and move partitions.
-//!
 //! The producer retries a batch that failed (Redis restarting, say) until it
 //! is enqueued; with `--print-enqueued` it prints `enqueued from=<seq> to=<seq>`
 //! (exclusive) once a batch's enqueue returned success.

@@ -351,11 +351,15 @@ impl TaskContext {
     /// even if its cancellation fires before the handler returns.
     ///
     /// A run whose cancellation (drain timeout, lapsed lease, fence) fired
-    /// before it returned runs again with `attempt + 1`, whatever it
-    /// returns: returning `Ok(())` from a cancelled run does not mean the
-    /// work was done. A handler whose effect completed anyway calls this
-    /// right after the effect and returns `Ok(())`; that run is then acked
-    /// (if Redis still accepts the partition's writes).
+    /// before it returned, or that returned while [`still_owned`] was
+    /// false, runs again with `attempt + 1`, whatever it returns:
+    /// returning `Ok(())` from a cancelled run does not mean the work was
+    /// done. A handler whose effect completed anyway calls this right after
+    /// the effect; that run is then acked (if Redis still accepts the
+    /// partition's writes), also when the handler is dropped after the
+    /// cancellation's grace of 20 ms.
+    ///
+    /// [`still_owned`]: TaskContext::still_owned
     pub fn finished(&self) {
         self.finished.store(true, Ordering::SeqCst);
     }

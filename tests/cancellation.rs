@@ -48,7 +48,12 @@ fn start(
                 .entry(task.payload.seq)
                 .or_default()
                 .push((label, cx.attempt()));
-            if cx.attempt() == 1 {
+            if cx.attempt() == 1 && task.payload.seq == 3 {
+                // Its effect is done; then it hangs past the cancellation's
+                // grace and is dropped.
+                cx.finished();
+                tokio::time::sleep(Duration::from_secs(30)).await;
+            } else if cx.attempt() == 1 {
                 // Runs until the drain timeout cancels it, then gives up
                 // with Ok(()), as a handler that ignores errors might.
                 cx.cancelled().await;
@@ -83,15 +88,15 @@ async fn a_cancelled_run_that_returns_ok_runs_again_unless_it_said_it_finished()
         .connect()
         .await
         .unwrap();
-    for (seq, says_finished) in [(1, false), (2, true)] {
+    for (seq, says_finished) in [(1, false), (2, true), (3, true)] {
         let job = Job { seq, says_finished };
         producer
             .enqueue_with(job, Options::new().key(format!("k{seq}")))
             .await
             .unwrap();
     }
-    wait_until(Duration::from_secs(15), "both tasks start on a", || {
-        runs.lock().unwrap().len() == 2
+    wait_until(Duration::from_secs(15), "the tasks start on a", || {
+        runs.lock().unwrap().len() == 3
     })
     .await;
     // b joins and a leaves: every partition moves to b, and a's running
@@ -116,6 +121,11 @@ async fn a_cancelled_run_that_returns_ok_runs_again_unless_it_said_it_finished()
         "returned Ok after its cancellation without saying it finished: runs again"
     );
     assert_eq!(runs[&2], vec![("a", 1)], "said it finished: runs once");
+    assert_eq!(
+        runs[&3],
+        vec![("a", 1)],
+        "said it finished, then was dropped after the grace: runs once"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -147,7 +157,7 @@ async fn a_task_draining_during_a_graceful_leave_still_owns_its_partition() {
         .partitions(P)
         .drain_timeout(Duration::from_millis(450))
         .service(service);
-    let mut standing = builder.standing();
+    let mut events = builder.partition_events();
     let stop = CancellationToken::new();
     let consumer = tokio::spawn(builder.run_until(stop.clone().cancelled_owned()));
     let producer = Producer::builder()
@@ -165,13 +175,20 @@ async fn a_task_draining_during_a_graceful_leave_still_owns_its_partition() {
     // Started: the handler waits for `left`.
     tokio::time::sleep(Duration::from_secs(3)).await;
     stop.cancel();
-    tokio::time::timeout(
-        Duration::from_secs(10),
-        standing.wait_for(|s| matches!(s, peerq::indexer::Standing::Left { .. })),
-    )
+    // Its partitions are released once it has left, and then its lease is
+    // revoked: the task's partition drains (450 ms) with no lease.
+    tokio::time::timeout(Duration::from_secs(10), async {
+        let mut stopped = 0;
+        while stopped < P {
+            let event = events.recv().await.unwrap();
+            if event.change == peerq::consumer::PartitionChange::Stopped {
+                stopped += 1;
+            }
+        }
+    })
     .await
-    .expect("the instance leaves")
-    .unwrap();
+    .expect("the instance leaves and releases its partitions");
+    tokio::time::sleep(Duration::from_millis(50)).await;
     left.notify_one();
     consumer.await.unwrap().unwrap();
     let checks = checks.lock().unwrap().clone();

@@ -155,7 +155,9 @@ async fn an_ordered_retry_keeps_counting_across_graceful_handovers_until_the_dea
     let server = RedisServer::start();
     let name = unique_name("ordered-attempts");
     let runs: Runs = Arc::default();
-    const MAX: u32 = 8;
+    // Enough attempts (0.7 s apart) that the partition moves mid-retry
+    // even when a's leave takes two intervals.
+    const MAX: u32 = 12;
     let start = |label| {
         ordered(
             server.url().as_str(),
@@ -297,8 +299,32 @@ async fn an_ordered_partition_reads_nothing_new_before_its_first_claim_went_thro
     let consumer = ordered(&url, &name, "a", &runs, Behaviour::Succeed, |b| {
         b.claim_idle(Duration::from_secs(3))
     });
-    // Its first assignment comes within two intervals; its claims fail.
-    tokio::time::sleep(Duration::from_millis(4000)).await;
+    // It acquires the partition (records itself as owner) within two
+    // intervals; its claims fail, so it must read nothing new.
+    let owner = format!("{{{name}/{p}}}:owner");
+    for _ in 0..100 {
+        let recorded: Option<String> = redis::cmd("GET")
+            .arg(&owner)
+            .query_async(&mut *conn)
+            .await
+            .unwrap();
+        if recorded.is_some() {
+            break;
+        }
+        tokio::time::sleep(100 * MS).await;
+    }
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let refusals: Vec<redis::Value> = redis::cmd("ACL")
+        .arg("LOG")
+        .query_async(&mut *conn)
+        .await
+        .unwrap();
+    assert!(!refusals.is_empty(), "its claims were refused");
+    assert!(
+        runs.lock().unwrap().is_empty(),
+        "nothing ran while the first claim failed: {:?}",
+        runs.lock().unwrap()
+    );
     grant(&server, "xautoclaim").await;
     wait_until(Duration::from_secs(15), "the four tasks", || {
         runs.lock().unwrap().len() >= 4

@@ -411,7 +411,8 @@ impl Fleet {
     }
 
     /// Whether a task handled twice is explained by its first consumer
-    /// fencing itself (a lapsed lease or a failed round: the process was
+    /// fencing itself (a lapsed lease, a failed round, a skipped epoch, an
+    /// assignment after its lease; not a leave at once: the process was
     /// starved like a frozen one, docs/design.md §5.3) after the first run
     /// and before the second started, so the first run's ack may not have
     /// landed; the second run's attempt must say so.
@@ -429,7 +430,8 @@ impl Fleet {
             n.consumer == first.consumer
                 && n.at >= first.at
                 && n.at <= rerun
-                && (n.text.contains("fencing every partition")
+                && ((n.text.contains("fencing every partition")
+                    && !n.text.contains("leaving at once"))
                     || n.text.contains("assignment arrived after its lease"))
         });
         fenced && last.attempt > first.attempt

@@ -117,12 +117,14 @@ impl<T: Payload, S: TaskService<T>, C: Codec> Handover<T, S, C> {
                 info!(service = %self.shared.name, epoch, "left the service; releasing every partition");
                 // Nothing is fetched any more; the drains have their own
                 // bounds (rule 1), so the lease's end must not fence them
-                // (and drop the moot waits' marks).
-                self.lease.revoke();
-                self.leased = false;
+                // (and drop the moot waits' marks). Revoked once the
+                // releases have set those bounds: a running task's
+                // `still_owned` never sees neither.
                 let now = self.lease.now();
                 let effects = self.machine.leave(*epoch, now);
                 self.apply(effects);
+                self.lease.revoke();
+                self.leased = false;
             }
             Standing::Joining => {}
         }

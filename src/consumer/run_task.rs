@@ -146,10 +146,10 @@ impl<T: Payload, S: TaskService<T>, C: Codec> RunTask<T, S, C> {
 
     /// Ordered: records in Redis that `attempt` of the entry starts now, so
     /// the partition's next owner continues the count. False when the task
-    /// must not run: the partition has a newer owner, or the entry is not
-    /// pending any more. If Redis does not answer, the task runs anyway:
-    /// this instance knows the attempt, and only a handover before the next
-    /// record could count it lower.
+    /// must not run now: the partition has a newer owner, the entry is not
+    /// pending any more, or Redis did not answer (the entry stays pending
+    /// and is read again, which counts one more, rather than run with an
+    /// attempt Redis does not know).
     async fn record_attempt(&self, id: &str, attempt: u32) -> bool {
         let fence = &self.ownership.fence;
         let consumer = self.shared.id.as_str();
@@ -164,7 +164,7 @@ impl<T: Payload, S: TaskService<T>, C: Codec> RunTask<T, S, C> {
             }
             Err(e) => {
                 warn!(partition = self.partition, attempt, cause = %e, "cannot record the attempt");
-                true
+                false
             }
         }
     }
@@ -317,6 +317,10 @@ impl<T: Payload, S: TaskService<T>, C: Codec> RunTask<T, S, C> {
     /// it at the drain timeout.
     async fn call(&self, entry: &Entry, payload: T, span: Span) -> Outcome {
         let finished = Arc::new(AtomicBool::new(false));
+        let standing = Arc::new(TaskStanding {
+            lease: self.lease.clone(),
+            ownership: self.ownership.clone(),
+        });
         let cx = TaskContext {
             task_id: entry.id.clone(),
             attempt: entry.attempt,
@@ -325,10 +329,7 @@ impl<T: Payload, S: TaskService<T>, C: Codec> RunTask<T, S, C> {
             assignment: self.assignment,
             fencing_token: self.ownership.fence.token(),
             cancel: self.cancel.clone(),
-            standing: Some(Arc::new(TaskStanding {
-                lease: self.lease.clone(),
-                ownership: self.ownership.clone(),
-            })),
+            standing: Some(standing.clone()),
             finished: finished.clone(),
         };
         let mut service = self.shared.service.clone();
@@ -351,11 +352,17 @@ impl<T: Payload, S: TaskService<T>, C: Codec> RunTask<T, S, C> {
                 // a moment to return, then abort it.
                 match tokio::time::timeout(CANCEL_GRACE, &mut handler).await {
                     Ok(result) => result,
+                    // Dropped: done only if it said so before.
+                    Err(_) if finished.load(Ordering::SeqCst) => return Outcome::Succeeded,
                     Err(_) => return Outcome::Cancelled,
                 }
             }
         };
-        if !self.cancel.is_cancelled() {
+        // The instance may no longer act on the partition although the
+        // cancellation has not fired yet (a lease that lapsed before the
+        // driver woke, a drain deadline before its timer): a handler that
+        // saw `still_owned()` false and gave up did not fail.
+        if !self.cancel.is_cancelled() && standing.holds() {
             return outcome(result);
         }
         // Its cancellation fired before it returned: it runs again with
