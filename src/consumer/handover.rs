@@ -18,7 +18,8 @@ use tokio::time::Instant;
 use tracing::{debug, error, info, warn};
 
 use super::lease::Lease;
-use super::worker::{Ownership, Report, Worker};
+use super::ownership::{Ownership, Report};
+use super::worker::Worker;
 use super::{PartitionChange, PartitionEvent, Payload, Shared, TaskService};
 use crate::assignment::Assignment;
 use crate::codec::Codec;

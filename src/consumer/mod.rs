@@ -6,7 +6,7 @@
 //! handler service, and the acker acks what succeeded, in batches.
 //!
 //! When the assignment changes, each partition moves by drain-then-switch
-//! (docs/design.md §4, driven by [`handover`]): the old owner stops fetching,
+//! (docs/design.md §4, driven by the `handover` module): the old owner stops fetching,
 //! lets running tasks finish until the drain timeout (then cancels them),
 //! and marks the partition released; the new owner waits for that mark or
 //! the handover deadline, records itself as owner with its fencing token,
@@ -15,9 +15,12 @@
 mod acker;
 mod builder;
 mod event;
+mod fetcher;
 mod handover;
 mod held;
+mod housekeeping;
 mod lease;
+mod ownership;
 mod run_task;
 mod runtime;
 mod scheduler;
@@ -137,7 +140,7 @@ pub(crate) struct Shared<T, S, C> {
     pub(crate) permits: Arc<Semaphore>,
     pub(crate) acks: mpsc::UnboundedSender<acker::Ack>,
     /// Where workers tell the runtime they were fenced.
-    pub(crate) reports: mpsc::UnboundedSender<worker::Report>,
+    pub(crate) reports: mpsc::UnboundedSender<ownership::Report>,
     pub(crate) settings: ConsumerSettings,
     pub(crate) task: PhantomData<fn() -> T>,
 }

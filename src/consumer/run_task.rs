@@ -19,7 +19,7 @@ use tracing::{Instrument, Span, error, info_span, warn};
 use super::acker::{Ack, Acked};
 use super::held::Held;
 use super::lease::Lease;
-use super::worker::Ownership;
+use super::ownership::Ownership;
 use super::{Payload, Shared, TaskService};
 use crate::assignment::Assignment;
 use crate::codec::Codec;

@@ -1,0 +1,136 @@
+//! A worker's housekeeping, apart from its fetch loop: keep the entries it
+//! runs fresh, move due delayed entries into the stream, trim what was
+//! acknowledged.
+
+use std::sync::{Arc, LazyLock};
+use std::time::Duration;
+
+use deadpool_redis::redis;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, warn};
+
+use super::Shared;
+use super::held::Held;
+use super::ownership::Ownership;
+use crate::keys;
+
+/// How often the owner trims acknowledged entries from its partitions.
+const TRIM_EVERY: Duration = Duration::from_secs(1);
+/// How often the owner looks for due delayed entries at the least.
+const PROMOTE_EVERY: Duration = Duration::from_secs(1);
+/// Most delayed entries moved in one script call.
+const PROMOTE_BATCH: usize = 500;
+/// Most entry ids kept fresh in one script call (Lua's `unpack` has a limit
+/// of about 8,000 values).
+const KEEP_CHUNK: usize = 1000;
+
+static TRIM: LazyLock<redis::Script> =
+    LazyLock::new(|| redis::Script::new(include_str!("../scripts/trim.lua")));
+
+/// The worker's housekeeping, apart from the fetch loop (which may wait for
+/// room or block in a read for long), once the partition is acquired:
+///
+/// - resets the idle time of every entry this instance holds in the
+///   partition, so that claiming never takes one that is still here; until
+///   the worker's last task is done, drain included;
+/// - trims the partition's acknowledged entries while it owns it, also when
+///   the instance is too busy to read.
+pub(super) async fn housekeeping<T, S, C>(
+    shared: Arc<Shared<T, S, C>>,
+    ownership: Arc<Ownership>,
+    held: Held,
+    acquired: CancellationToken,
+    done: CancellationToken,
+) {
+    tokio::select! {
+        _ = done.cancelled() => return,
+        _ = acquired.cancelled() => {}
+    }
+    let stop = &ownership.stop;
+    let keep_every = shared.settings.claim_idle / 3;
+    let mut next_keep = Instant::now() + keep_every;
+    let mut next_trim = Instant::now() + TRIM_EVERY;
+    // At once: retries the previous owner delayed may be due.
+    let mut next_promote = Instant::now();
+    loop {
+        let next = if stop.is_cancelled() {
+            next_keep
+        } else {
+            next_keep.min(next_trim).min(next_promote)
+        };
+        tokio::select! {
+            _ = done.cancelled() => return,
+            _ = tokio::time::sleep_until(next) => {}
+            _ = ownership.delayed.notified() => next_promote = Instant::now(),
+        }
+        let now = Instant::now();
+        if now >= next_keep {
+            keep_fresh(&shared, &ownership, &held).await;
+            next_keep = now + keep_every;
+        }
+        if stop.is_cancelled() {
+            continue;
+        }
+        if now >= next_trim {
+            trim(&shared, ownership.fence.stream()).await;
+            next_trim = now + TRIM_EVERY;
+        }
+        if now >= next_promote {
+            next_promote = promote(&shared, &ownership).await;
+        }
+    }
+}
+
+/// Moves the partition's due delayed entries into its stream; returns when
+/// to look again.
+async fn promote<T, S, C>(shared: &Shared<T, S, C>, ownership: &Ownership) -> Instant {
+    let now = Instant::now();
+    match ownership.fence.promote(&shared.conn, PROMOTE_BATCH).await {
+        // More were due than one call moves.
+        Ok((moved, _)) if moved as usize >= PROMOTE_BATCH => now,
+        Ok((moved, next)) => {
+            if moved > 0 {
+                debug!(
+                    partition = ownership.fence.partition(),
+                    moved, "delayed entries due"
+                );
+            }
+            // Entries may be delayed by others too (the previous owner):
+            // look at least every PROMOTE_EVERY.
+            now + next.unwrap_or(PROMOTE_EVERY).min(PROMOTE_EVERY)
+        }
+        Err(e) => {
+            warn!(partition = ownership.fence.partition(), cause = %e, "cannot move due delayed entries");
+            now + PROMOTE_EVERY
+        }
+    }
+}
+
+async fn keep_fresh<T, S, C>(shared: &Shared<T, S, C>, ownership: &Ownership, held: &Held) {
+    let ids = held.ids();
+    for chunk in ids.chunks(KEEP_CHUNK) {
+        let kept = ownership
+            .fence
+            .keep(&shared.conn, shared.id.as_str(), chunk);
+        match kept.await {
+            Ok(true) => {}
+            Ok(false) => return ownership.fenced("keeping held entries fresh"),
+            Err(e) => {
+                let partition = ownership.fence.partition();
+                return warn!(partition, cause = %e, "could not keep held entries fresh");
+            }
+        }
+    }
+}
+
+/// Trims the partition's acknowledged entries.
+async fn trim<T, S, C>(shared: &Shared<T, S, C>, stream: &str) {
+    let mut trim = TRIM.key(stream);
+    trim.arg(keys::GROUP);
+    match shared.conn.invoke::<u64>(&trim).await {
+        Ok(0) => {}
+        Ok(n) => debug!(stream, trimmed = n, "trimmed acknowledged entries"),
+        Err(e) => warn!(stream, cause = %e, "trim failed"),
+    }
+}
