@@ -75,19 +75,24 @@ fn start(
     (stop, task)
 }
 
+/// A producer for the service `name` on `url`, with the tests' partitions.
+async fn producer(url: &str, name: &str) -> Producer {
+    Producer::builder()
+        .name(name)
+        .redis(url)
+        .partitions(P)
+        .connect()
+        .await
+        .unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cancelled_run_that_returns_ok_runs_again_unless_it_said_it_finished() {
     let server = RedisServer::start();
     let name = unique_name("cancelled-ok");
     let runs: Runs = Arc::default();
     let (stop_a, a) = start(&server.url(), &name, "a", &runs);
-    let producer = Producer::builder()
-        .name(&name)
-        .redis(server.url())
-        .partitions(P)
-        .connect()
-        .await
-        .unwrap();
+    let producer = producer(&server.url(), &name).await;
     for (seq, says_finished) in [(1, false), (2, true), (3, true)] {
         let job = Job { seq, says_finished };
         producer
@@ -160,13 +165,7 @@ async fn a_task_draining_during_a_graceful_leave_still_owns_its_partition() {
     let mut events = builder.partition_events();
     let stop = CancellationToken::new();
     let consumer = tokio::spawn(builder.run_until(stop.clone().cancelled_owned()));
-    let producer = Producer::builder()
-        .name(&name)
-        .redis(server.url())
-        .partitions(P)
-        .connect()
-        .await
-        .unwrap();
+    let producer = producer(&server.url(), &name).await;
     let job = Job {
         seq: 1,
         says_finished: false,

@@ -143,6 +143,17 @@ async fn pending_under(server: &RedisServer, name: &str) -> BTreeMap<String, usi
     by_consumer
 }
 
+/// A producer for the service `name` on `url`, with the tests' partitions.
+async fn producer(url: &str, name: &str) -> Producer {
+    Producer::builder()
+        .name(name)
+        .redis(url)
+        .partitions(P)
+        .connect()
+        .await
+        .unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_frozen_owners_open_read_takes_nothing_enqueued_after_the_takeover() {
     let server = RedisServer::start();
@@ -153,13 +164,7 @@ async fn a_frozen_owners_open_read_takes_nothing_enqueued_after_the_takeover() {
         .block(Duration::from_secs(20))
         .service(service("a", &runs));
     let a = Frozen::start(move |stop| a.run_until(stop.cancelled_owned()));
-    let producer = Producer::builder()
-        .name(&name)
-        .redis(server.url())
-        .partitions(P)
-        .connect()
-        .await
-        .unwrap();
+    let producer = producer(&server.url(), &name).await;
     producer.enqueue(&Job { seq: 0 }).await.unwrap();
     wait_until(Duration::from_secs(15), "a runs the first task", || {
         runs.lock().unwrap().contains_key(&0)
@@ -252,13 +257,7 @@ async fn a_task_that_resumes_from_a_freeze_past_its_lease_is_no_longer_owned() {
     });
     let a = builder(&server.url(), &name).service(handler);
     let a = Frozen::start(move |stop| a.run_until(stop.cancelled_owned()));
-    let producer = Producer::builder()
-        .name(&name)
-        .redis(server.url())
-        .partitions(P)
-        .connect()
-        .await
-        .unwrap();
+    let producer = producer(&server.url(), &name).await;
     producer.enqueue(&Job { seq: 0 }).await.unwrap();
     tokio::time::timeout(Duration::from_secs(15), started.notified())
         .await
