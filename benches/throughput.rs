@@ -3,7 +3,8 @@
 //!
 //! Run with `cargo bench --bench throughput` (release build). It prints a
 //! markdown table (copied into BENCHMARKS.md). `PEERQ_BENCH_TASKS` sets the
-//! number of tasks (default 200,000).
+//! number of tasks (default 200,000). The latency run and the second consume
+//! run have a metrics recorder installed; everything before has none.
 
 #[path = "../tests/support/mod.rs"]
 mod support;
@@ -66,6 +67,14 @@ async fn main() {
     let producer = Producer::connect(&server.url(), &name).await.unwrap();
     let peerq_enqueue = peerq_enqueue(&producer, tasks).await;
     let peerq_consume = peerq_consume(&server, &name, tasks).await;
+    // The cost of metrics: the same again with a recorder installed (the
+    // instance registers its handles at start, so only the second sees it).
+    let metered = unique_name("bench-metered");
+    let metered_producer = Producer::connect(&server.url(), &metered).await.unwrap();
+    // (By path: the locals above shadow the functions' names.)
+    crate::peerq_enqueue(&metered_producer, tasks).await;
+    support::recorder::install();
+    let metered_consume = crate::peerq_consume(&server, &metered, tasks).await;
     let (p50, p99, rate) = latency(&server).await;
 
     println!();
@@ -82,6 +91,12 @@ async fn main() {
         raw_consume,
         peerq_consume,
         peerq_consume / raw_consume
+    );
+    println!(
+        "| consume with a metrics recorder installed (vs. none, same run) | {:.0} tasks/s | {:.0} tasks/s | {:.2} |",
+        peerq_consume,
+        metered_consume,
+        metered_consume / peerq_consume
     );
     println!(
         "| latency enqueue → handler start at {rate:.0} tasks/s | | p50 {:.2} ms, p99 {:.2} ms | |",

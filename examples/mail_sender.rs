@@ -2,7 +2,7 @@
 //! name and a `produce`, and watch them split the work.
 //!
 //! ```text
-//! mail_sender consume --redis URL --name NAME [--indexing ranked|incr] [--interval-ms N] [--drain-ms N] [--skew-ms N] [--work-ms N] [--print-tasks] [--print-events]
+//! mail_sender consume --redis URL --name NAME [--indexing ranked|incr] [--interval-ms N] [--drain-ms N] [--skew-ms N] [--work-ms N] [--print-tasks] [--print-events] [--http ADDR]
 //! mail_sender produce --redis URL --name NAME --count N [--batch N] [--rate N] [--print-enqueued]
 //! ```
 //!
@@ -22,11 +22,16 @@
 //! membership is stable; `incr` is the seed's `INCR` per interval, whose
 //! indices can swap between instances and move partitions.
 //!
+//! `--http ADDR` (built with the `http` feature, as `cargo run --features
+//! http --example mail_sender`) serves `GET /metrics`, `GET /health/live`
+//! and `GET /health/ready` at `ADDR`, such as `127.0.0.1:9090`.
+//!
 //! The producer retries a batch that failed (Redis restarting, say) until it
 //! is enqueued; with `--print-enqueued` it prints `enqueued from=<seq> to=<seq>`
 //! (exclusive) once a batch's enqueue returned success.
 
 use std::io::Write;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -76,6 +81,10 @@ enum Command {
         /// Print the partitions' changes and the instance's standing.
         #[arg(long)]
         print_events: bool,
+        /// Serve metrics and health checks over HTTP at this address (needs
+        /// the `http` feature).
+        #[arg(long, value_name = "ADDR")]
+        http: Option<SocketAddr>,
     },
     /// Enqueue `count` mails with sequence numbers 0..count.
     Produce {
@@ -216,6 +225,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             work_ms,
             print_tasks,
             print_events,
+            http,
         } => {
             let settings = Settings {
                 indexing: indexing.into(),
@@ -223,6 +233,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 drain: Duration::from_millis(drain_ms),
                 skew: Duration::from_millis(skew_ms),
                 work: Duration::from_millis(work_ms),
+                http,
             };
             consume(redis, name, settings, print_tasks, print_events).await?
         }
@@ -238,13 +249,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
-/// A consumer's indexing and timing settings.
+/// A consumer's indexing and timing settings, and where it serves HTTP.
 struct Settings {
     indexing: Indexing,
     interval: Duration,
     drain: Duration,
     skew: Duration,
     work: Duration,
+    http: Option<SocketAddr>,
 }
 
 async fn consume(
@@ -267,6 +279,20 @@ async fn consume(
             print: print_tasks,
             handled: handled.clone(),
         });
+    let builder = match settings.http {
+        #[cfg(feature = "http")]
+        Some(addr) => builder.http(addr),
+        #[cfg(not(feature = "http"))]
+        Some(_) => {
+            return Err(peerq::Error::InvalidSetting {
+                setting: "http",
+                message: "this example was built without the `http` feature; run it with \
+                          `cargo run --features http --example mail_sender`"
+                    .into(),
+            });
+        }
+        None => builder,
+    };
     if print_events {
         tokio::spawn(events(builder.partition_events(), builder.standing()));
     } else if !print_tasks {

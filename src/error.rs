@@ -188,6 +188,15 @@ impl fmt::Display for SettingsMismatch {
     }
 }
 
+/// What a caught panic said: its `&str` or `String` payload, else nothing.
+pub(crate) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_default()
+}
+
 #[cfg(test)]
 mod tests {
     use std::io;

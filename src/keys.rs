@@ -26,6 +26,29 @@ pub(crate) fn transition(name: &ServiceName) -> String {
     format!("{{{name}}}:transition")
 }
 
+/// The hash of the service's running instances: instance id -> its JSON
+/// record, written each round (docs/design.md §7).
+pub(crate) fn members(name: &ServiceName) -> String {
+    format!("{{{name}}}:members")
+}
+
+/// The hash of task counts of one Unix minute: `ok`, `failed`, `dead`,
+/// `retried`.
+pub(crate) fn stats(name: &ServiceName, minute: u64) -> String {
+    format!("{{{name}}}:stats:{minute}")
+}
+
+/// The hash of each instance's last applied stats flush (instance id ->
+/// sequence number), so a flush sent again is not counted twice.
+pub(crate) fn stats_flushed(name: &ServiceName) -> String {
+    format!("{{{name}}}:stats:flushed")
+}
+
+/// The hash of periodic jobs: job name -> its JSON schedule.
+pub(crate) fn periodic(name: &ServiceName) -> String {
+    format!("{{{name}}}:periodic")
+}
+
 /// The consumer group of every partition stream.
 pub(crate) const GROUP: &str = "peerq";
 

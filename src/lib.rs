@@ -66,7 +66,7 @@
 //!
 //! | module | owns |
 //! |---|---|
-//! | [`config`] | validated settings: service name, interval, skew, lease margin, indexing mode |
+//! | [`config`] | validated settings of the service and its indexer: name, interval, skew, lease margin, indexing mode (the consumer's own: `consumer`'s `settings`) |
 //! | [`error`] | the crate's [`Error`] and [`Result`] |
 //! | `keys` | every Redis key name (`{N}:<round>`, `{N}:meta`, …), in one place |
 //! | `meta` | service-wide settings recorded in `{N}:meta`, checked at start |
@@ -79,13 +79,14 @@
 //! | [`codec`] | payload encodings: bincode (default) and JSON |
 //! | [`producer`] | enqueues typed tasks: one, a batch, with a key or an idempotency key |
 //! | [`dead_letters`] | lists, replays and purges the dead letters across partitions |
-//! | [`periodic`] | periodic jobs (interval or cron), triggered once per due time by a claim |
-//! | [`retry`] | the backoff between a failed task's attempts |
+//! | [`periodic`] | periodic jobs (interval or cron), triggered once per due time by a claim; their schedules in `{N}:periodic` |
+//! | `presence` | what an instance tells operators each round: its `{N}:members` record and per-minute counts |
+//! | [`retry`] | the backoff between a failed task's attempts, and the pauses of the internal retry loops |
 //! | [`handler`] | the `Handler` trait, `TaskContext`, the tower adapter |
-//! | [`consumer`] | the builder and the runtime: the handover driver, leases, workers per partition, fenced acks, retries, dead letters, trimming |
+//! | [`consumer`] | the builder (which erases the handler's types) and the runtime: the handover driver, leases, and per partition fetch → run → settle with fenced writes through one partition store (its own Layout table) |
 //! | `connection` | one multiplexed connection per part, kept out of the pool |
+//! | `timing` | epoch arithmetic: where an epoch begins, and the handover rules' deadlines, drain ends and leases |
 //! | `transition` | drain-then-switch: the per-partition state machine of docs/design.md §4, free of I/O |
-//! | `fencing` | the fenced writes: release marks, owner records, acks, moves, claims |
 //! | [`metrics`] | metric names and descriptions |
 //! | `scripts/` | Lua scripts, one per atomic step |
 
@@ -97,7 +98,6 @@ mod connection;
 pub mod consumer;
 pub mod dead_letters;
 pub mod error;
-mod fencing;
 pub mod handler;
 pub mod indexer;
 pub mod instance;
@@ -106,9 +106,11 @@ mod meta;
 pub mod metrics;
 pub mod partition;
 pub mod periodic;
+mod presence;
 pub mod producer;
 pub mod retry;
 pub mod task;
+mod timing;
 mod transition;
 
 /// The integration tests' harness (real redis-server processes), for unit

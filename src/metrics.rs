@@ -18,6 +18,40 @@ pub const PARTITION_CHANGES_TOTAL: &str = "peerq_partition_changes_total";
 /// Gauge: the partitions this instance fetches.
 pub const OWNED_PARTITIONS: &str = "peerq_owned_partitions";
 
+/// Counter of task runs and what became of them, labelled `service` and
+/// `outcome`: handler runs by how they ended (`ok`, `failed`: an error or
+/// a panic, `cancelled`: at a drain timeout, a lapsed lease or a fence; it
+/// runs again), and failed or unreadable tasks by where they went
+/// (`retried`: enqueued for another attempt, `dead`: moved to the dead
+/// letters).
+pub const TASKS_TOTAL: &str = "peerq_tasks_total";
+/// Histogram of handler run times, in seconds, labelled `service`.
+pub const TASK_DURATION_SECONDS: &str = "peerq_task_duration_seconds";
+/// Histogram of the time from a task's enqueue (`enqueued_at`) to the
+/// start of its handler run, in seconds, labelled `service`. For a retry
+/// it includes the earlier attempts and the backoff.
+pub const TASK_WAIT_SECONDS: &str = "peerq_task_wait_seconds";
+/// Gauge: handler runs in progress on this instance, labelled `service`.
+pub const TASKS_IN_FLIGHT: &str = "peerq_tasks_in_flight";
+/// Gauge: entries of the partitions this instance owns that are not yet
+/// delivered or not yet acknowledged, labelled `service`.
+pub const BACKLOG_ENTRIES: &str = "peerq_backlog_entries";
+/// Gauge: dead letters of the partitions this instance owns, labelled
+/// `service`.
+pub const DEAD_LETTERS: &str = "peerq_dead_letters";
+/// Gauge: delayed tasks (retries waiting for their backoff) of the
+/// partitions this instance owns, labelled `service`.
+pub const DELAYED_TASKS: &str = "peerq_delayed_tasks";
+/// Histogram of handover pauses, in seconds, labelled `service`: from the
+/// moment the previous owner's release mark was written to the new owner's
+/// start of the partition; for an acquire that waited for its deadline
+/// (no mark came), from the start of the acquire's epoch.
+pub const HANDOVER_PAUSE_SECONDS: &str = "peerq_handover_pause_seconds";
+/// Counter of tasks a producer enqueued, labelled `service`.
+pub const ENQUEUED_TOTAL: &str = "peerq_enqueued_total";
+/// Counter of a producer's failed enqueue calls, labelled `service`.
+pub const ENQUEUE_ERRORS_TOTAL: &str = "peerq_enqueue_errors_total";
+
 /// Registers the descriptions of every metric with the installed recorder.
 pub fn describe() {
     metrics::describe_counter!(ROUNDS_TOTAL, "indexer rounds by outcome");
@@ -36,4 +70,38 @@ pub fn describe() {
         "partitions started, stopped and drained by this instance"
     );
     metrics::describe_gauge!(OWNED_PARTITIONS, "partitions this instance fetches");
+    metrics::describe_counter!(
+        TASKS_TOTAL,
+        "task runs by outcome: ok, failed, cancelled; and retried or dead"
+    );
+    metrics::describe_histogram!(
+        TASK_DURATION_SECONDS,
+        metrics::Unit::Seconds,
+        "handler run time"
+    );
+    metrics::describe_histogram!(
+        TASK_WAIT_SECONDS,
+        metrics::Unit::Seconds,
+        "time from enqueue to the handler's start"
+    );
+    metrics::describe_gauge!(TASKS_IN_FLIGHT, "handler runs in progress");
+    metrics::describe_gauge!(
+        BACKLOG_ENTRIES,
+        "entries not yet delivered or acknowledged, in the partitions this instance owns"
+    );
+    metrics::describe_gauge!(
+        DEAD_LETTERS,
+        "dead letters of the partitions this instance owns"
+    );
+    metrics::describe_gauge!(
+        DELAYED_TASKS,
+        "delayed retries of the partitions this instance owns"
+    );
+    metrics::describe_histogram!(
+        HANDOVER_PAUSE_SECONDS,
+        metrics::Unit::Seconds,
+        "from a partition's release mark (or its epoch's start) to the new owner's start"
+    );
+    metrics::describe_counter!(ENQUEUED_TOTAL, "tasks enqueued by producers");
+    metrics::describe_counter!(ENQUEUE_ERRORS_TOTAL, "failed enqueue calls");
 }

@@ -218,6 +218,29 @@ impl Registered {
         Ok(triggered == 1)
     }
 
+    /// The job's `{N}:periodic` record (docs/design.md §7): its schedule
+    /// (`every_ms` or `cron`), what it does with missed due times, and the
+    /// partition its tasks go to, as JSON.
+    pub(crate) fn record(&self, partitions: u32) -> String {
+        let mut record = serde_json::Map::new();
+        match &self.job.when {
+            When::Every(every) => {
+                record.insert("every_ms".into(), (every.as_millis() as u64).into());
+            }
+            When::Cron(_, expression) => {
+                record.insert("cron".into(), expression.clone().into());
+            }
+        }
+        let missed = match self.job.missed {
+            Missed::Skip => "skip",
+            Missed::RunOnce => "run_once",
+        };
+        record.insert("missed".into(), missed.into());
+        let p = partition_of(self.job.name.as_bytes(), partitions);
+        record.insert("partition".into(), p.into());
+        serde_json::Value::Object(record).to_string()
+    }
+
     /// The due time to catch up on at start, if the job runs missed ones.
     pub(crate) fn missed_due(&self, now: SystemTime) -> Option<SystemTime> {
         match self.job.missed {
@@ -225,6 +248,27 @@ impl Registered {
             Missed::RunOnce => self.job.last_at_or_before(now),
         }
     }
+}
+
+/// Records `jobs`' schedules in `{N}:periodic`, in one `HSET` (idempotent:
+/// every instance that registers them writes the same records), so tools
+/// can show each job's schedule, last trigger and next due time.
+pub(crate) async fn record_schedules(
+    conn: &SharedConnection,
+    name: &ServiceName,
+    partitions: u32,
+    jobs: &[Registered],
+) -> Result<()> {
+    if jobs.is_empty() {
+        return Ok(());
+    }
+    let mut hset = redis::cmd("HSET");
+    hset.arg(keys::periodic(name));
+    for registered in jobs {
+        hset.arg(registered.job.name())
+            .arg(registered.record(partitions));
+    }
+    conn.query::<()>(&hset).await
 }
 
 #[cfg(test)]

@@ -17,6 +17,7 @@ use crate::codec::{Bincode, Codec};
 use crate::config::{self, ServiceName};
 use crate::connection::SharedConnection;
 use crate::error::{Error, Result};
+use crate::metrics as m;
 use crate::partition::{DEFAULT_PARTITIONS, partition_of};
 use crate::task::{Entry, TaskId};
 use crate::{keys, meta};
@@ -123,6 +124,9 @@ pub struct Producer<C: Codec = Bincode> {
     codec: C,
     max_payload: usize,
     idempotency_ttl: Duration,
+    /// Tasks enqueued, and failed calls.
+    enqueued: metrics::Counter,
+    errors: metrics::Counter,
 }
 
 impl<C: Codec> fmt::Debug for Producer<C> {
@@ -166,6 +170,20 @@ impl<C: Codec> Producer<C> {
     /// Enqueues one task with options; returns its id (with an
     /// idempotency key already used, the earlier task's id).
     pub async fn enqueue_with<T: Serialize>(&self, task: T, options: Options) -> Result<TaskId> {
+        let sent = self.send(task, options).await;
+        match &sent {
+            // A repeat of an idempotency key returns the earlier task's id
+            // and enqueues nothing.
+            Ok((_, true)) => self.enqueued.increment(1),
+            Ok(_) => {}
+            Err(_) => self.errors.increment(1),
+        }
+        sent.map(|(id, _)| id)
+    }
+
+    /// Enqueues one task; its id, and whether it is new (not a repeat of an
+    /// idempotency key).
+    async fn send<T: Serialize>(&self, task: T, options: Options) -> Result<(TaskId, bool)> {
         // Without a partition key, the idempotency key places the task, so
         // a repeat lands in the partition that holds the key's record.
         let key = options
@@ -206,12 +224,13 @@ impl<C: Codec> Producer<C> {
                 script.arg(k).arg(v);
             }
             let enqueued: String = self.conn.invoke(&script).await?;
-            return Ok(TaskId::from(enqueued.as_str()));
+            let new = enqueued == id.as_str();
+            return Ok((TaskId::from(enqueued.as_str()), new));
         }
         let mut cmd = redis::cmd("XADD");
         cmd.arg(stream).arg("*").arg(entry.fields());
         self.conn.query::<()>(&cmd).await?;
-        Ok(id)
+        Ok((id, true))
     }
 
     /// Enqueues many tasks in one pipelined round trip; returns their ids
@@ -220,6 +239,15 @@ impl<C: Codec> Producer<C> {
     /// is ambiguous (a lost reply after Redis applied the batch looks the
     /// same as a lost request): retrying may enqueue tasks twice.
     pub async fn enqueue_batch<T: Serialize>(&self, tasks: &[T]) -> Result<Vec<TaskId>> {
+        let sent = self.send_batch(tasks).await;
+        match &sent {
+            Ok(ids) => self.enqueued.increment(ids.len() as u64),
+            Err(_) => self.errors.increment(1),
+        }
+        sent
+    }
+
+    async fn send_batch<T: Serialize>(&self, tasks: &[T]) -> Result<Vec<TaskId>> {
         let mut pipe = redis::pipe();
         let mut ids = Vec::with_capacity(tasks.len());
         for task in tasks {
@@ -368,7 +396,10 @@ impl<C: Codec> ProducerBuilder<C> {
         checked
             .await
             .map_err(|e| crate::connection::at(&redis, e))?;
+        let service = name.to_string();
         Ok(Producer {
+            enqueued: metrics::counter!(m::ENQUEUED_TOTAL, "service" => service.clone()),
+            errors: metrics::counter!(m::ENQUEUE_ERRORS_TOTAL, "service" => service),
             name,
             conn,
             partitions: self.partitions,

@@ -1,6 +1,7 @@
 //! How long a failed task waits before its next attempt (docs/design.md §6):
-//! exponential backoff with jitter; and `until_ok`, the loop that retries
-//! a Redis call with it while Redis cannot be reached.
+//! exponential backoff with jitter; `until_ok`, the loop that retries
+//! a Redis call with it while Redis cannot be reached; and `Pauses`, the
+//! waits of the runtime's own retry loops (acks, marks, triggers, fetches).
 //!
 //! Attempt `n` (from 1) that failed waits a random time in
 //! `[d/2, d]` with `d = min(max, base * 2^(n-1))`: the delays grow, and
@@ -49,13 +50,17 @@ impl Backoff {
 
     /// The same, with `unit` in `[0, 1)` as the random draw.
     fn delay_with(&self, attempt: u32, unit: f64) -> Duration {
+        self.full(attempt).mul_f64(0.5 + unit.clamp(0.0, 1.0) / 2.0)
+    }
+
+    /// The delay after attempt `attempt` failed, before jitter:
+    /// `min(max, base * 2^(attempt - 1))`.
+    fn full(&self, attempt: u32) -> Duration {
         let doublings = attempt.saturating_sub(1).min(32);
-        let full = self
-            .base
+        self.base
             .checked_mul(1u32 << doublings.min(31))
             .unwrap_or(self.max)
-            .min(self.max);
-        full.mul_f64(0.5 + unit.clamp(0.0, 1.0) / 2.0)
+            .min(self.max)
     }
 
     pub(crate) fn validate(&self) -> Result<()> {
@@ -69,6 +74,58 @@ impl Backoff {
             ));
         }
         Ok(())
+    }
+}
+
+/// The waits between the tries of one of the runtime's retry loops: `first`,
+/// doubling after each, at most `max`, without jitter (each loop is one
+/// instance's own, so there is no herd to spread). [`reset`](Self::reset)
+/// after a success starts again from `first`.
+///
+/// The loop keeps its own count of attempts, if it has a limit: what
+/// counts as an attempt differs (an ack batch that only reloads its script
+/// counts one, without a pause).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Pauses {
+    /// Its doubling, capped: a [`Backoff`]'s delays before jitter.
+    backoff: Backoff,
+    /// Pauses taken since the start or the last reset.
+    taken: u32,
+}
+
+impl Pauses {
+    /// `first`, doubling after each pause, at most `max` (`Duration::MAX`
+    /// for no cap).
+    pub(crate) const fn new(first: Duration, max: Duration) -> Self {
+        Pauses {
+            backoff: Backoff::exponential(first, max),
+            taken: 0,
+        }
+    }
+
+    /// The pause the next [`wait`](Self::wait) or [`take`](Self::take)
+    /// takes.
+    pub(crate) fn upcoming(&self) -> Duration {
+        self.backoff.full(self.taken.saturating_add(1))
+    }
+
+    /// The next pause, counted as taken: for a loop that sleeps in its own
+    /// way (say, until a stop signal, too).
+    pub(crate) fn take(&mut self) -> Duration {
+        let pause = self.upcoming();
+        self.taken = self.taken.saturating_add(1);
+        pause
+    }
+
+    /// Sleeps the next pause. It counts as taken once the future is first
+    /// polled, so a wait cut short (by a stop signal) still counts.
+    pub(crate) async fn wait(&mut self) {
+        tokio::time::sleep(self.take()).await;
+    }
+
+    /// Back to `first`: the call succeeded, the next failure is a new one.
+    pub(crate) fn reset(&mut self) {
+        self.taken = 0;
     }
 }
 
@@ -124,6 +181,47 @@ mod tests {
         assert_eq!(b.delay_with(3, 1.0), 400 * MS);
         assert_eq!(b.delay_with(10, 1.0), 1000 * MS, "capped");
         assert_eq!(b.delay_with(u32::MAX, 0.0), 500 * MS, "no overflow");
+    }
+
+    #[test]
+    fn pauses_double_up_to_their_cap_and_start_again_after_a_reset() {
+        let mut pauses = Pauses::new(50 * MS, 2000 * MS);
+        let taken: Vec<Duration> = (0..8).map(|_| pauses.take()).collect();
+        let want = [50, 100, 200, 400, 800, 1600, 2000, 2000];
+        assert_eq!(taken, want.map(|ms| ms * MS));
+        assert_eq!(pauses.upcoming(), 2000 * MS);
+        pauses.reset();
+        assert_eq!(pauses.upcoming(), 50 * MS);
+        assert_eq!(pauses.take(), 50 * MS);
+        assert_eq!(pauses.take(), 100 * MS);
+    }
+
+    #[test]
+    fn pauses_without_a_cap_keep_doubling_and_never_overflow() {
+        let mut pauses = Pauses::new(50 * MS, Duration::MAX);
+        let taken: Vec<Duration> = (0..5).map(|_| pauses.take()).collect();
+        assert_eq!(taken, [50, 100, 200, 400, 800].map(|ms| ms * MS));
+        for _ in 0..100 {
+            pauses.take();
+        }
+        assert!(pauses.upcoming() >= 50 * MS * (1 << 31));
+    }
+
+    #[tokio::test]
+    async fn pauses_sleep_what_they_announce_and_count_a_cut_wait() {
+        let mut pauses = Pauses::new(5 * MS, 10 * MS);
+        let started = std::time::Instant::now();
+        pauses.wait().await;
+        pauses.wait().await;
+        assert!(started.elapsed() >= 15 * MS, "{:?}", started.elapsed());
+        assert_eq!(pauses.upcoming(), 10 * MS);
+        // Cut short by a stop signal: still taken.
+        let mut pauses = Pauses::new(Duration::from_secs(60), Duration::from_secs(120));
+        tokio::select! {
+            _ = tokio::time::sleep(MS) => {}
+            _ = pauses.wait() => unreachable!("the stop comes first"),
+        }
+        assert_eq!(pauses.upcoming(), Duration::from_secs(120));
     }
 
     fn refused() -> Error {

@@ -229,11 +229,7 @@ impl Entry {
         // a lost worker task with the entry left pending for good.
         std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| codec.decode(&self.payload)))
             .map_err(|panic| {
-                let message = panic
-                    .downcast_ref::<&str>()
-                    .map(|s| (*s).to_owned())
-                    .or_else(|| panic.downcast_ref::<String>().cloned())
-                    .unwrap_or_default();
+                let message = crate::error::panic_message(&*panic);
                 Unrunnable::Decode(format!("decoding panicked: {message}"))
             })?
             .map_err(|e| Unrunnable::Decode(e.to_string()))

@@ -6,12 +6,14 @@
 //! leaves — and answers with [`Effect`]s for the runtime to carry out (stop
 //! fetching and drain, write a mark, start fetching with a fencing token).
 //! Every rule of §4 that decides *when* is here, so each has a unit test on
-//! the machine alone; the runtime only does what it is told. All times are
-//! the instance's local wall clock (durations since the Unix epoch).
+//! the machine alone; the runtime only does what it is told. The times the
+//! rules compute (deadlines, drain ends, lease ends) are
+//! [`Timing`](crate::timing::Timing)'s. All times are the instance's local
+//! wall clock (durations since the Unix epoch).
 //!
 //! Rules 6 (leases), 8 (fenced writes) and 9 (tokens at the side effects)
-//! act at the runtime's edges; the machine gives them the lease end and the
-//! fencing token.
+//! act at the runtime's edges; the machine gives them the fencing token,
+//! and [`Timing::lease_for`](crate::timing::Timing::lease_for) the lease.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -19,56 +21,7 @@ use std::time::Duration;
 use tracing::{debug, warn};
 
 use crate::assignment::Assignment;
-
-/// Timer lateness and cancellation latency (docs/design.md §4 rule 3).
-const LATENESS: Duration = Duration::from_millis(50);
-
-/// The service-wide times the rules are computed from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Timing {
-    pub(crate) interval: Duration,
-    pub(crate) skew: Duration,
-    pub(crate) lease_margin: Duration,
-    pub(crate) drain_timeout: Duration,
-}
-
-impl Timing {
-    /// Where epoch `e`'s interval begins: `(E - 1) * I`.
-    fn epoch_start(&self, e: u64) -> Duration {
-        // In nanoseconds: epochs count from the Unix epoch, so at a 100 ms
-        // interval they pass u32::MAX and `Duration * u32` would not do.
-        let nanos = self.interval.as_nanos() * u128::from(e.saturating_sub(1));
-        Duration::new(
-            u64::try_from(nanos / 1_000_000_000).unwrap_or(u64::MAX),
-            (nanos % 1_000_000_000) as u32,
-        )
-    }
-
-    /// Rule 3: `S_allow = 2S + lease margin + 50 ms`.
-    pub(crate) fn s_allow(&self) -> Duration {
-        2 * self.skew + self.lease_margin + LATENESS
-    }
-
-    /// Rule 3: the handover deadline of epoch `e`:
-    /// `(E - 1) * I + I/2 + drain timeout + S_allow`.
-    pub(crate) fn deadline(&self, e: u64) -> Duration {
-        self.epoch_start(e) + self.interval / 2 + self.drain_timeout + self.s_allow()
-    }
-
-    /// Rule 1: when a release for epoch `e` whose assignment arrived at
-    /// `arrival` must have drained: the drain counts from
-    /// `min(arrival, (E - 1) * I + I/2)`, so a late assignment gets a shorter
-    /// drain, never a later one.
-    pub(crate) fn drain_end(&self, e: u64, arrival: Duration) -> Duration {
-        arrival.min(self.epoch_start(e) + self.interval / 2) + self.drain_timeout
-    }
-
-    /// Rule 6: the lease of an assignment of epoch `e` ends at
-    /// `(E - 1) * I + 1.5 I + lease margin`.
-    pub(crate) fn lease_end(&self, e: u64) -> Duration {
-        self.epoch_start(e) + self.interval + self.interval / 2 + self.lease_margin
-    }
-}
+use crate::timing::Timing;
 
 /// Where one partition stands on this instance.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -214,7 +167,7 @@ impl Partitions {
         }
         // Rule 6: an assignment that arrives after its own lease vouches
         // for nothing; behave as after a lapsed lease.
-        if now >= self.timing.lease_end(e) {
+        if self.timing.lease_for(e, now).is_none() {
             return self.fence();
         }
         let mut effects = Vec::new();
@@ -485,24 +438,11 @@ impl Partitions {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::timing::tests::{start, timing};
 
     const MS: Duration = Duration::from_millis(1);
     const P: u32 = 8;
     const E: u64 = 100;
-
-    fn timing() -> Timing {
-        Timing {
-            interval: 1000 * MS,
-            skew: 50 * MS,
-            lease_margin: 20 * MS,
-            drain_timeout: 300 * MS,
-        }
-    }
-
-    /// Where epoch `e` begins: `(e - 1)` seconds.
-    fn start(e: u64) -> Duration {
-        Duration::from_secs(e - 1)
-    }
 
     /// A long drain and a large skew: the handover deadline
     /// (`I/2 + 450 ms + 270 ms`) falls after the next assignment, the case
@@ -545,32 +485,6 @@ mod tests {
                 _ => None,
             })
             .collect()
-    }
-
-    #[test]
-    fn timing_follows_the_design() {
-        let t = timing();
-        assert_eq!(t.s_allow(), 170 * MS); // 2S + margin + 50 ms
-        assert_eq!(t.deadline(E), start(E) + 500 * MS + 300 * MS + 170 * MS);
-        assert_eq!(t.lease_end(E), start(E) + 1520 * MS);
-        assert_eq!(t.drain_end(E, start(E) + 100 * MS), start(E) + 400 * MS);
-        assert_eq!(t.drain_end(E, start(E) + 900 * MS), start(E) + 800 * MS);
-    }
-
-    #[test]
-    fn times_hold_at_todays_epochs_with_short_intervals() {
-        // At 100 ms the epoch number is about 1.8e10, past u32::MAX.
-        let t = Timing {
-            interval: 100 * MS,
-            skew: 5 * MS,
-            lease_margin: 5 * MS,
-            drain_timeout: 20 * MS,
-        };
-        let e = 17_953_000_000u64;
-        let start = Duration::from_millis(100 * (e - 1));
-        assert_eq!(t.deadline(e), start + 50 * MS + 20 * MS + 65 * MS);
-        assert_eq!(t.lease_end(e), start + 155 * MS);
-        assert_eq!(t.drain_end(e, start + 10 * MS), start + 30 * MS);
     }
 
     #[test]

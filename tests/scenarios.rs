@@ -411,11 +411,15 @@ impl Fleet {
     }
 
     /// Whether a task handled twice is explained by its first consumer
-    /// fencing itself (a lapsed lease, a failed round, a skipped epoch, an
-    /// assignment after its lease; not a leave at once: the process was
-    /// starved like a frozen one, docs/design.md §5.3) after the first run
+    /// being starved past the protocol's time bounds after the first run
     /// and before the second started, so the first run's ack may not have
-    /// landed; the second run's attempt must say so.
+    /// landed; the second run's attempt must say so. Starved means: it
+    /// fenced itself (a lapsed lease, a failed round, a skipped epoch, an
+    /// assignment after its lease; not a leave at once), or Redis refused
+    /// one of its writes on that partition (its drain overran the handover
+    /// deadline, after which the next owner may take over: docs/design.md
+    /// §4 rule 3, §5.3). Both happen only when the process stalls longer
+    /// than the deadlines allow, like a frozen one.
     fn rerun_after_a_fence(&self, runs: &[Line], starts: &[&Line]) -> bool {
         let (first, last) = (&runs[0], &runs[runs.len() - 1]);
         let Some(rerun) = starts
@@ -426,13 +430,19 @@ impl Fleet {
         else {
             return false;
         };
+        // The refusal's log line names its partition (`partition=37 `).
+        let refused_on = format!("partition={} ", first.partition);
         let fenced = self.notes.lock().unwrap().iter().any(|n| {
             n.consumer == first.consumer
                 && n.at >= first.at
                 && n.at <= rerun
                 && ((n.text.contains("fencing every partition")
                     && !n.text.contains("leaving at once"))
-                    || n.text.contains("assignment arrived after its lease"))
+                    || n.text.contains("assignment arrived after its lease")
+                    || (n
+                        .text
+                        .contains("fenced: another instance owns the partition now")
+                        && n.text.contains(&refused_on)))
         });
         fenced && last.attempt > first.attempt
     }

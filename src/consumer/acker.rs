@@ -11,29 +11,29 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use deadpool_redis::redis::{self, Value};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
-use tracing::{error, warn};
+use tracing::{Instrument, error, warn};
 
+use super::store::{self, AckReply, PartitionStore};
 use crate::config::ServiceName;
 use crate::connection::SharedConnection;
-use crate::fencing::{self, Fence};
+use crate::retry::Pauses;
 
 /// Most acks sent in one pipeline.
 const MAX_BATCH: usize = 1024;
 /// How often a failed ack batch is tried before its entries are left
 /// pending (the partition's owner then claims and re-runs them): with the
-/// backoff below, about 10 s, so a short outage of Redis costs no re-runs.
+/// pauses below, about 10 s, so a short outage of Redis costs no re-runs.
 const ATTEMPTS: u32 = 8;
-/// Longest pause between two tries.
-const MAX_BACKOFF: Duration = Duration::from_secs(2);
+/// The pauses between two tries: 100 ms, doubling, at most 2 s.
+const PAUSES: Pauses = Pauses::new(Duration::from_millis(100), Duration::from_secs(2));
 
 /// One finished task to ack.
 #[derive(Debug)]
 pub(crate) struct Ack {
     /// The partition and token it ran under.
-    pub(crate) fence: Arc<Fence>,
+    pub(crate) store: Arc<PartitionStore>,
     /// Its stream entry id.
     pub(crate) id: String,
     /// Told once the ack has landed, was refused, or was given up.
@@ -57,12 +57,15 @@ pub(crate) fn spawn(
     conn: Arc<SharedConnection>,
 ) -> (mpsc::UnboundedSender<Ack>, JoinHandle<()>) {
     let (tx, mut rx) = mpsc::unbounded_channel::<Ack>();
-    let task = tokio::spawn(async move {
-        let mut batch = Vec::with_capacity(MAX_BATCH);
-        while rx.recv_many(&mut batch, MAX_BATCH).await > 0 {
-            send(&name, &conn, &mut batch).await;
+    let task = tokio::spawn(
+        async move {
+            let mut batch = Vec::with_capacity(MAX_BATCH);
+            while rx.recv_many(&mut batch, MAX_BATCH).await > 0 {
+                send(&name, &conn, &mut batch).await;
+            }
         }
-    });
+        .in_current_span(),
+    );
     (tx, task)
 }
 
@@ -70,16 +73,16 @@ pub(crate) fn spawn(
 async fn send(name: &ServiceName, conn: &SharedConnection, batch: &mut Vec<Ack>) {
     // One script per partition and token (a partition may be released and
     // acquired again, with a new token, while acks are underway).
-    let mut groups: BTreeMap<(u32, u64), (Arc<Fence>, Vec<Ack>)> = BTreeMap::new();
+    let mut groups: BTreeMap<(u32, u64), (Arc<PartitionStore>, Vec<Ack>)> = BTreeMap::new();
     for ack in batch.drain(..) {
-        let key = (ack.fence.partition(), ack.fence.token());
+        let key = (ack.store.partition(), ack.store.token());
         groups
             .entry(key)
-            .or_insert_with(|| (ack.fence.clone(), Vec::new()))
+            .or_insert_with(|| (ack.store.clone(), Vec::new()))
             .1
             .push(ack);
     }
-    let groups: Vec<(Arc<Fence>, Vec<Ack>)> = groups.into_values().collect();
+    let groups: Vec<(Arc<PartitionStore>, Vec<Ack>)> = groups.into_values().collect();
     let outcomes = ack_groups(name, conn, &groups).await;
     for ((_, acks), outcome) in groups.into_iter().zip(outcomes) {
         for ack in acks {
@@ -92,39 +95,21 @@ async fn send(name: &ServiceName, conn: &SharedConnection, batch: &mut Vec<Ack>)
 async fn ack_groups(
     name: &ServiceName,
     conn: &SharedConnection,
-    groups: &[(Arc<Fence>, Vec<Ack>)],
+    groups: &[(Arc<PartitionStore>, Vec<Ack>)],
 ) -> Vec<Acked> {
-    let mut pipe = redis::pipe();
-    pipe.ignore_errors();
-    for (fence, acks) in groups {
-        let ids: Vec<&str> = acks.iter().map(|a| a.id.as_str()).collect();
-        pipe.invoke_script(&fence.ack(&ids));
-    }
+    let ids: Vec<(&PartitionStore, Vec<&str>)> = groups
+        .iter()
+        .map(|(store, acks)| (&**store, acks.iter().map(|a| a.id.as_str()).collect()))
+        .collect();
+    let mut pauses = PAUSES;
     for attempt in 1..=ATTEMPTS {
-        let failure = match conn
-            .query_pipe::<Vec<redis::RedisResult<Value>>>(&pipe)
-            .await
-        {
-            Ok(replies) if replies.iter().any(is_noscript) => {
-                // Redis restarted and forgot the script: pipelines do not
-                // load scripts by themselves.
-                match fencing::load_ack_script(conn).await {
-                    Ok(()) => continue,
-                    Err(e) => e.to_string(),
-                }
+        match store::ack(conn, &ids).await {
+            Ok(replies) => return replies.into_iter().map(outcome).collect(),
+            Err(cause) => {
+                warn!(service = %name, attempt, cause, "ack failed; retrying");
+                pauses.wait().await;
             }
-            // Redis is loading its data, failing over or busy: the acks
-            // (idempotent) are sent again, like after a connection error.
-            Ok(replies) if replies.iter().any(is_transient) => {
-                let e = replies.into_iter().find(is_transient).expect("found");
-                format!("{:?}", e.err())
-            }
-            Ok(replies) => return replies.iter().map(outcome).collect(),
-            Err(e) => e.to_string(),
-        };
-        warn!(service = %name, attempt, cause = failure, "ack failed; retrying");
-        let backoff = Duration::from_millis(100) * 2u32.pow(attempt - 1);
-        tokio::time::sleep(backoff.min(MAX_BACKOFF)).await;
+        }
     }
     let count: usize = groups.iter().map(|(_, acks)| acks.len()).sum();
     error!(
@@ -135,33 +120,12 @@ async fn ack_groups(
     vec![Acked::GaveUp; groups.len()]
 }
 
-fn is_noscript(reply: &redis::RedisResult<Value>) -> bool {
-    matches!(reply, Err(e) if e.code() == Some("NOSCRIPT"))
-}
-
-/// An error reply that says "not now" rather than "no".
-fn is_transient(reply: &redis::RedisResult<Value>) -> bool {
-    const TRANSIENT: [&str; 6] = [
-        "LOADING",
-        "BUSY",
-        "READONLY",
-        "MASTERDOWN",
-        "TRYAGAIN",
-        "CLUSTERDOWN",
-    ];
-    matches!(reply, Err(e) if e.code().is_some_and(|c| TRANSIENT.contains(&c)))
-}
-
-fn outcome(reply: &redis::RedisResult<Value>) -> Acked {
+fn outcome(reply: AckReply) -> Acked {
     match reply {
-        Ok(Value::Int(n)) if *n >= 0 => Acked::Yes,
-        Ok(Value::Int(_)) => Acked::Fenced,
-        Ok(other) => {
-            error!(reply = ?other, "unexpected reply to an ack");
-            Acked::GaveUp
-        }
-        Err(e) => {
-            error!(cause = %e, "ack refused by redis");
+        AckReply::Acked => Acked::Yes,
+        AckReply::Fenced => Acked::Fenced,
+        AckReply::Refused(e) => {
+            error!(cause = e, "ack refused by redis");
             Acked::GaveUp
         }
     }

@@ -3,6 +3,7 @@
 use std::fmt;
 use std::future::Future;
 use std::marker::PhantomData;
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use std::sync::Arc;
@@ -11,35 +12,21 @@ use deadpool_redis::Pool;
 use serde::de::DeserializeOwned;
 use tokio::sync::{broadcast, watch};
 use tower::{Layer, Service};
+use tracing::Instrument;
 
-use super::{ConsumerSettings, PartitionEvent, runtime};
+use super::event::PartitionEvent;
+use super::runner::Runner;
+use super::runtime;
+use super::settings::ConsumerSettings;
 use crate::clock::{Clock, SystemClock};
 use crate::codec::{Bincode, Codec};
-use crate::config::{IndexerSettings, Indexing, ServiceName, fmt_duration};
+use crate::config::{IndexerSettings, Indexing, ServiceName};
 use crate::error::{Error, Result};
 use crate::handler::{BoxError, Handler, HandlerService, Task};
 use crate::indexer::Standing;
-use crate::partition::DEFAULT_PARTITIONS;
+use crate::instance::InstanceId;
 use crate::periodic::{Periodic, Registered};
 use crate::retry::Backoff;
-
-/// Default tasks in flight per instance.
-pub const DEFAULT_CONCURRENCY: usize = 64;
-/// Default most entries read in one `XREADGROUP`.
-pub const DEFAULT_BATCH: usize = 64;
-/// Default time a read blocks waiting for new entries.
-pub const DEFAULT_BLOCK: Duration = Duration::from_secs(1);
-/// Default drain timeout: how long released partitions' running tasks may
-/// take to finish before they are cancelled.
-pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_millis(300);
-/// Default attempts of a task before it goes to the dead letters.
-pub const DEFAULT_MAX_ATTEMPTS: u32 = 5;
-/// Default idle time after which an entry pending on another consumer is
-/// claimed by the partition's owner.
-pub const DEFAULT_CLAIM_IDLE: Duration = Duration::from_secs(30);
-/// Default largest stream entry a consumer runs: 4 MiB, room for the
-/// producer's default `max_payload` (1 MiB) with any codec's overhead.
-pub const DEFAULT_MAX_ENTRY_BYTES: usize = 4 * 1024 * 1024;
 
 /// Partition events kept for a slow receiver before it misses some.
 const EVENTS_CAPACITY: usize = 16_384;
@@ -63,6 +50,8 @@ pub struct ConsumerBuilder<T, S, C> {
     /// Periodic jobs whose task did not encode, for `validate`.
     periodic_errors: Vec<String>,
     clock: Arc<dyn Clock>,
+    /// Where to serve the HTTP endpoint (set only with the `http` feature).
+    http: Option<SocketAddr>,
     task: PhantomData<fn() -> (T, C)>,
 }
 
@@ -74,6 +63,7 @@ impl<T, S, C: Codec> fmt::Debug for ConsumerBuilder<T, S, C> {
             .field("indexer", &self.indexer)
             .field("settings", &self.settings)
             .field("codec", &C::NAME)
+            .field("http", &self.http)
             .finish_non_exhaustive()
     }
 }
@@ -85,26 +75,13 @@ impl ConsumerBuilder<(), (), Bincode> {
             url: None,
             pool: None,
             indexer: IndexerSettings::default(),
-            settings: ConsumerSettings {
-                partitions: DEFAULT_PARTITIONS,
-                concurrency: DEFAULT_CONCURRENCY,
-                batch: DEFAULT_BATCH,
-                block: DEFAULT_BLOCK,
-                drain_timeout: DEFAULT_DRAIN_TIMEOUT,
-                max_attempts: DEFAULT_MAX_ATTEMPTS,
-                backoff: Backoff::default(),
-                ordered: false,
-                periodic: Vec::new(),
-                claim_idle: DEFAULT_CLAIM_IDLE,
-                leave_timeout: None,
-                allow_eviction: false,
-                max_entry_bytes: DEFAULT_MAX_ENTRY_BYTES,
-            },
+            settings: ConsumerSettings::default(),
             service: (),
             standing: watch::Sender::new(Standing::Joining),
             events: broadcast::Sender::new(EVENTS_CAPACITY),
             periodic_errors: Vec::new(),
             clock: Arc::new(SystemClock),
+            http: None,
             task: PhantomData,
         }
     }
@@ -300,6 +277,22 @@ impl<T, S, C: Codec> ConsumerBuilder<T, S, C> {
         self
     }
 
+    /// Serves HTTP at `addr` while [`run`](Self::run) runs (feature `http`):
+    /// `GET /metrics` (Prometheus text), `GET /health/live` (200 while rounds
+    /// keep coming, at most 3 intervals and 2 s apart) and `GET
+    /// /health/ready` (200 while assigned with a lease that holds; else 503
+    /// with `{"ready":false,"reason":…}`). The first endpoint of the process
+    /// installs a Prometheus recorder as the global `metrics` recorder, and
+    /// later consumers share it. `run` fails with [`Error::InvalidSetting`]
+    /// naming `http` when `addr` cannot be bound, or when the application
+    /// installed another recorder first (serve that one: peerq records
+    /// through `metrics`).
+    #[cfg(feature = "http")]
+    pub fn http(mut self, addr: SocketAddr) -> Self {
+        self.http = Some(addr);
+        self
+    }
+
     /// The codec (default [`Bincode`]). Service-wide.
     pub fn codec<D: Codec>(self, _codec: D) -> ConsumerBuilder<T, S, D> {
         self.map_service(|service| service)
@@ -319,6 +312,7 @@ impl<T, S, C: Codec> ConsumerBuilder<T, S, C> {
             events: self.events,
             periodic_errors: self.periodic_errors,
             clock: self.clock,
+            http: self.http,
             task: PhantomData,
         }
     }
@@ -356,74 +350,10 @@ impl<T, S, C: Codec> ConsumerBuilder<T, S, C> {
     fn validate(&self) -> Result<ServiceName> {
         let name = ServiceName::new(self.name.as_deref().unwrap_or_default())?;
         self.indexer.validate()?;
-        let s = &self.settings;
-        crate::config::validate_partitions(s.partitions)?;
-        if !(1..=100_000).contains(&s.concurrency) {
-            return Err(Error::invalid(
-                "concurrency",
-                format!(
-                    "{} is out of range; use 1 to 100000 tasks in flight",
-                    s.concurrency
-                ),
-            ));
-        }
-        if !(1..=10_000).contains(&s.batch) {
-            return Err(Error::invalid(
-                "batch",
-                format!(
-                    "{} is out of range; use 1 to 10000 entries per read",
-                    s.batch
-                ),
-            ));
-        }
-        let (min_block, max_block) = (Duration::from_millis(10), Duration::from_secs(60));
-        if !(min_block..=max_block).contains(&s.block) {
-            return Err(Error::invalid(
-                "block",
-                format!("{} is out of range; use 10ms to 60s", fmt_duration(s.block)),
-            ));
-        }
-        // A drain must end before the next epoch's rounds, or transitions
-        // pile up behind each other.
-        if s.drain_timeout.is_zero() || s.drain_timeout >= self.indexer.interval / 2 {
-            return Err(Error::invalid(
-                "drain_timeout",
-                format!(
-                    "{} is out of range; use more than 0 and less than interval/2 = {}",
-                    fmt_duration(s.drain_timeout),
-                    fmt_duration(self.indexer.interval / 2)
-                ),
-            ));
-        }
-        if !(1..=1000).contains(&s.max_attempts) {
-            return Err(Error::invalid(
-                "max_attempts",
-                format!("{} is out of range; use 1 to 1000", s.max_attempts),
-            ));
-        }
-        s.backoff.validate()?;
-        crate::task::validate_max_entry_bytes(s.max_entry_bytes)?;
         if let Some(e) = self.periodic_errors.first() {
             return Err(Error::invalid("periodic", e.clone()));
         }
-        for registered in &s.periodic {
-            registered.job.validate()?;
-        }
-        if s.leave_timeout.is_some_and(|t| t.is_zero()) {
-            return Err(Error::invalid(
-                "leave_timeout",
-                "must be more than 0; about 3 intervals lets a graceful leave finish",
-            ));
-        }
-        if s.claim_idle < Duration::from_millis(100) {
-            return Err(Error::invalid(
-                "claim_idle",
-                format!(
-                    "{} is too short; use at least 100ms",
-                    fmt_duration(s.claim_idle)
-                ),
-            ));
-        }
+        self.settings.validate(&self.indexer)?;
         Ok(name)
     }
 }
@@ -473,22 +403,44 @@ where
         let name = self.validate()?;
         let redis = crate::connection::target(self.pool.as_ref(), self.url.as_deref());
         let pool = crate::connection::pool(self.pool, self.url)?;
-        runtime::run(
-            runtime::Parts {
-                name,
-                redis,
-                pool,
-                indexer: self.indexer,
-                settings: self.settings,
-                service: self.service,
-                codec: C::default(),
-                standing: self.standing,
-                events: self.events,
-                clock: self.clock,
-            },
-            signal,
-            again,
+        #[cfg(feature = "http")]
+        let http = super::endpoint::Endpoint::start(
+            self.http,
+            self.standing.subscribe(),
+            self.clock.clone(),
+            crate::timing::Timing::new(&self.indexer, self.settings.drain_timeout),
         )
-        .await
+        .await?;
+        let id = InstanceId::generate();
+        // Everything the instance logs, in every task it spawns, is within
+        // this span.
+        let span = tracing::info_span!("peerq", service = %name, instance = %id);
+        // Boxed: the runtime's future is deeply nested, and the compiler's
+        // query depth limit (128) counts that nesting inside the caller's
+        // own future: unboxed, a plain `async fn main` calling `run()` may
+        // fail to compile ("queries overflow the depth limit").
+        let result = Box::pin(
+            runtime::run(
+                runtime::Parts {
+                    name,
+                    id,
+                    redis,
+                    pool,
+                    indexer: self.indexer,
+                    settings: self.settings,
+                    runner: Runner::new::<T, S, C>(self.service),
+                    standing: self.standing,
+                    events: self.events,
+                    clock: self.clock,
+                },
+                signal,
+                again,
+            )
+            .instrument(span),
+        )
+        .await;
+        #[cfg(feature = "http")]
+        http.stop().await;
+        result
     }
 }

@@ -12,22 +12,26 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use metrics::Histogram;
 use tokio::sync::{broadcast, mpsc, watch};
 use tokio::task::{Id, JoinSet};
 use tokio::time::Instant;
-use tracing::{debug, error, info, warn};
+use tracing::{Instrument, debug, error, info, warn};
 
+use super::event::{PartitionChange, PartitionEvent};
 use super::lease::Lease;
 use super::ownership::{Ownership, Report};
+use super::shared::Shared;
+use super::store::PartitionStore;
+use super::store::marks::{self, Mark};
 use super::worker::Worker;
-use super::{PartitionChange, PartitionEvent, Payload, Shared, TaskService};
 use crate::assignment::Assignment;
-use crate::codec::Codec;
 use crate::error::Result;
-use crate::fencing::{self, Fence};
 use crate::indexer::Standing;
 use crate::metrics as m;
-use crate::transition::{Effect, Partitions, Timing};
+use crate::retry::Pauses;
+use crate::timing::{self, Timing};
+use crate::transition::{Effect, Partitions};
 
 /// How often pending acquires read `{N}:transition` for their marks.
 const POLL_EVERY: Duration = Duration::from_millis(10);
@@ -36,6 +40,8 @@ const POLL_BACKOFF: Duration = Duration::from_millis(100);
 /// Tries of one mark write: a lost mark only makes the successor wait for
 /// its deadline.
 const MARK_ATTEMPTS: u32 = 5;
+/// The pauses between two tries of a mark write: 50 ms, doubling.
+const MARK_PAUSES: Pauses = Pauses::new(Duration::from_millis(50), Duration::MAX);
 
 /// What woke the driver.
 #[derive(Debug)]
@@ -43,7 +49,7 @@ pub(super) enum Wake {
     /// A release finished draining.
     Drained(u32),
     /// Marks read for the pending acquires.
-    Marks(Result<BTreeMap<u32, u64>>),
+    Marks(Result<BTreeMap<u32, Mark>>),
     /// A worker's report.
     Report(Report),
     /// A deadline or the lease's end came, or it is time to read marks.
@@ -53,8 +59,8 @@ pub(super) enum Wake {
 }
 
 /// The partitions of one instance, as they move.
-pub(super) struct Handover<T, S, C> {
-    shared: Arc<Shared<T, S, C>>,
+pub(super) struct Handover {
+    shared: Arc<Shared>,
     machine: Partitions,
     timing: Timing,
     lease: Lease,
@@ -67,7 +73,10 @@ pub(super) struct Handover<T, S, C> {
     /// Which partition each drain task is for (to know it even if it fails).
     drain_ids: BTreeMap<Id, u32>,
     marks: JoinSet<()>,
-    polls: JoinSet<Result<BTreeMap<u32, u64>>>,
+    polls: JoinSet<Result<BTreeMap<u32, Mark>>>,
+    /// The marks last read, to measure each start's handover pause.
+    marks_read: BTreeMap<u32, Mark>,
+    pause: Histogram,
     next_poll: Instant,
     assignment: Option<watch::Sender<Assignment>>,
     reports: mpsc::UnboundedReceiver<Report>,
@@ -76,15 +85,17 @@ pub(super) struct Handover<T, S, C> {
     idle: bool,
 }
 
-impl<T: Payload, S: TaskService<T>, C: Codec> Handover<T, S, C> {
+impl Handover {
     pub(super) fn new(
-        shared: Arc<Shared<T, S, C>>,
+        shared: Arc<Shared>,
         timing: Timing,
         lease: Lease,
         reports: mpsc::UnboundedReceiver<Report>,
         events: broadcast::Sender<PartitionEvent>,
     ) -> Self {
         let partitions = shared.settings.partitions;
+        let service = shared.name.to_string();
+        let pause = metrics::histogram!(m::HANDOVER_PAUSE_SECONDS, "service" => service);
         Handover {
             shared,
             machine: Partitions::new(timing, partitions),
@@ -97,6 +108,8 @@ impl<T: Payload, S: TaskService<T>, C: Codec> Handover<T, S, C> {
             drain_ids: BTreeMap::new(),
             marks: JoinSet::new(),
             polls: JoinSet::new(),
+            marks_read: BTreeMap::new(),
+            pause,
             next_poll: Instant::now(),
             assignment: None,
             reports,
@@ -133,8 +146,7 @@ impl<T: Payload, S: TaskService<T>, C: Codec> Handover<T, S, C> {
 
     fn assigned(&mut self, a: Assignment) {
         let now = self.lease.now();
-        let lease_end = self.timing.lease_end(a.epoch);
-        if now < lease_end {
+        if let Some(lease_end) = self.timing.lease_for(a.epoch, now) {
             self.lease.grant(lease_end);
             self.leased = true;
         } else {
@@ -235,7 +247,9 @@ impl<T: Payload, S: TaskService<T>, C: Codec> Handover<T, S, C> {
             }
             Wake::Marks(Ok(marks)) => {
                 self.next_poll = Instant::now() + POLL_EVERY;
-                let effects = self.machine.marks(&marks, now);
+                let epochs = marks.iter().map(|(p, mark)| (*p, mark.epoch)).collect();
+                self.marks_read = marks;
+                let effects = self.machine.marks(&epochs, now);
                 self.apply(effects);
             }
             Wake::Marks(Err(e)) => {
@@ -283,8 +297,10 @@ impl<T: Payload, S: TaskService<T>, C: Codec> Handover<T, S, C> {
         }
         let waiting = self.machine.waiting();
         let shared = self.shared.clone();
-        self.polls
-            .spawn(async move { fencing::marks(&shared.conn, &shared.name, &waiting).await });
+        self.polls.spawn(
+            async move { marks::marks(&shared.conn, &shared.name, &waiting).await }
+                .in_current_span(),
+        );
     }
 
     fn apply(&mut self, effects: Vec<Effect>) {
@@ -300,6 +316,7 @@ impl<T: Payload, S: TaskService<T>, C: Codec> Handover<T, S, C> {
         }
         metrics::gauge!(m::OWNED_PARTITIONS, "service" => self.shared.name.to_string())
             .set(self.workers.len() as f64);
+        self.shared.metrics.owned(self.workers.len());
         self.poll_marks();
     }
 
@@ -310,11 +327,35 @@ impl<T: Payload, S: TaskService<T>, C: Codec> Handover<T, S, C> {
             .as_ref()
             .expect("partitions start only after an assignment")
             .subscribe();
-        let fence = Fence::new(&self.shared.name, p, token, &self.shared.id);
-        let worker = Worker::start(self.shared.clone(), fence, assignment, self.lease.clone());
+        let shared = &self.shared;
+        let store = PartitionStore::new(
+            shared.conn.clone(),
+            &shared.name,
+            p,
+            token,
+            &shared.id,
+            shared.settings.max_entry_bytes,
+        );
+        let worker = Worker::start(shared.clone(), store, assignment, self.lease.clone());
+        self.measure_pause(p, token);
         debug!(partition = p, token, "partition started");
         self.workers.insert(p, worker);
         self.publish(p, PartitionChange::Started { token });
+    }
+
+    /// Records how long partition `p`, acquired in epoch `token`, paused:
+    /// since its release mark was written, or, when the acquire waited for
+    /// its deadline, since its epoch began.
+    fn measure_pause(&self, p: u32, token: u64) {
+        let since = match self.marks_read.get(&p) {
+            Some(Mark {
+                epoch,
+                at_ms: Some(at),
+            }) if *epoch >= token => Duration::from_millis(*at),
+            _ => timing::epoch_start(self.timing.interval, token),
+        };
+        let paused = self.lease.now().saturating_sub(since);
+        self.pause.record(paused.as_secs_f64());
     }
 
     /// Rule 1: stop fetching `p`, let its tasks run until `cancel_at` (the
@@ -329,12 +370,13 @@ impl<T: Payload, S: TaskService<T>, C: Codec> Handover<T, S, C> {
             worker.ownership().release(deadline);
             self.draining.insert(p, worker.ownership().clone());
         }
-        let handle = self.drains.spawn(async move {
+        let drain = async move {
             if let Some(worker) = worker {
                 worker.release(deadline).await;
             }
             p
-        });
+        };
+        let handle = self.drains.spawn(drain.in_current_span());
         self.drain_ids.insert(handle.id(), p);
         debug!(partition = p, cancel_in = ?left, "partition released; draining");
         self.publish(p, PartitionChange::Stopped);
@@ -343,18 +385,17 @@ impl<T: Payload, S: TaskService<T>, C: Codec> Handover<T, S, C> {
     /// Rule 2: mark(p) := max(mark(p), epoch), retried a few times.
     fn mark(&mut self, p: u32, epoch: u64) {
         let shared = self.shared.clone();
-        self.marks.spawn(async move {
-            let mut backoff = Duration::from_millis(50);
+        let write = async move {
+            let mut pauses = MARK_PAUSES;
             for attempt in 1..=MARK_ATTEMPTS {
-                match fencing::mark(&shared.conn, &shared.name, p, epoch).await {
+                match marks::mark(&shared.conn, &shared.name, p, epoch).await {
                     Ok(_) => {
                         debug!(partition = p, epoch, "marked released");
                         return;
                     }
                     Err(e) => {
                         warn!(partition = p, epoch, attempt, cause = %e, "cannot write the release mark");
-                        tokio::time::sleep(backoff).await;
-                        backoff *= 2;
+                        pauses.wait().await;
                     }
                 }
             }
@@ -362,7 +403,8 @@ impl<T: Payload, S: TaskService<T>, C: Codec> Handover<T, S, C> {
                 partition = p,
                 epoch, "release mark not written; the next owner waits for its deadline"
             );
-        });
+        };
+        self.marks.spawn(write.in_current_span());
     }
 
     fn publish(&self, partition: u32, change: PartitionChange) {

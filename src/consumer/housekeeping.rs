@@ -2,21 +2,22 @@
 //! runs fresh, move due delayed entries into the stream, trim what was
 //! acknowledged.
 
-use std::sync::{Arc, LazyLock};
+use std::sync::Arc;
 use std::time::Duration;
 
-use deadpool_redis::redis;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
-use super::Shared;
 use super::held::Held;
 use super::ownership::Ownership;
-use crate::keys;
+use super::shared::Shared;
 
 /// How often the owner trims acknowledged entries from its partitions.
 const TRIM_EVERY: Duration = Duration::from_secs(1);
+/// How often the owner reads its partitions' sizes for the queue gauges, at
+/// the least (and at least once per round interval).
+const SIZES_EVERY: Duration = Duration::from_secs(1);
 /// How often the owner looks for due delayed entries at the least.
 const PROMOTE_EVERY: Duration = Duration::from_secs(1);
 /// Most delayed entries moved in one script call.
@@ -25,9 +26,6 @@ const PROMOTE_BATCH: usize = 500;
 /// of about 8,000 values).
 const KEEP_CHUNK: usize = 1000;
 
-static TRIM: LazyLock<redis::Script> =
-    LazyLock::new(|| redis::Script::new(include_str!("../scripts/trim.lua")));
-
 /// The worker's housekeeping, apart from the fetch loop (which may wait for
 /// room or block in a read for long), once the partition is acquired:
 ///
@@ -35,9 +33,10 @@ static TRIM: LazyLock<redis::Script> =
 ///   partition, so that claiming never takes one that is still here; until
 ///   the worker's last task is done, drain included;
 /// - trims the partition's acknowledged entries while it owns it, also when
-///   the instance is too busy to read.
-pub(super) async fn housekeeping<T, S, C>(
-    shared: Arc<Shared<T, S, C>>,
+///   the instance is too busy to read;
+/// - reads the partition's sizes for the queue gauges while it owns it.
+pub(super) async fn housekeeping(
+    shared: Arc<Shared>,
     ownership: Arc<Ownership>,
     held: Held,
     acquired: CancellationToken,
@@ -48,6 +47,11 @@ pub(super) async fn housekeeping<T, S, C>(
         _ = acquired.cancelled() => {}
     }
     let stop = &ownership.stop;
+    let partition = ownership.store.partition();
+    // The gauges count only partitions this instance owns.
+    let _forget = Forget(&shared, partition);
+    let sizes_every = shared.interval.min(SIZES_EVERY);
+    let mut next_sizes = Instant::now();
     let keep_every = shared.settings.claim_idle / 3;
     let mut next_keep = Instant::now() + keep_every;
     let mut next_trim = Instant::now() + TRIM_EVERY;
@@ -57,7 +61,7 @@ pub(super) async fn housekeeping<T, S, C>(
         let next = if stop.is_cancelled() {
             next_keep
         } else {
-            next_keep.min(next_trim).min(next_promote)
+            next_keep.min(next_trim).min(next_promote).min(next_sizes)
         };
         tokio::select! {
             _ = done.cancelled() => return,
@@ -66,33 +70,41 @@ pub(super) async fn housekeeping<T, S, C>(
         }
         let now = Instant::now();
         if now >= next_keep {
-            keep_fresh(&shared, &ownership, &held).await;
+            keep_fresh(&ownership, &held).await;
             next_keep = now + keep_every;
         }
         if stop.is_cancelled() {
+            shared.queue.set(partition, None);
             continue;
         }
+        if now >= next_sizes {
+            match ownership.store.sizes().await {
+                Ok(sizes) => shared.queue.set(partition, Some(sizes)),
+                Err(e) => debug!(partition, cause = %e, "cannot read the partition's sizes"),
+            }
+            next_sizes = now + sizes_every;
+        }
         if now >= next_trim {
-            trim(&shared, ownership.fence.stream()).await;
+            trim(&ownership).await;
             next_trim = now + TRIM_EVERY;
         }
         if now >= next_promote {
-            next_promote = promote(&shared, &ownership).await;
+            next_promote = promote(&ownership).await;
         }
     }
 }
 
 /// Moves the partition's due delayed entries into its stream; returns when
 /// to look again.
-async fn promote<T, S, C>(shared: &Shared<T, S, C>, ownership: &Ownership) -> Instant {
+async fn promote(ownership: &Ownership) -> Instant {
     let now = Instant::now();
-    match ownership.fence.promote(&shared.conn, PROMOTE_BATCH).await {
+    match ownership.store.promote(PROMOTE_BATCH).await {
         // More were due than one call moves.
         Ok((moved, _)) if moved as usize >= PROMOTE_BATCH => now,
         Ok((moved, next)) => {
             if moved > 0 {
                 debug!(
-                    partition = ownership.fence.partition(),
+                    partition = ownership.store.partition(),
                     moved, "delayed entries due"
                 );
             }
@@ -101,23 +113,22 @@ async fn promote<T, S, C>(shared: &Shared<T, S, C>, ownership: &Ownership) -> In
             now + next.unwrap_or(PROMOTE_EVERY).min(PROMOTE_EVERY)
         }
         Err(e) => {
-            warn!(partition = ownership.fence.partition(), cause = %e, "cannot move due delayed entries");
+            warn!(partition = ownership.store.partition(), cause = %e, "cannot move due delayed entries");
             now + PROMOTE_EVERY
         }
     }
 }
 
-async fn keep_fresh<T, S, C>(shared: &Shared<T, S, C>, ownership: &Ownership, held: &Held) {
+/// Resets the idle time of every entry this worker holds, so nobody claims
+/// them.
+async fn keep_fresh(ownership: &Ownership, held: &Held) {
     let ids = held.ids();
     for chunk in ids.chunks(KEEP_CHUNK) {
-        let kept = ownership
-            .fence
-            .keep(&shared.conn, shared.id.as_str(), chunk);
-        match kept.await {
+        match ownership.store.keep(chunk).await {
             Ok(true) => {}
             Ok(false) => return ownership.fenced("keeping held entries fresh"),
             Err(e) => {
-                let partition = ownership.fence.partition();
+                let partition = ownership.store.partition();
                 return warn!(partition, cause = %e, "could not keep held entries fresh");
             }
         }
@@ -125,12 +136,20 @@ async fn keep_fresh<T, S, C>(shared: &Shared<T, S, C>, ownership: &Ownership, he
 }
 
 /// Trims the partition's acknowledged entries.
-async fn trim<T, S, C>(shared: &Shared<T, S, C>, stream: &str) {
-    let mut trim = TRIM.key(stream);
-    trim.arg(keys::GROUP);
-    match shared.conn.invoke::<u64>(&trim).await {
+async fn trim(ownership: &Ownership) {
+    let partition = ownership.store.partition();
+    match ownership.store.trim().await {
         Ok(0) => {}
-        Ok(n) => debug!(stream, trimmed = n, "trimmed acknowledged entries"),
-        Err(e) => warn!(stream, cause = %e, "trim failed"),
+        Ok(n) => debug!(partition, trimmed = n, "trimmed acknowledged entries"),
+        Err(e) => warn!(partition, cause = %e, "trim failed"),
+    }
+}
+
+/// Takes a partition out of the queue gauges when its housekeeping ends.
+struct Forget<'a>(&'a Shared, u32);
+
+impl Drop for Forget<'_> {
+    fn drop(&mut self) {
+        self.0.queue.set(self.1, None);
     }
 }

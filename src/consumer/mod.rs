@@ -11,43 +11,68 @@
 //! and marks the partition released; the new owner waits for that mark or
 //! the handover deadline, records itself as owner with its fencing token,
 //! and starts. Partitions kept by the instance never pause.
+//!
+//! ## Layout
+//!
+//! The builder erases the handler's types; everything after it follows a
+//! task's path, fetch → run → settle, under a partition's ownership.
+//!
+//! | module | owns |
+//! |---|---|
+//! | `builder` | the public builder: settings, the handler service, its layers |
+//! | `settings` | the consumer's settings: defaults, ranges, what `{N}:meta` records |
+//! | `runner` | the handler, its layers and the codec, erased into one `Runner` |
+//! | `shared` | what an instance's parts share (connection, runner, permits, channels) |
+//! | `startup` | what happens in Redis before serving, retried until Redis is there |
+//! | `runtime` | the run loop: start the parts, follow the standing, leave |
+//! | `handover` | the drain-then-switch driver: carries out the transition machine's effects |
+//! | `lease` | the instance's lease (rule 6) |
+//! | `worker` | one owned partition: start its fetch loop and housekeeping, release it |
+//! | `ownership` | a partition as a worker owns it: its store, stop and cancel tokens, fences |
+//! | `fetch` | step 1: acquire, claim, read, hand each entry to a task |
+//! | `run` | step 2: wait for room and the lease, decode, call the handler |
+//! | `settle` | step 3: ack, retry, hand back, take over, dead-letter (fenced) |
+//! | `policy` | how ordered and concurrent partitions differ, asked by the steps |
+//! | `held` | the entries a worker holds, so none runs twice on it |
+//! | `acker` | batched, fenced acks, one round trip per batch |
+//! | `housekeeping` | keep held entries fresh, promote due delayed entries, trim |
+//! | `store` | every Redis command on a partition's keys, the marks, and the start's |
+//! | `scheduler` | periodic jobs: trigger each due time once across the service |
+//! | `event` | partition events for status displays |
+//! | `endpoint` | feature `http`: `/metrics` from the process's Prometheus recorder, `/health/live`, `/health/ready` |
+//! | `meters` | the instance's metric handles (tasks, queue sizes), registered once |
 
 mod acker;
 mod builder;
+#[cfg(feature = "http")]
+mod endpoint;
 mod event;
-mod fetcher;
+mod fetch;
 mod handover;
 mod held;
 mod housekeeping;
 mod lease;
+mod meters;
 mod ownership;
-mod run_task;
+mod policy;
+mod run;
+mod runner;
 mod runtime;
 mod scheduler;
+mod settings;
+mod settle;
+mod shared;
 mod startup;
+mod store;
 mod worker;
 
-use std::marker::PhantomData;
-use std::sync::Arc;
-use std::time::Duration;
-
-use serde::de::DeserializeOwned;
-use tower::Service;
-
-use tokio::sync::{Semaphore, mpsc};
-
-pub use self::builder::{
-    ConsumerBuilder, DEFAULT_BATCH, DEFAULT_BLOCK, DEFAULT_CLAIM_IDLE, DEFAULT_CONCURRENCY,
-    DEFAULT_DRAIN_TIMEOUT, DEFAULT_MAX_ATTEMPTS, DEFAULT_MAX_ENTRY_BYTES,
-};
+pub use self::builder::ConsumerBuilder;
 pub use self::event::{PartitionChange, PartitionEvent};
+pub use self::settings::{
+    DEFAULT_BATCH, DEFAULT_BLOCK, DEFAULT_CLAIM_IDLE, DEFAULT_CONCURRENCY, DEFAULT_DRAIN_TIMEOUT,
+    DEFAULT_MAX_ATTEMPTS, DEFAULT_MAX_ENTRY_BYTES,
+};
 use crate::codec::Bincode;
-use crate::config::ServiceName;
-use crate::connection::SharedConnection;
-use crate::handler::{BoxError, Task};
-use crate::instance::InstanceId;
-use crate::periodic::Registered;
-use crate::retry::Backoff;
 
 /// Runs a service's handler on the partitions this instance owns.
 ///
@@ -85,62 +110,4 @@ impl Consumer {
     pub fn builder() -> ConsumerBuilder<(), (), Bincode> {
         ConsumerBuilder::new()
     }
-}
-
-/// The consumer's settings, validated.
-#[derive(Debug, Clone)]
-pub(crate) struct ConsumerSettings {
-    pub(crate) partitions: u32,
-    pub(crate) concurrency: usize,
-    pub(crate) batch: usize,
-    pub(crate) block: Duration,
-    pub(crate) drain_timeout: Duration,
-    pub(crate) max_attempts: u32,
-    pub(crate) backoff: Backoff,
-    /// One task at a time per partition, in stream order (service-wide).
-    pub(crate) ordered: bool,
-    /// Periodic jobs with their tasks' payloads.
-    pub(crate) periodic: Vec<Registered>,
-    pub(crate) claim_idle: Duration,
-    /// `None`: `3 * interval + drain_timeout`.
-    pub(crate) leave_timeout: Option<Duration>,
-    pub(crate) allow_eviction: bool,
-    /// Larger entries are dead-lettered (`too_large`) undecoded.
-    pub(crate) max_entry_bytes: usize,
-}
-
-/// A handler service the runtime can drive: a tower service of `Task<T>`
-/// that can be cloned per task and sent across threads.
-pub(crate) trait TaskService<T>:
-    Service<Task<T>, Response = (), Error: Into<BoxError>, Future: Send> + Clone + Send + Sync + 'static
-{
-}
-
-impl<T, S> TaskService<T> for S
-where
-    S: Service<Task<T>, Response = ()> + Clone + Send + Sync + 'static,
-    S::Error: Into<BoxError>,
-    S::Future: Send,
-{
-}
-
-/// A task payload type the runtime can decode and move across threads.
-pub(crate) trait Payload: DeserializeOwned + Send + 'static {}
-impl<T: DeserializeOwned + Send + 'static> Payload for T {}
-
-/// What the workers of one instance share.
-pub(crate) struct Shared<T, S, C> {
-    pub(crate) name: ServiceName,
-    pub(crate) id: InstanceId,
-    /// For everything that does not block.
-    pub(crate) conn: Arc<SharedConnection>,
-    pub(crate) service: S,
-    pub(crate) codec: C,
-    /// Tasks in flight on this instance.
-    pub(crate) permits: Arc<Semaphore>,
-    pub(crate) acks: mpsc::UnboundedSender<acker::Ack>,
-    /// Where workers tell the runtime they were fenced.
-    pub(crate) reports: mpsc::UnboundedSender<ownership::Report>,
-    pub(crate) settings: ConsumerSettings,
-    pub(crate) task: PhantomData<fn() -> T>,
 }

@@ -1,5 +1,6 @@
-//! One partition as a worker owns it: its fence, the tokens that stop its
-//! fetching and cancel its tasks, and how it learns it lost the partition.
+//! One partition as a worker owns it: its store (the partition's keys,
+//! with this instance's fencing token), the tokens that stop its fetching
+//! and cancel its tasks, and how it learns it lost the partition.
 //!
 //! Every write to the partition's entries is fenced (docs/design.md §4 rule 8):
 //! once another instance holds the partition, Redis refuses them, and the
@@ -14,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::error;
 
 use super::lease::Lease;
-use crate::fencing::Fence;
+use super::store::PartitionStore;
 
 /// What a worker tells the runtime.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -28,7 +29,9 @@ pub(crate) enum Report {
 /// work once Redis says another instance owns it.
 #[derive(Debug)]
 pub(crate) struct Ownership {
-    pub(crate) fence: Arc<Fence>,
+    /// The partition's keys and the commands on them, fenced with this
+    /// worker's token.
+    pub(crate) store: Arc<PartitionStore>,
     /// Stops fetching (and claiming); tasks not started yet are handed back.
     pub(crate) stop: CancellationToken,
     /// Cancels running tasks.
@@ -45,11 +48,11 @@ pub(crate) struct Ownership {
 }
 
 impl Ownership {
-    /// The partition of `fence`, owned now; Redis's refusals are told to
+    /// The partition of `store`, owned now; Redis's refusals are told to
     /// `reports`.
-    pub(crate) fn new(fence: Fence, reports: mpsc::UnboundedSender<Report>) -> Self {
+    pub(crate) fn new(store: PartitionStore, reports: mpsc::UnboundedSender<Report>) -> Self {
         Ownership {
-            fence: Arc::new(fence),
+            store: Arc::new(store),
             stop: CancellationToken::new(),
             cancel: CancellationToken::new(),
             delayed: Notify::new(),
@@ -89,7 +92,7 @@ impl Ownership {
     /// refused too; the new owner runs it), and tell the runtime, once.
     pub(crate) fn fenced(&self, what: &str) {
         if !self.is_fenced.swap(true, Ordering::SeqCst) {
-            let (partition, token) = (self.fence.partition(), self.fence.token());
+            let (partition, token) = (self.store.partition(), self.store.token());
             error!(
                 partition,
                 token, what, "fenced: another instance owns the partition now; dropping its work"

@@ -2,7 +2,6 @@
 //! down gracefully.
 
 use std::future::Future;
-use std::marker::PhantomData;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,19 +11,25 @@ use tokio::sync::{Semaphore, broadcast, mpsc, watch};
 use tokio::time::Instant;
 use tracing::{info, warn};
 
+use super::acker;
+use super::event::PartitionEvent;
 use super::handover::Handover;
 use super::lease::Lease;
+use super::meters::{QueueGauges, TaskMetrics};
+use super::policy::Order;
+use super::runner::Runner;
 use super::scheduler;
+use super::settings::ConsumerSettings;
+use super::shared::Shared;
 use super::startup::Startup;
-use super::{ConsumerSettings, PartitionEvent, Payload, Shared, TaskService, acker};
 use crate::clock::Clock;
-use crate::codec::Codec;
-use crate::config::{self, IndexerSettings, ServiceName, fmt_duration};
+use crate::config::{IndexerSettings, ServiceName};
 use crate::connection::SharedConnection;
 use crate::error::{Error, Result};
 use crate::indexer::Standing;
 use crate::instance::InstanceId;
-use crate::transition::Timing;
+use crate::presence::Presence;
+use crate::timing::Timing;
 
 /// How long leaving at once waits for cancelled tasks to be enqueued again
 /// and finished ones to be acked.
@@ -33,15 +38,17 @@ const ABANDON_AFTER: Duration = Duration::from_secs(1);
 const ACKER_GRACE: Duration = Duration::from_secs(15);
 
 /// Everything `run` needs, validated.
-pub(super) struct Parts<S, C> {
+pub(super) struct Parts {
     pub(super) name: ServiceName,
+    /// This instance.
+    pub(super) id: InstanceId,
     /// The Redis, as errors and logs name it (no password).
     pub(super) redis: String,
     pub(super) pool: Pool,
     pub(super) indexer: IndexerSettings,
     pub(super) settings: ConsumerSettings,
-    pub(super) service: S,
-    pub(super) codec: C,
+    /// The handler service with its layers and the codec.
+    pub(super) runner: Runner,
     pub(super) standing: watch::Sender<Standing>,
     pub(super) events: broadcast::Sender<PartitionEvent>,
     pub(super) clock: Arc<dyn Clock>,
@@ -70,8 +77,8 @@ pub(super) async fn shutdown_signal() {
 
 /// Runs the consumer: a graceful leave when `signal` resolves, and a leave
 /// at once when `again()` resolves after it, or at the leave timeout.
-pub(super) async fn run<T: Payload, S: TaskService<T>, C: Codec, F>(
-    parts: Parts<S, C>,
+pub(super) async fn run<F>(
+    parts: Parts,
     signal: impl Future<Output = ()> + Send,
     again: impl FnOnce() -> F + Send,
 ) -> Result<()>
@@ -80,30 +87,21 @@ where
 {
     let Parts {
         name,
+        id,
         redis,
         pool,
         indexer,
         settings,
-        service,
-        codec,
+        runner,
         standing: published,
         events,
         clock,
     } = parts;
     let conn = Arc::new(SharedConnection::new(pool));
-    let mut fields = config::queue_meta_fields(settings.partitions, C::NAME);
-    fields.push(("drain_timeout", fmt_duration(settings.drain_timeout)));
-    fields.push(("ordered", settings.ordered.to_string()));
-    let id = InstanceId::generate();
-    let timing = Timing {
-        interval: indexer.interval,
-        skew: indexer.skew,
-        lease_margin: indexer.lease_margin,
-        drain_timeout: settings.drain_timeout,
-    };
-    let leave_timeout = settings
-        .leave_timeout
-        .unwrap_or(3 * indexer.interval + settings.drain_timeout);
+    let fields = settings.meta_fields(runner.codec());
+    let timing = Timing::new(&indexer, settings.drain_timeout);
+    let leave_timeout = settings.leave_timeout(indexer.interval);
+    let presence = Arc::new(Presence::new(clock.clone()));
     tokio::pin!(signal);
     let startup = Startup {
         name: &name,
@@ -115,6 +113,8 @@ where
         meta: &fields,
         partitions: settings.partitions,
         allow_eviction: settings.allow_eviction,
+        periodic: &settings.periodic,
+        presence: &presence,
     };
     // A stop while Redis cannot be reached ends the wait for it.
     let Some(indexer) = startup.run(&mut signal).await? else {
@@ -127,13 +127,15 @@ where
         name: name.clone(),
         id: id.clone(),
         conn,
-        service,
-        codec,
+        runner,
+        order: Order::of(settings.ordered),
+        metrics: TaskMetrics::new(&name, presence.clone()),
+        queue: QueueGauges::new(&name),
+        interval: timing.interval,
         permits: Arc::new(Semaphore::new(settings.concurrency)),
         acks,
         reports,
         settings,
-        task: PhantomData,
     });
     info!(service = %name, instance = %id, "consumer started");
 

@@ -8,13 +8,17 @@ use std::time::{Duration, SystemTime};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, warn};
+use tracing::{Instrument, debug, warn};
 
 use crate::clock::Clock;
 use crate::config::ServiceName;
 use crate::connection::SharedConnection;
 use crate::indexer::Standing;
 use crate::periodic::Registered;
+use crate::retry::Pauses;
+
+/// The pauses between two tries of a trigger: 50 ms, doubling, at most 5 s.
+const TRIGGER_PAUSES: Pauses = Pauses::new(Duration::from_millis(50), Duration::from_secs(5));
 
 /// Runs the jobs' schedules until `stop`.
 pub(super) fn spawn(
@@ -37,12 +41,13 @@ pub(super) fn spawn(
             standing: standing.clone(),
         };
         let stop = stop.clone();
-        set.spawn(async move {
+        let run = async move {
             tokio::select! {
                 _ = stop.cancelled() => {}
                 _ = schedule.run() => {}
             }
-        });
+        };
+        set.spawn(run.in_current_span());
     }
     set
 }
@@ -113,7 +118,7 @@ impl Schedule {
             .period_near(due)
             .unwrap_or(Duration::from_secs(1));
         let give_up = due + period / 2;
-        let mut backoff = Duration::from_millis(50);
+        let mut pauses = TRIGGER_PAUSES;
         loop {
             let triggered = self
                 .job
@@ -121,10 +126,9 @@ impl Schedule {
             match triggered.await {
                 Ok(true) => return debug!(job, ?due, why, "periodic job triggered"),
                 Ok(false) => return,
-                Err(e) if self.now() + backoff < give_up => {
+                Err(e) if self.now() + pauses.upcoming() < give_up => {
                     debug!(job, ?due, cause = %e, "could not trigger the periodic job; retrying");
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(Duration::from_secs(5));
+                    pauses.wait().await;
                 }
                 Err(e) => return warn!(job, ?due, cause = %e, "could not trigger the periodic job"),
             }

@@ -14,17 +14,19 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use deadpool_redis::redis;
 use tracing::warn;
 
+use super::store;
 use crate::clock::Clock;
 use crate::config::{IndexerSettings, ServiceName};
 use crate::connection::{self, SharedConnection};
 use crate::error::{Error, Result};
 use crate::indexer::{Indexer, IndexerHandle};
 use crate::instance::InstanceId;
+use crate::meta;
+use crate::periodic::{self, Registered};
+use crate::presence::Presence;
 use crate::retry::{self, Backoff};
-use crate::{keys, meta};
 
 /// The wait between start attempts: soon after the first failures (Redis
 /// is usually a moment away), then at most 10 s, one warning per wait.
@@ -43,6 +45,10 @@ pub(super) struct Startup<'a> {
     pub(super) meta: &'a [(&'static str, String)],
     pub(super) partitions: u32,
     pub(super) allow_eviction: bool,
+    /// The periodic jobs, whose schedules are recorded.
+    pub(super) periodic: &'a [Registered],
+    /// What the rounds tell the others about this instance.
+    pub(super) presence: &'a Arc<Presence>,
 }
 
 impl Startup<'_> {
@@ -79,7 +85,9 @@ impl Startup<'_> {
         let started = async {
             check_eviction(self.conn, self.allow_eviction).await?;
             meta::ensure(&mut self.conn.get().await?, self.name, self.meta).await?;
-            create_groups(self.conn, self.name, self.partitions).await?;
+            store::create_groups(self.conn, self.name, self.partitions).await?;
+            periodic::record_schedules(self.conn, self.name, self.partitions, self.periodic)
+                .await?;
             Indexer::builder()
                 .name(self.name.as_str())
                 .pool(self.conn.pool().clone())
@@ -89,6 +97,7 @@ impl Startup<'_> {
                 .indexing(self.indexer.indexing)
                 .clock(self.clock.clone())
                 .instance_id(self.id.clone())
+                .presence(self.presence.clone())
                 .build()?
                 .start()
                 .await
@@ -103,16 +112,9 @@ impl Startup<'_> {
     }
 }
 
-/// Refuses a Redis that may evict keys, unless the user allowed it. Reads
-/// `INFO memory`, which managed services and ACL users allow more often
-/// than `CONFIG GET`.
+/// Refuses a Redis that may evict keys, unless the user allowed it.
 async fn check_eviction(conn: &SharedConnection, allowed: bool) -> Result<()> {
-    let info: String = conn.query(redis::cmd("INFO").arg("memory")).await?;
-    let policy = info
-        .lines()
-        .find_map(|l| l.strip_prefix("maxmemory_policy:"))
-        .map(|p| p.trim().to_owned())
-        .unwrap_or_default();
+    let policy = store::eviction_policy(conn).await?;
     if policy == "noeviction" || policy.is_empty() {
         return Ok(());
     }
@@ -131,29 +133,4 @@ async fn check_eviction(conn: &SharedConnection, allowed: bool) -> Result<()> {
              .allow_eviction(true) to run anyway"
         ),
     ))
-}
-
-/// Creates every partition's stream and consumer group, reading from the
-/// start, so tasks enqueued before any consumer existed are delivered. One
-/// pipeline; BUSYGROUP (the group exists) is the common answer.
-async fn create_groups(conn: &SharedConnection, name: &ServiceName, partitions: u32) -> Result<()> {
-    let mut pipe = redis::pipe();
-    pipe.ignore_errors();
-    for p in 0..partitions {
-        pipe.cmd("XGROUP")
-            .arg("CREATE")
-            .arg(keys::stream(name, p))
-            .arg(keys::GROUP)
-            .arg("0")
-            .arg("MKSTREAM");
-    }
-    let replies: Vec<redis::RedisResult<redis::Value>> = conn.query_pipe(&pipe).await?;
-    for reply in replies {
-        match reply {
-            Ok(_) => {}
-            Err(e) if e.code() == Some("BUSYGROUP") => {}
-            Err(e) => return Err(e.into()),
-        }
-    }
-    Ok(())
 }

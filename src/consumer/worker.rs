@@ -1,30 +1,28 @@
 //! One owned partition: start its fetch loop and housekeeping, and release
 //! it on demand (drain, cancel, drop the reader). Fetching is
-//! [`super::fetcher`]'s job, running one entry [`super::run_task`]'s, and the
+//! [`super::fetch`]'s job, running one entry [`super::run`]'s, and the
 //! partition's fence and stop tokens are [`super::ownership`]'s.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use deadpool_redis::redis;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::{CancellationToken, DropGuard};
 use tokio_util::task::TaskTracker;
-use tracing::{debug, warn};
+use tracing::{Instrument, debug, warn};
 
-use super::fetcher::Fetcher;
+use super::fetch::Fetcher;
 use super::held::Held;
 use super::housekeeping::housekeeping;
 use super::lease::Lease;
 use super::ownership::Ownership;
-use super::{Payload, Shared, TaskService};
+use super::shared::Shared;
+use super::store::{self, PartitionStore};
 use crate::assignment::Assignment;
-use crate::codec::Codec;
 use crate::connection::SharedConnection;
-use crate::fencing::Fence;
 
 /// How long a release waits for Redis to drop a reader it could not stop.
 const KILL_TIMEOUT: Duration = Duration::from_secs(1);
@@ -45,33 +43,35 @@ pub(crate) struct Worker {
 }
 
 impl Worker {
-    /// Acquires the partition of `fence` (records the owner, claims what
+    /// Acquires the partition of `store` (records the owner, claims what
     /// others hold) and works on it under `assignment` while `lease` holds.
-    pub(crate) fn start<T: Payload, S: TaskService<T>, C: Codec>(
-        shared: Arc<Shared<T, S, C>>,
-        fence: Fence,
+    pub(crate) fn start(
+        shared: Arc<Shared>,
+        store: PartitionStore,
         assignment: watch::Receiver<Assignment>,
         lease: Lease,
     ) -> Worker {
-        let partition = fence.partition();
-        let ownership = Arc::new(Ownership::new(fence, shared.reports.clone()));
+        let partition = store.partition();
+        let ownership = Arc::new(Ownership::new(store, shared.reports.clone()));
         let done = CancellationToken::new();
         let reader = Arc::new(AtomicU64::new(0));
         let conn = shared.conn.clone();
         let tracker = TaskTracker::new();
         let held = Held::default();
         let acquired = CancellationToken::new();
-        tokio::spawn(housekeeping(
-            shared.clone(),
-            ownership.clone(),
-            held.clone(),
-            acquired.clone(),
-            done.clone(),
-        ));
+        tokio::spawn(
+            housekeeping(
+                shared.clone(),
+                ownership.clone(),
+                held.clone(),
+                acquired.clone(),
+                done.clone(),
+            )
+            .in_current_span(),
+        );
         let fetcher = Fetcher {
             shared,
             partition,
-            stream: ownership.fence.stream().to_owned(),
             assignment,
             lease,
             ownership: ownership.clone(),
@@ -80,7 +80,7 @@ impl Worker {
             tracker: tracker.clone(),
             held,
         };
-        let fetch = tokio::spawn(fetcher.run());
+        let fetch = tokio::spawn(fetcher.run().in_current_span());
         Worker {
             partition,
             ownership,
@@ -147,9 +147,7 @@ impl Worker {
         if id == 0 {
             return;
         }
-        let mut kill = redis::cmd("CLIENT");
-        kill.arg("KILL").arg("ID").arg(id);
-        match tokio::time::timeout(KILL_TIMEOUT, self.conn.query::<redis::Value>(&kill)).await {
+        match tokio::time::timeout(KILL_TIMEOUT, store::kill(&self.conn, id)).await {
             Ok(Ok(_)) => {}
             Ok(Err(e)) => {
                 debug!(partition = self.partition, cause = %e, "could not drop the reader")

@@ -27,6 +27,7 @@ use deadpool_redis::Pool;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use crate::assignment::Assignment;
 use crate::clock::{Clock, SystemClock};
@@ -34,6 +35,7 @@ use crate::config::{IndexerSettings, Indexing, ServiceName};
 use crate::error::Result;
 use crate::instance::InstanceId;
 use crate::meta;
+use crate::presence::Presence;
 
 use self::round::RoundLoop;
 use self::schedule::Schedule;
@@ -165,6 +167,8 @@ pub struct IndexerBuilder {
     pool: Option<Pool>,
     url: Option<String>,
     instance_id: Option<InstanceId>,
+    /// A consumer's live values, sent each round (`None`: a bare indexer).
+    presence: Option<Arc<Presence>>,
 }
 
 impl fmt::Debug for IndexerBuilder {
@@ -229,6 +233,13 @@ impl IndexerBuilder {
         self
     }
 
+    /// A consumer's live values, for its members record and per-minute
+    /// counts, sent with each round.
+    pub(crate) fn presence(mut self, presence: Arc<Presence>) -> Self {
+        self.presence = Some(presence);
+        self
+    }
+
     /// This instance's id (default [`InstanceId::generate`]).
     pub fn instance_id(mut self, id: InstanceId) -> Self {
         self.instance_id = Some(id);
@@ -240,17 +251,21 @@ impl IndexerBuilder {
         let name = ServiceName::new(self.name.as_deref().unwrap_or_default())?;
         self.settings.validate()?;
         let pool = crate::connection::pool(self.pool, self.url)?;
-        // A constant offset in [0, I/2), drawn once: it keeps the order in
-        // which instances act stable from interval to interval.
-        let offset = self.settings.interval.mul_f64(rand::random::<f64>() / 2.0);
-        let offset = offset.min(self.settings.interval / 2 - Duration::from_nanos(1));
+        // A constant offset, drawn once: it keeps the order in which
+        // instances act stable from interval to interval.
+        let schedule = Schedule::drawn(
+            self.settings.interval,
+            self.settings.skew,
+            rand::random::<f64>(),
+        );
         Ok(Indexer {
             name,
             id: self.instance_id.unwrap_or_else(InstanceId::generate),
-            schedule: Schedule::new(self.settings.interval, self.settings.skew, offset),
+            schedule,
             settings: self.settings,
             clock: self.clock,
             pool,
+            presence: self.presence,
         })
     }
 }
@@ -263,6 +278,7 @@ pub struct Indexer {
     schedule: Schedule,
     clock: Arc<dyn Clock>,
     pool: Pool,
+    presence: Option<Arc<Presence>>,
 }
 
 impl fmt::Debug for Indexer {
@@ -286,6 +302,7 @@ impl Indexer {
             pool: None,
             url: None,
             instance_id: None,
+            presence: None,
         }
     }
 
@@ -310,11 +327,12 @@ impl Indexer {
             self.clock,
             self.pool,
             tx,
-        );
+        )
+        .with_presence(self.presence);
         // Measured at start too, so a bad clock is reported before the first
         // round, which then writes nothing.
         rounds.check_clock().await?;
-        let task = tokio::spawn(rounds.run(stop.clone(), leave.clone()));
+        let task = tokio::spawn(rounds.run(stop.clone(), leave.clone()).in_current_span());
         Ok(IndexerHandle {
             id: self.id,
             offset,

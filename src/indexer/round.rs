@@ -18,6 +18,7 @@ use crate::config::{IndexerSettings, Indexing, ServiceName};
 use crate::connection::SharedConnection;
 use crate::error::{Error, Result};
 use crate::instance::InstanceId;
+use crate::presence::Presence;
 use crate::{keys, metrics as m};
 
 /// How long a round key lives, in intervals: it is written during one
@@ -77,6 +78,8 @@ pub(super) struct RoundLoop {
     /// skew. While it is, rounds write nothing (and the error is logged once
     /// per episode, not every round).
     clock_fenced: bool,
+    /// A consumer's live values, sent alongside each round.
+    presence: Option<Arc<Presence>>,
 }
 
 impl RoundLoop {
@@ -99,7 +102,14 @@ impl RoundLoop {
             tx,
             counted: None,
             clock_fenced: false,
+            presence: None,
         }
+    }
+
+    /// Sends a consumer's members record and counts with each round.
+    pub(super) fn with_presence(mut self, presence: Option<Arc<Presence>>) -> Self {
+        self.presence = presence;
+        self
     }
 
     pub(super) async fn run(mut self, stop: CancellationToken, leave: CancellationToken) {
@@ -119,6 +129,7 @@ impl RoundLoop {
             let left = matches!(standing, Standing::Left { .. });
             self.publish(standing);
             if left {
+                self.forget().await;
                 return;
             }
             n = self.schedule.next_round(n, self.clock.now());
@@ -180,6 +191,7 @@ impl RoundLoop {
         prev: Option<Counted>,
     ) -> Result<Standing> {
         let mut conn = self.conn.get().await?;
+        self.tell(&conn, leaving);
         let write = !leaving && !self.clock_fenced;
         let before = self.clock.now();
         let reply = self.write_and_read(&mut conn, number, write, prev).await?;
@@ -215,6 +227,36 @@ impl RoundLoop {
                 reason: FenceReason::NotCounted,
             },
         })
+    }
+
+    /// Sends the consumer's members record and counts, if any, with the
+    /// round ([`Presence::send`]).
+    fn tell(&self, conn: &MultiplexedConnection, leaving: bool) {
+        if let Some(presence) = &self.presence {
+            let current = self.tx.borrow().clone();
+            let interval = self.settings.interval;
+            presence.send(conn, &self.name, &self.id, &current, leaving, interval);
+        }
+    }
+
+    /// Removes this instance's members record once it has left.
+    async fn forget(&self) {
+        if self.presence.is_none() {
+            return;
+        }
+        let forget = async {
+            let mut conn = self.conn.get().await?;
+            Presence::leave(&mut conn, &self.name, &self.id).await
+        };
+        match tokio::time::timeout(self.settings.interval, forget).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                debug!(service = %self.name, cause = %e, "members record not removed; it goes stale")
+            }
+            Err(_) => {
+                debug!(service = %self.name, "members record not removed in time; it goes stale")
+            }
+        }
     }
 
     /// Runs the round's script: writes this round (if `write`) and reads the

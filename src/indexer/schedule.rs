@@ -1,11 +1,19 @@
 //! When rounds run and which number they use: the pure arithmetic of
 //! docs/design.md §2, kept apart from I/O so it can be tested exhaustively.
+//! Epochs and their starts are [`crate::timing`]'s, shared with the
+//! handover rules.
 
 use std::time::Duration;
+
+use crate::timing;
 
 /// The slack, beyond twice the skew, that a round keeps before the end of
 /// its interval: timer lateness plus the round's own latency.
 const LATE_SLACK: Duration = Duration::from_millis(50);
+
+/// The share of the interval that a round keeps between its offset and its
+/// late end, for the timer waking it late and the machine being busy.
+const WAKE_ROOM: u32 = 10;
 
 /// One instance's round schedule: round `n` runs at local time `I * n + offset`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -41,27 +49,36 @@ impl Schedule {
     /// instance's constant `offset` (below `interval / 2`).
     pub(crate) fn new(interval: Duration, skew: Duration, offset: Duration) -> Self {
         debug_assert!(offset < interval / 2);
-        // A write later than this after its interval began is skipped
-        // (docs/design.md §2). Offsets are below I/2, so a round on time never is.
-        let late_end = (interval / 2).max(interval.saturating_sub(2 * skew + LATE_SLACK));
         Schedule {
             interval,
             offset,
-            late_end,
+            late_end: late_end(interval, skew),
             skew,
         }
     }
 
-    /// The local time at which round `n` runs: `I * n + offset`.
+    /// A schedule whose offset is drawn at `draw` (in `[0, 1)`) of the way
+    /// through the offsets this interval and skew allow: below `I/2`, and
+    /// at least `I/10` before the late end. With late end `I/2` (short
+    /// intervals, large skew), an offset just below `I/2` would wake a few
+    /// milliseconds late every round, past the late end, and the instance
+    /// would never be assigned at all.
+    pub(crate) fn drawn(interval: Duration, skew: Duration, draw: f64) -> Self {
+        let bound = (interval / 2).min(late_end(interval, skew) - interval / WAKE_ROOM);
+        let offset = bound.mul_f64(draw.clamp(0.0, 1.0));
+        Schedule::new(interval, skew, offset.min(bound - Duration::from_nanos(1)))
+    }
+
+    /// The local time at which round `n` runs: `offset` into the interval
+    /// of epoch `n + 1`, `I * n + offset`.
     pub(crate) fn round_time(&self, n: u64) -> Duration {
-        duration_from_nanos(self.interval.as_nanos() * u128::from(n) + self.offset.as_nanos())
+        timing::epoch_start(self.interval, n.saturating_add(1)).saturating_add(self.offset)
     }
 
     /// The round number of round `n`, from its scheduled time, never from a
     /// fresh clock read: `floor((I * n + offset) / I) + 1`, which is `n + 1`.
     pub(crate) fn number(&self, n: u64) -> u64 {
-        let number = self.round_time(n).as_nanos() / self.interval.as_nanos() + 1;
-        u64::try_from(number).unwrap_or(u64::MAX)
+        timing::epoch_at(self.interval, self.round_time(n))
     }
 
     /// The first round whose scheduled time is at or after `now`.
@@ -107,7 +124,7 @@ impl Schedule {
 
     /// Where the interval of round `number` begins: `(number - 1) * I`.
     pub(crate) fn interval_start(&self, number: u64) -> Duration {
-        duration_from_nanos(self.interval.as_nanos() * u128::from(number.saturating_sub(1)))
+        timing::epoch_start(self.interval, number)
     }
 
     /// This instance's constant offset within each interval.
@@ -121,9 +138,10 @@ impl Schedule {
     }
 }
 
-fn duration_from_nanos(nanos: u128) -> Duration {
-    let secs = u64::try_from(nanos / 1_000_000_000).unwrap_or(u64::MAX);
-    Duration::new(secs, (nanos % 1_000_000_000) as u32)
+/// How far into its interval a round may still write (docs/design.md §2):
+/// `max(I/2, I - 2S - 50 ms)`, always at least `I/2`.
+fn late_end(interval: Duration, skew: Duration) -> Duration {
+    (interval / 2).max(interval.saturating_sub(2 * skew + LATE_SLACK))
 }
 
 #[cfg(test)]
@@ -221,6 +239,18 @@ mod tests {
                 }
             }
             prop_assert!(s.next_round(n, woke) > n);
+        }
+
+        /// Whatever offset an instance draws, its round still writes when the
+        /// timer wakes it up to `I/10` late: no instance is skipped every
+        /// round for an offset too close to the late end.
+        #[test]
+        fn every_drawn_offset_survives_a_late_wake(i_ms in 100u64..10_000, s_frac in 0.0f64..0.25, draw in 0.0f64..1.0, n in 1u64..1_000_000_000, late_frac in 0.0f64..=0.0999) {
+            let i = Duration::from_millis(i_ms);
+            let s = Schedule::drawn(i, i.mul_f64(s_frac), draw);
+            prop_assert!(s.offset() < i / 2);
+            let woke = s.round_time(n) + i.mul_f64(late_frac);
+            prop_assert!(matches!(s.plan(n, woke), Plan::OnTime { .. }), "offset {:?}, late end {:?}", s.offset(), s.late_end());
         }
 
         /// The next round is always later than the last, and it is either

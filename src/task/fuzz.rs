@@ -219,7 +219,8 @@ fn as_map(entry: &Entry) -> HashMap<String, Value> {
 }
 
 /// What a consumer does with `map`: the entry and its task, to run, or
-/// why not, for the dead letters (the two calls `run_task` makes).
+/// why not, for the dead letters (the two calls the consumer makes:
+/// `Entry::read` as it fetches, `Entry::decode` as it runs).
 fn classify<T: DeserializeOwned, C: Codec>(
     map: &HashMap<String, Value>,
     limit: usize,

@@ -1,8 +1,8 @@
 //! Test harness shared by the integration tests: private `redis-server`
 //! processes on free ports ([`RedisServer`]), a TCP proxy that can cut,
 //! blackhole, hold or delay (jitter) its clients' links to Redis
-//! ([`Proxy`]), unique service names and
-//! tracing setup.
+//! ([`Proxy`]), unique service names, a metrics recorder that keeps its
+//! values ([`recorder`]) and tracing setup.
 //!
 //! Everything here but [`wait_until`] is synchronous and owns its threads
 //! and processes, so it works the same from a plain `#[test]` and from a
@@ -20,6 +20,7 @@
 
 mod process;
 mod proxy;
+pub mod recorder;
 mod redis_server;
 mod wait;
 

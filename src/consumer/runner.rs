@@ -1,0 +1,119 @@
+//! The handler, its layers and the codec, erased into one [`Runner`] when
+//! the consumer is built.
+//!
+//! Everything past the builder (the handover driver, workers, fetching,
+//! settling, housekeeping) works with entries and [`TaskContext`]s only, so
+//! none of it is generic over the task type, the service or the codec: it
+//! is compiled once, and a change to it reads without type parameters. The
+//! price is one boxed future per task, which is small beside a round trip.
+
+use std::marker::PhantomData;
+use std::sync::Arc;
+
+use futures_util::future::BoxFuture;
+use serde::de::DeserializeOwned;
+use tower::{Service, ServiceExt};
+
+use crate::codec::Codec;
+use crate::handler::{BoxError, Task, TaskContext};
+use crate::task::{Entry, Unrunnable};
+
+/// A handler service the runtime can drive: a tower service of `Task<T>`
+/// that can be cloned per task and sent across threads.
+pub(crate) trait TaskService<T>:
+    Service<Task<T>, Response = (), Error: Into<BoxError>, Future: Send> + Clone + Send + Sync + 'static
+{
+}
+
+impl<T, S> TaskService<T> for S
+where
+    S: Service<Task<T>, Response = ()> + Clone + Send + Sync + 'static,
+    S::Error: Into<BoxError>,
+    S::Future: Send,
+{
+}
+
+/// A task payload type the runtime can decode and move across threads.
+pub(crate) trait Payload: DeserializeOwned + Send + 'static {}
+impl<T: DeserializeOwned + Send + 'static> Payload for T {}
+
+/// One decoded task, ready to be called with its context.
+pub(crate) struct Call(Box<dyn FnOnce(TaskContext) -> BoxFuture<'static, HandlerResult> + Send>);
+
+/// What the handler service returned.
+pub(crate) type HandlerResult = Result<(), BoxError>;
+
+impl Call {
+    /// Calls the handler service (once it is ready) with the task.
+    pub(crate) fn call(self, cx: TaskContext) -> BoxFuture<'static, HandlerResult> {
+        (self.0)(cx)
+    }
+}
+
+/// Decodes an entry's payload and prepares the call of the handler.
+trait Prepare: Send + Sync {
+    fn prepare(&self, entry: &Entry) -> Result<Call, Unrunnable>;
+}
+
+/// The handler service `S` of tasks `T` encoded with `C`.
+struct Typed<T, S, C> {
+    service: S,
+    codec: C,
+    task: PhantomData<fn() -> T>,
+}
+
+impl<T: Payload, S: TaskService<T>, C: Codec> Prepare for Typed<T, S, C> {
+    fn prepare(&self, entry: &Entry) -> Result<Call, Unrunnable> {
+        let payload: T = entry.decode(&self.codec)?;
+        // A clone per task, as tower's services expect (`ConcurrencyLimit`
+        // takes its permit in `poll_ready` and gives it back on drop).
+        let mut service = self.service.clone();
+        Ok(Call(Box::new(move |cx| {
+            Box::pin(async move {
+                let service = service.ready().await.map_err(Into::into)?;
+                service.call(Task { payload, cx }).await.map_err(Into::into)
+            })
+        })))
+    }
+}
+
+/// The handler service with its layers and the service's codec, with their
+/// types erased; cheap to clone.
+#[derive(Clone)]
+pub(crate) struct Runner {
+    prepare: Arc<dyn Prepare>,
+    codec: &'static str,
+}
+
+impl std::fmt::Debug for Runner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Runner")
+            .field("codec", &self.codec)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Runner {
+    /// Erases `service`, a service of tasks `T` encoded with `C`.
+    pub(crate) fn new<T: Payload, S: TaskService<T>, C: Codec>(service: S) -> Runner {
+        Runner {
+            prepare: Arc::new(Typed {
+                service,
+                codec: C::default(),
+                task: PhantomData::<fn() -> T>,
+            }),
+            codec: C::NAME,
+        }
+    }
+
+    /// The codec's name, as `{N}:meta` and each entry record it.
+    pub(crate) fn codec(&self) -> &'static str {
+        self.codec
+    }
+
+    /// Decodes `entry`'s payload into the task and prepares the handler's
+    /// call; the error says why it cannot run (the dead letters' reason).
+    pub(crate) fn prepare(&self, entry: &Entry) -> Result<Call, Unrunnable> {
+        self.prepare.prepare(entry)
+    }
+}

@@ -1,0 +1,225 @@
+//! The last step of a task's path, fetch → run → settle: the entry leaves
+//! the partition's pending list. It is acked (through the acker, in
+//! batches), enqueued again (a retry, a cancellation, a hand-back, a
+//! take-over) or moved to the dead letters with its reason. Each of these
+//! writes is fenced (docs/design.md §4 rule 8): once the partition has a
+//! newer owner, Redis refuses it, the entry stays pending for that owner,
+//! and this worker drops the partition's work.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use tokio::sync::oneshot;
+use tracing::{error, warn};
+
+use super::acker::{Ack, Acked};
+use super::ownership::Ownership;
+use super::shared::Shared;
+use super::store::{Fields, Moved, To};
+use crate::dead_letters::added;
+use crate::handler::Disposition;
+use crate::task::Entry;
+
+/// Settles one entry of one partition, and remembers whether it did.
+pub(crate) struct Settle {
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) ownership: Arc<Ownership>,
+    /// Whether the entry is no longer pending: acked, or moved (retried,
+    /// dead-lettered, handed back).
+    settled: AtomicBool,
+}
+
+impl Settle {
+    /// Settles entries of the partition `ownership` holds.
+    pub(crate) fn new(shared: Arc<Shared>, ownership: Arc<Ownership>) -> Settle {
+        Settle {
+            shared,
+            ownership,
+            settled: AtomicBool::new(false),
+        }
+    }
+
+    /// Whether the entry is no longer pending.
+    pub(crate) fn is_settled(&self) -> bool {
+        self.settled.load(Ordering::SeqCst)
+    }
+
+    fn partition(&self) -> u32 {
+        self.ownership.store.partition()
+    }
+
+    /// Acks entry `id` (its task succeeded), in the acker's next batch;
+    /// [`confirm`](Self::confirm) waits for it.
+    pub(crate) fn ack(&self, id: String) -> oneshot::Receiver<Acked> {
+        let (done, acked) = oneshot::channel();
+        let _ = self.shared.acks.send(Ack {
+            store: self.ownership.store.clone(),
+            id,
+            done,
+        });
+        acked
+    }
+
+    /// Waits until the ack has landed, was refused or was given up.
+    pub(crate) async fn confirm(&self, acked: oneshot::Receiver<Acked>) {
+        match acked.await {
+            Ok(Acked::Yes) => {
+                self.settled.store(true, Ordering::SeqCst);
+                self.shared.metrics.acked();
+            }
+            Ok(Acked::Fenced) => self.ownership.fenced("acking"),
+            _ => {}
+        }
+    }
+
+    /// After a failed attempt: the delay before the next one, or why there
+    /// is none (the dead letters' reason).
+    pub(crate) fn next_attempt(
+        &self,
+        entry: &Entry,
+        error: &str,
+        disposition: Disposition,
+    ) -> Result<Duration, &'static str> {
+        let settings = &self.shared.settings;
+        match disposition {
+            Disposition::Permanent => {
+                warn!(error, "task failed permanently; moved to the dead letters");
+                Err("permanent")
+            }
+            _ if entry.attempt >= settings.max_attempts => {
+                warn!(
+                    error,
+                    "task failed its last attempt; moved to the dead letters"
+                );
+                Err("failed")
+            }
+            Disposition::RetryAfter(delay) => Ok(delay),
+            _ => Ok(settings.backoff.delay(entry.attempt)),
+        }
+    }
+
+    /// A failed attempt: retried after its backoff (or the delay the error
+    /// asked for), or moved to the dead letters after the last attempt or
+    /// on a permanent error.
+    pub(crate) async fn failed(
+        &self,
+        id: &str,
+        entry: &Entry,
+        error: &str,
+        disposition: Disposition,
+    ) {
+        match self.next_attempt(entry, error, disposition) {
+            Ok(delay) => {
+                if self.retry(id, entry, error, delay).await {
+                    self.shared.metrics.retried();
+                }
+            }
+            Err(reason) => self.dead_letter(id, entry.fields(), reason, error).await,
+        }
+    }
+
+    /// Acks entry `id` and enqueues the task again with `attempt + 1`
+    /// after `delay` (in the partition's delayed set until due), in one
+    /// fenced script; true if Redis did so now.
+    pub(crate) async fn retry(&self, id: &str, entry: &Entry, why: &str, delay: Duration) -> bool {
+        warn!(why, retry_in = ?delay, "task enqueued again");
+        let next = Entry {
+            attempt: entry.attempt + 1,
+            ..entry.clone()
+        };
+        let retried = self.ownership.store.retry(id, delay, &next).await;
+        if matches!(retried, Ok(Moved::Yes)) && !delay.is_zero() {
+            self.ownership.delayed.notify_one();
+        }
+        self.moved(retried, "enqueuing the task again")
+    }
+
+    /// A claimed entry (from a crashed or fenced instance, a lost ack) may
+    /// have run there, so it is enqueued again with `attempt + 1`
+    /// (docs/design.md §5.3: a task that may run twice says so in its
+    /// attempt number) and runs when fetched.
+    pub(crate) async fn take_over(&self, id: &str, entry: &Entry) {
+        let next = Entry {
+            attempt: entry.attempt + 1,
+            ..entry.clone()
+        };
+        let moved = self
+            .ownership
+            .store
+            .move_entry(To::Stream, id, &next.fields())
+            .await;
+        self.moved(moved, "taking over a claimed entry");
+    }
+
+    /// Enqueues a fetched but never started entry again as it is, and acks
+    /// this copy, so the partition's next owner runs it.
+    pub(crate) async fn hand_back<K: Into<String>>(&self, id: &str, fields: Vec<(K, Vec<u8>)>) {
+        let fields: Fields = fields.into_iter().map(|(k, v)| (k.into(), v)).collect();
+        let moved = self
+            .ownership
+            .store
+            .move_entry(To::Stream, id, &fields)
+            .await;
+        self.moved(moved, "handing back an unstarted task");
+    }
+
+    /// Moves the entry (`fields`) to the partition's dead letters with the
+    /// reason and the error, and acks it, in one fenced script.
+    pub(crate) async fn dead_letter<K: Into<String>>(
+        &self,
+        id: &str,
+        fields: Vec<(K, Vec<u8>)>,
+        reason: &str,
+        error: &str,
+    ) {
+        error!(
+            partition = self.partition(),
+            stream_id = id,
+            reason,
+            error,
+            "entry moved to the dead letters"
+        );
+        let mut fields: Fields = fields.into_iter().map(|(k, v)| (k.into(), v)).collect();
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default();
+        fields.push((added::REASON.into(), reason.into()));
+        fields.push((added::ERROR.into(), error.into()));
+        fields.push((added::STREAM_ID.into(), id.as_bytes().to_vec()));
+        let dead_at = now.as_millis().to_string().into_bytes();
+        fields.push((added::DEAD_AT.into(), dead_at));
+        let moved = self
+            .ownership
+            .store
+            .move_entry(To::DeadLetters, id, &fields)
+            .await;
+        if self.moved(moved, "moving to the dead letters") {
+            // After a failed attempt (the last, or a permanent error), not
+            // an entry that could not run.
+            let failed = matches!(reason, "failed" | "permanent");
+            self.shared.metrics.dead(failed);
+        }
+    }
+
+    /// What a fenced write's result means for this worker; true if it
+    /// moved the entry now. On an error the entry stays pending, and the
+    /// partition's owner claims it.
+    fn moved(&self, moved: crate::Result<Moved>, what: &str) -> bool {
+        match moved {
+            Ok(Moved::Yes) => {
+                self.settled.store(true, Ordering::SeqCst);
+                return true;
+            }
+            Ok(Moved::NotPending) => self.settled.store(true, Ordering::SeqCst),
+            Ok(Moved::Fenced) => self.ownership.fenced(what),
+            Err(e) => error!(
+                partition = self.partition(),
+                what,
+                cause = %e,
+                "failed; the entry stays pending and will be claimed"
+            ),
+        }
+        false
+    }
+}

@@ -1,0 +1,43 @@
+//! What the parts of one running instance share: its name and id, its
+//! connection, the erased handler, the room for tasks in flight, the
+//! channels to the acker and the runtime, and the settings.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{Semaphore, mpsc};
+
+use super::acker::Ack;
+use super::meters::{QueueGauges, TaskMetrics};
+use super::ownership::Report;
+use super::policy::Order;
+use super::runner::Runner;
+use super::settings::ConsumerSettings;
+use crate::config::ServiceName;
+use crate::connection::SharedConnection;
+use crate::instance::InstanceId;
+
+/// What the workers of one instance share.
+pub(crate) struct Shared {
+    pub(crate) name: ServiceName,
+    pub(crate) id: InstanceId,
+    /// For everything that does not block.
+    pub(crate) conn: Arc<SharedConnection>,
+    /// The handler service with its layers and the codec.
+    pub(crate) runner: Runner,
+    /// Tasks in flight on this instance.
+    pub(crate) permits: Arc<Semaphore>,
+    pub(crate) acks: mpsc::UnboundedSender<Ack>,
+    /// Where workers tell the runtime they were fenced.
+    pub(crate) reports: mpsc::UnboundedSender<Report>,
+    pub(crate) settings: ConsumerSettings,
+    /// Ordered or concurrent partitions, from the settings.
+    pub(crate) order: Order,
+    /// The task metrics' handles.
+    pub(crate) metrics: TaskMetrics,
+    /// The sizes of the partitions this instance owns, as gauges.
+    pub(crate) queue: QueueGauges,
+    /// The indexer's round interval: the queue gauges are refreshed at
+    /// least this often.
+    pub(crate) interval: Duration,
+}

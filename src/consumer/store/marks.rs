@@ -1,0 +1,62 @@
+//! The release marks of `{N}:transition` (docs/design.md §4 rule 2): one
+//! field per partition, holding the newest epoch for which its owner
+//! released it, and `<p>:at`, when that mark was written (§7). A mark only
+//! moves forward.
+
+use std::collections::BTreeMap;
+use std::sync::LazyLock;
+
+use deadpool_redis::redis::{self, Script};
+
+use crate::config::ServiceName;
+use crate::connection::SharedConnection;
+use crate::error::Result;
+use crate::keys;
+
+static MARK: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../../scripts/mark.lua")));
+
+/// mark(p) := max(mark(p), `epoch`); returns the mark after the write.
+pub(crate) async fn mark(
+    conn: &SharedConnection,
+    name: &ServiceName,
+    p: u32,
+    epoch: u64,
+) -> Result<u64> {
+    let mut script = MARK.key(keys::transition(name));
+    script.arg(p).arg(epoch);
+    conn.invoke(&script).await
+}
+
+/// A partition's release mark.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Mark {
+    /// The newest epoch the partition was released for.
+    pub(crate) epoch: u64,
+    /// When that mark was written (Redis time, ms since the Unix epoch);
+    /// `None` for a mark written before peerq recorded it.
+    pub(crate) at_ms: Option<u64>,
+}
+
+/// The marks of `partitions` (those with none are left out), in one `HMGET`.
+pub(crate) async fn marks(
+    conn: &SharedConnection,
+    name: &ServiceName,
+    partitions: &[u32],
+) -> Result<BTreeMap<u32, Mark>> {
+    let mut cmd = redis::cmd("HMGET");
+    cmd.arg(keys::transition(name));
+    for p in partitions {
+        cmd.arg(p).arg(format!("{p}:at"));
+    }
+    let values: Vec<Option<u64>> = conn.query(&cmd).await?;
+    Ok(partitions
+        .iter()
+        .zip(values.chunks(2))
+        .filter_map(|(p, pair)| {
+            let epoch = pair[0]?;
+            let at_ms = pair.get(1).copied().flatten();
+            Some((*p, Mark { epoch, at_ms }))
+        })
+        .collect())
+}

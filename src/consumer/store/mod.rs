@@ -1,0 +1,415 @@
+//! The partition store: every command the consumer sends on one
+//! partition's keys (`{N/p}:stream`, `:owner`, `:delayed`, `:dead`) and on
+//! the release marks, in one place. Nothing else in the consumer builds a
+//! Redis command, so the key layout, the scripts and the reply formats are
+//! read here alone, and a change to one (Redis Cluster, say) is made here.
+//!
+//! Every write to a partition's entries is fenced (docs/design.md §4 rule 8):
+//! a script that acts only while this instance's `<token>:<id>` is the
+//! partition's owner record, so a stale owner's writes are refused. Each
+//! script's keys share one slot, so it is atomic under Redis Cluster.
+//!
+//! - here: the owner record, fenced moves and retries, claims, keeping
+//!   entries fresh, attempts, promotion, trimming, group creation;
+//! - [`acks`]: the fenced acks of many partitions in one pipeline;
+//! - [`reader`]: the blocking reads, parsed into [`Fetched`] entries;
+//! - [`marks`]: the release marks of `{N}:transition`;
+//! - and the service-wide commands of the start: every partition's group,
+//!   Redis's eviction policy.
+
+mod acks;
+pub(crate) mod marks;
+mod reader;
+#[cfg(test)]
+mod tests;
+
+use std::sync::{Arc, LazyLock};
+use std::time::Duration;
+
+use deadpool_redis::redis::streams::{
+    StreamAutoClaimReply, StreamInfoGroupsReply, StreamPendingCountReply,
+};
+use deadpool_redis::redis::{self, FromRedisValue, Script, Value};
+
+pub(crate) use self::acks::{AckReply, ack};
+pub(crate) use self::reader::{Fetched, Reader, is_nogroup, kill, unblock};
+use crate::config::ServiceName;
+use crate::connection::SharedConnection;
+use crate::error::Result;
+use crate::instance::InstanceId;
+use crate::keys;
+use crate::task::Entry;
+
+static ACQUIRE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../../scripts/acquire.lua")));
+static FENCED_MOVE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../../scripts/fenced_move.lua")));
+static FENCED_CLAIM: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../../scripts/fenced_claim.lua")));
+static FENCED_KEEP: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../../scripts/fenced_keep.lua")));
+static FENCED_RETRY: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../../scripts/fenced_retry.lua")));
+static FENCED_ATTEMPT: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../../scripts/fenced_attempt.lua")));
+static PROMOTE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../../scripts/promote.lua")));
+static TRIM: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../../scripts/trim.lua")));
+
+/// An entry's fields, names and values, as written to a stream.
+pub(crate) type Fields = Vec<(String, Vec<u8>)>;
+
+/// The owner record of a partition: `<token>:<instance id>`.
+fn owner_record(token: u64, id: &InstanceId) -> String {
+    format!("{token}:{id}")
+}
+
+/// What a fenced move did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Moved {
+    /// Acked in the partition and added at the destination.
+    Yes,
+    /// The entry was not pending any more (an earlier call landed and its
+    /// reply was lost): nothing was added.
+    NotPending,
+    /// Another instance owns the partition now: nothing changed.
+    Fenced,
+}
+
+impl Moved {
+    /// A fenced script's reply: 1, 0 or -1.
+    fn from_reply(reply: i64) -> Moved {
+        match reply {
+            1 => Moved::Yes,
+            0 => Moved::NotPending,
+            _ => Moved::Fenced,
+        }
+    }
+}
+
+/// Where a fenced move adds the entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum To {
+    /// The end of the partition's stream (a hand-back, a take-over).
+    Stream,
+    /// The partition's dead letters.
+    DeadLetters,
+}
+
+/// What a claim took over.
+#[derive(Debug)]
+pub(crate) struct Claimed {
+    /// The entries (only their ids, `entry` unread, for a claim of ids).
+    pub(crate) entries: Vec<Fetched>,
+    /// Where the next claim starts; `0-0` when the scan is complete.
+    pub(crate) next: String,
+}
+
+/// How much a partition holds, for the queue metrics.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Sizes {
+    /// Entries not yet delivered, plus delivered ones not yet acked.
+    pub(crate) backlog: u64,
+    /// Dead letters.
+    pub(crate) dead: u64,
+    /// Delayed tasks (retries waiting for their backoff, delayed enqueues).
+    pub(crate) delayed: u64,
+}
+
+/// One partition as this instance owns it with one fencing token: the
+/// partition's keys, and the commands on them.
+#[derive(Debug)]
+pub(crate) struct PartitionStore {
+    conn: Arc<SharedConnection>,
+    partition: u32,
+    token: u64,
+    stream: String,
+    owner: String,
+    delayed: String,
+    dead: String,
+    /// This instance's id: its consumer name in the group.
+    consumer: String,
+    /// What the owner record holds while this instance owns the partition.
+    record: String,
+    /// Larger entries are not parsed (`too_large`).
+    max_entry_bytes: usize,
+}
+
+impl PartitionStore {
+    /// Partition `p` of `name`, owned by `id` with `token`; entries larger
+    /// than `max_entry_bytes` are read as unreadable.
+    pub(crate) fn new(
+        conn: Arc<SharedConnection>,
+        name: &ServiceName,
+        p: u32,
+        token: u64,
+        id: &InstanceId,
+        max_entry_bytes: usize,
+    ) -> Self {
+        PartitionStore {
+            conn,
+            partition: p,
+            token,
+            stream: keys::stream(name, p),
+            owner: keys::owner(name, p),
+            delayed: keys::delayed(name, p),
+            dead: keys::dead(name, p),
+            consumer: id.as_str().to_owned(),
+            record: owner_record(token, id),
+            max_entry_bytes,
+        }
+    }
+
+    /// The partition.
+    pub(crate) fn partition(&self) -> u32 {
+        self.partition
+    }
+
+    /// The fencing token.
+    pub(crate) fn token(&self) -> u64 {
+        self.token
+    }
+
+    /// Records this instance as owner (rule 3). `Ok(None)` when recorded;
+    /// `Ok(Some(t))` when a token `t >= token` is recorded already (this
+    /// instance is too late, and must not fetch).
+    pub(crate) async fn acquire(&self) -> Result<Option<u64>> {
+        let mut script = ACQUIRE.key(&self.owner);
+        script.arg(self.token).arg(&self.consumer);
+        let reply: i64 = self.conn.invoke(&script).await?;
+        Ok((reply <= 0).then_some(reply.unsigned_abs()))
+    }
+
+    /// Acks entry `id` and adds `fields` as a new entry `to` the stream or
+    /// the dead letters, atomically and only while this instance is the
+    /// owner.
+    pub(crate) async fn move_entry<K, V>(
+        &self,
+        to: To,
+        id: &str,
+        fields: &[(K, V)],
+    ) -> Result<Moved>
+    where
+        K: redis::ToRedisArgs,
+        V: redis::ToRedisArgs,
+    {
+        let destination = match to {
+            To::Stream => &self.stream,
+            To::DeadLetters => &self.dead,
+        };
+        let mut script = FENCED_MOVE.key(&self.stream);
+        script
+            .key(&self.owner)
+            .key(destination)
+            .arg(&self.record)
+            .arg(keys::GROUP)
+            .arg(id);
+        for (k, v) in fields {
+            script.arg(k).arg(v);
+        }
+        Ok(Moved::from_reply(self.conn.invoke(&script).await?))
+    }
+
+    /// Acks entry `id` (a failed attempt) and enqueues `next` (the next
+    /// attempt) after `delay`, atomically and only while this instance is
+    /// the owner.
+    pub(crate) async fn retry(&self, id: &str, delay: Duration, next: &Entry) -> Result<Moved> {
+        let mut script = FENCED_RETRY.key(&self.stream);
+        script
+            .key(&self.owner)
+            .key(&self.delayed)
+            .arg(&self.record)
+            .arg(keys::GROUP)
+            .arg(id)
+            .arg(delay.as_millis() as u64);
+        for (k, v) in next.fields() {
+            script.arg(k).arg(v);
+        }
+        Ok(Moved::from_reply(self.conn.invoke(&script).await?))
+    }
+
+    /// Moves up to `limit` due delayed entries into the stream; returns how
+    /// many, and how long until the next one is due (`None`: none waits).
+    pub(crate) async fn promote(&self, limit: usize) -> Result<(u64, Option<Duration>)> {
+        let mut script = PROMOTE.key(&self.delayed);
+        script.key(&self.stream).arg(limit);
+        let (moved, next): (u64, i64) = self.conn.invoke(&script).await?;
+        let next = u64::try_from(next).ok().map(Duration::from_millis);
+        Ok((moved, next))
+    }
+
+    /// Trims the stream's entries every consumer has acknowledged; returns
+    /// how many. (Never `XTRIM` by length: it deletes pending entries.)
+    pub(crate) async fn trim(&self) -> Result<u64> {
+        let mut trim = TRIM.key(&self.stream);
+        trim.arg(keys::GROUP);
+        self.conn.invoke(&trim).await
+    }
+
+    /// Takes over, for this instance, the entries other consumers left
+    /// pending for `min_idle` or longer, from `start`, at most `count`;
+    /// `Ok(None)` when fenced. `just_ids`: only their ids, and their
+    /// delivery counts left as they are (ordered mode, where the count is
+    /// the attempt record, see [`record_attempt`](Self::record_attempt)).
+    pub(crate) async fn claim(
+        &self,
+        min_idle: Duration,
+        start: &str,
+        count: usize,
+        just_ids: bool,
+    ) -> Result<Option<Claimed>> {
+        let mut script = FENCED_CLAIM.key(&self.stream);
+        script
+            .key(&self.owner)
+            .arg(&self.record)
+            .arg(keys::GROUP)
+            .arg(&self.consumer)
+            .arg(min_idle.as_millis() as u64)
+            .arg(start)
+            .arg(count);
+        if just_ids {
+            script.arg("JUSTID");
+        }
+        let reply: Value = self.conn.invoke(&script).await?;
+        if matches!(reply, Value::Int(_)) {
+            return Ok(None);
+        }
+        let reply =
+            StreamAutoClaimReply::from_redis_value(reply).map_err(redis::RedisError::from)?;
+        Ok(Some(Claimed {
+            entries: reply
+                .claimed
+                .into_iter()
+                .map(|raw| Fetched::parse(raw, self.max_entry_bytes))
+                .collect(),
+            next: reply.next_stream_id,
+        }))
+    }
+
+    /// Resets the idle time of `ids` (held by this instance), so nobody
+    /// claims them; `Ok(false)` when fenced.
+    pub(crate) async fn keep(&self, ids: &[String]) -> Result<bool> {
+        let mut script = FENCED_KEEP.key(&self.stream);
+        script
+            .key(&self.owner)
+            .arg(&self.record)
+            .arg(keys::GROUP)
+            .arg(&self.consumer)
+            .arg(ids);
+        let reply: i64 = self.conn.invoke(&script).await?;
+        Ok(reply >= 0)
+    }
+
+    /// How often entry `id` was delivered: the attempt record of ordered
+    /// mode; 0 when the entry is not pending any more.
+    pub(crate) async fn deliveries(&self, id: &str) -> Result<u32> {
+        let mut cmd = redis::cmd("XPENDING");
+        cmd.arg(&self.stream)
+            .arg(keys::GROUP)
+            .arg(id)
+            .arg(id)
+            .arg(1);
+        let reply: StreamPendingCountReply = self.conn.query(&cmd).await?;
+        Ok(reply
+            .ids
+            .first()
+            .map_or(0, |p| u32::try_from(p.times_delivered).unwrap_or(u32::MAX)))
+    }
+
+    /// Ordered mode: records that `attempt` of entry `id` (held by this
+    /// instance) starts now, as the entry's delivery count, so that the
+    /// next owner continues the count (a later delivery adds one: the
+    /// attempt that may have run). `Ok(None)` when fenced, `Ok(Some(false))`
+    /// when the entry is not pending.
+    pub(crate) async fn record_attempt(&self, id: &str, attempt: u32) -> Result<Option<bool>> {
+        let mut script = FENCED_ATTEMPT.key(&self.stream);
+        script
+            .key(&self.owner)
+            .arg(&self.record)
+            .arg(keys::GROUP)
+            .arg(&self.consumer)
+            .arg(id)
+            .arg(attempt);
+        let reply: i64 = self.conn.invoke(&script).await?;
+        Ok((reply >= 0).then_some(reply > 0))
+    }
+
+    /// How much the partition holds, in one round trip of counters (no
+    /// scan of the stream): the group's lag plus its pending entries, or,
+    /// when Redis cannot tell the lag (after deletions), the stream's
+    /// length (acked entries leave it at the next trim, within a second).
+    pub(crate) async fn sizes(&self) -> Result<Sizes> {
+        let mut pipe = redis::pipe();
+        pipe.cmd("XINFO").arg("GROUPS").arg(&self.stream);
+        pipe.cmd("XLEN").arg(&self.stream);
+        pipe.cmd("XLEN").arg(&self.dead);
+        pipe.cmd("ZCARD").arg(&self.delayed);
+        let (groups, len, dead, delayed): (StreamInfoGroupsReply, u64, u64, u64) =
+            self.conn.query_pipe(&pipe).await?;
+        let group = groups.groups.iter().find(|g| g.name == keys::GROUP);
+        let backlog = match group.and_then(|g| Some((g.lag?, g.pending))) {
+            Some((lag, pending)) => (lag + pending) as u64,
+            None => len,
+        };
+        Ok(Sizes {
+            backlog,
+            dead,
+            delayed,
+        })
+    }
+
+    /// Creates the consumer group again from the start of the stream, after
+    /// Redis said it is gone (it lost its data, or someone deleted it), so
+    /// nothing still in the stream is lost.
+    pub(crate) async fn create_group(&self) -> Result<()> {
+        self.conn.query(&create_group(&self.stream)).await
+    }
+}
+
+/// `XGROUP CREATE <stream> <group> 0 MKSTREAM`: from the start, so tasks
+/// enqueued before the group existed are delivered.
+fn create_group(stream: &str) -> redis::Cmd {
+    let mut cmd = redis::cmd("XGROUP");
+    cmd.arg("CREATE")
+        .arg(stream)
+        .arg(keys::GROUP)
+        .arg("0")
+        .arg("MKSTREAM");
+    cmd
+}
+
+/// Creates every partition's stream and consumer group, in one pipeline;
+/// `BUSYGROUP` (the group exists) is the common answer.
+pub(crate) async fn create_groups(
+    conn: &SharedConnection,
+    name: &ServiceName,
+    partitions: u32,
+) -> Result<()> {
+    let mut pipe = redis::pipe();
+    pipe.ignore_errors();
+    for p in 0..partitions {
+        pipe.add_command(create_group(&keys::stream(name, p)));
+    }
+    let replies: Vec<redis::RedisResult<Value>> = conn.query_pipe(&pipe).await?;
+    for reply in replies {
+        match reply {
+            Ok(_) => {}
+            Err(e) if e.code() == Some("BUSYGROUP") => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
+}
+
+/// Redis's `maxmemory-policy` (empty if it does not say), from `INFO
+/// memory`, which managed services and ACL users allow more often than
+/// `CONFIG GET`.
+pub(crate) async fn eviction_policy(conn: &SharedConnection) -> Result<String> {
+    let info: String = conn.query(redis::cmd("INFO").arg("memory")).await?;
+    Ok(info
+        .lines()
+        .find_map(|l| l.strip_prefix("maxmemory_policy:"))
+        .map(|p| p.trim().to_owned())
+        .unwrap_or_default())
+}

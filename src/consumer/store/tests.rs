@@ -1,0 +1,220 @@
+//! Against a real redis-server started by the integration tests' harness.
+
+use super::marks::mark;
+use super::*;
+use crate::test_support as support;
+use deadpool_redis::redis::AsyncCommands;
+
+/// The largest entry read: far above what these tests write.
+const LIMIT: usize = 1 << 20;
+
+async fn setup() -> (support::RedisServer, Arc<SharedConnection>, ServiceName) {
+    let server = support::RedisServer::start();
+    let conn = Arc::new(SharedConnection::new(server.pool()));
+    let name = ServiceName::new(&support::unique_name("fencing")).unwrap();
+    (server, conn, name)
+}
+
+#[tokio::test]
+async fn marks_only_move_forward() {
+    let (_server, conn, name) = setup().await;
+    assert_eq!(mark(&conn, &name, 3, 10).await.unwrap(), 10);
+    assert_eq!(
+        mark(&conn, &name, 3, 9).await.unwrap(),
+        10,
+        "an older mark never lowers it"
+    );
+    assert_eq!(mark(&conn, &name, 3, 11).await.unwrap(), 11);
+    assert_eq!(mark(&conn, &name, 4, 1).await.unwrap(), 1, "per partition");
+}
+
+#[tokio::test]
+async fn fencing_tokens_only_increase() {
+    let (server, conn, name) = setup().await;
+    let (a, b) = (InstanceId::generate(), InstanceId::generate());
+    let fence = |token, id| PartitionStore::new(conn.clone(), &name, 0, token, id, LIMIT);
+    assert_eq!(fence(10, &a).acquire().await.unwrap(), None);
+    assert_eq!(
+        fence(10, &b).acquire().await.unwrap(),
+        Some(10),
+        "same token: refused"
+    );
+    assert_eq!(
+        fence(9, &b).acquire().await.unwrap(),
+        Some(10),
+        "older token: refused"
+    );
+    assert_eq!(fence(12, &b).acquire().await.unwrap(), None);
+    assert_eq!(
+        fence(12, &b).acquire().await.unwrap(),
+        None,
+        "the same acquire again (a retry after a lost reply) is not refused"
+    );
+    let mut raw = server.pool().get().await.unwrap();
+    let record: String = raw.get(keys::owner(&name, 0)).await.unwrap();
+    assert_eq!(record, owner_record(12, &b));
+}
+
+/// A partition stream with one entry delivered to `consumer`.
+async fn delivered(
+    server: &support::RedisServer,
+    name: &ServiceName,
+    consumer: &InstanceId,
+) -> String {
+    let mut raw = server.pool().get().await.unwrap();
+    let stream = keys::stream(name, 0);
+    let () = redis::cmd("XGROUP")
+        .arg("CREATE")
+        .arg(&stream)
+        .arg(keys::GROUP)
+        .arg("0")
+        .arg("MKSTREAM")
+        .query_async(&mut *raw)
+        .await
+        .unwrap();
+    let id: String = raw.xadd(&stream, "*", &[("k", "v")]).await.unwrap();
+    let _: Value = redis::cmd("XREADGROUP")
+        .arg("GROUP")
+        .arg(keys::GROUP)
+        .arg(consumer.as_str())
+        .arg("STREAMS")
+        .arg(&stream)
+        .arg(">")
+        .query_async(&mut *raw)
+        .await
+        .unwrap();
+    id
+}
+
+async fn pending(server: &support::RedisServer, name: &ServiceName) -> usize {
+    let mut raw = server.pool().get().await.unwrap();
+    let pending: redis::streams::StreamPendingReply = raw
+        .xpending(keys::stream(name, 0), keys::GROUP)
+        .await
+        .unwrap();
+    pending.count()
+}
+
+/// Partition 0 with an entry delivered to its old owner, then acquired
+/// by a new one: (entry id, the stale owner's store, the owner's).
+async fn moved_on(
+    server: &support::RedisServer,
+    conn: &Arc<SharedConnection>,
+    name: &ServiceName,
+) -> (String, PartitionStore, PartitionStore) {
+    let (old, new) = (InstanceId::generate(), InstanceId::generate());
+    let id = delivered(server, name, &old).await;
+    let stale = PartitionStore::new(conn.clone(), name, 0, 5, &old, LIMIT);
+    let owner = PartitionStore::new(conn.clone(), name, 0, 6, &new, LIMIT);
+    stale.acquire().await.unwrap();
+    // The partition moved on: the old owner may no longer write.
+    owner.acquire().await.unwrap();
+    (id, stale, owner)
+}
+
+async fn run_ack(conn: &SharedConnection, store: &PartitionStore, id: &str) -> i64 {
+    conn.invoke(&store.ack_script(&[id])).await.unwrap()
+}
+
+#[tokio::test]
+async fn a_stale_owners_ack_is_refused() {
+    let (server, conn, name) = setup().await;
+    let (id, stale, owner) = moved_on(&server, &conn, &name).await;
+    assert_eq!(run_ack(&conn, &stale, &id).await, -1);
+    assert_eq!(
+        pending(&server, &name).await,
+        1,
+        "the refused ack left the entry pending"
+    );
+    assert_eq!(run_ack(&conn, &owner, &id).await, 1);
+}
+
+#[tokio::test]
+async fn a_stale_owner_can_neither_move_nor_claim_nor_keep() {
+    let (server, conn, name) = setup().await;
+    let (id, stale, owner) = moved_on(&server, &conn, &name).await;
+    let dead = keys::dead(&name, 0);
+    let fields = [("k", "v2")];
+    assert_eq!(
+        stale
+            .move_entry(To::DeadLetters, &id, &fields)
+            .await
+            .unwrap(),
+        Moved::Fenced
+    );
+    assert!(
+        stale
+            .claim(Duration::ZERO, "0", 10, false)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert!(!stale.keep(std::slice::from_ref(&id)).await.unwrap());
+    let mut raw = server.pool().get().await.unwrap();
+    let dead_len: usize = raw.xlen(&dead).await.unwrap();
+    assert_eq!(
+        (dead_len, pending(&server, &name).await),
+        (0, 1),
+        "nothing moved"
+    );
+
+    // The owner claims it (the stale owner still holds it), keeps it,
+    // and moves it once even when the move is repeated.
+    let claimed = owner
+        .claim(Duration::ZERO, "0", 10, false)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(claimed.entries.len(), 1);
+    assert!(owner.keep(std::slice::from_ref(&id)).await.unwrap());
+    assert_eq!(
+        owner
+            .move_entry(To::DeadLetters, &id, &fields)
+            .await
+            .unwrap(),
+        Moved::Yes
+    );
+    assert_eq!(
+        owner
+            .move_entry(To::DeadLetters, &id, &fields)
+            .await
+            .unwrap(),
+        Moved::NotPending
+    );
+    let dead_len: usize = raw.xlen(&dead).await.unwrap();
+    assert_eq!((dead_len, pending(&server, &name).await), (1, 0));
+}
+
+async fn delivery_count(server: &support::RedisServer, name: &ServiceName, id: &str) -> usize {
+    let mut raw = server.pool().get().await.unwrap();
+    let reply: redis::streams::StreamPendingCountReply = raw
+        .xpending_count(keys::stream(name, 0), keys::GROUP, id, id, 1)
+        .await
+        .unwrap();
+    reply.ids[0].times_delivered
+}
+
+#[tokio::test]
+async fn an_attempt_record_is_the_owners_alone_and_a_just_ids_claim_keeps_it() {
+    let (server, conn, name) = setup().await;
+    let (id, stale, owner) = moved_on(&server, &conn, &name).await;
+    assert_eq!(stale.record_attempt(&id, 5).await.unwrap(), None, "fenced");
+    assert_eq!(delivery_count(&server, &name, &id).await, 1);
+    // Ordered take-over: claimed with its ids only, the count unchanged.
+    let claimed = owner
+        .claim(Duration::ZERO, "0", 10, true)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(claimed.entries.len(), 1);
+    assert_eq!(claimed.entries[0].id, id);
+    assert_eq!(delivery_count(&server, &name, &id).await, 1);
+    assert_eq!(owner.record_attempt(&id, 5).await.unwrap(), Some(true));
+    assert_eq!(delivery_count(&server, &name, &id).await, 5);
+    assert_eq!(run_ack(&conn, &owner, &id).await, 1);
+    assert_eq!(
+        owner.record_attempt(&id, 6).await.unwrap(),
+        Some(false),
+        "not pending any more"
+    );
+}
