@@ -44,6 +44,12 @@ pub(crate) fn stats_flushed(name: &ServiceName) -> String {
     format!("{{{name}}}:stats:flushed")
 }
 
+/// Present while the service is paused: JSON `{ "at_ms", "by" }`
+/// (docs/design.md §7).
+pub(crate) fn paused(name: &ServiceName) -> String {
+    format!("{{{name}}}:paused")
+}
+
 /// The hash of periodic jobs: job name -> its JSON schedule.
 pub(crate) fn periodic(name: &ServiceName) -> String {
     format!("{{{name}}}:periodic")
@@ -96,6 +102,7 @@ mod tests {
         assert_eq!(round(&n, 42), "{mail-sender}:42");
         assert_eq!(round_takers(&n, 42), "{mail-sender}:42:by");
         assert_eq!(meta(&n), "{mail-sender}:meta");
+        assert_eq!(paused(&n), "{mail-sender}:paused");
         assert_eq!(transition(&n), "{mail-sender}:transition");
         assert_eq!(stream(&n, 7), "{mail-sender/7}:stream");
         assert_eq!(owner(&n, 7), "{mail-sender/7}:owner");

@@ -79,6 +79,7 @@
 //! | [`codec`] | payload encodings: bincode (default) and JSON |
 //! | [`producer`] | enqueues typed tasks: one, a batch, with a key or an idempotency key |
 //! | [`dead_letters`] | lists, replays and purges the dead letters across partitions |
+//! | [`pause`] | pausing a service: the `{N}:paused` key the consumers' gate reads |
 //! | [`periodic`] | periodic jobs (interval or cron), triggered once per due time by a claim; their schedules in `{N}:periodic` |
 //! | `presence` | what an instance tells operators each round: its `{N}:members` record and per-minute counts |
 //! | [`retry`] | the backoff between a failed task's attempts, and the pauses of the internal retry loops |
@@ -105,6 +106,7 @@ mod keys;
 mod meta;
 pub mod metrics;
 pub mod partition;
+pub mod pause;
 pub mod periodic;
 mod presence;
 pub mod producer;
