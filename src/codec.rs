@@ -6,7 +6,7 @@
 //! default: compact and fast. [`Json`] lets producers written in other
 //! languages enqueue tasks.
 
-use std::fmt;
+use std::fmt::{self, Write as _};
 
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -115,6 +115,37 @@ impl Codec for Json {
     }
 }
 
+/// A task's payload as the admin tools show it (their JSON output): the
+/// JSON value itself when the payload is JSON, else its bytes in hex, so a
+/// bincode payload can still be told apart and copied.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub(crate) struct Shown {
+    /// The payload's size in bytes.
+    pub(crate) payload_bytes: usize,
+    /// The payload, when its codec is `json` and it parses.
+    pub(crate) payload: Option<serde_json::Value>,
+    /// The payload in lowercase hex, when it is not shown as JSON.
+    pub(crate) payload_hex: Option<String>,
+}
+
+/// How `payload`, encoded with the codec named `codec`, is shown.
+pub(crate) fn shown(codec: &str, payload: &[u8]) -> Shown {
+    let json = (codec == Json::NAME)
+        .then(|| serde_json::from_slice(payload).ok())
+        .flatten();
+    let hex = json.is_none().then(|| {
+        payload.iter().fold(String::new(), |mut hex, b| {
+            let _ = write!(hex, "{b:02x}"); // writing to a String cannot fail
+            hex
+        })
+    });
+    Shown {
+        payload_bytes: payload.len(),
+        payload: json,
+        payload_hex: hex,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -167,6 +198,18 @@ mod tests {
         let mut bytes = vec![253];
         bytes.extend((1u64 << 20).to_le_bytes());
         assert!(Bincode.decode::<String>(&bytes).is_err());
+    }
+
+    #[test]
+    fn json_payloads_are_shown_as_json_and_the_rest_in_hex() {
+        let json = shown("json", br#"{"to":"a@b"}"#);
+        assert_eq!(json.payload, Some(serde_json::json!({"to": "a@b"})));
+        assert_eq!((json.payload_bytes, json.payload_hex), (12, None));
+        let bincode = shown("bincode", &[0x01, 0xab]);
+        assert_eq!(bincode.payload, None);
+        assert_eq!(bincode.payload_hex.as_deref(), Some("01ab"));
+        let broken = shown("json", b"{not json");
+        assert_eq!(broken.payload_hex.as_deref(), Some("7b6e6f74206a736f6e"));
     }
 
     #[test]

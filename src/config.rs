@@ -227,6 +227,34 @@ pub(crate) fn fmt_duration(d: Duration) -> String {
     }
 }
 
+/// Reads a duration written as a whole number and a unit: `1500us`,
+/// `250ms`, `10s`, `5m`, `2h`, `1d`; what [`fmt_duration`] writes reads
+/// back unchanged. `None` for anything else (no unit, a fraction, a
+/// negative number, an overflow).
+///
+/// ```
+/// use std::time::Duration;
+/// use peerq::config::parse_duration;
+/// assert_eq!(parse_duration("250ms"), Some(Duration::from_millis(250)));
+/// assert_eq!(parse_duration("5m"), Some(Duration::from_secs(300)));
+/// assert_eq!(parse_duration("5"), None);
+/// ```
+pub fn parse_duration(text: &str) -> Option<Duration> {
+    let digits = text.find(|c: char| !c.is_ascii_digit())?;
+    let (number, unit) = text.split_at(digits);
+    let n: u64 = number.parse().ok()?;
+    let secs = |factor: u64| n.checked_mul(factor).map(Duration::from_secs);
+    match unit {
+        "us" => Some(Duration::from_micros(n)),
+        "ms" => Some(Duration::from_millis(n)),
+        "s" => secs(1),
+        "m" => secs(60),
+        "h" => secs(3600),
+        "d" => secs(86_400),
+        _ => None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -312,6 +340,33 @@ mod tests {
         assert_eq!(fmt_duration(Duration::from_millis(1500)), "1500ms");
         assert_eq!(fmt_duration(Duration::from_micros(1500)), "1500us");
         assert_eq!(fmt_duration(Duration::ZERO), "0s");
+    }
+
+    #[test]
+    fn durations_read_back_and_nonsense_is_refused() {
+        assert_eq!(parse_duration("10s"), Some(Duration::from_secs(10)));
+        assert_eq!(parse_duration("2h"), Some(Duration::from_secs(7200)));
+        assert_eq!(parse_duration("1d"), Some(Duration::from_secs(86_400)));
+        for bad in [
+            "",
+            "s",
+            "10",
+            "1.5s",
+            "-1s",
+            "10 s",
+            "10sec",
+            "99999999999999999999d",
+        ] {
+            assert_eq!(parse_duration(bad), None, "{bad}");
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn what_fmt_duration_writes_parses_back(us in 0u64..10_000_000_000) {
+            let d = Duration::from_micros(us);
+            prop_assert_eq!(parse_duration(&fmt_duration(d)), Some(d));
+        }
     }
 
     proptest! {

@@ -65,6 +65,20 @@ pub enum Error {
     #[error("redis did not answer within {0:?}")]
     Timeout(Duration),
 
+    /// No service of this name has ever recorded its settings in this
+    /// Redis: its `{N}:meta` does not exist (the name is misspelt, or the
+    /// Redis or database is not the service's).
+    #[error(
+        "no service `{name}` at {url}: `{{{name}}}:meta` does not exist (nothing was ever \
+         enqueued or consumed under that name there)"
+    )]
+    UnknownService {
+        /// The name asked for.
+        name: String,
+        /// The Redis asked, its URL without the password.
+        url: String,
+    },
+
     /// The Redis a producer connects to, or a consumer starts on, cannot be
     /// used: a producer could not reach it, or it refused this client (a
     /// wrong password, an ACL). A consumer waits for an unreachable Redis

@@ -21,6 +21,17 @@ pub(crate) fn meta(name: &ServiceName) -> String {
     format!("{{{name}}}:meta")
 }
 
+/// The `SCAN` pattern of every service's `{N}:meta` key: how the admin
+/// tools find the services on a Redis (never `KEYS`).
+pub(crate) const META_PATTERN: &str = "{*}:meta";
+
+/// The service whose `{N}:meta` key `key` is; `None` for any other key
+/// (one [`META_PATTERN`] matches by accident, such as `{a}:b{c}:meta`).
+pub(crate) fn service_of_meta(key: &str) -> Option<ServiceName> {
+    let name = key.strip_prefix('{')?.strip_suffix("}:meta")?;
+    ServiceName::new(name).ok()
+}
+
 /// The hash of release marks: partition -> newest epoch it was released for.
 pub(crate) fn transition(name: &ServiceName) -> String {
     format!("{{{name}}}:transition")
@@ -109,6 +120,21 @@ mod tests {
         assert_eq!(dead(&n, 7), "{mail-sender/7}:dead");
         assert_eq!(delayed(&n, 7), "{mail-sender/7}:delayed");
         assert_eq!(dedup(&n, 7, "order-1"), "{mail-sender/7}:dedup:order-1");
+    }
+
+    #[test]
+    fn a_meta_key_names_its_service_and_no_other_key_does() {
+        let n = ServiceName::new("mail-sender").unwrap();
+        assert_eq!(service_of_meta(&meta(&n)), Some(n.clone()));
+        for other in [
+            "{mail-sender}:members",
+            "{mail-sender/3}:meta",
+            "{a}:b{c}:meta",
+            "mail-sender:meta",
+            "{}:meta",
+        ] {
+            assert_eq!(service_of_meta(other), None, "{other}");
+        }
     }
 
     #[test]

@@ -78,7 +78,8 @@
 //! | [`task`] | task ids and the stream entry format |
 //! | [`codec`] | payload encodings: bincode (default) and JSON |
 //! | [`producer`] | enqueues typed tasks: one, a batch, with a key or an idempotency key |
-//! | [`dead_letters`] | lists, replays and purges the dead letters across partitions |
+//! | [`dead_letters`] | lists (a page at a time, oldest or newest first, by reason), finds, replays and purges the dead letters across partitions |
+//! | [`admin`] | what the `peerq` CLI and the dashboard read and do: the services on a Redis, a service's status (members, partitions, rates), its delayed tasks and periodic jobs, JSON enqueues, pause and resume; summaries only, never a scan of the streams |
 //! | [`pause`] | pausing a service: the `{N}:paused` key the consumers' gate reads |
 //! | [`periodic`] | periodic jobs (interval or cron), triggered once per due time by a claim; their schedules in `{N}:periodic` |
 //! | `presence` | what an instance tells operators each round: its `{N}:members` record and per-minute counts |
@@ -91,6 +92,7 @@
 //! | [`metrics`] | metric names and descriptions |
 //! | `scripts/` | Lua scripts, one per atomic step |
 
+pub mod admin;
 pub mod assignment;
 pub mod clock;
 pub mod codec;

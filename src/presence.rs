@@ -31,7 +31,7 @@ static PRESENCE: LazyLock<Script> =
 /// How long the per-minute counts are kept.
 const STATS_TTL: Duration = Duration::from_secs(24 * 3600);
 /// After how many intervals without a round a member record counts as gone.
-const GONE_AFTER_INTERVALS: u32 = 3;
+pub(crate) const GONE_AFTER_INTERVALS: u32 = 3;
 
 /// A confirmed outcome, as the per-minute counts name it (the fields `ok`,
 /// `failed`, `dead`, `retried`, in this order).

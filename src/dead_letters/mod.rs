@@ -1,0 +1,402 @@
+//! The dead letters (docs/design.md §6): tasks that failed their last attempt,
+//! failed permanently, cannot be decoded or are too large, kept per
+//! partition in `{N/p}:dead` with the reason, the last error, the attempt
+//! count and the original payload. This module lists them across
+//! partitions a page at a time (oldest or newest first, by reason: see
+//! [`Query`]), finds one by id, replays them (back to their partition,
+//! attempts reset) and purges them.
+//!
+//! Listing reads a page of each partition's dead letters (`XRANGE` /
+//! `XREVRANGE … COUNT`) in one pipelined round trip, and nothing of the
+//! partition streams the consumers read.
+
+mod page;
+
+pub use page::{Cursor, Order, Page, Query};
+
+use std::fmt;
+use std::sync::{Arc, LazyLock};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use deadpool_redis::redis::{self, streams::StreamId};
+use futures_util::future::try_join_all;
+use serde::{Serialize, Serializer};
+
+use crate::config::ServiceName;
+use crate::connection::SharedConnection;
+use crate::error::{Error, Result};
+use crate::keys;
+use crate::task::{TaskId, field};
+
+static REPLAY: LazyLock<redis::Script> =
+    LazyLock::new(|| redis::Script::new(include_str!("../scripts/replay.lua")));
+
+/// The fields the consumer adds to a task when it dead-letters it.
+pub(crate) mod added {
+    pub(crate) const REASON: &str = "reason";
+    pub(crate) const ERROR: &str = "error";
+    pub(crate) const STREAM_ID: &str = "stream_id";
+    pub(crate) const DEAD_AT: &str = "dead_at";
+    pub(crate) const ALL: [&str; 4] = [REASON, ERROR, STREAM_ID, DEAD_AT];
+}
+
+/// One dead letter.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct DeadLetter {
+    /// The partition it came from.
+    pub partition: u32,
+    /// Its id in the partition's dead-letter stream.
+    pub id: String,
+    /// The task's id (`None` for an entry too malformed to have one).
+    pub task_id: Option<TaskId>,
+    /// Why: `failed` (its last attempt), `permanent` (the handler said so),
+    /// `decode` (the payload does not decode), `malformed` (the entry
+    /// lacks the format's fields) or `too_large` (the entry is larger than
+    /// the consumer's `max_entry_bytes`; kept as it was, undecoded).
+    pub reason: String,
+    /// The last error.
+    pub error: String,
+    /// Attempts made.
+    pub attempts: u32,
+    /// The encoded payload, as enqueued.
+    pub payload: Vec<u8>,
+    /// The payload's codec (`bincode`, `json`), as the entry names it.
+    pub codec: String,
+    /// The partition key, when the task had one.
+    pub key: Option<String>,
+    /// When the task was first enqueued (the producer's clock).
+    pub enqueued_at: SystemTime,
+    /// The entry's id in the partition stream it was read from.
+    pub stream_id: String,
+    /// When it was dead-lettered.
+    pub dead_at: SystemTime,
+    /// Every field, to replay it as it was.
+    fields: Vec<(String, Vec<u8>)>,
+}
+
+impl DeadLetter {
+    fn parse(partition: u32, id: String, fields: Vec<(String, Vec<u8>)>) -> Self {
+        let text = |name: &str| {
+            fields
+                .iter()
+                .find(|(k, _)| k == name)
+                .map(|(_, v)| String::from_utf8_lossy(v).into_owned())
+        };
+        let time = |name: &str| {
+            let millis = text(name).and_then(|v| v.parse().ok()).unwrap_or(0);
+            UNIX_EPOCH + Duration::from_millis(millis)
+        };
+        DeadLetter {
+            partition,
+            id,
+            task_id: text(field::ID).map(|id| TaskId::from(id.as_str())),
+            reason: text(added::REASON).unwrap_or_default(),
+            error: text(added::ERROR).unwrap_or_default(),
+            attempts: text(field::ATTEMPT)
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0),
+            payload: fields
+                .iter()
+                .find(|(k, _)| k == field::PAYLOAD)
+                .map(|(_, v)| v.clone())
+                .unwrap_or_default(),
+            codec: text(field::CODEC).unwrap_or_default(),
+            key: text(field::KEY),
+            enqueued_at: time(field::ENQUEUED_AT),
+            stream_id: text(added::STREAM_ID).unwrap_or_default(),
+            dead_at: time(added::DEAD_AT),
+            fields,
+        }
+    }
+
+    /// The letter read from `entry` of partition `partition`'s dead letters.
+    fn read(partition: u32, entry: StreamId) -> Self {
+        let fields = entry
+            .map
+            .iter()
+            .map(|(k, v)| {
+                let bytes = redis::from_redis_value_ref::<Vec<u8>>(v).unwrap_or_default();
+                (k.clone(), bytes)
+            })
+            .collect();
+        DeadLetter::parse(partition, entry.id, fields)
+    }
+
+    /// Where the letter is: `<partition>/<id>`, as `--id` and `--after`
+    /// take it.
+    pub fn cursor(&self) -> Cursor {
+        Cursor {
+            partition: self.partition,
+            id: self.id.clone(),
+        }
+    }
+
+    /// The task as it is enqueued again: its own fields, attempt 1.
+    fn replayed(&self) -> Vec<(&str, &[u8])> {
+        self.fields
+            .iter()
+            .filter(|(k, _)| !added::ALL.contains(&k.as_str()))
+            .map(|(k, v)| {
+                if k == field::ATTEMPT {
+                    (k.as_str(), b"1".as_slice())
+                } else {
+                    (k.as_str(), v.as_slice())
+                }
+            })
+            .collect()
+    }
+}
+
+/// The admin tools' JSON of a dead letter: `partition`, `id`, `ref`
+/// (`<partition>/<id>`), `task_id`, `reason`, `error`, `attempts`,
+/// `dead_at_ms`, `key`, `codec`, `enqueued_at_ms`, `stream_id`,
+/// `payload_bytes`, `payload` (the JSON value, for a JSON payload) and
+/// `payload_hex` (the bytes, for any other).
+impl Serialize for DeadLetter {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        #[derive(Serialize)]
+        struct Shown<'a> {
+            partition: u32,
+            id: &'a str,
+            #[serde(rename = "ref")]
+            reference: String,
+            task_id: Option<&'a str>,
+            reason: &'a str,
+            error: &'a str,
+            attempts: u32,
+            dead_at_ms: u64,
+            key: Option<&'a str>,
+            codec: &'a str,
+            enqueued_at_ms: u64,
+            stream_id: &'a str,
+            #[serde(flatten)]
+            payload: crate::codec::Shown,
+        }
+        let ms =
+            |t: SystemTime| t.duration_since(UNIX_EPOCH).unwrap_or_default().as_millis() as u64;
+        Shown {
+            partition: self.partition,
+            id: &self.id,
+            reference: self.cursor().to_string(),
+            task_id: self.task_id.as_ref().map(TaskId::as_str),
+            reason: &self.reason,
+            error: &self.error,
+            attempts: self.attempts,
+            dead_at_ms: ms(self.dead_at),
+            key: self.key.as_deref(),
+            codec: &self.codec,
+            enqueued_at_ms: ms(self.enqueued_at),
+            stream_id: &self.stream_id,
+            payload: crate::codec::shown(&self.codec, &self.payload),
+        }
+        .serialize(serializer)
+    }
+}
+
+/// A service's dead letters.
+///
+/// ```no_run
+/// # async fn demo() -> peerq::Result<()> {
+/// use peerq::dead_letters::DeadLetters;
+///
+/// let dead = DeadLetters::connect("redis://127.0.0.1/", "mail-sender").await?;
+/// for letter in dead.list(100).await? {
+///     println!("{} {:?}: {} ({})", letter.partition, letter.task_id, letter.reason, letter.error);
+///     if letter.reason == "failed" {
+///         dead.replay(&letter).await?; // runs again, from attempt 1
+///     }
+/// }
+/// # Ok(()) }
+/// ```
+pub struct DeadLetters {
+    name: ServiceName,
+    conn: Arc<SharedConnection>,
+    partitions: u32,
+}
+
+impl fmt::Debug for DeadLetters {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DeadLetters")
+            .field("name", &self.name)
+            .field("partitions", &self.partitions)
+            .finish_non_exhaustive()
+    }
+}
+
+impl DeadLetters {
+    /// The dead letters of service `name` at `url` (its partitions are read
+    /// from `{name}:meta`).
+    pub async fn connect(url: &str, name: &str) -> Result<Self> {
+        let name = ServiceName::new(name)?;
+        let conn = SharedConnection::new(crate::connection::pool(None, Some(url.to_owned()))?);
+        let mut hget = redis::cmd("HGET");
+        hget.arg(keys::meta(&name)).arg("partitions");
+        let partitions: Option<u32> = conn.query(&hget).await?;
+        let partitions = partitions.ok_or_else(|| Error::UnknownService {
+            name: name.to_string(),
+            url: crate::connection::redact(url),
+        })?;
+        Ok(DeadLetters::new(Arc::new(conn), name, partitions))
+    }
+
+    /// The dead letters of service `name` with `partitions` partitions, on
+    /// a connection already open (the admin tools').
+    pub(crate) fn new(conn: Arc<SharedConnection>, name: ServiceName, partitions: u32) -> Self {
+        DeadLetters {
+            name,
+            conn,
+            partitions,
+        }
+    }
+
+    /// Up to `limit` dead letters over all partitions, oldest first.
+    pub async fn list(&self, limit: usize) -> Result<Vec<DeadLetter>> {
+        Ok(self.page(&Query::new(limit)).await?.letters)
+    }
+
+    /// The dead letter at `cursor` (`<partition>/<id>`); `None` if there is
+    /// none (any more).
+    pub async fn get(&self, cursor: &Cursor) -> Result<Option<DeadLetter>> {
+        if cursor.partition >= self.partitions {
+            return Ok(None);
+        }
+        let mut xrange = redis::cmd("XRANGE");
+        xrange
+            .arg(keys::dead(&self.name, cursor.partition))
+            .arg(&cursor.id)
+            .arg(&cursor.id);
+        let reply: redis::streams::StreamRangeReply = self.conn.query(&xrange).await?;
+        Ok(reply
+            .ids
+            .into_iter()
+            .next()
+            .map(|entry| DeadLetter::read(cursor.partition, entry)))
+    }
+
+    /// The dead letters with stream id `id` in any partition (ids are per
+    /// partition, so two partitions may hold one each), in one pipelined
+    /// round trip.
+    pub async fn find(&self, id: &str) -> Result<Vec<DeadLetter>> {
+        let id = Cursor::valid_id(id)?;
+        if self.partitions == 0 {
+            return Ok(Vec::new());
+        }
+        let mut pipe = redis::pipe();
+        for p in 0..self.partitions {
+            pipe.cmd("XRANGE")
+                .arg(keys::dead(&self.name, p))
+                .arg(id)
+                .arg(id);
+        }
+        let replies: Vec<redis::streams::StreamRangeReply> = self.conn.query_pipe(&pipe).await?;
+        Ok((0..)
+            .zip(replies)
+            .flat_map(|(p, reply)| reply.ids.into_iter().map(move |e| DeadLetter::read(p, e)))
+            .collect())
+    }
+
+    /// Enqueues `letter`'s task again in its partition with attempt 1 and
+    /// removes the letter, in one step; false if it was gone already (a
+    /// replay happens once).
+    pub async fn replay(&self, letter: &DeadLetter) -> Result<bool> {
+        let mut script = REPLAY.key(keys::dead(&self.name, letter.partition));
+        script
+            .key(keys::stream(&self.name, letter.partition))
+            .arg(&letter.id);
+        for (k, v) in letter.replayed() {
+            script.arg(k).arg(v);
+        }
+        match self.conn.invoke::<i64>(&script).await? {
+            1 => Ok(true),
+            0 => Ok(false),
+            _ => Err(Error::Runtime(format!(
+                "dead letter {} of partition {} holds no task fields to replay; purge it",
+                letter.id, letter.partition
+            ))),
+        }
+    }
+
+    /// Removes `letter` for good; false if it was gone already.
+    pub async fn purge(&self, letter: &DeadLetter) -> Result<bool> {
+        let mut del = redis::cmd("XDEL");
+        del.arg(keys::dead(&self.name, letter.partition))
+            .arg(&letter.id);
+        let removed: u64 = self.conn.query(&del).await?;
+        Ok(removed == 1)
+    }
+
+    /// Removes every dead letter of the service; returns how many.
+    pub async fn purge_all(&self) -> Result<u64> {
+        let mut total = 0;
+        for p in 0..self.partitions {
+            let key = keys::dead(&self.name, p);
+            let mut pipe = redis::pipe();
+            pipe.atomic()
+                .cmd("XLEN")
+                .arg(&key)
+                .cmd("DEL")
+                .arg(&key)
+                .ignore();
+            let (len,): (u64,) = self.conn.query_pipe(&pipe).await?;
+            total += len;
+        }
+        Ok(total)
+    }
+
+    /// Replays every dead letter (with `reason`, if given), oldest first, a
+    /// page at a time; returns how many were replayed.
+    pub async fn replay_all(&self, reason: Option<&str>) -> Result<u64> {
+        self.each(reason, Act::Replay).await
+    }
+
+    /// Removes every dead letter with `reason`, a page at a time; returns
+    /// how many (without a reason, [`purge_all`](Self::purge_all)).
+    pub async fn purge_reason(&self, reason: &str) -> Result<u64> {
+        self.each(Some(reason), Act::Purge).await
+    }
+
+    /// Does `act` to every dead letter with `reason`, oldest first, to a
+    /// page's letters at once (their commands share the connection's
+    /// pipeline); counts the letters it did it to.
+    async fn each(&self, reason: Option<&str>, act: Act) -> Result<u64> {
+        const PAGE: usize = 100;
+        let mut query = Query::new(PAGE);
+        if let Some(reason) = reason {
+            query = query.reason(reason);
+        }
+        // Letters that die again meanwhile (a replayed task that fails for
+        // good at once) come after the newest one now, and are left alone.
+        let Some(last) = self.newest().await? else {
+            return Ok(0);
+        };
+        let mut done = 0;
+        loop {
+            let mut batch = self.page(&query).await?;
+            let before = batch.letters.len();
+            batch.letters.retain(|letter| !page::beyond(letter, &last));
+            if batch.letters.len() < before {
+                batch.next = None;
+            }
+            let acted = try_join_all(batch.letters.iter().map(|letter| async move {
+                match act {
+                    Act::Replay => self.replay(letter).await,
+                    Act::Purge => self.purge(letter).await,
+                }
+            }))
+            .await?;
+            done += acted.into_iter().filter(|acted| *acted).count() as u64;
+            match batch.next {
+                Some(next) => query = query.after(next),
+                None => return Ok(done),
+            }
+        }
+    }
+}
+
+/// What [`DeadLetters::each`] does to each letter.
+#[derive(Debug, Clone, Copy)]
+enum Act {
+    Replay,
+    Purge,
+}
