@@ -2,8 +2,8 @@
 //! name and a `produce`, and watch them split the work.
 //!
 //! ```text
-//! mail_sender consume --redis URL --name NAME [--indexing ranked|incr] [--interval-ms N] [--drain-ms N] [--skew-ms N] [--work-ms N] [--print-tasks] [--print-events] [--http ADDR]
-//! mail_sender produce --redis URL --name NAME --count N [--batch N] [--rate N] [--print-enqueued]
+//! mail_sender consume --redis URL --name NAME [--partitions N] [--indexing ranked|incr] [--interval-ms N] [--drain-ms N] [--skew-ms N] [--work-ms N] [--print-tasks] [--print-events] [--http ADDR]
+//! mail_sender produce --redis URL --name NAME [--partitions N] --count N [--batch N] [--rate N] [--print-enqueued]
 //! ```
 //!
 //! With `--print-tasks` a consumer prints, on stdout, a line when a task's
@@ -60,6 +60,9 @@ enum Command {
         /// The service name.
         #[arg(long)]
         name: String,
+        /// The number of partitions; service-wide.
+        #[arg(long, default_value_t = peerq::partition::DEFAULT_PARTITIONS)]
+        partitions: u32,
         /// The indexer's mode; service-wide.
         #[arg(long, value_enum, default_value_t = IndexingArg::Ranked)]
         indexing: IndexingArg,
@@ -94,6 +97,9 @@ enum Command {
         /// The service name.
         #[arg(long)]
         name: String,
+        /// The number of partitions; service-wide.
+        #[arg(long, default_value_t = peerq::partition::DEFAULT_PARTITIONS)]
+        partitions: u32,
         /// How many tasks.
         #[arg(long)]
         count: u64,
@@ -218,6 +224,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         Command::Consume {
             redis,
             name,
+            partitions,
             indexing,
             interval_ms,
             drain_ms,
@@ -228,6 +235,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             http,
         } => {
             let settings = Settings {
+                partitions,
                 indexing: indexing.into(),
                 interval: Duration::from_millis(interval_ms),
                 drain: Duration::from_millis(drain_ms),
@@ -240,17 +248,20 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         Command::Produce {
             redis,
             name,
+            partitions,
             count,
             batch,
             rate,
             print_enqueued,
-        } => produce(redis, name, count, batch, rate, print_enqueued).await?,
+        } => produce(redis, name, partitions, count, batch, rate, print_enqueued).await?,
     }
     Ok(())
 }
 
-/// A consumer's indexing and timing settings, and where it serves HTTP.
+/// A consumer's partitions, indexing and timing settings, and where it
+/// serves HTTP.
 struct Settings {
+    partitions: u32,
     indexing: Indexing,
     interval: Duration,
     drain: Duration,
@@ -270,6 +281,7 @@ async fn consume(
     let builder = Consumer::builder()
         .name(&name)
         .redis(redis)
+        .partitions(settings.partitions)
         .indexing(settings.indexing)
         .interval(settings.interval)
         .drain_timeout(settings.drain)
@@ -296,7 +308,8 @@ async fn consume(
     if print_events {
         tokio::spawn(events(builder.partition_events(), builder.standing()));
     } else if !print_tasks {
-        tokio::spawn(status(name, builder.standing(), handled.clone()));
+        let standing = builder.standing();
+        tokio::spawn(status(name, settings.partitions, standing, handled.clone()));
     }
     builder.run().await?;
     eprintln!("stopped: handled {} tasks", handled.load(Ordering::Relaxed));
@@ -351,6 +364,7 @@ async fn events(
 /// One line per second: where this instance stands and what it did.
 async fn status(
     name: String,
+    partitions: u32,
     standing: tokio::sync::watch::Receiver<Standing>,
     handled: Arc<AtomicU64>,
 ) {
@@ -362,9 +376,7 @@ async fn status(
         let total = handled.load(Ordering::Relaxed);
         let place = match &*standing.borrow() {
             Standing::Assigned(a) => {
-                let owned = a
-                    .owned_partitions(peerq::partition::DEFAULT_PARTITIONS)
-                    .count();
+                let owned = a.owned_partitions(partitions).count();
                 format!(
                     "instance {}/{}  owns {owned:>2} partitions",
                     a.index, a.replicas
@@ -385,12 +397,18 @@ async fn status(
 async fn produce(
     redis: String,
     name: String,
+    partitions: u32,
     count: u64,
     batch: u64,
     rate: u64,
     print: bool,
 ) -> peerq::Result<()> {
-    let producer = Producer::connect(&redis, &name).await?;
+    let producer = Producer::builder()
+        .redis(&redis)
+        .name(&name)
+        .partitions(partitions)
+        .connect()
+        .await?;
     let started = Instant::now();
     let batch = batch.max(1);
     let mut seq = 0;

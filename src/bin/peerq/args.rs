@@ -1,0 +1,192 @@
+//! The command line: every command, argument and help text (clap).
+
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+#[derive(Parser)]
+#[command(
+    name = "peerq",
+    version,
+    about = "Look at and steer the peerq services on a Redis",
+    after_help = "Exit codes: 0 success, 1 failure, 2 usage error."
+)]
+pub(crate) struct Cli {
+    /// The Redis: redis://[user:password@]host[:port][/db], or rediss://
+    /// for TLS.
+    #[arg(
+        long,
+        global = true,
+        env = "PEERQ_REDIS_URL",
+        hide_env_values = true,
+        value_name = "URL"
+    )]
+    pub(crate) redis: Option<String>,
+    #[command(subcommand)]
+    pub(crate) command: Command,
+}
+
+#[derive(Subcommand)]
+pub(crate) enum Command {
+    /// The services on this Redis: instances, backlog, delayed, dead, paused.
+    Services(Output),
+    /// One service: settings, members, partitions, totals, the last five
+    /// minutes' rates.
+    Status(Named),
+    /// The dead letters: list, show, replay, purge.
+    Dead {
+        #[command(subcommand)]
+        command: Dead,
+    },
+    /// The delayed tasks (delayed enqueues and retries waiting).
+    Delayed {
+        #[command(subcommand)]
+        command: Delayed,
+    },
+    /// The periodic jobs.
+    Periodic {
+        #[command(subcommand)]
+        command: Periodic,
+    },
+    /// Enqueues one JSON task (a service with the json codec); prints its id.
+    Enqueue(Enqueue),
+    /// Pauses a service: no handler starts on any instance until `resume`;
+    /// tasks wait in Redis.
+    Pause {
+        #[command(flatten)]
+        named: Named,
+        /// Who pauses (shown in `status`); default user@host.
+        #[arg(long, value_name = "WHO")]
+        by: Option<String>,
+    },
+    /// Resumes a paused service.
+    Resume(Named),
+}
+
+#[derive(Subcommand)]
+pub(crate) enum Dead {
+    /// A page of dead letters.
+    List {
+        #[command(flatten)]
+        named: Named,
+        /// Only letters with this reason: failed, permanent, decode,
+        /// malformed, too_large.
+        #[arg(long)]
+        reason: Option<String>,
+        /// Which first.
+        #[arg(long, value_enum, default_value_t = OrderArg::Newest)]
+        order: OrderArg,
+        /// Letters per page.
+        #[arg(long, default_value_t = 20)]
+        limit: usize,
+        /// Start after this letter (the `next` of the page before).
+        #[arg(long, value_name = "REF")]
+        after: Option<String>,
+    },
+    /// One dead letter, with its payload.
+    Show {
+        #[command(flatten)]
+        named: Named,
+        /// The letter: its REF (`<partition>/<id>`) or its id.
+        #[arg(long)]
+        id: String,
+    },
+    /// Enqueues dead letters again, from attempt 1, and removes them.
+    Replay(Which),
+    /// Removes dead letters for good.
+    Purge(Which),
+}
+
+#[derive(Subcommand)]
+pub(crate) enum Delayed {
+    /// The soonest due delayed tasks.
+    List {
+        #[command(flatten)]
+        named: Named,
+        /// How many.
+        #[arg(long, default_value_t = 20)]
+        limit: usize,
+    },
+}
+
+#[derive(Subcommand)]
+pub(crate) enum Periodic {
+    /// The periodic jobs: schedule, last and next due time.
+    List(Named),
+}
+
+// `--json`: JSON instead of tables. (Plain comments on these structs:
+// clap would take doc comments for the commands' help.)
+#[derive(Args)]
+pub(crate) struct Output {
+    /// Print JSON (stable field names, listed in the README) instead of a
+    /// table.
+    #[arg(long)]
+    pub(crate) json: bool,
+}
+
+// A command on one service.
+#[derive(Args)]
+pub(crate) struct Named {
+    /// The service's name.
+    #[arg(long)]
+    pub(crate) name: String,
+    #[command(flatten)]
+    pub(crate) output: Output,
+}
+
+// Which dead letters a replay or purge takes.
+#[derive(Args)]
+pub(crate) struct Which {
+    #[command(flatten)]
+    pub(crate) named: Named,
+    #[command(flatten)]
+    pub(crate) letters: Letters,
+    /// With --all: only letters with this reason.
+    #[arg(long, conflicts_with = "id")]
+    pub(crate) reason: Option<String>,
+}
+
+#[derive(Args)]
+#[group(required = true, multiple = false)]
+pub(crate) struct Letters {
+    /// One letter: its REF (`<partition>/<id>`) or its id.
+    #[arg(long)]
+    pub(crate) id: Option<String>,
+    /// Every letter (with --reason: every letter of that reason).
+    #[arg(long)]
+    pub(crate) all: bool,
+}
+
+#[derive(Args)]
+pub(crate) struct Enqueue {
+    /// The service's name.
+    #[arg(long)]
+    pub(crate) name: String,
+    /// The task, as JSON (`-`: read it from stdin).
+    #[arg(long = "json", value_name = "TASK")]
+    pub(crate) task: String,
+    /// The partition key: tasks with one key run in enqueue order.
+    #[arg(long)]
+    pub(crate) key: Option<String>,
+    /// Run it no earlier than this from now: 500ms, 10s, 5m, 2h, 1d.
+    #[arg(long, value_parser = delay)]
+    pub(crate) delay: Option<Duration>,
+    /// Enqueue it at most once per key (while the key is remembered, 24 h
+    /// by default).
+    #[arg(long, value_name = "KEY")]
+    pub(crate) idempotency_key: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub(crate) enum OrderArg {
+    /// The newest letters first.
+    Newest,
+    /// The oldest letters first.
+    Oldest,
+}
+
+fn delay(text: &str) -> Result<Duration, String> {
+    peerq::config::parse_duration(text)
+        .ok_or_else(|| format!("`{text}` is not a duration; use 500ms, 10s, 5m, 2h or 1d"))
+}

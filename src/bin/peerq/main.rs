@@ -1,0 +1,304 @@
+//! `peerq`, the admin CLI: looks at and steers the peerq services on a
+//! Redis, through the library's [`peerq::admin`] (which reads summaries
+//! only, never the streams' contents but a page of dead letters or delayed
+//! tasks).
+//!
+//! ```text
+//! peerq [--redis URL] services [--json]
+//! peerq status --name N [--json]
+//! peerq dead list --name N [--reason R] [--order newest|oldest] [--limit 20] [--after REF] [--json]
+//! peerq dead show|replay|purge --name N (--id ID | --all [--reason R]) [--json]
+//! peerq delayed list --name N [--limit 20] [--json]
+//! peerq periodic list --name N [--json]
+//! peerq enqueue --name N --json '{…}' [--key K] [--delay 10s] [--idempotency-key K]
+//! peerq pause --name N [--by WHO] [--json]
+//! peerq resume --name N [--json]
+//! ```
+//!
+//! The Redis is `--redis URL` or the environment's `PEERQ_REDIS_URL`.
+//! Tables go to stdout; with `--json`, JSON whose field names are stable
+//! (the README lists them). `enqueue` prints the task's id. Exit codes: 0
+//! on success, 1 on failure (one line on stderr naming what is wrong,
+//! never a password), 2 on a usage error.
+
+mod args;
+mod show;
+mod table;
+
+use std::io::{Read, Write};
+use std::process::ExitCode;
+
+use args::{Cli, Command, Dead, Delayed, OrderArg, Output, Periodic, Which};
+use clap::{CommandFactory, Parser};
+use peerq::admin::{Admin, Service};
+use peerq::dead_letters::{Cursor, DeadLetter, Order, Query};
+use peerq::producer::Options;
+use serde::Serialize;
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let Some(url) = cli.redis else {
+        Cli::command()
+            .error(
+                clap::error::ErrorKind::MissingRequiredArgument,
+                "no Redis given: pass --redis URL or set PEERQ_REDIS_URL",
+            )
+            .exit();
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a tokio runtime starts");
+    let (out, code) = match runtime.block_on(run(&url, cli.command)) {
+        Ok(text) => (text, ExitCode::SUCCESS),
+        Err(message) => {
+            // One line, whatever the error's sources said.
+            let line = message.split_whitespace().collect::<Vec<_>>().join(" ");
+            eprintln!("peerq: {line}");
+            (String::new(), ExitCode::FAILURE)
+        }
+    };
+    // A closed stdout (`| head`) is not an error of the command.
+    let _ = std::io::stdout().write_all(out.as_bytes());
+    code
+}
+
+/// Runs `command`; its output, or the message of what went wrong.
+async fn run(url: &str, command: Command) -> Result<String, String> {
+    let admin = Admin::connect(url).await.map_err(failed)?;
+    match command {
+        Command::Services(output) => {
+            let services = admin.services().await.map_err(failed)?;
+            output.show(&services, || show::services(&services, admin.redis()))
+        }
+        Command::Status(named) => {
+            let status = service(&admin, &named.name)
+                .await?
+                .status()
+                .await
+                .map_err(failed)?;
+            named.output.show(&status, || show::status(&status))
+        }
+        Command::Dead { command } => dead(&admin, command).await,
+        Command::Delayed {
+            command: Delayed::List { named, limit },
+        } => {
+            let delayed = service(&admin, &named.name).await?.delayed(limit).await;
+            let delayed = delayed.map_err(failed)?;
+            named.output.show(&delayed, || show::delayed(&delayed))
+        }
+        Command::Periodic {
+            command: Periodic::List(named),
+        } => {
+            let jobs = service(&admin, &named.name)
+                .await?
+                .periodic()
+                .await
+                .map_err(failed)?;
+            named.output.show(&jobs, || show::periodic(&jobs))
+        }
+        Command::Enqueue(enqueue) => {
+            let task = task(&enqueue.task)?;
+            let mut options = Options::new();
+            if let Some(key) = enqueue.key {
+                options = options.key(key);
+            }
+            if let Some(delay) = enqueue.delay {
+                options = options.delay(delay);
+            }
+            if let Some(key) = enqueue.idempotency_key {
+                options = options.idempotency_key(key);
+            }
+            let service = service(&admin, &enqueue.name).await?;
+            let id = service.enqueue_json(&task, options).await.map_err(failed)?;
+            Ok(format!("{id}\n"))
+        }
+        Command::Pause { named, by } => {
+            let service = service(&admin, &named.name).await?;
+            let by = by.unwrap_or_else(user_at_host);
+            let pause = service.pause(&by).await.map_err(failed)?;
+            let paused = Paused {
+                name: service.name(),
+                paused: &pause,
+            };
+            named.output.show(&paused, || show::paused(&paused))
+        }
+        Command::Resume(named) => {
+            let service = service(&admin, &named.name).await?;
+            let resumed = Resumed {
+                name: service.name(),
+                resumed: service.resume().await.map_err(failed)?,
+            };
+            named.output.show(&resumed, || show::resumed(&resumed))
+        }
+    }
+}
+
+/// `peerq dead …`.
+async fn dead(admin: &Admin, command: Dead) -> Result<String, String> {
+    match command {
+        Dead::List {
+            named,
+            reason,
+            order,
+            limit,
+            after,
+        } => {
+            let dead = service(admin, &named.name).await?.dead_letters();
+            let mut query = Query::new(limit).order(match order {
+                OrderArg::Newest => Order::NewestFirst,
+                OrderArg::Oldest => Order::OldestFirst,
+            });
+            if let Some(reason) = reason {
+                query = query.reason(reason);
+            }
+            if let Some(after) = after {
+                query = query.after(after.parse::<Cursor>().map_err(failed)?);
+            }
+            let page = dead.page(&query).await.map_err(failed)?;
+            named.output.show(&page, || show::dead_page(&page))
+        }
+        Dead::Show { named, id } => {
+            let service = service(admin, &named.name).await?;
+            let letter = letter(&service, &id).await?;
+            named.output.show(&letter, || show::dead_letter(&letter))
+        }
+        Dead::Replay(which) => act(service(admin, &which.named.name).await?, which, true).await,
+        Dead::Purge(which) => act(service(admin, &which.named.name).await?, which, false).await,
+    }
+}
+
+/// `dead replay` (`replay`) or `dead purge`.
+async fn act(service: Service, which: Which, replay: bool) -> Result<String, String> {
+    let dead = service.dead_letters();
+    let count = match (&which.letters.id, which.reason.as_deref()) {
+        (Some(id), _) => {
+            let letter = letter(&service, id).await?;
+            let done = match replay {
+                true => dead.replay(&letter).await,
+                false => dead.purge(&letter).await,
+            };
+            u64::from(done.map_err(failed)?)
+        }
+        (None, reason) => match (replay, reason) {
+            (true, reason) => dead.replay_all(reason).await,
+            (false, Some(reason)) => dead.purge_reason(reason).await,
+            (false, None) => dead.purge_all().await,
+        }
+        .map_err(failed)?,
+    };
+    let acted = Acted {
+        name: service.name(),
+        replayed: replay.then_some(count),
+        purged: (!replay).then_some(count),
+    };
+    which.named.output.show(&acted, || show::acted(&acted))
+}
+
+/// Service `name` of `admin`'s Redis.
+async fn service(admin: &Admin, name: &str) -> Result<Service, String> {
+    admin.service(name).await.map_err(failed)
+}
+
+/// The dead letter `id` names: `<partition>/<id>`, or an id found in
+/// exactly one partition.
+async fn letter(service: &Service, id: &str) -> Result<DeadLetter, String> {
+    let dead = service.dead_letters();
+    let not_found = || format!("no dead letter `{id}` in service `{}`", service.name());
+    if id.contains('/') {
+        let cursor: Cursor = id.parse().map_err(failed)?;
+        return dead
+            .get(&cursor)
+            .await
+            .map_err(failed)?
+            .ok_or_else(not_found);
+    }
+    let mut found = dead.find(id).await.map_err(failed)?;
+    match found.len() {
+        0 => Err(not_found()),
+        1 => Ok(found.remove(0)),
+        _ => {
+            let refs: Vec<String> = found.iter().map(|l| l.cursor().to_string()).collect();
+            Err(format!(
+                "dead letter id `{id}` is in {} partitions; use one of {}",
+                refs.len(),
+                refs.join(", ")
+            ))
+        }
+    }
+}
+
+/// The task of `enqueue --json`: the text, or stdin for `-`.
+fn task(text: &str) -> Result<serde_json::Value, String> {
+    let text = match text {
+        "-" => {
+            let mut read = String::new();
+            std::io::stdin()
+                .read_to_string(&mut read)
+                .map_err(|e| format!("reading the task from stdin: {e}"))?;
+            read
+        }
+        text => text.to_owned(),
+    };
+    serde_json::from_str(&text).map_err(|e| format!("--json: the task is not JSON ({e})"))
+}
+
+/// The default `pause --by`: `user@host`.
+fn user_at_host() -> String {
+    let user = std::env::var("USER")
+        .or_else(|_| std::env::var("USERNAME"))
+        .unwrap_or_else(|_| "unknown".to_owned());
+    let host = gethostname::gethostname().to_string_lossy().into_owned();
+    format!("{user}@{host}")
+}
+
+/// The message of a failed library call, with what to do where the
+/// library cannot say it.
+fn failed(e: peerq::Error) -> String {
+    match e {
+        peerq::Error::UnknownService { .. } => {
+            format!("{e}; `peerq services` lists the services there")
+        }
+        e => e.to_string(),
+    }
+}
+
+impl Output {
+    /// `value` as JSON with `--json`, else as `table` writes it.
+    fn show<T: Serialize>(
+        &self,
+        value: &T,
+        table: impl FnOnce() -> String,
+    ) -> Result<String, String> {
+        if self.json {
+            let json = serde_json::to_string_pretty(value).map_err(|e| e.to_string())?;
+            return Ok(json + "\n");
+        }
+        Ok(table())
+    }
+}
+
+/// `pause`'s answer. JSON: `name`, `paused` (`at_ms`, `by`).
+#[derive(Serialize)]
+struct Paused<'a> {
+    name: &'a str,
+    paused: &'a peerq::pause::Pause,
+}
+
+/// `resume`'s answer. JSON: `name`, `resumed` (false: it was not paused).
+#[derive(Serialize)]
+struct Resumed<'a> {
+    name: &'a str,
+    resumed: bool,
+}
+
+/// `dead replay` / `dead purge`'s answer. JSON: `name` and `replayed` or
+/// `purged` (how many letters).
+#[derive(Serialize)]
+struct Acted<'a> {
+    name: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    replayed: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    purged: Option<u64>,
+}
