@@ -228,7 +228,7 @@ pub(crate) fn fmt_duration(d: Duration) -> String {
 }
 
 /// Reads a duration written as a whole number and a unit: `1500us`,
-/// `250ms`, `10s`, `5m`, `2h`, `1d`; what [`fmt_duration`] writes reads
+/// `250ms`, `10s`, `5m`, `2h`, `1d`; the durations `{N}:meta` holds read
 /// back unchanged. `None` for anything else (no unit, a fraction, a
 /// negative number, an overflow).
 ///
