@@ -30,7 +30,7 @@
 //! is enqueued; with `--print-enqueued` it prints `enqueued from=<seq> to=<seq>`
 //! (exclusive) once a batch's enqueue returned success.
 
-use std::io::Write;
+use std::io::{IsTerminal, Write};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -210,6 +210,8 @@ fn micros(t: SystemTime) -> u128 {
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
+        // Colour codes only for a terminal: not in a file or a pipe.
+        .with_ansi(std::io::stderr().is_terminal())
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
         )

@@ -69,7 +69,8 @@
 //! | [`config`] | validated settings of the service and its indexer: name, interval, skew, lease margin, indexing mode (the consumer's own: `consumer`'s `settings`) |
 //! | [`error`] | the crate's [`Error`] and [`Result`] |
 //! | `keys` | every Redis key name (`{N}:<round>`, `{N}:meta`, …), in one place |
-//! | `meta` | service-wide settings recorded in `{N}:meta`, checked at start |
+//! | `meta` | service-wide settings recorded in `{N}:meta`, checked at start, and the `kind` of process a name belongs to |
+//! | `logs` | the one stderr line of a consumer started without a tracing subscriber |
 //! | [`clock`] | the wall clock behind a trait, so tests can skew it |
 //! | [`instance`] | the unique id of a running instance |
 //! | [`indexer`] | the peer indexer: round schedule, rounds, the instance's standing |
@@ -103,6 +104,7 @@ pub mod handler;
 pub mod indexer;
 pub mod instance;
 mod keys;
+mod logs;
 mod meta;
 pub mod metrics;
 pub mod partition;
