@@ -55,11 +55,15 @@ impl Options {
     /// is also the partition key.
     ///
     /// ```no_run
-    /// # async fn demo(producer: peerq::producer::Producer) -> peerq::Result<()> {
-    /// use peerq::producer::Options;
+    /// # #[derive(serde::Serialize)]
+    /// # struct Mail { to: String }
+    /// # async fn demo(producer: peerq::Producer) -> peerq::Result<()> {
+    /// use peerq::Options;
+    /// // A task of the service's task type (its handler's `Task`).
+    /// let mail = Mail { to: "a@example.com".into() };
     /// let once = Options::new().idempotency_key("order-1041-confirmation");
-    /// let first = producer.enqueue_with("mail", once.clone()).await?;
-    /// let again = producer.enqueue_with("mail", once).await?; // nothing enqueued
+    /// let first = producer.enqueue_with(&mail, once.clone()).await?;
+    /// let again = producer.enqueue_with(&mail, once).await?; // nothing enqueued
     /// assert_eq!(first, again);
     /// # Ok(()) }
     /// ```
