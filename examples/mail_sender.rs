@@ -30,7 +30,7 @@
 //! is enqueued; with `--print-enqueued` it prints `enqueued from=<seq> to=<seq>`
 //! (exclusive) once a batch's enqueue returned success.
 
-use std::io::Write;
+use std::io::{IsTerminal, Write};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -97,9 +97,10 @@ enum Command {
         /// The service name.
         #[arg(long)]
         name: String,
-        /// The number of partitions; service-wide.
-        #[arg(long, default_value_t = peerq::partition::DEFAULT_PARTITIONS)]
-        partitions: u32,
+        /// The number of partitions of a new service (default: the
+        /// service's, 64 for a new one).
+        #[arg(long)]
+        partitions: Option<u32>,
         /// How many tasks.
         #[arg(long)]
         count: u64,
@@ -216,6 +217,8 @@ fn micros(t: SystemTime) -> u128 {
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
+        // Colour codes only for a terminal: not in a file or a pipe.
+        .with_ansi(std::io::stderr().is_terminal())
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
         )
@@ -397,18 +400,19 @@ async fn status(
 async fn produce(
     redis: String,
     name: String,
-    partitions: u32,
+    partitions: Option<u32>,
     count: u64,
     batch: u64,
     rate: u64,
     print: bool,
 ) -> peerq::Result<()> {
-    let producer = Producer::builder()
-        .redis(&redis)
-        .name(&name)
-        .partitions(partitions)
-        .connect()
-        .await?;
+    let builder = Producer::builder().redis(&redis).name(&name);
+    let producer = match partitions {
+        Some(partitions) => builder.partitions(partitions),
+        None => builder,
+    }
+    .connect()
+    .await?;
     let started = Instant::now();
     let batch = batch.max(1);
     let mut seq = 0;

@@ -65,6 +65,19 @@ impl ServiceName {
         Ok(ServiceName(name.into()))
     }
 
+    /// Validates the name a builder was given; without one, says to call
+    /// `.name()`.
+    pub(crate) fn given(name: Option<&str>) -> Result<Self> {
+        match name {
+            Some(name) => ServiceName::new(name),
+            None => Err(Error::invalid(
+                "name",
+                "no name given; call .name(\"mail-sender\") with the service's name: the \
+                 instances and producers of one service share it",
+            )),
+        }
+    }
+
     /// The name as a string.
     pub fn as_str(&self) -> &str {
         &self.0
@@ -300,6 +313,16 @@ mod tests {
         for good in ["mail-sender", "a", "Mail_Sender.v2", &"x".repeat(100)] {
             ServiceName::new(good).unwrap();
         }
+    }
+
+    #[test]
+    fn a_missing_name_says_to_call_name() {
+        let err = ServiceName::given(None).unwrap_err().to_string();
+        assert!(
+            err.starts_with("invalid setting `name`: no name given; call .name("),
+            "{err}"
+        );
+        ServiceName::given(Some("mail-sender")).unwrap();
     }
 
     #[test]

@@ -165,6 +165,9 @@ pub struct SettingsMismatch {
     pub key: String,
     /// One entry per differing setting.
     pub settings: Vec<SettingDiff>,
+    /// What to do about it, which depends on who was refused: an instance
+    /// of the service, a producer, a standalone indexer.
+    pub advice: String,
 }
 
 /// One setting that differs from the service's stored value.
@@ -193,12 +196,7 @@ impl fmt::Display for SettingsMismatch {
                 d.setting, d.ours, d.stored
             )?;
         }
-        write!(
-            f,
-            ". Every instance of a service must use the same values; to change them, stop all \
-             instances and delete `{}`",
-            self.key
-        )
+        write!(f, ". {}", self.advice)
     }
 }
 
@@ -297,6 +295,7 @@ mod tests {
             Error::SettingsMismatch(SettingsMismatch {
                 key: "{n}:meta".into(),
                 settings: Vec::new(),
+                advice: String::new(),
             }),
             Error::Pool(PoolError::Closed),
             Error::Connect {

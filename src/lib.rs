@@ -6,12 +6,13 @@
 //! each is, and split the service's partition streams between them by modulo.
 //!
 //! Users implement one trait, [`Handler`], run a [`Consumer`], and enqueue
-//! with the bundled [`Producer`](producer::Producer):
+//! with the bundled [`Producer`]. peerq logs through `tracing`: install a
+//! subscriber (such as `tracing_subscriber::fmt().init()`) to see failed
+//! tasks, handovers and Redis errors.
 //!
 //! ```no_run
 //! use std::time::Duration;
-//! use peerq::producer::{Options, Producer};
-//! use peerq::{Consumer, Handler, HandlerError, TaskContext};
+//! use peerq::{Consumer, Handler, HandlerError, Options, Producer, TaskContext};
 //! use serde::{Deserialize, Serialize};
 //! use tower::timeout::TimeoutLayer;
 //!
@@ -69,7 +70,8 @@
 //! | [`config`] | validated settings of the service and its indexer: name, interval, skew, lease margin, indexing mode (the consumer's own: `consumer`'s `settings`) |
 //! | [`error`] | the crate's [`Error`] and [`Result`] |
 //! | `keys` | every Redis key name (`{N}:<round>`, `{N}:meta`, …), in one place |
-//! | `meta` | service-wide settings recorded in `{N}:meta`, checked at start |
+//! | `meta` | service-wide settings recorded in `{N}:meta`, checked at start, and the `kind` of process a name belongs to |
+//! | `logs` | the one stderr line of a consumer started without a tracing subscriber |
 //! | [`clock`] | the wall clock behind a trait, so tests can skew it |
 //! | [`instance`] | the unique id of a running instance |
 //! | [`indexer`] | the peer indexer: round schedule, rounds, the instance's standing |
@@ -105,6 +107,7 @@ pub mod handler;
 pub mod indexer;
 pub mod instance;
 mod keys;
+mod logs;
 mod meta;
 pub mod metrics;
 pub mod partition;
@@ -126,5 +129,16 @@ mod test_support;
 pub use assignment::Assignment;
 pub use config::Indexing;
 pub use consumer::Consumer;
+pub use dead_letters::DeadLetters;
 pub use error::{Error, Result};
 pub use handler::{Handler, HandlerError, TaskContext};
+pub use periodic::{Missed, Periodic};
+pub use producer::{Options, Producer};
+pub use retry::Backoff;
+
+/// The README's Rust snippets, compiled as doc tests (those that need a
+/// Redis are `no_run`). Only with the `http` feature, which one of them
+/// uses: `scripts/test` (and CI) runs `cargo test --all-features`.
+#[cfg(all(doctest, feature = "http"))]
+#[doc = include_str!("../README.md")]
+mod readme {}

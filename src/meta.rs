@@ -5,6 +5,9 @@
 //! to start records its values; every later one compares and is refused with
 //! an error naming each difference. Each part records only its own fields,
 //! so a producer does not need to know the indexer's interval.
+//!
+//! The `kind` field says what runs under the name, so that a standalone
+//! peer indexer cannot silently join a consumer service's membership.
 
 use std::sync::LazyLock;
 
@@ -17,6 +20,34 @@ use crate::keys;
 static ENSURE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("scripts/meta_ensure.lua")));
 
+/// The `{N}:meta` field that records what runs under a service's name.
+pub(crate) const KIND: &str = "kind";
+
+/// What runs under a service's name, recorded in `{N}:meta` as `kind`.
+///
+/// A standalone [`Indexer`](crate::indexer::Indexer) counts as an instance
+/// of whatever service it names: beside consumers it would raise their
+/// replica count and take a share of the partitions that no one then
+/// processes. Recording the kind lets each refuse the other.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    /// Consumers (each with its own peer indexer).
+    Consumer,
+    /// Standalone peer indexers.
+    Indexer,
+}
+
+impl Kind {
+    /// The kind's `{N}:meta` field.
+    pub(crate) fn field(self) -> (&'static str, String) {
+        let kind = match self {
+            Kind::Consumer => "consumer",
+            Kind::Indexer => "indexer",
+        };
+        (KIND, kind.to_owned())
+    }
+}
+
 /// Records `fields` for the service where absent, and fails if any is stored
 /// with another value.
 pub(crate) async fn ensure<C: ConnectionLike + Send>(
@@ -24,15 +55,39 @@ pub(crate) async fn ensure<C: ConnectionLike + Send>(
     name: &ServiceName,
     fields: &[(&'static str, String)],
 ) -> Result<()> {
+    let differ = differences(conn, name, fields).await?;
+    if differ.is_empty() {
+        return Ok(());
+    }
     let key = keys::meta(name);
-    let mut inv = ENSURE.key(&key);
+    let advice = if differ.iter().any(|d| d.setting == KIND) {
+        "A standalone Indexer and a consumer service cannot share a name: the indexer would \
+         count as one of the consumers' instances and take a share of the partitions that no \
+         one then processes. Give the indexer a name of its own (a consumer's standing is in \
+         `ConsumerBuilder::standing()`)"
+            .to_owned()
+    } else {
+        format!(
+            "Every instance of a service must use the same values; to change them, stop all \
+             instances and delete `{key}`"
+        )
+    };
+    Err(mismatch(name, differ, advice))
+}
+
+/// Records `fields` for the service where absent, and returns those stored
+/// with another value. One script, so two processes starting at once cannot
+/// both record their own values.
+pub(crate) async fn differences<C: ConnectionLike + Send>(
+    conn: &mut C,
+    name: &ServiceName,
+    fields: &[(&'static str, String)],
+) -> Result<Vec<SettingDiff>> {
+    let mut inv = ENSURE.key(keys::meta(name));
     for (field, value) in fields {
         inv.arg(*field).arg(value);
     }
     let differ: Vec<String> = inv.invoke_async(conn).await?;
-    if differ.is_empty() {
-        return Ok(());
-    }
     let settings = differ
         .chunks(2)
         .map(|pair| {
@@ -48,5 +103,15 @@ pub(crate) async fn ensure<C: ConnectionLike + Send>(
             }
         })
         .collect();
-    Err(Error::SettingsMismatch(SettingsMismatch { key, settings }))
+    Ok(settings)
+}
+
+/// The error for `settings` that differ from service `name`'s, with what to
+/// do about them.
+pub(crate) fn mismatch(name: &ServiceName, settings: Vec<SettingDiff>, advice: String) -> Error {
+    Error::SettingsMismatch(SettingsMismatch {
+        key: keys::meta(name),
+        settings,
+        advice,
+    })
 }

@@ -52,6 +52,10 @@ pub const ENQUEUED_TOTAL: &str = "peerq_enqueued_total";
 /// Counter of a producer's failed enqueue calls, labelled `service`.
 pub const ENQUEUE_ERRORS_TOTAL: &str = "peerq_enqueue_errors_total";
 
+/// Gauge, labelled `service`: 1 while the service is paused (`{N}:paused`
+/// exists, as this instance last read it), else 0.
+pub const PAUSED: &str = "peerq_paused";
+
 /// Registers the descriptions of every metric with the installed recorder.
 pub fn describe() {
     metrics::describe_counter!(ROUNDS_TOTAL, "indexer rounds by outcome");
@@ -101,6 +105,10 @@ pub fn describe() {
         HANDOVER_PAUSE_SECONDS,
         metrics::Unit::Seconds,
         "from a partition's release mark (or its epoch's start) to the new owner's start"
+    );
+    metrics::describe_gauge!(
+        PAUSED,
+        "1 while the service is paused, as this instance last read it"
     );
     metrics::describe_counter!(ENQUEUED_TOTAL, "tasks enqueued by producers");
     metrics::describe_counter!(ENQUEUE_ERRORS_TOTAL, "failed enqueue calls");

@@ -253,22 +253,42 @@ impl Registered {
 /// Records `jobs`' schedules in `{N}:periodic`, in one `HSET` (idempotent:
 /// every instance that registers them writes the same records), so tools
 /// can show each job's schedule, last trigger and next due time.
+///
+/// A job registered for the first time also gets its first mark: `now`
+/// (the time since the Unix epoch, by this instance's clock), written only
+/// where the job has none. A due time from before the job existed is then
+/// at or below its mark, so [`Missed::RunOnce`] never triggers one on the
+/// job's first start; due times after `now` trigger as usual.
 pub(crate) async fn record_schedules(
     conn: &SharedConnection,
     name: &ServiceName,
     partitions: u32,
     jobs: &[Registered],
+    now: Duration,
 ) -> Result<()> {
     if jobs.is_empty() {
         return Ok(());
     }
-    let mut hset = redis::cmd("HSET");
-    hset.arg(keys::periodic(name));
+    let mut pipe = redis::pipe();
+    let hset = pipe.cmd("HSET").arg(keys::periodic(name));
     for registered in jobs {
         hset.arg(registered.job.name())
             .arg(registered.record(partitions));
     }
-    conn.query::<()>(&hset).await
+    hset.ignore();
+    let now_ms = now.as_millis() as u64;
+    for registered in jobs {
+        let job = registered.job.name();
+        let p = partition_of(job.as_bytes(), partitions);
+        // Each mark is in its partition's slot, apart from `{N}:periodic`:
+        // one command per key.
+        pipe.cmd("SET")
+            .arg(keys::cron(name, p, job))
+            .arg(now_ms)
+            .arg("NX")
+            .ignore();
+    }
+    conn.query_pipe::<()>(&pipe).await
 }
 
 #[cfg(test)]
@@ -332,6 +352,40 @@ mod tests {
         assert_eq!(
             cron.last_at_or_before(at(1_795_316_400 + 10)),
             Some(at(1_795_316_400))
+        );
+    }
+
+    #[tokio::test]
+    async fn a_new_job_never_triggers_a_due_time_from_before_it_was_registered() {
+        let server = crate::test_support::RedisServer::start();
+        let conn = SharedConnection::new(server.pool());
+        let name = ServiceName::new(&crate::test_support::unique_name("first-mark")).unwrap();
+        let job = Registered {
+            job: Periodic::every("digest", Duration::from_secs(60)).missed(Missed::RunOnce),
+            codec: "bincode",
+            payload: vec![1],
+        };
+        let registered = Duration::from_secs(1_800_000_030);
+        record_schedules(&conn, &name, 8, std::slice::from_ref(&job), registered)
+            .await
+            .unwrap();
+        // What a first start catches up on: the due time before it.
+        let missed = job.missed_due(UNIX_EPOCH + registered).unwrap();
+        assert_eq!(missed, at(1_800_000_000));
+        assert!(
+            !job.trigger(&conn, &name, 8, missed).await.unwrap(),
+            "a due time from before the job existed: refused"
+        );
+        // A later registration (a restart) leaves the mark where it is.
+        let restarted = registered + Duration::from_secs(3600);
+        record_schedules(&conn, &name, 8, std::slice::from_ref(&job), restarted)
+            .await
+            .unwrap();
+        assert!(
+            job.trigger(&conn, &name, 8, at(1_800_000_060))
+                .await
+                .unwrap(),
+            "the first due time after the registration: triggered"
         );
     }
 

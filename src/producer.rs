@@ -13,10 +13,10 @@ use deadpool_redis::Pool;
 use deadpool_redis::redis;
 use serde::Serialize;
 
-use crate::codec::{Bincode, Codec};
+use crate::codec::{Bincode, Codec, Json};
 use crate::config::{self, ServiceName};
 use crate::connection::SharedConnection;
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, SettingDiff};
 use crate::metrics as m;
 use crate::partition::{DEFAULT_PARTITIONS, partition_of};
 use crate::task::{Entry, TaskId};
@@ -55,11 +55,15 @@ impl Options {
     /// is also the partition key.
     ///
     /// ```no_run
-    /// # async fn demo(producer: peerq::producer::Producer) -> peerq::Result<()> {
-    /// use peerq::producer::Options;
+    /// # #[derive(serde::Serialize)]
+    /// # struct Mail { to: String }
+    /// # async fn demo(producer: peerq::Producer) -> peerq::Result<()> {
+    /// use peerq::Options;
+    /// // A task of the service's task type (its handler's `Task`).
+    /// let mail = Mail { to: "a@example.com".into() };
     /// let once = Options::new().idempotency_key("order-1041-confirmation");
-    /// let first = producer.enqueue_with("mail", once.clone()).await?;
-    /// let again = producer.enqueue_with("mail", once).await?; // nothing enqueued
+    /// let first = producer.enqueue_with(&mail, once.clone()).await?;
+    /// let again = producer.enqueue_with(&mail, once).await?; // nothing enqueued
     /// assert_eq!(first, again);
     /// # Ok(()) }
     /// ```
@@ -140,20 +144,37 @@ impl<C: Codec> fmt::Debug for Producer<C> {
 }
 
 impl Producer<Bincode> {
-    /// Connects a producer with the defaults (bincode, 64 partitions) to
-    /// service `name` at `url`; see [`ProducerBuilder::connect`] for its
-    /// errors.
+    /// Connects a bincode producer to service `name` at `url`, with the
+    /// service's partitions (read from `{name}:meta`; 64 for a new
+    /// service). A service whose codec is JSON needs a JSON producer,
+    /// which [`builder`](Self::builder) makes; see
+    /// [`ProducerBuilder::connect`] for the errors.
     pub async fn connect(url: &str, name: &str) -> Result<Self> {
         Producer::builder().redis(url).name(name).connect().await
     }
 
-    /// A builder with the defaults.
+    /// A builder with the defaults: bincode, the service's partitions.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> peerq::Result<()> {
+    /// use peerq::Producer;
+    /// use peerq::codec::Json;
+    ///
+    /// // For a service whose consumers run with `.codec(Json)`.
+    /// let producer = Producer::builder()
+    ///     .redis("redis://127.0.0.1/")
+    ///     .name("mail-sender")
+    ///     .codec(Json)
+    ///     .connect()
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
     pub fn builder() -> ProducerBuilder<Bincode> {
         ProducerBuilder {
             name: None,
             url: None,
             pool: None,
-            partitions: DEFAULT_PARTITIONS,
+            partitions: None,
             max_payload: DEFAULT_MAX_PAYLOAD,
             idempotency_ttl: DEFAULT_IDEMPOTENCY_TTL,
             codec: PhantomData,
@@ -293,7 +314,8 @@ pub struct ProducerBuilder<C> {
     name: Option<String>,
     url: Option<String>,
     pool: Option<Pool>,
-    partitions: u32,
+    /// `None`: the service's, or the default for a new service.
+    partitions: Option<u32>,
     max_payload: usize,
     idempotency_ttl: Duration,
     codec: PhantomData<C>,
@@ -329,9 +351,11 @@ impl<C: Codec> ProducerBuilder<C> {
         self
     }
 
-    /// The number of partitions `P` (default 64; 1 to 4096). Service-wide.
+    /// The number of partitions `P` (1 to 4096) of a new service. Without
+    /// it the producer uses the service's, or 64 for a new service; a value
+    /// that differs from the service's is refused. Service-wide.
     pub fn partitions(mut self, partitions: u32) -> Self {
-        self.partitions = partitions;
+        self.partitions = Some(partitions);
         self
     }
 
@@ -351,7 +375,8 @@ impl<C: Codec> ProducerBuilder<C> {
         self
     }
 
-    /// The codec (default [`Bincode`]). Service-wide.
+    /// The codec (default [`Bincode`]): the service's, as its consumers
+    /// set it. Service-wide.
     pub fn codec<D: Codec>(self, _codec: D) -> ProducerBuilder<D> {
         ProducerBuilder {
             name: self.name,
@@ -365,15 +390,20 @@ impl<C: Codec> ProducerBuilder<C> {
     }
 
     /// Validates the settings, connects, and checks them against the
-    /// service's `{N}:meta` (recording them if the service is new).
+    /// service's `{N}:meta`: it takes the service's partitions unless
+    /// [`partitions`](Self::partitions) was set, and records the partitions
+    /// and the codec if the service is new.
     ///
     /// Unlike a consumer, it does not wait for Redis: an unreachable or
     /// refusing Redis is an [`Error::Connect`] naming the URL without its
-    /// password, and settings that differ from the service's are an
-    /// [`Error::SettingsMismatch`].
+    /// password. A codec other than the service's, or partitions set to
+    /// another value than the service's, are an [`Error::SettingsMismatch`]
+    /// that says how to build a matching producer.
     pub async fn connect(self) -> Result<Producer<C>> {
-        let name = ServiceName::new(self.name.as_deref().unwrap_or_default())?;
-        config::validate_partitions(self.partitions)?;
+        let name = ServiceName::given(self.name.as_deref())?;
+        if let Some(partitions) = self.partitions {
+            config::validate_partitions(partitions)?;
+        }
         if self.max_payload == 0 {
             return Err(Error::invalid(
                 "max_payload",
@@ -389,23 +419,98 @@ impl<C: Codec> ProducerBuilder<C> {
         let redis = crate::connection::target(self.pool.as_ref(), self.url.as_deref());
         let pool = crate::connection::pool(self.pool, self.url)?;
         let conn = SharedConnection::new(pool);
-        let fields = config::queue_meta_fields(self.partitions, C::NAME);
+        let asked = self.partitions.unwrap_or(DEFAULT_PARTITIONS);
+        let fields = config::queue_meta_fields(asked, C::NAME);
         // No waiting for Redis here, unlike a consumer: the caller holds the
         // tasks and decides whether to wait, retry or fail.
-        let checked = async { meta::ensure(&mut conn.get().await?, &name, &fields).await };
-        checked
+        let checked = async { meta::differences(&mut conn.get().await?, &name, &fields).await };
+        let differ = checked
             .await
             .map_err(|e| crate::connection::at(&redis, e))?;
+        let partitions = settle(&name, self.partitions, asked, differ)?;
         let service = name.to_string();
         Ok(Producer {
             enqueued: metrics::counter!(m::ENQUEUED_TOTAL, "service" => service.clone()),
             errors: metrics::counter!(m::ENQUEUE_ERRORS_TOTAL, "service" => service),
             name,
             conn,
-            partitions: self.partitions,
+            partitions,
             codec: C::default(),
             max_payload: self.max_payload,
             idempotency_ttl: self.idempotency_ttl,
         })
+    }
+}
+
+/// The partitions a producer uses, given what differs from
+/// service `name`'s `{N}:meta` (`asked` was recorded where absent): the
+/// service's partitions unless the builder `set` others; a codec other than
+/// the service's is refused, since a producer's codec is its type and
+/// cannot change at run time. Neither refusal suggests deleting the meta:
+/// the service is likely running.
+fn settle(
+    name: &ServiceName,
+    set: Option<u32>,
+    asked: u32,
+    differ: Vec<SettingDiff>,
+) -> Result<u32> {
+    let mut partitions = asked;
+    let mut refused = Vec::new();
+    for diff in differ {
+        match diff.setting.as_str() {
+            "partitions" if set.is_none() => {
+                partitions = diff
+                    .stored
+                    .parse()
+                    .ok()
+                    .filter(|p| config::validate_partitions(*p).is_ok())
+                    .ok_or_else(|| {
+                        Error::invalid(
+                            "partitions",
+                            format!(
+                                "`{}` records partitions = {:?}, which is not 1 to 4096",
+                                crate::keys::meta(name),
+                                diff.stored
+                            ),
+                        )
+                    })?;
+            }
+            _ => refused.push(diff),
+        }
+    }
+    if refused.is_empty() {
+        return Ok(partitions);
+    }
+    let mut advice = Vec::new();
+    if let Some(codec) = refused.iter().find(|d| d.setting == "codec") {
+        advice.push(match codec_type(&codec.stored) {
+            Some(path) => format!(
+                "A producer encodes with the service's codec, which is its type: build one with \
+                 `Producer::builder().codec({path}).redis(url).name(name).connect()` \
+                 (`Producer::connect` makes a {} producer)",
+                Bincode::NAME
+            ),
+            None => format!(
+                "The service's codec `{}` is not one peerq has (bincode, json)",
+                codec.stored
+            ),
+        });
+    }
+    if refused.iter().any(|d| d.setting == "partitions") {
+        advice.push(
+            "Leave `partitions` unset on a producer to use the service's (`Producer::connect` \
+             does)"
+                .to_owned(),
+        );
+    }
+    Err(meta::mismatch(name, refused, advice.join(". ")))
+}
+
+/// The path of the codec type named `name` in `{N}:meta`.
+fn codec_type(name: &str) -> Option<&'static str> {
+    match name {
+        n if n == Bincode::NAME => Some("peerq::codec::Bincode"),
+        n if n == Json::NAME => Some("peerq::codec::Json"),
+        _ => None,
     }
 }

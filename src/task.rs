@@ -24,7 +24,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use deadpool_redis::redis::Value;
 use serde::de::DeserializeOwned;
 
-use crate::codec::Codec;
+use crate::codec::{Codec, CodecError};
 use crate::error::Error;
 
 /// The names of an entry's fields.
@@ -227,12 +227,28 @@ impl Entry {
         // A codec or a payload type's `Deserialize` may panic on hostile
         // bytes: that is this entry's decode failure (dead-lettered), never
         // a lost worker task with the entry left pending for good.
-        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| codec.decode(&self.payload)))
-            .map_err(|panic| {
-                let message = crate::error::panic_message(&*panic);
-                Unrunnable::Decode(format!("decoding panicked: {message}"))
-            })?
-            .map_err(|e| Unrunnable::Decode(e.to_string()))
+        let decoded =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| codec.decode(&self.payload)))
+                .unwrap_or_else(|panic| {
+                    Err(CodecError {
+                        codec: C::NAME,
+                        message: format!(
+                            "decoding panicked: {}",
+                            crate::error::panic_message(&*panic)
+                        ),
+                    })
+                })
+                .map_err(|e| e.message);
+        // Most often a producer enqueued a value of another type: say which
+        // type the handler expects, and with which codec.
+        decoded.map_err(|cause| {
+            Unrunnable::Decode(format!(
+                "the payload does not decode as the handler's task type `{}` with the `{}` \
+                 codec ({cause}); was it enqueued as another type?",
+                std::any::type_name::<T>(),
+                C::NAME
+            ))
+        })
     }
 
     /// Reads an entry from a stream reply's field map.
@@ -378,7 +394,14 @@ mod tests {
         assert!(other.to_string().contains("encoded with `json`"), "{other}");
         let wrong = e.decode::<String, _>(&Json).unwrap_err();
         assert_eq!(wrong.reason(), "decode");
-        assert!(wrong.to_string().starts_with("json: "), "{wrong}");
+        let wrong = wrong.to_string();
+        assert!(
+            wrong.starts_with(
+                "the payload does not decode as the handler's task type `alloc::string::String` \
+                 with the `json` codec ("
+            ) && wrong.ends_with("); was it enqueued as another type?"),
+            "{wrong}"
+        );
     }
 
     #[test]

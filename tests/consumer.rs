@@ -294,6 +294,75 @@ async fn a_different_partition_count_is_refused_by_name() {
     );
 }
 
+/// Asserts that a producer's refusal says each of `parts`, and never to
+/// delete the meta of a service that may be running.
+fn assert_advises(err: &str, parts: &[&str]) {
+    for part in parts {
+        assert!(err.contains(part), "{err}");
+    }
+    assert!(!err.contains("delete"), "advice to delete the meta: {err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_producer_takes_the_services_partitions_and_is_told_how_to_match_its_codec() {
+    use peerq::codec::Json;
+    let server = RedisServer::start();
+    let url = server.url();
+    // A service of 16 partitions, recorded by its first consumer.
+    let name = unique_name("adopt");
+    let first = base(&url, &name)
+        .partitions(16)
+        .handler(Recorder::default());
+    first.run_until(async {}).await.unwrap();
+    let producer = Producer::connect(&url, &name).await.unwrap();
+    assert_eq!(producer.partitions(), 16, "the service's, not the default");
+    let same = Producer::builder().redis(&url).name(&name).partitions(16);
+    assert_eq!(same.connect().await.unwrap().partitions(), 16);
+    let other = Producer::builder().redis(&url).name(&name).partitions(32);
+    let err = other.connect().await.unwrap_err().to_string();
+    assert_advises(
+        &err,
+        &[
+            "`partitions` is 32 here but 16 for the service",
+            "Leave `partitions` unset on a producer",
+        ],
+    );
+    // Every task reaches a partition a consumer reads.
+    let recorder = Recorder::default();
+    let builder = base(&url, &name).partitions(16).handler(recorder.clone());
+    let instance = Instance::spawn(move |signal| builder.run_until(signal));
+    let jobs: Vec<Job> = (0..100).map(|seq| Job { seq }).collect();
+    producer.enqueue_batch(&jobs).await.unwrap();
+    wait_until(Duration::from_secs(20), "every task", || {
+        recorder.distinct() == 100
+    })
+    .await;
+    instance.shutdown().await;
+
+    // A JSON service: the default producer (bincode) is told how to build
+    // a JSON one.
+    let json = unique_name("adopt-json");
+    let first = base(&url, &json).codec(Json).handler(Recorder::default());
+    first.run_until(async {}).await.unwrap();
+    let err = Producer::connect(&url, &json).await.unwrap_err();
+    assert!(matches!(err, peerq::Error::SettingsMismatch(_)), "{err:?}");
+    assert_advises(
+        &err.to_string(),
+        &[
+            "`codec` is bincode here but json for the service",
+            "`Producer::builder().codec(peerq::codec::Json)",
+        ],
+    );
+    let producer = Producer::builder()
+        .redis(&url)
+        .name(&json)
+        .codec(Json)
+        .connect()
+        .await
+        .unwrap();
+    assert_eq!(producer.partitions(), 64);
+}
+
 /// Dead letters over all partitions of `name`: (reason, error) pairs.
 async fn dead_letters(server: &RedisServer, name: &str, partitions: u32) -> Vec<(String, String)> {
     let mut conn = server.pool().get().await.unwrap();
@@ -337,6 +406,9 @@ async fn garbage_entries_go_to_the_dead_letters_and_the_consumer_goes_on() {
         .xadd(format!("{{{name}/5}}:stream"), "*", &[("hello", "world")])
         .await
         .unwrap();
+    // A task of another type than the handler's, as a slip in user code
+    // would enqueue it.
+    producer.enqueue("receipt").await.unwrap();
     let recorder = Recorder::default();
     let instance = Instance::start(&server.url(), &name, recorder.clone());
     let jobs: Vec<Job> = (0..200).map(|seq| Job { seq }).collect();
@@ -348,7 +420,7 @@ async fn garbage_entries_go_to_the_dead_letters_and_the_consumer_goes_on() {
     let deadline = Instant::now() + Duration::from_secs(10);
     let dead = loop {
         let dead = dead_letters(&server, &name, 64).await;
-        if dead.len() >= 2 || Instant::now() > deadline {
+        if dead.len() >= 3 || Instant::now() > deadline {
             break dead;
         }
         tokio::time::sleep(50 * MS).await;
@@ -356,8 +428,14 @@ async fn garbage_entries_go_to_the_dead_letters_and_the_consumer_goes_on() {
     instance.shutdown().await;
     let mut reasons: Vec<&str> = dead.iter().map(|d| d.0.as_str()).collect();
     reasons.sort_unstable();
-    assert_eq!(reasons, vec!["decode", "malformed"], "{dead:?}");
-    assert!(dead.iter().any(|d| d.1.contains("bincode")), "{dead:?}");
+    assert_eq!(reasons, vec!["decode", "decode", "malformed"], "{dead:?}");
+    let not_a_job = "the payload does not decode as the handler's task type `consumer::Job` \
+                     with the `bincode` codec (";
+    assert_eq!(
+        dead.iter().filter(|d| d.1.starts_with(not_a_job)).count(),
+        2,
+        "{dead:?}"
+    );
     assert!(
         dead.iter().any(|d| d.1.contains("no `id` field")),
         "{dead:?}"

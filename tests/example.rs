@@ -292,3 +292,37 @@ fn indexing_flag_picks_the_service_mode() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("invalid value 'sorted'"), "{err}");
 }
+
+#[test]
+fn logs_to_a_pipe_or_a_file_carry_no_colour_codes() {
+    // Nothing listens on the port: the consumer logs a warning per try.
+    let url = format!("redis://127.0.0.1:{}/", support::unused_port());
+    let mut child = Proc(
+        Command::new(example_binary())
+            .args(["consume", "--redis", &url, "--name", &unique_name("colour")])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start a consumer"),
+    );
+    let (lines, logged) = std::sync::mpsc::channel();
+    let err = child.0.stderr.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(err).lines().map_while(Result::ok) {
+            if lines.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    let line = loop {
+        let line = logged
+            .recv_timeout(Duration::from_secs(10))
+            .expect("a warning on stderr");
+        if line.contains("cannot reach redis") {
+            break line;
+        }
+    };
+    sigterm(&child.0);
+    assert!(!line.contains('\u{1b}'), "colour codes in {line:?}");
+    assert!(line.contains(" WARN "), "{line:?}");
+}

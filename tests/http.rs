@@ -3,7 +3,8 @@
 //! follows the instance's access to Redis (a proxy cuts it and lets it
 //! through again), `/health/live` answers while the consumer runs and the
 //! listener closes when `run` returns, two consumers of one process share
-//! the recorder, and an address in use is refused.
+//! the recorder, an address in use is refused, and a paused instance is
+//! ready and says it is paused.
 //!
 //! The client is hyper-util's (the HTTP/1.1 client under reqwest), over a
 //! TCP connection to the consumer's listener. Every test of this binary
@@ -275,6 +276,65 @@ async fn ready_follows_the_instance_s_access_to_redis() {
     proxy.restore();
     let again = until_status(instance.addr, "/health/ready", 200, Duration::from_secs(15)).await;
     assert_eq!(again.json()["ready"], true);
+    instance.shutdown().await;
+}
+
+/// A pause stops handling, not serving: the instance stays ready (an
+/// orchestrator must not restart paused instances), and `peerq_paused`
+/// says it is paused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_instance_is_ready_and_its_metrics_say_paused() {
+    let server = RedisServer::start();
+    let name = unique_name("http-paused");
+    let count = Count::default();
+    let instance = Instance::start(&server.url(), &name, count.clone());
+    until_status(instance.addr, "/health/ready", 200, Duration::from_secs(15)).await;
+    let mut conn = server.pool().get().await.unwrap();
+    let key = format!("{{{name}}}:paused");
+    let () = deadpool_redis::redis::cmd("SET")
+        .arg(&key)
+        .arg(r#"{"at_ms":0,"by":"test"}"#)
+        .query_async(&mut *conn)
+        .await
+        .unwrap();
+    let service = [("service", name.as_str())];
+    let paused = |want: f64| {
+        move |reply: &Reply| sample(&reply.body, peerq::metrics::PAUSED, &service) == Some(want)
+    };
+    until(
+        instance.addr,
+        "/metrics",
+        Duration::from_secs(3),
+        paused(1.0),
+    )
+    .await;
+    let producer = Producer::connect(&server.url(), &name).await.unwrap();
+    let jobs: Vec<Job> = (0..20).map(|seq| Job { seq }).collect();
+    producer.enqueue_batch(&jobs).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    assert_eq!(count.0.load(Ordering::SeqCst), 0, "handled while paused");
+    let ready = get(instance.addr, "/health/ready").await.unwrap();
+    assert_eq!(
+        (ready.status, ready.json()["ready"].clone()),
+        (200, Value::Bool(true))
+    );
+
+    let _: u64 = deadpool_redis::redis::cmd("DEL")
+        .arg(&key)
+        .query_async(&mut *conn)
+        .await
+        .unwrap();
+    wait_until(Duration::from_secs(5), "the tasks after the resume", || {
+        count.0.load(Ordering::SeqCst) >= 20
+    })
+    .await;
+    until(
+        instance.addr,
+        "/metrics",
+        Duration::from_secs(3),
+        paused(0.0),
+    )
+    .await;
     instance.shutdown().await;
 }
 

@@ -685,6 +685,50 @@ async fn settings_that_differ_from_the_service_are_refused_by_name() {
     drop((first, second));
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standalone_indexer_and_a_consumer_cannot_share_a_name() {
+    use peerq::handler::Task;
+    let server = RedisServer::start();
+    let consumer = |name: &str| {
+        let service = tower::service_fn(|_: Task<u64>| async { Ok::<(), peerq::HandlerError>(()) });
+        peerq::Consumer::builder()
+            .name(name)
+            .redis(server.url())
+            .service(service)
+            .run_until(async {})
+    };
+    let indexer = |name: &str| {
+        Indexer::builder()
+            .name(name)
+            .redis(server.url())
+            .build()
+            .unwrap()
+            .start()
+    };
+    // A consumer service first (its own indexer joins it, of course).
+    let consumers = unique_name("kind-consumer");
+    consumer(&consumers).await.unwrap();
+    let err = indexer(&consumers).await.unwrap_err();
+    assert!(matches!(err, Error::SettingsMismatch(_)), "{err:?}");
+    let msg = err.to_string();
+    for part in [
+        "`kind` is indexer here but consumer for the service",
+        "cannot share a name",
+        "Give the indexer a name of its own",
+    ] {
+        assert!(msg.contains(part), "{msg}");
+    }
+    // Standalone indexers first: a consumer is refused the other way.
+    let indexers = unique_name("kind-indexer");
+    let running = indexer(&indexers).await.unwrap();
+    let msg = consumer(&indexers).await.unwrap_err().to_string();
+    assert!(
+        msg.contains("`kind` is consumer here but indexer for the service"),
+        "{msg}"
+    );
+    running.stop().await;
+}
+
 #[tokio::test]
 async fn invalid_settings_are_rejected_before_redis() {
     // No server: build() must fail on validation alone.

@@ -11,6 +11,8 @@
 //! consumer and starts there again must be explained by what that consumer
 //! printed about itself ([`restarts`]).
 
+#[path = "scenarios/pause.rs"]
+mod pause;
 #[path = "scenarios/restarts.rs"]
 mod restarts;
 mod support;
@@ -410,6 +412,35 @@ impl Fleet {
         })
     }
 
+    /// Checks that seqs `0..count` were each handled exactly once while
+    /// instances came and went gracefully; returns how many ran again after
+    /// their instance fenced itself (starved past its lease, which is not
+    /// graceful): only a task whose ack had not landed may, with a higher
+    /// attempt.
+    fn assert_exactly_once(&self, count: u64) -> usize {
+        let handled = self.handled();
+        let lines = self.lines();
+        let mut after_a_fence = 0;
+        for (seq, runs) in handled.iter().filter(|(_, h)| h.len() > 1) {
+            let starts: Vec<&Line> = lines
+                .iter()
+                .filter(|l| l.seq == *seq && l.what == What::Start)
+                .collect();
+            if !self.rerun_after_a_fence(runs, &starts) {
+                let first = &runs[0];
+                let notes = self.notes.lock().unwrap().clone();
+                let (from, to) = (first.at - 2_000_000, runs[runs.len() - 1].at + 1_000_000);
+                panic!(
+                    "seq {seq} handled twice: {runs:?}; its starts: {starts:?}; what its first consumer printed then:\n{}",
+                    restarts::around(&notes, first.consumer, first.partition, from, to)
+                );
+            }
+            after_a_fence += 1;
+        }
+        assert_eq!(handled.len() as u64, count);
+        after_a_fence
+    }
+
     /// Whether a task handled twice is explained by its first consumer
     /// being starved past the protocol's time bounds after the first run
     /// and before the second started, so the first run's ack may not have
@@ -677,29 +708,8 @@ fn graceful_churn(indexing: &'static str) {
     let end = now_us();
     fleet.stop_all();
 
-    let handled = fleet.handled();
+    let after_a_fence = fleet.assert_exactly_once(count);
     let lines = fleet.lines();
-    // Exactly once while instances come and go gracefully; an instance that
-    // fenced itself (starved past its lease) is not graceful, and only the
-    // task whose ack it had not landed may run again, with a higher attempt.
-    let mut after_a_fence = 0;
-    for (seq, runs) in handled.iter().filter(|(_, h)| h.len() > 1) {
-        let starts: Vec<&Line> = lines
-            .iter()
-            .filter(|l| l.seq == *seq && l.what == What::Start)
-            .collect();
-        if !fleet.rerun_after_a_fence(runs, &starts) {
-            let first = &runs[0];
-            let notes = fleet.notes.lock().unwrap().clone();
-            let (from, to) = (first.at - 2_000_000, runs[runs.len() - 1].at + 1_000_000);
-            panic!(
-                "seq {seq} handled twice: {runs:?}; its starts: {starts:?}; what its first consumer printed then:\n{}",
-                restarts::around(&notes, first.consumer, first.partition, from, to)
-            );
-        }
-        after_a_fence += 1;
-    }
-    assert_eq!(handled.len() as u64, count);
     let rows = pauses(&fleet, &lines, end);
     print_pauses(
         &format!("graceful churn (3 -> 6 -> 2 -> 5, {indexing})"),

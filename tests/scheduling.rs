@@ -360,6 +360,7 @@ async fn due_times_missed_while_no_instance_ran_are_skipped_or_run_once() {
             .as_millis() as u64
     };
 
+    let first_start = ms(SystemTime::now());
     let (stop, task) = start(ticks.clone());
     wait_until(Duration::from_secs(15), "both jobs to run", || {
         let t = ticks.lock().unwrap();
@@ -392,6 +393,17 @@ async fn due_times_missed_while_no_instance_ran_are_skipped_or_run_once() {
         "missed due times run: skipper {:?}, catcher {:?}",
         in_gap("skipper"),
         in_gap("catcher")
+    );
+    // The jobs' first start registered them: there was nothing to miss
+    // before it (the catcher's first mark is its registration).
+    let before_first: Vec<&String> = ticks
+        .iter()
+        .map(|(id, _)| id)
+        .filter(|id| due_of(id) < first_start)
+        .collect();
+    assert!(
+        before_first.is_empty(),
+        "due times from before the jobs existed ran: {before_first:?}"
     );
     assert!(in_gap("skipper").is_empty(), "Skip ran a missed due time");
     assert_eq!(

@@ -233,3 +233,60 @@ async fn a_producer_without_redis_fails_naming_the_url_without_its_password() {
     assert!(!format!("{err:?}").contains("s3cret"), "{err:?}");
     assert!(took < Duration::from_secs(5), "took {took:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_letters_and_indexers_name_the_redis_they_cannot_reach_or_parse() {
+    use peerq::dead_letters::DeadLetters;
+    use peerq::indexer::Indexer;
+    let port = unused_port();
+    let refused = format!("redis://:s3cret@127.0.0.1:{port}/");
+    let malformed = "redis//:s3cret@127.0.0.1/";
+    let indexer = |url: &str| {
+        let built = Indexer::builder().name("svc").redis(url).build();
+        async move { built?.start().await.map(drop) }
+    };
+    let dead_letters = |url: &str| {
+        let url = url.to_owned();
+        async move { DeadLetters::connect(&url, "svc").await.map(drop) }
+    };
+    let errors = [
+        ("dead letters, refused", dead_letters(&refused).await),
+        ("indexer, refused", indexer(&refused).await),
+        ("dead letters, malformed", dead_letters(malformed).await),
+        ("indexer, malformed", indexer(malformed).await),
+    ];
+    for (case, result) in errors {
+        let msg = result.expect_err(case).to_string();
+        if case.ends_with("refused") {
+            let at = format!("cannot use redis at redis://:***@127.0.0.1:{port}/: ");
+            assert!(msg.starts_with(&at), "{case}: {msg}");
+            assert!(msg.contains("is redis running"), "{case}: {msg}");
+        } else {
+            let named = "invalid setting `redis`: `redis//:***@127.0.0.1/` is not a Redis URL";
+            assert!(msg.starts_with(named), "{case}: {msg}");
+        }
+        assert!(!msg.contains("s3cret"), "{case}: {msg}");
+    }
+}
+
+#[tokio::test]
+async fn a_missing_name_says_to_call_name() {
+    use peerq::indexer::Indexer;
+    let url = "redis://127.0.0.1:1/";
+    let errors = [
+        Producer::builder().redis(url).connect().await.map(drop),
+        Indexer::builder().redis(url).build().map(drop),
+        Consumer::builder()
+            .redis(url)
+            .handler(Runs::default())
+            .run_until(async {})
+            .await,
+    ];
+    for result in errors {
+        let msg = result.unwrap_err().to_string();
+        assert!(
+            msg.starts_with("invalid setting `name`: no name given; call .name("),
+            "{msg}"
+        );
+    }
+}

@@ -1,7 +1,8 @@
 //! The spans a consumer opens (docs/design.md §7), seen by a tracing layer
 //! installed in this test process: each handler run in a `task` span with
 //! its task id, partition, attempt, epoch and fencing token, inside the
-//! instance's `peerq` span with the service and the instance id.
+//! instance's `peerq` span with the service and the instance id; and the one
+//! stderr line of a consumer started where no subscriber would see them.
 
 mod support;
 
@@ -127,4 +128,60 @@ async fn a_task_runs_in_its_span_inside_the_instances_span() {
         .unwrap_or_else(|| panic!("the task span is not in the instance's: {task:?}"));
     assert_eq!(instance["service"], name);
     assert!(!instance["instance"].is_empty());
+}
+
+/// Set in a child process of this test binary: `none` runs two consumers
+/// with no tracing subscriber, `fmt` with one, then the child exits.
+const CHILD: &str = "PEERQ_TEST_SUBSCRIBER";
+
+/// What a consumer prints when no subscriber would see its logs.
+const HINT: &str = "peerq: no tracing subscriber is installed";
+
+#[test]
+fn a_consumer_without_a_subscriber_says_once_how_to_see_its_logs() {
+    if let Ok(mode) = std::env::var(CHILD) {
+        return consumers_without_redis(&mode);
+    }
+    // Each mode in its own process: a global subscriber cannot be removed.
+    let stderr_of = |mode: &str| {
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "a_consumer_without_a_subscriber_says_once_how_to_see_its_logs",
+                "--exact",
+                "--nocapture",
+            ])
+            .env(CHILD, mode)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{mode}: {out:?}");
+        String::from_utf8(out.stderr).unwrap()
+    };
+    let silent = stderr_of("none");
+    let hints: Vec<&str> = silent.lines().filter(|l| l.starts_with(HINT)).collect();
+    assert_eq!(hints.len(), 1, "once for two consumers: {silent}");
+    assert!(
+        hints[0].contains("tracing_subscriber::fmt().init()"),
+        "{}",
+        hints[0]
+    );
+    let seen = stderr_of("fmt");
+    assert!(!seen.contains(HINT), "with a subscriber: {seen}");
+}
+
+/// Starts and stops two consumers on a Redis that is not there.
+fn consumers_without_redis(mode: &str) {
+    if mode == "fmt" {
+        tracing_subscriber::fmt().with_writer(std::io::sink).init();
+    }
+    let url = format!("redis://127.0.0.1:{}/", support::unused_port());
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    for _ in 0..2 {
+        let service = tower::service_fn(|_: Task<Job>| async { Ok::<(), peerq::HandlerError>(()) });
+        let run = Consumer::builder()
+            .name("quiet")
+            .redis(&url)
+            .service(service)
+            .run_until(async {});
+        runtime.block_on(run).unwrap();
+    }
 }

@@ -275,7 +275,6 @@ impl Service {
             .codec(Json)
             .pool(self.admin.conn.pool().clone())
             .name(self.name.as_str())
-            .partitions(self.partitions())
             .connect()
             .await?;
         producer.enqueue_with(task, options).await

@@ -348,7 +348,7 @@ impl<T, S, C: Codec> ConsumerBuilder<T, S, C> {
     }
 
     fn validate(&self) -> Result<ServiceName> {
-        let name = ServiceName::new(self.name.as_deref().unwrap_or_default())?;
+        let name = ServiceName::given(self.name.as_deref())?;
         self.indexer.validate()?;
         if let Some(e) = self.periodic_errors.first() {
             return Err(Error::invalid("periodic", e.clone()));
@@ -400,6 +400,7 @@ where
         signal: impl Future<Output = ()> + Send,
         again: impl FnOnce() -> F + Send,
     ) -> Result<()> {
+        crate::logs::hint_if_unseen();
         let name = self.validate()?;
         let redis = crate::connection::target(self.pool.as_ref(), self.url.as_deref());
         let pool = crate::connection::pool(self.pool, self.url)?;

@@ -97,6 +97,15 @@ impl Fetcher {
                     }
                 }
             }
+            // Paused: nothing new is read, but claims stay due (what others
+            // left is taken over as usual) and the lease is checked again.
+            let gate = &self.shared.gate;
+            if !gate.is_open() {
+                if self.or_stop(gate.opened_or(at.next_claim)).await.is_none() {
+                    return;
+                }
+                continue;
+            }
             let Some(count) = self.room().await else {
                 return;
             };

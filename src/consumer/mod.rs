@@ -30,7 +30,8 @@
 //! | `worker` | one owned partition: start its fetch loop and housekeeping, release it |
 //! | `ownership` | a partition as a worker owns it: its store, stop and cancel tokens, fences |
 //! | `fetch` | step 1: acquire, claim, read, hand each entry to a task |
-//! | `run` | step 2: wait for room and the lease, decode, call the handler |
+//! | `run` | step 2: wait for room, the pause gate and the lease, decode, call the handler |
+//! | `gate` | the pause gate: no handler starts while `{N}:paused` exists |
 //! | `settle` | step 3: ack, retry, hand back, take over, dead-letter (fenced) |
 //! | `policy` | how ordered and concurrent partitions differ, asked by the steps |
 //! | `held` | the entries a worker holds, so none runs twice on it |
@@ -48,6 +49,7 @@ mod builder;
 mod endpoint;
 mod event;
 mod fetch;
+mod gate;
 mod handover;
 mod held;
 mod housekeeping;

@@ -68,14 +68,25 @@ impl RunTask {
     /// pending list).
     pub(crate) async fn run(self, fetched: Fetched) -> bool {
         let id = fetched.id.clone();
-        // Wait for room, and for the lease (rule 6: nothing fetched runs
-        // without one); a task that has not started when its partition is
-        // released is handed back instead of making the drain wait for it.
+        // Wait for room, for the pause gate (holding the room, so a paused
+        // instance reads no more than it has room for) and for the lease
+        // (rule 6: nothing fetched runs without one); a task that has not
+        // started when its partition is released is handed back instead of
+        // making the drain wait for it.
         let stop = &self.ownership.stop;
         let permit = tokio::select! {
             biased;
             _ = stop.cancelled() => None,
             permit = self.shared.permits.clone().acquire_owned() => Some(permit.expect("never closed")),
+        };
+        let gate = &self.shared.gate;
+        let permit = match permit {
+            Some(permit) if !gate.is_open() => tokio::select! {
+                biased;
+                _ = stop.cancelled() => None,
+                _ = gate.opened() => Some(permit),
+            },
+            permit => permit,
         };
         let permit = match permit {
             Some(permit) if !self.lease.valid() => tokio::select! {
@@ -207,6 +218,12 @@ impl RunTask {
                     // runs it first.
                     tokio::select! {
                         _ = tokio::time::sleep(delay) => {}
+                        _ = self.ownership.stop.cancelled() => return None,
+                        _ = self.cancel.cancelled() => return None,
+                    }
+                    // Paused meanwhile: the next attempt waits, in place.
+                    tokio::select! {
+                        _ = self.shared.gate.opened() => {}
                         _ = self.ownership.stop.cancelled() => return None,
                         _ = self.cancel.cancelled() => return None,
                     }

@@ -13,6 +13,7 @@ use tracing::{info, warn};
 
 use super::acker;
 use super::event::PartitionEvent;
+use super::gate;
 use super::handover::Handover;
 use super::lease::Lease;
 use super::meters::{QueueGauges, TaskMetrics};
@@ -122,6 +123,12 @@ where
         return Ok(());
     };
     let (acks, mut acker) = acker::spawn(name.clone(), conn.clone());
+    // Seen within one interval or one second, whichever is shorter.
+    let (gate, gate_watcher) = gate::watch(
+        name.clone(),
+        conn.clone(),
+        timing.interval.min(Duration::from_secs(1)),
+    );
     let (reports, reported) = mpsc::unbounded_channel();
     let shared = Arc::new(Shared {
         name: name.clone(),
@@ -132,6 +139,7 @@ where
         metrics: TaskMetrics::new(&name, presence.clone()),
         queue: QueueGauges::new(&name),
         interval: timing.interval,
+        gate,
         permits: Arc::new(Semaphore::new(settings.concurrency)),
         acks,
         reports,
@@ -214,6 +222,7 @@ where
 
     stop_jobs.cancel();
     drop(jobs);
+    gate_watcher.abort();
     indexer.stop().await;
     drop(handover);
     // The acker ends once the last sender (in `shared`) is gone.

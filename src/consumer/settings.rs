@@ -159,6 +159,7 @@ impl ConsumerSettings {
         let mut fields = config::queue_meta_fields(self.partitions, codec);
         fields.push(("drain_timeout", fmt_duration(self.drain_timeout)));
         fields.push(("ordered", self.ordered.to_string()));
+        fields.push(crate::meta::Kind::Consumer.field());
         fields
     }
 }

@@ -8,6 +8,7 @@ use std::time::Duration;
 use tokio::sync::{Semaphore, mpsc};
 
 use super::acker::Ack;
+use super::gate::Gate;
 use super::meters::{QueueGauges, TaskMetrics};
 use super::ownership::Report;
 use super::policy::Order;
@@ -25,6 +26,8 @@ pub(crate) struct Shared {
     pub(crate) conn: Arc<SharedConnection>,
     /// The handler service with its layers and the codec.
     pub(crate) runner: Runner,
+    /// Closed while the service is paused: no handler starts.
+    pub(crate) gate: Gate,
     /// Tasks in flight on this instance.
     pub(crate) permits: Arc<Semaphore>,
     pub(crate) acks: mpsc::UnboundedSender<Ack>,

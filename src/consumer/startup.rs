@@ -86,8 +86,14 @@ impl Startup<'_> {
             check_eviction(self.conn, self.allow_eviction).await?;
             meta::ensure(&mut self.conn.get().await?, self.name, self.meta).await?;
             store::create_groups(self.conn, self.name, self.partitions).await?;
-            periodic::record_schedules(self.conn, self.name, self.partitions, self.periodic)
-                .await?;
+            periodic::record_schedules(
+                self.conn,
+                self.name,
+                self.partitions,
+                self.periodic,
+                self.clock.now(),
+            )
+            .await?;
             Indexer::builder()
                 .name(self.name.as_str())
                 .pool(self.conn.pool().clone())

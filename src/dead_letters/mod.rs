@@ -226,13 +226,19 @@ impl fmt::Debug for DeadLetters {
 
 impl DeadLetters {
     /// The dead letters of service `name` at `url` (its partitions are read
-    /// from `{name}:meta`).
+    /// from `{name}:meta`). A Redis that cannot be reached is an
+    /// [`Error::Connect`] naming the URL without its password; a service
+    /// that never recorded its partitions there, an
+    /// [`Error::UnknownService`].
     pub async fn connect(url: &str, name: &str) -> Result<Self> {
         let name = ServiceName::new(name)?;
         let conn = SharedConnection::new(crate::connection::pool(None, Some(url.to_owned()))?);
         let mut hget = redis::cmd("HGET");
         hget.arg(keys::meta(&name)).arg("partitions");
-        let partitions: Option<u32> = conn.query(&hget).await?;
+        let partitions: Option<u32> = conn
+            .query(&hget)
+            .await
+            .map_err(|e| crate::connection::at(&crate::connection::redact(url), e))?;
         let partitions = partitions.ok_or_else(|| Error::UnknownService {
             name: name.to_string(),
             url: crate::connection::redact(url),

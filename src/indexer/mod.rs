@@ -34,7 +34,7 @@ use crate::clock::{Clock, SystemClock};
 use crate::config::{IndexerSettings, Indexing, ServiceName};
 use crate::error::Result;
 use crate::instance::InstanceId;
-use crate::meta;
+use crate::meta::{self, Kind};
 use crate::presence::Presence;
 
 use self::round::RoundLoop;
@@ -234,7 +234,9 @@ impl IndexerBuilder {
     }
 
     /// A consumer's live values, for its members record and per-minute
-    /// counts, sent with each round.
+    /// counts, sent with each round. Only a consumer sets it, so it also
+    /// marks the consumer's own indexer, which shares the consumer's name
+    /// (a standalone indexer may not, see [`Indexer::start`]).
     pub(crate) fn presence(mut self, presence: Arc<Presence>) -> Self {
         self.presence = Some(presence);
         self
@@ -248,8 +250,13 @@ impl IndexerBuilder {
 
     /// Validates the settings. Nothing touches Redis yet.
     pub fn build(self) -> Result<Indexer> {
-        let name = ServiceName::new(self.name.as_deref().unwrap_or_default())?;
+        let name = ServiceName::given(self.name.as_deref())?;
         self.settings.validate()?;
+        // Errors name the URL; a pool's user (a consumer) names it itself.
+        let redis = match (&self.pool, &self.url) {
+            (None, Some(url)) => Some(crate::connection::redact(url)),
+            _ => None,
+        };
         let pool = crate::connection::pool(self.pool, self.url)?;
         // A constant offset, drawn once: it keeps the order in which
         // instances act stable from interval to interval.
@@ -265,6 +272,7 @@ impl IndexerBuilder {
             settings: self.settings,
             clock: self.clock,
             pool,
+            redis,
             presence: self.presence,
         })
     }
@@ -278,6 +286,8 @@ pub struct Indexer {
     schedule: Schedule,
     clock: Arc<dyn Clock>,
     pool: Pool,
+    /// The URL without its password, for errors (`None`: given a pool).
+    redis: Option<String>,
     presence: Option<Arc<Presence>>,
 }
 
@@ -309,12 +319,29 @@ impl Indexer {
     /// Checks the settings against the service's `{N}:meta` (recording them
     /// if this is the first instance), then starts the rounds in a task.
     ///
-    /// Fails with [`Error::SettingsMismatch`](crate::Error::SettingsMismatch) naming every setting that
-    /// differs from the service's.
+    /// Fails with [`Error::SettingsMismatch`](crate::Error::SettingsMismatch)
+    /// naming every setting that differs from the service's, and also when
+    /// the name is a consumer service's (`kind` = `consumer`): a standalone
+    /// indexer counts as an instance of the service it names, so beside
+    /// consumers it would take a share of their partitions that no one then
+    /// processes. A Redis that cannot be reached is an
+    /// [`Error::Connect`](crate::Error::Connect) naming the URL without its
+    /// password.
     pub async fn start(self) -> Result<IndexerHandle> {
-        let mut conn = self.pool.get().await?;
-        meta::ensure(&mut *conn, &self.name, &self.settings.meta_fields()).await?;
-        drop(conn);
+        let redis = self.redis.clone();
+        let at_redis = |e| match &redis {
+            Some(url) => crate::connection::at(url, e),
+            None => e,
+        };
+        let mut fields = self.settings.meta_fields();
+        if self.presence.is_none() {
+            fields.push(Kind::Indexer.field());
+        }
+        let checked = async {
+            let mut conn = self.pool.get().await?;
+            meta::ensure(&mut *conn, &self.name, &fields).await
+        };
+        checked.await.map_err(at_redis)?;
         let (tx, rx) = watch::channel(Standing::Joining);
         let stop = CancellationToken::new();
         let leave = CancellationToken::new();
@@ -331,7 +358,7 @@ impl Indexer {
         .with_presence(self.presence);
         // Measured at start too, so a bad clock is reported before the first
         // round, which then writes nothing.
-        rounds.check_clock().await?;
+        rounds.check_clock().await.map_err(at_redis)?;
         let task = tokio::spawn(rounds.run(stop.clone(), leave.clone()).in_current_span());
         Ok(IndexerHandle {
             id: self.id,

@@ -3,7 +3,9 @@
 -- to this due time and enqueues the job's task, in one step. A due time at
 -- or below the mark was triggered already, or is older than one that was
 -- (an instance that was paused, or that catches up on a missed one): it is
--- refused. The mark never expires, so this holds for any period.
+-- refused. A job's first mark is the time it was first registered
+-- (periodic.rs, record_schedules), so a due time from before the job existed
+-- is refused too. The mark never expires, so this holds for any period.
 -- KEYS[1] = {N/p}:stream     KEYS[2] = {N/p}:cron:<job>
 -- ARGV[1] = the due time (ms)     ARGV[2..] = field, value, ...
 -- Returns 1 when this call triggered it, 0 when it was refused.
