@@ -240,6 +240,7 @@ async fn status_names_every_member_and_an_owner_for_every_partition() {
     assert_eq!(
         fields(&status["settings"]),
         set(&[
+            "kind",
             "partitions",
             "codec",
             "interval",
@@ -252,6 +253,7 @@ async fn status_names_every_member_and_an_owner_for_every_partition() {
     );
     assert_eq!(status["settings"]["partitions"], P);
     assert_eq!(status["settings"]["codec"], "json");
+    assert_eq!(status["settings"]["kind"], "consumer");
     assert_eq!(status["settings"]["interval"], "300ms");
     let member = &status["members"][0];
     assert_eq!(

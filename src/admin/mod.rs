@@ -141,6 +141,9 @@ impl Admin {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 #[non_exhaustive]
 pub struct Settings {
+    /// What runs under the name: `consumer`, or `indexer` for a standalone
+    /// indexer (which has no queue); `None` until a consumer or indexer ran.
+    pub kind: Option<String>,
     /// The number of partitions.
     pub partitions: Option<u32>,
     /// The payload codec: `bincode` or `json`.
@@ -163,6 +166,7 @@ impl Settings {
     fn from_meta(meta: &HashMap<String, String>) -> Settings {
         let text = |field: &str| meta.get(field).cloned();
         Settings {
+            kind: text(crate::meta::KIND),
             partitions: meta.get("partitions").and_then(|p| p.parse().ok()),
             codec: text("codec"),
             interval: text("interval"),

@@ -54,6 +54,7 @@ pub(crate) fn status(status: &Status) -> String {
         when(status.at_ms)
     );
     let mut settings = vec![
+        format!("kind {}", s.kind.as_deref().unwrap_or("-")),
         format!("partitions {}", opt(s.partitions)),
         format!("codec {}", s.codec.as_deref().unwrap_or("-")),
     ];
