@@ -101,6 +101,8 @@ pub mod codec;
 pub mod config;
 mod connection;
 pub mod consumer;
+#[cfg(feature = "dashboard")]
+pub mod dashboard;
 pub mod dead_letters;
 pub mod error;
 pub mod handler;

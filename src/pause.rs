@@ -2,7 +2,8 @@
 //! handler starts on any instance. Everything else goes on: rounds,
 //! ownership, handovers, acks of running tasks, promotion of retries and
 //! periodic triggers. The key is written by operators (the `peerq` CLI, the
-//! dashboard, [`pause`]) and only read by the consumers.
+//! dashboard, [`crate::admin::Service::pause`]) and only read by the
+//! consumers.
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -23,8 +24,7 @@ pub struct Pause {
     pub by: String,
 }
 
-/// Pauses service `name`: no handler starts until [`resume`].
-#[allow(dead_code)] // until the admin CLI, which writes the key, is merged Pausing a
+/// Pauses service `name`: no handler starts until [`resume`]. Pausing a
 /// paused service keeps the first pause's record.
 pub(crate) async fn pause(conn: &SharedConnection, name: &ServiceName, by: &str) -> Result<()> {
     let at_ms = SystemTime::now()
@@ -43,7 +43,6 @@ pub(crate) async fn pause(conn: &SharedConnection, name: &ServiceName, by: &str)
 }
 
 /// Resumes service `name`; true if it was paused.
-#[allow(dead_code)] // until the admin CLI, which writes the key, is merged
 pub(crate) async fn resume(conn: &SharedConnection, name: &ServiceName) -> Result<bool> {
     let mut del = redis::cmd("DEL");
     del.arg(keys::paused(name));

@@ -778,3 +778,61 @@ async fn failures_exit_1_with_one_line_and_usage_errors_exit_2() {
     assert_eq!(no_redis.code, Some(2), "{no_redis:?}");
     assert!(no_redis.stderr.contains("PEERQ_REDIS_URL"), "{no_redis:?}");
 }
+
+/// `peerq dashboard` serves the dashboard alone, read-only on request, and
+/// stops on SIGTERM.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dashboard_serves_alone_until_sigterm() {
+    let server = RedisServer::start();
+    let port = support::unused_port();
+    let child = std::process::Command::new(BIN)
+        .args(["--redis", &server.url(), "dashboard", "--read-only"])
+        .args(["--listen", &format!("127.0.0.1:{port}")])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut proc = support::Proc(child);
+    let page = tokio::task::spawn_blocking(move || {
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Ok(mut tcp) = std::net::TcpStream::connect(("127.0.0.1", port)) {
+                use std::io::{Read as _, Write as _};
+                tcp.write_all(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+                    .unwrap();
+                let mut page = String::new();
+                tcp.read_to_string(&mut page).unwrap();
+                return page;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the dashboard never listened"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    })
+    .await
+    .unwrap();
+    assert!(page.starts_with("HTTP/1.1 200"), "{page}");
+    assert!(page.contains("read-only"), "{page}");
+    support::signal(proc.0.id(), "TERM");
+    let status = tokio::task::spawn_blocking(move || {
+        let status = proc.0.wait().unwrap();
+        let mut err = String::new();
+        use std::io::Read as _;
+        proc.0
+            .stderr
+            .take()
+            .unwrap()
+            .read_to_string(&mut err)
+            .unwrap();
+        (status, err)
+    })
+    .await
+    .unwrap();
+    assert!(status.0.success(), "{status:?}");
+    assert!(
+        status.1.contains(&format!("http://127.0.0.1:{port}/")),
+        "{}",
+        status.1
+    );
+}

@@ -91,6 +91,60 @@ impl Service {
     }
 }
 
+/// What [`Service::delayed_act`] does to a delayed task.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DelayedAction {
+    /// Make it due now: the partition's owner moves it into the stream
+    /// within a second (its next promotion).
+    RunNow,
+    /// Remove it for good.
+    Delete,
+}
+
+impl Service {
+    /// Does `action` to the delayed task `task_id` of `partition`, due at
+    /// `due_at_ms` (as [`delayed`](Self::delayed) listed it); false when it
+    /// is not delayed any more (promoted, or acted on meanwhile). Each step
+    /// touches one key, so a promotion in between is never undone.
+    pub async fn delayed_act(
+        &self,
+        partition: u32,
+        due_at_ms: u64,
+        task_id: &str,
+        action: DelayedAction,
+    ) -> Result<bool> {
+        if partition >= self.partitions() {
+            return Ok(false);
+        }
+        let conn = &self.admin.conn;
+        let key = keys::delayed(&self.name, partition);
+        let mut range = redis::cmd("ZRANGE");
+        range.arg(&key).arg(due_at_ms).arg(due_at_ms).arg("BYSCORE");
+        let members: Vec<Vec<u8>> = conn.query(&range).await?;
+        let Some(member) = members
+            .into_iter()
+            .find(|m| task(partition, m, due_at_ms, 0).task_id.as_deref() == Some(task_id))
+        else {
+            return Ok(false);
+        };
+        let changed: u64 = match action {
+            DelayedAction::RunNow => {
+                let now_ms = self.admin.now_ms().await?;
+                let mut zadd = redis::cmd("ZADD");
+                // XX: never add it back if it was promoted meanwhile.
+                zadd.arg(&key).arg("XX").arg("CH").arg(now_ms).arg(&member);
+                conn.query(&zadd).await?
+            }
+            DelayedAction::Delete => {
+                let mut zrem = redis::cmd("ZREM");
+                zrem.arg(&key).arg(&member);
+                conn.query(&zrem).await?
+            }
+        };
+        Ok(changed == 1)
+    }
+}
+
 /// A delayed set's member: the entry's field-value list, packed by
 /// `cmsgpack` (`enqueue.lua`, `fenced_retry.lua`).
 fn task(partition: u32, member: &[u8], due_at_ms: u64, now_ms: u64) -> DelayedTask {

@@ -43,7 +43,7 @@ use std::time::Duration;
 use deadpool_redis::redis;
 use serde::Serialize;
 
-pub use delayed::{Delayed, DelayedTask};
+pub use delayed::{Delayed, DelayedAction, DelayedTask};
 pub use members::Member;
 pub use partitions::PartitionState;
 pub use periodic::PeriodicJob;

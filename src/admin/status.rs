@@ -139,18 +139,7 @@ impl Service {
         let mut replies = replies?.into_iter();
         let records: HashMap<String, String> = parse(replies.next().unwrap_or(Value::Nil))?;
         let members = members::members(records, now_ms, self.settings.interval());
-        let mut counts = Vec::with_capacity(minutes.len());
-        for (minute, reply) in minutes.into_iter().zip(replies) {
-            let fields: HashMap<String, u64> = parse(reply)?;
-            let count = |f: &str| fields.get(f).copied().unwrap_or(0);
-            counts.push(MinuteCounts {
-                minute,
-                ok: count("ok"),
-                failed: count("failed"),
-                dead: count("dead"),
-                retried: count("retried"),
-            });
-        }
+        let counts = minute_counts(minutes, replies)?;
         let partitions = states?.pop().unwrap_or_default();
         let started = members.iter().map(|m| m.started_at_ms).min();
         Ok(Status {
@@ -165,6 +154,42 @@ impl Service {
             partitions,
         })
     }
+}
+
+impl Service {
+    /// The counts of the last `count` minutes (the current one last), in
+    /// one pipelined round trip; a minute without counts is zeros.
+    pub async fn minutes(&self, count: u32) -> Result<Vec<MinuteCounts>> {
+        let now_ms = self.admin.now_ms().await?;
+        let minute_now = now_ms / 60_000;
+        let minutes: Vec<u64> = (minute_now + 1 - u64::from(count.max(1))..=minute_now).collect();
+        let mut pipe = redis::pipe();
+        for minute in &minutes {
+            pipe.cmd("HGETALL").arg(keys::stats(&self.name, *minute));
+        }
+        let replies: Vec<Value> = self.admin.conn.query_pipe(&pipe).await?;
+        minute_counts(minutes, replies)
+    }
+}
+
+/// The counts of `minutes` from their `HGETALL` replies.
+fn minute_counts(
+    minutes: Vec<u64>,
+    replies: impl IntoIterator<Item = Value>,
+) -> Result<Vec<MinuteCounts>> {
+    let mut counts = Vec::with_capacity(minutes.len());
+    for (minute, reply) in minutes.into_iter().zip(replies) {
+        let fields: HashMap<String, u64> = parse(reply)?;
+        let count = |f: &str| fields.get(f).copied().unwrap_or(0);
+        counts.push(MinuteCounts {
+            minute,
+            ok: count("ok"),
+            failed: count("failed"),
+            dead: count("dead"),
+            retried: count("retried"),
+        });
+    }
+    Ok(counts)
 }
 
 fn totals(partitions: &[PartitionState], members: &[Member]) -> Totals {

@@ -11,8 +11,10 @@
 //! partition streams the consumers read.
 
 mod page;
+mod scan;
 
 pub use page::{Cursor, Order, Page, Query};
+pub use scan::Scan;
 
 use std::fmt;
 use std::sync::{Arc, LazyLock};

@@ -2,7 +2,8 @@
 //! processes on free ports ([`RedisServer`]), a TCP proxy that can cut,
 //! blackhole, hold or delay (jitter) its clients' links to Redis
 //! ([`Proxy`]), unique service names, a metrics recorder that keeps its
-//! values ([`recorder`]) and tracing setup.
+//! values ([`recorder`]), a headless Chromium through ChromeDriver
+//! ([`ChromeDriver`], for the dashboard) and tracing setup.
 //!
 //! Everything here but [`wait_until`] is synchronous and owns its threads
 //! and processes, so it works the same from a plain `#[test]` and from a
@@ -18,6 +19,7 @@
 // private in every test binary, so rustc would call each of them unreachable.
 #![allow(unreachable_pub)]
 
+mod browser;
 mod process;
 mod proxy;
 pub mod recorder;
@@ -33,6 +35,8 @@ use deadpool_redis::redis;
 
 // Same reason as `dead_code` above: a binary that never names one of these
 // would see its re-export as an unused import.
+#[allow(unused_imports)]
+pub use browser::ChromeDriver;
 #[allow(unused_imports)]
 pub use process::{Proc, example_binary, signal};
 #[allow(unused_imports)]

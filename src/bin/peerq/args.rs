@@ -61,6 +61,17 @@ pub(crate) enum Command {
     },
     /// Resumes a paused service.
     Resume(Named),
+    /// Serves the web dashboard until ctrl-c or SIGTERM. Basic auth from
+    /// PEERQ_DASHBOARD_BASIC_AUTH (`user:password`) or a bearer token from
+    /// PEERQ_DASHBOARD_TOKEN; open without either.
+    Dashboard {
+        /// Where to listen.
+        #[arg(long, default_value = "127.0.0.1:8080", value_name = "ADDR")]
+        listen: std::net::SocketAddr,
+        /// No actions: pages only.
+        #[arg(long)]
+        read_only: bool,
+    },
 }
 
 #[derive(Subcommand)]

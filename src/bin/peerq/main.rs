@@ -13,6 +13,7 @@
 //! peerq enqueue --name N --json '{…}' [--key K] [--delay 10s] [--idempotency-key K]
 //! peerq pause --name N [--by WHO] [--json]
 //! peerq resume --name N [--json]
+//! peerq dashboard [--listen 127.0.0.1:8080] [--read-only]
 //! ```
 //!
 //! The Redis is `--redis URL` or the environment's `PEERQ_REDIS_URL`.
@@ -61,6 +62,44 @@ fn main() -> ExitCode {
     // A closed stdout (`| head`) is not an error of the command.
     let _ = std::io::stdout().write_all(out.as_bytes());
     code
+}
+
+/// Serves the dashboard at `listen` until ctrl-c or SIGTERM.
+async fn dashboard(
+    admin: Admin,
+    listen: std::net::SocketAddr,
+    read_only: bool,
+) -> Result<String, String> {
+    use peerq::dashboard::{self, Access, Options};
+    let access = Access::from_env().map_err(failed)?;
+    let options = Options::new().read_only(read_only).access(access.clone());
+    let app = dashboard::router(admin, options);
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .map_err(|e| format!("cannot listen on {listen} (--listen): {e}"))?;
+    let mode = if read_only { ", read-only" } else { "" };
+    eprintln!("peerq: the dashboard is at http://{listen}/ ({access:?}{mode}); ctrl-c to stop");
+    axum::serve(listener, app)
+        .with_graceful_shutdown(stopped())
+        .await
+        .map_err(|e| format!("the dashboard stopped: {e}"))?;
+    Ok(String::new())
+}
+
+/// Resolves on ctrl-c or SIGTERM.
+async fn stopped() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        if let Ok(mut term) = signal(SignalKind::terminate()) {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = tokio::signal::ctrl_c() => {}
+            }
+            return;
+        }
+    }
+    let _ = tokio::signal::ctrl_c().await;
 }
 
 /// Runs `command`; its output, or the message of what went wrong.
@@ -123,6 +162,7 @@ async fn run(url: &str, command: Command) -> Result<String, String> {
             };
             named.output.show(&paused, || show::paused(&paused))
         }
+        Command::Dashboard { listen, read_only } => dashboard(admin, listen, read_only).await,
         Command::Resume(named) => {
             let service = service(&admin, &named.name).await?;
             let resumed = Resumed {

@@ -1,0 +1,217 @@
+//! A service's page: its state in figures, its members, and the grid of
+//! its partitions (owner, fencing token, backlog, pending, oldest pending
+//! age, delayed, dead), refreshed every few seconds without a reload; and
+//! the pause and resume actions.
+
+use axum::Form;
+use axum::extract::{Path, State};
+use axum::response::{IntoResponse, Redirect, Response};
+use maud::{Markup, html};
+use serde::Deserialize;
+
+use super::layout::{Base, ago, page, tabs};
+use super::{Dash, Failure, Shared};
+use crate::admin::{PartitionState, Status};
+
+/// `GET /services/{name}`.
+pub(crate) async fn show(
+    State(dash): State<Shared>,
+    Path(name): Path<String>,
+    base: Base,
+) -> Result<Markup, Failure> {
+    let status = dash.status(&name).await?;
+    let frame = dash.frame(&base, &name);
+    Ok(page(
+        &frame,
+        html! {
+            h1 { (name) }
+            (tabs(&base, &name, ""))
+            (pause_bar(&dash, &base, &status))
+            div data-refresh=(base.service(&name, "live")) data-every="3000" {
+                (live(&status))
+            }
+        },
+    ))
+}
+
+/// `GET /services/{name}/live`: the parts of the page that refresh.
+pub(crate) async fn live_fragment(
+    State(dash): State<Shared>,
+    Path(name): Path<String>,
+) -> Result<Markup, Failure> {
+    Ok(live(&*dash.status(&name).await?))
+}
+
+/// Whether the service is paused, and the action that changes it.
+fn pause_bar(dash: &Dash, base: &Base, status: &Status) -> Markup {
+    let name = &status.name;
+    html! {
+        @if let Some(pause) = &status.paused {
+            div.banner id="paused" {
+                "Paused by " (pause.by) ": no handler starts; entries wait in Redis. "
+                @if !dash.read_only {
+                    form.inline method="post" action=(base.service(name, "resume")) {
+                        input type="hidden" name="csrf" value=(dash.csrf.token());
+                        button.primary id="resume" type="submit" { "Resume" }
+                    }
+                }
+            }
+        } @else if !dash.read_only {
+            p {
+                form.inline method="post" action=(base.service(name, "pause")) {
+                    input type="hidden" name="csrf" value=(dash.csrf.token());
+                    button.danger id="pause" type="submit" { "Pause" }
+                }
+                span.muted { " Stops handlers on every instance; rounds, handovers and acks go on." }
+            }
+        }
+    }
+}
+
+/// The figures, the members and the partition grid.
+fn live(status: &Status) -> Markup {
+    let t = &status.totals;
+    let r = &status.rates;
+    let cards: [(&str, String); 7] = [
+        ("instances", t.live_members.to_string()),
+        ("backlog", t.backlog.to_string()),
+        ("in flight", t.in_flight.to_string()),
+        ("delayed", t.delayed.to_string()),
+        ("dead letters", t.dead.to_string()),
+        ("ok / s (5 min)", format!("{:.1}", r.ok_per_s)),
+        ("failed / s (5 min)", format!("{:.1}", r.failed_per_s)),
+    ];
+    html! {
+        div.cards {
+            @for (label, value) in &cards {
+                div.card { div.n { (value) } div.l { (label) } }
+            }
+        }
+        h2 { "Members" }
+        div.scroll {
+            table id="members" {
+                tr {
+                    th { "instance" } th { "standing" } th.num { "index" } th.num { "epoch" }
+                    th.num { "owned" } th.num { "in flight" } th.num { "handled" } th { "seen" }
+                }
+                @for m in &status.members {
+                    tr {
+                        td { (m.id) }
+                        td class=(standing_class(&m.standing, m.live)) { (m.standing) @if !m.live { " (gone)" } }
+                        td.num { @if let (Some(i), Some(n)) = (m.index, m.replicas) { (i) "/" (n) } @else { "–" } }
+                        td.num { @if let Some(e) = m.epoch { (e) } @else { "–" } }
+                        td.num { (m.owned) }
+                        td.num { (m.in_flight) }
+                        td.num { (m.handled) }
+                        td { (ago(m.seen_ago_ms)) " ago" }
+                    }
+                }
+            }
+        }
+        @if status.members.is_empty() {
+            p.muted { "No instance is running." }
+        }
+        h2 { "Partitions" }
+        div.grid id="partitions" {
+            @for p in &status.partitions { (tile(p)) }
+        }
+    }
+}
+
+/// One partition in the grid.
+fn tile(p: &PartitionState) -> Markup {
+    html! {
+        div class={ "tile" @if p.owner.is_none() { " unowned" } } data-partition=(p.partition) {
+            div.p { "p" (p.partition) }
+            div.o title=[p.owner.as_deref()] {
+                @match &p.owner { Some(owner) => (short(owner)), None => "no owner" }
+            }
+            div { "token " @if let Some(t) = p.token { (t) } @else { "–" } }
+            div { "backlog " (p.backlog) " · pending " (p.pending) }
+            @if let Some(age) = p.oldest_pending_age_ms { div { "oldest " (ago(age)) } }
+            @if p.delayed > 0 { div.warn { "delayed " (p.delayed) } }
+            @if p.dead > 0 { div.bad { "dead " (p.dead) } }
+        }
+    }
+}
+
+/// An instance id `<host>-<pid>-<8 hex>`, cut to fit a tile: its host's
+/// start and its suffix.
+fn short(owner: &str) -> String {
+    let chars: Vec<char> = owner.chars().collect();
+    if chars.len() <= 18 {
+        return owner.to_owned();
+    }
+    let head: String = chars[..8].iter().collect();
+    let tail: String = chars[chars.len() - 8..].iter().collect();
+    format!("{head}…{tail}")
+}
+
+fn standing_class(standing: &str, live: bool) -> &'static str {
+    match (standing, live) {
+        (_, false) => "muted",
+        ("assigned", _) => "ok",
+        ("fenced", _) => "bad",
+        _ => "warn",
+    }
+}
+
+/// The form of an action that only needs the token.
+#[derive(Debug, Deserialize)]
+pub(crate) struct Plain {
+    #[serde(default)]
+    csrf: String,
+}
+
+/// `POST /services/{name}/pause`.
+pub(crate) async fn pause(
+    State(dash): State<Shared>,
+    Path(name): Path<String>,
+    base: Base,
+    Form(form): Form<Plain>,
+) -> Result<Response, Failure> {
+    set_paused(&dash, &name, &base, &form, true).await
+}
+
+/// `POST /services/{name}/resume`.
+pub(crate) async fn resume(
+    State(dash): State<Shared>,
+    Path(name): Path<String>,
+    base: Base,
+    Form(form): Form<Plain>,
+) -> Result<Response, Failure> {
+    set_paused(&dash, &name, &base, &form, false).await
+}
+
+/// Pauses or resumes service `name`, then shows its page again.
+async fn set_paused(
+    dash: &Dash,
+    name: &str,
+    base: &Base,
+    form: &Plain,
+    paused: bool,
+) -> Result<Response, Failure> {
+    dash.allow(&form.csrf)?;
+    let service = dash.admin.service(name).await?;
+    if paused {
+        service.pause("dashboard").await?;
+    } else {
+        service.resume().await?;
+    }
+    dash.forget(name);
+    Ok(Redirect::to(&base.service(name, "")).into_response())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn long_instance_ids_are_cut_to_fit() {
+        assert_eq!(short("web-1-ab12cd34"), "web-1-ab12cd34");
+        assert_eq!(
+            short("ip-10-0-12-7.internal-4242-ab12cd34"),
+            "ip-10-0-…ab12cd34"
+        );
+    }
+}

@@ -1,0 +1,97 @@
+//! Reading through every dead letter, a bounded call at a time: for a
+//! search, which must see every letter but must not hold Redis or the
+//! caller for long.
+//!
+//! A call is one round trip that reads at most `count` letters: the
+//! partitions' lengths (`XLEN`, pipelined) say how many each still has, and
+//! the call reads on from the cursor, partition after partition (`XRANGE …
+//! COUNT n`, pipelined), until it has asked for `count`. Letters come in
+//! partition order, then stream order.
+
+use deadpool_redis::redis::{self, streams::StreamRangeReply};
+
+use super::{Cursor, DeadLetter, DeadLetters};
+use crate::error::Result;
+use crate::keys;
+
+/// One call's letters, and where the next call goes on.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct Scan {
+    /// The letters read, in partition order.
+    pub letters: Vec<DeadLetter>,
+    /// Where the next call starts; `None` once the last letter was read.
+    pub next: Option<Cursor>,
+}
+
+impl DeadLetters {
+    /// Reads up to `count` letters (at least 1) after `after` (from the
+    /// first one without it), in partition order.
+    pub async fn scan(&self, after: Option<&Cursor>, count: usize) -> Result<Scan> {
+        let count = count.max(1);
+        let first = after.map_or(0, |c| c.partition);
+        if first >= self.partitions {
+            return Ok(Scan {
+                letters: Vec::new(),
+                next: None,
+            });
+        }
+        let mut lens = redis::pipe();
+        for p in first..self.partitions {
+            lens.cmd("XLEN").arg(keys::dead(&self.name, p));
+        }
+        let lens: Vec<usize> = self.conn.query_pipe(&lens).await?;
+        // How many to ask of each partition, from the cursor's on.
+        let mut asks: Vec<(u32, usize)> = Vec::new();
+        let mut budget = count;
+        for (p, len) in (first..).zip(lens) {
+            if budget == 0 {
+                break;
+            }
+            let ask = len.min(budget);
+            if ask > 0 {
+                asks.push((p, ask));
+                budget -= ask;
+            }
+        }
+        let mut reads = redis::pipe();
+        for (p, ask) in &asks {
+            let start = match after {
+                Some(c) if c.partition == *p => format!("({}", c.id),
+                _ => "-".to_owned(),
+            };
+            reads
+                .cmd("XRANGE")
+                .arg(keys::dead(&self.name, *p))
+                .arg(start)
+                .arg("+")
+                .arg("COUNT")
+                .arg(*ask);
+        }
+        let replies: Vec<StreamRangeReply> = match asks.len() {
+            0 => Vec::new(),
+            _ => self.conn.query_pipe(&reads).await?,
+        };
+        let mut letters = Vec::new();
+        let mut last_got = 0;
+        for ((p, _), reply) in asks.iter().zip(replies) {
+            last_got = reply.ids.len();
+            letters.extend(reply.ids.into_iter().map(|e| DeadLetter::read(*p, e)));
+        }
+        // The budget ran out at the last partition asked: if it gave all
+        // that was asked it may hold more; if less (the cursor was inside
+        // it), it is done and the next call starts at the one after.
+        // Otherwise every partition was read to its end (as long as it was
+        // when the lengths were read). Each call moves on, so a search
+        // always ends.
+        let next = match (budget, asks.last()) {
+            (0, Some((_, ask))) if last_got == *ask => letters.last().map(DeadLetter::cursor),
+            (0, Some((p, _))) if p + 1 < self.partitions => Some(Cursor {
+                partition: p + 1,
+                id: "0-0".to_owned(),
+            }),
+            _ => None,
+        };
+        Ok(Scan { letters, next })
+    }
+}
