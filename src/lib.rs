@@ -139,8 +139,9 @@ pub use producer::{Options, Producer};
 pub use retry::Backoff;
 
 /// The README's Rust snippets, compiled as doc tests (those that need a
-/// Redis are `no_run`). Only with the `http` feature, which one of them
-/// uses: `scripts/test` (and CI) runs `cargo test --all-features`.
-#[cfg(all(doctest, feature = "http"))]
+/// Redis are `no_run`). Only with the `http` and `dashboard` features,
+/// which two of them use: `scripts/test` (and CI) runs
+/// `cargo test --all-features`.
+#[cfg(all(doctest, feature = "http", feature = "dashboard"))]
 #[doc = include_str!("../README.md")]
 mod readme {}

@@ -55,6 +55,12 @@ pub(crate) async fn resume(conn: &SharedConnection, name: &ServiceName) -> Resul
 pub(crate) async fn read(conn: &SharedConnection, name: &ServiceName) -> Result<Option<Pause>> {
     let mut get = redis::cmd("GET");
     get.arg(keys::paused(name));
-    let value: Option<String> = conn.query(&get).await?;
-    Ok(value.map(|v| serde_json::from_str(&v).unwrap_or(Pause { at_ms: 0, by: v })))
+    // Bytes, not text: a value that is not UTF-8 still pauses.
+    let value: Option<Vec<u8>> = conn.query(&get).await?;
+    Ok(value.map(|v| {
+        serde_json::from_slice(&v).unwrap_or_else(|_| Pause {
+            at_ms: 0,
+            by: String::from_utf8_lossy(&v).into_owned(),
+        })
+    }))
 }

@@ -792,26 +792,33 @@ async fn dashboard_serves_alone_until_sigterm() {
         .spawn()
         .unwrap();
     let mut proc = support::Proc(child);
-    let page = tokio::task::spawn_blocking(move || {
-        let deadline = std::time::Instant::now() + Duration::from_secs(20);
-        loop {
-            if let Ok(mut tcp) = std::net::TcpStream::connect(("127.0.0.1", port)) {
-                use std::io::{Read as _, Write as _};
-                tcp.write_all(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-                    .unwrap();
-                let mut page = String::new();
-                tcp.read_to_string(&mut page).unwrap();
-                return page;
+    // A raw request with the given Host header, once the dashboard listens.
+    let ask = move |host: String| {
+        tokio::task::spawn_blocking(move || {
+            let deadline = std::time::Instant::now() + Duration::from_secs(20);
+            loop {
+                if let Ok(mut tcp) = std::net::TcpStream::connect(("127.0.0.1", port)) {
+                    use std::io::{Read as _, Write as _};
+                    let request =
+                        format!("GET / HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");
+                    tcp.write_all(request.as_bytes()).unwrap();
+                    let mut page = String::new();
+                    tcp.read_to_string(&mut page).unwrap();
+                    return page;
+                }
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "the dashboard never listened"
+                );
+                std::thread::sleep(Duration::from_millis(50));
             }
-            assert!(
-                std::time::Instant::now() < deadline,
-                "the dashboard never listened"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    })
-    .await
-    .unwrap();
+        })
+    };
+    let page = ask(format!("127.0.0.1:{port}")).await.unwrap();
+    // On loopback it answers only for this machine's names: a page of
+    // another site whose name points at 127.0.0.1 gets nothing.
+    let rebound = ask(format!("evil.example:{port}")).await.unwrap();
+    assert!(rebound.starts_with("HTTP/1.1 421"), "{rebound}");
     assert!(page.starts_with("HTTP/1.1 200"), "{page}");
     assert!(page.contains("read-only"), "{page}");
     support::signal(proc.0.id(), "TERM");

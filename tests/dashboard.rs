@@ -355,6 +355,22 @@ async fn credentials_are_asked_for_when_set() {
     assert!(!with.body.contains("s3cret"));
     let wrong = request(addr, Method::GET, "/", "", Some("Basic b3BzOndyb25n")).await;
     assert_eq!(wrong.status, 401);
+    // No other site may frame it (a click on "Purge all" through a frame).
+    let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+    let response = client
+        .get(format!("http://{addr}/assets/style.css").parse().unwrap())
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 401, "assets need the credentials too");
+    let headers = response.headers();
+    assert_eq!(headers["x-frame-options"], "DENY");
+    assert!(
+        headers["content-security-policy"]
+            .to_str()
+            .unwrap()
+            .contains("frame-ancestors 'none'")
+    );
+    assert_eq!(headers["x-content-type-options"], "nosniff");
     world.shutdown().await;
 }
 

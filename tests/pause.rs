@@ -159,26 +159,26 @@ async fn an_ordered_partition_keeps_its_order_across_a_pause_and_a_handover_whil
     b.leave().await;
 
     let runs = runs_of(&runs);
-    let mut by_key: BTreeMap<u64, Vec<(u64, u32)>> = BTreeMap::new();
+    let mut by_key: BTreeMap<u64, Vec<u64>> = BTreeMap::new();
     for (_, key, seq, attempt) in &runs {
-        by_key.entry(*key).or_default().push((*seq, *attempt));
+        by_key.entry(*key).or_default().push(*seq);
+        // An entry read while paused and left pending by the handover is
+        // counted as delivered twice by Redis, which cannot tell that it
+        // never started: it may run as attempt 2 on the next owner (the
+        // ordered partitions' rule, docs/design.md §5.4), never more.
+        assert!(*attempt <= 2, "seq {seq} ran as attempt {attempt}");
     }
     for (key, seen) in &by_key {
-        let want: Vec<(u64, u32)> = (0..200)
+        let want: Vec<u64> = (0..200)
             .filter(|s| s % KEYS == *key)
-            .flat_map(|s| {
-                if s == FAIL {
-                    vec![(s, 1), (s, 2)]
-                } else {
-                    vec![(s, 1)]
-                }
-            })
+            .flat_map(|s| if s == FAIL { vec![s, s] } else { vec![s] })
             .collect();
         assert_eq!(
             seen, &want,
             "key {key}: each task once, in enqueue order, seq {FAIL} retried in place after the resume"
         );
     }
-    let retried_on = runs.iter().find(|r| r.2 == FAIL && r.3 == 2).unwrap().0;
-    assert_eq!(retried_on, "b", "the retry waited through the handover");
+    let retried = runs.iter().filter(|r| r.2 == FAIL).nth(1).unwrap();
+    assert!(retried.3 >= 2, "the retry is a later attempt: {retried:?}");
+    assert_eq!(retried.0, "b", "the retry waited through the handover");
 }

@@ -118,14 +118,30 @@ impl Service {
         }
         let conn = &self.admin.conn;
         let key = keys::delayed(&self.name, partition);
-        let mut range = redis::cmd("ZRANGE");
-        range.arg(&key).arg(due_at_ms).arg(due_at_ms).arg("BYSCORE");
-        let members: Vec<Vec<u8>> = conn.query(&range).await?;
-        let Some(member) = members
-            .into_iter()
-            .find(|m| task(partition, m, due_at_ms, 0).task_id.as_deref() == Some(task_id))
-        else {
-            return Ok(false);
+        // Tasks enqueued with one `at` share a score: look among them a
+        // page at a time, never all at once.
+        const PAGE: usize = 100;
+        let mut offset = 0;
+        let member = loop {
+            let mut range = redis::cmd("ZRANGE");
+            range
+                .arg(&key)
+                .arg(due_at_ms)
+                .arg(due_at_ms)
+                .arg("BYSCORE")
+                .arg("LIMIT")
+                .arg(offset)
+                .arg(PAGE);
+            let members: Vec<Vec<u8>> = conn.query(&range).await?;
+            let last = members.len() < PAGE;
+            let found = members
+                .into_iter()
+                .find(|m| task(partition, m, due_at_ms, 0).task_id.as_deref() == Some(task_id));
+            match found {
+                Some(member) => break member,
+                None if last => return Ok(false),
+                None => offset += PAGE,
+            }
         };
         let changed: u64 = match action {
             DelayedAction::RunNow => {

@@ -124,8 +124,9 @@ impl Fetcher {
             if self.ownership.stop.is_cancelled() {
                 return;
             }
-            // Waiting for room or a connection may have outlived the lease.
-            if !self.lease.valid() {
+            // Waiting for room or a connection may have outlived the lease,
+            // or the service was paused meanwhile.
+            if !self.lease.valid() || !self.shared.gate.is_open() {
                 continue;
             }
             let block = match at.pending_from {

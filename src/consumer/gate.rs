@@ -16,8 +16,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::watch;
-use tokio::task::JoinHandle;
 use tokio::time::Instant;
+use tokio_util::task::AbortOnDropHandle;
 use tracing::{Instrument, info, warn};
 
 use crate::config::ServiceName;
@@ -57,13 +57,15 @@ impl Gate {
 }
 
 /// Starts the watcher of service `name`'s pause key, reading it every
-/// `period`. The gate stays closed until the first read answers: an
-/// instance started while the service is paused runs nothing.
+/// `period`, until the returned handle is dropped (also when the
+/// consumer's future is dropped rather than run to its end). The gate stays
+/// closed until the first read answers: an instance started while the
+/// service is paused runs nothing.
 pub(crate) fn watch(
     name: ServiceName,
     conn: Arc<SharedConnection>,
     period: Duration,
-) -> (Gate, JoinHandle<()>) {
+) -> (Gate, AbortOnDropHandle<()>) {
     let (tx, rx) = watch::channel(false);
     let watcher = Watcher {
         paused: metrics::gauge!(m::PAUSED, "service" => name.to_string()),
@@ -73,7 +75,7 @@ pub(crate) fn watch(
         tx,
     };
     let handle = tokio::spawn(watcher.run().in_current_span());
-    (Gate { open: rx }, handle)
+    (Gate { open: rx }, AbortOnDropHandle::new(handle))
 }
 
 struct Watcher {

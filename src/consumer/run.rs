@@ -80,22 +80,20 @@ impl RunTask {
             permit = self.shared.permits.clone().acquire_owned() => Some(permit.expect("never closed")),
         };
         let gate = &self.shared.gate;
-        let permit = match permit {
-            Some(permit) if !gate.is_open() => tokio::select! {
+        let mut permit = permit;
+        // Both at once: a pause that lands while the lease is awaited, or
+        // a lease that lapses while paused, sends the task back to wait.
+        while permit.is_some() && !(gate.is_open() && self.lease.valid()) {
+            let ready = tokio::select! {
                 biased;
-                _ = stop.cancelled() => None,
-                _ = gate.opened() => Some(permit),
-            },
-            permit => permit,
-        };
-        let permit = match permit {
-            Some(permit) if !self.lease.valid() => tokio::select! {
-                biased;
-                _ = stop.cancelled() => None,
-                _ = self.lease.held() => Some(permit),
-            },
-            permit => permit,
-        };
+                _ = stop.cancelled() => false,
+                _ = gate.opened(), if !gate.is_open() => true,
+                _ = self.lease.held(), if gate.is_open() => true,
+            };
+            if !ready {
+                permit = None;
+            }
+        }
         match permit {
             Some(permit) => {
                 let acked = self.execute(fetched).await;

@@ -222,7 +222,7 @@ where
 
     stop_jobs.cancel();
     drop(jobs);
-    gate_watcher.abort();
+    drop(gate_watcher);
     indexer.stop().await;
     drop(handover);
     // The acker ends once the last sender (in `shared`) is gone.

@@ -50,7 +50,19 @@ impl<V> Cache<V> {
         {
             return Ok(value.clone());
         }
-        let value = Arc::new(read().await?);
+        let value = match read().await {
+            Ok(value) => Arc::new(value),
+            Err(e) => {
+                // A key that never read well (a service that does not
+                // exist, say) leaves nothing behind: requests for made-up
+                // names must not grow the map.
+                if kept.is_none() {
+                    drop(kept);
+                    self.forget(key);
+                }
+                return Err(e);
+            }
+        };
         *kept = Some((Instant::now(), value.clone()));
         Ok(value)
     }
@@ -102,6 +114,10 @@ mod tests {
         let cache = Cache::<u32>::new(FRESH);
         let failed: Result<_, &str> = cache.get("svc", || async { Err("down") }).await;
         assert!(failed.is_err());
+        assert!(
+            cache.slots.lock().unwrap().is_empty(),
+            "a failed read keeps no slot"
+        );
         let value = cache.get("svc", || async { Ok::<_, &str>(7) }).await;
         assert_eq!(*value.unwrap(), 7);
     }

@@ -111,20 +111,56 @@ impl Access {
     }
 }
 
-/// The middleware in front of every page: 401 without the credentials.
-pub(crate) async fn require(
-    State(access): State<Access>,
-    request: Request,
-    next: Next,
-) -> Response {
-    if access.admits(request.headers()) {
-        return next.run(request).await;
-    }
-    let mut refused = (StatusCode::UNAUTHORIZED, "credentials required\n").into_response();
-    refused
-        .headers_mut()
-        .insert(header::WWW_AUTHENTICATE, access.challenge());
-    refused
+/// What the middleware in front of every page checks.
+#[derive(Debug, Clone)]
+pub(crate) struct Door {
+    pub(crate) access: Access,
+    /// The `Host` values accepted; any when empty.
+    pub(crate) hosts: Vec<String>,
+}
+
+/// The middleware in front of every page: 421 for a `Host` the dashboard
+/// does not answer for (a DNS-rebinding page could otherwise read it,
+/// tokens and all), 401 without the credentials; and on every answer,
+/// headers that keep other sites from framing or sniffing it.
+pub(crate) async fn require(State(door): State<Door>, request: Request, next: Next) -> Response {
+    let host = request
+        .headers()
+        .get(header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .unwrap_or_default();
+    let mut response = if !door.hosts.is_empty() && !door.hosts.iter().any(|h| h == host) {
+        let why = format!(
+            "this dashboard answers for {} only\n",
+            door.hosts.join(", ")
+        );
+        (StatusCode::MISDIRECTED_REQUEST, why).into_response()
+    } else if door.access.admits(request.headers()) {
+        next.run(request).await
+    } else {
+        let mut refused = (StatusCode::UNAUTHORIZED, "credentials required\n").into_response();
+        refused
+            .headers_mut()
+            .insert(header::WWW_AUTHENTICATE, door.access.challenge());
+        refused
+    };
+    let headers = response.headers_mut();
+    headers.insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static(
+            "default-src 'self'; frame-ancestors 'none'; form-action 'self'; base-uri 'none'",
+        ),
+    );
+    headers.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
+    headers.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    headers.insert(
+        header::REFERRER_POLICY,
+        HeaderValue::from_static("same-origin"),
+    );
+    response
 }
 
 /// The token every action's form carries: random per dashboard, so a page

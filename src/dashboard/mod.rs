@@ -59,6 +59,7 @@ use crate::error::Error;
 pub struct Options {
     read_only: bool,
     access: Access,
+    hosts: Vec<String>,
 }
 
 impl Options {
@@ -77,6 +78,16 @@ impl Options {
     /// [`Access::from_env`]).
     pub fn access(mut self, access: Access) -> Self {
         self.access = access;
+        self
+    }
+
+    /// Answer only requests whose `Host` is one of `hosts` (such as
+    /// `127.0.0.1:8080`, `localhost:8080`); others get 421. Set it when the
+    /// dashboard listens on loopback without credentials: a page of another
+    /// site that points its own name at 127.0.0.1 (DNS rebinding) could
+    /// otherwise read the dashboard. Default: any host.
+    pub fn hosts<I: IntoIterator<Item = S>, S: Into<String>>(mut self, hosts: I) -> Self {
+        self.hosts = hosts.into_iter().map(Into::into).collect();
         self
     }
 }
@@ -109,7 +120,10 @@ pub fn router(admin: Admin, options: Options) -> Router {
         .route("/assets/style.css", get(style))
         .route("/assets/dashboard.js", get(script))
         .layer(middleware::from_fn_with_state(
-            options.access,
+            guard::Door {
+                access: options.access,
+                hosts: options.hosts,
+            },
             guard::require,
         ))
         .with_state(dash)

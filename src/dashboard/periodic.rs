@@ -1,8 +1,6 @@
 //! A service's periodic jobs: schedule, last triggered and next due, from
 //! `{N}:periodic` and each job's `{N/p}:cron:<job>` mark.
 
-use std::time::{Duration, UNIX_EPOCH};
-
 use axum::extract::{Path, State};
 use maud::{Markup, html};
 
@@ -51,11 +49,14 @@ pub(crate) async fn list(
 /// Unix milliseconds as a UTC time, `–` for none.
 pub(crate) fn at(ms: Option<u64>) -> String {
     match ms {
-        Some(ms) => {
-            let time: chrono::DateTime<chrono::Utc> =
-                (UNIX_EPOCH + Duration::from_millis(ms)).into();
-            time.format("%Y-%m-%d %H:%M:%S UTC").to_string()
-        }
+        // Out of chrono's range (a malformed letter's time): shown as is.
+        Some(ms) => match i64::try_from(ms)
+            .ok()
+            .and_then(chrono::DateTime::from_timestamp_millis)
+        {
+            Some(time) => time.format("%Y-%m-%d %H:%M:%S UTC").to_string(),
+            None => format!("{ms} ms after 1970"),
+        },
         None => "–".to_owned(),
     }
 }
@@ -78,6 +79,7 @@ mod tests {
     fn times_and_intervals_read_well() {
         assert_eq!(at(Some(0)), "1970-01-01 00:00:00 UTC");
         assert_eq!(at(None), "–");
+        assert_eq!(at(Some(u64::MAX)), "18446744073709551615 ms after 1970");
         assert_eq!(humantime(7_200_000), "2h");
         assert_eq!(humantime(300_000), "5m");
         assert_eq!(humantime(30_000), "30s");

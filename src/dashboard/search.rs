@@ -163,17 +163,7 @@ pub(crate) async fn matching(
             q: form.q.clone(),
             ..Filter::default()
         };
-        let found = search(&dead, &filter, None, usize::MAX, BULK_CALLS).await?;
-        let mut count = 0;
-        for letter in &found.letters {
-            let acted = if replay {
-                dead.replay(letter).await?
-            } else {
-                dead.purge(letter).await?
-            };
-            count += u64::from(acted);
-        }
-        (count, found.next.is_some())
+        act_on_matches(&dead, &filter, replay).await?
     };
     let verb = if replay { "Replayed" } else { "Purged" };
     let more = if more {
@@ -187,6 +177,44 @@ pub(crate) async fn matching(
         &name,
         &format!("{verb} {count} dead letters{more}."),
     ))
+}
+
+/// Replays or purges every letter `filter` matches, a call's matches at a
+/// time (their commands share the connection's pipeline), in at most
+/// [`BULK_CALLS`] calls; how many, and whether more may match. A letter
+/// that died (again) after the action began is left alone, so a replayed
+/// task that fails at once is not replayed over and over.
+async fn act_on_matches(
+    dead: &DeadLetters,
+    filter: &Filter,
+    replay: bool,
+) -> Result<(u64, bool), Failure> {
+    let began = std::time::SystemTime::now();
+    let q = filter.q.to_lowercase();
+    let mut after = None;
+    let mut count = 0;
+    for _ in 0..BULK_CALLS {
+        let scan = dead.scan(after.as_ref(), SEARCH_BATCH).await?;
+        let matching = scan.letters.iter().filter(|letter| {
+            (filter.reason.is_empty() || letter.reason == filter.reason)
+                && matches(letter, &q)
+                && letter.dead_at <= began
+        });
+        let acted = futures_util::future::try_join_all(matching.map(|letter| async move {
+            if replay {
+                dead.replay(letter).await
+            } else {
+                dead.purge(letter).await
+            }
+        }))
+        .await?;
+        count += acted.into_iter().filter(|done| *done).count() as u64;
+        match scan.next {
+            Some(next) => after = Some(next),
+            None => return Ok((count, false)),
+        }
+    }
+    Ok((count, true))
 }
 
 /// Back to the list, saying what was done.

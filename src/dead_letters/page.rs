@@ -168,16 +168,18 @@ pub struct Page {
 impl DeadLetters {
     /// A page of dead letters over all partitions: up to the query's
     /// limit, in its order, from its cursor on. With a reason it reads on
-    /// until it found a page's worth, or read 10,000 letters.
+    /// until it found a page's worth, or Redis sent it 10,000 letters.
     pub async fn page(&self, query: &Query) -> Result<Page> {
         let mut letters = Vec::new();
         let mut at = query.after.clone();
         let mut read = 0;
         loop {
-            let merged = self.merged(query.order, at.as_ref(), query.limit).await?;
+            let (merged, fetched) = self.merged(query.order, at.as_ref(), query.limit).await?;
             let last = merged.len() < query.limit;
+            // Counted as Redis sent them: each merge reads up to `limit`
+            // of every partition to keep `limit` of them.
+            read += fetched;
             for letter in merged {
-                read += 1;
                 at = Some(letter.cursor());
                 if query.reason.as_ref().is_none_or(|r| *r == letter.reason) {
                     letters.push(letter);
@@ -198,15 +200,16 @@ impl DeadLetters {
         }
     }
 
-    /// The first `n` letters after `after` in `order`, over all partitions.
+    /// The first `n` letters after `after` in `order`, over all partitions,
+    /// and how many letters Redis sent to find them.
     async fn merged(
         &self,
         order: Order,
         after: Option<&Cursor>,
         n: usize,
-    ) -> Result<Vec<DeadLetter>> {
+    ) -> Result<(Vec<DeadLetter>, usize)> {
         if self.partitions == 0 {
-            return Ok(Vec::new());
+            return Ok((Vec::new(), 0));
         }
         let mut pipe = redis::pipe();
         for p in 0..self.partitions {
@@ -247,14 +250,15 @@ impl DeadLetters {
             Order::OldestFirst => letters.sort_by_key(|l| l.cursor().key()),
             Order::NewestFirst => letters.sort_by_key(|l| Reverse(l.cursor().key())),
         }
+        let fetched = letters.len();
         letters.truncate(n);
-        Ok(letters)
+        Ok((letters, fetched))
     }
 
     /// The newest letter's position now, so a pass over all letters can
     /// stop there (letters that die again meanwhile come after it).
     pub(crate) async fn newest(&self) -> Result<Option<Cursor>> {
-        let newest = self.merged(Order::NewestFirst, None, 1).await?;
+        let (newest, _) = self.merged(Order::NewestFirst, None, 1).await?;
         Ok(newest.first().map(DeadLetter::cursor))
     }
 }

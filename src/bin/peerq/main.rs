@@ -72,7 +72,23 @@ async fn dashboard(
 ) -> Result<String, String> {
     use peerq::dashboard::{self, Access, Options};
     let access = Access::from_env().map_err(failed)?;
-    let options = Options::new().read_only(read_only).access(access.clone());
+    let mut options = Options::new().read_only(read_only).access(access.clone());
+    if listen.ip().is_loopback() {
+        // Only this machine's own names: no other site's page can reach
+        // it through a name of its own pointed at 127.0.0.1.
+        let port = listen.port();
+        options = options.hosts([
+            listen.to_string(),
+            format!("localhost:{port}"),
+            format!("127.0.0.1:{port}"),
+            format!("[::1]:{port}"),
+        ]);
+    } else if access == Access::Open {
+        eprintln!(
+            "peerq: warning: the dashboard listens on {listen} with no credentials and actions on; \
+             set PEERQ_DASHBOARD_BASIC_AUTH or PEERQ_DASHBOARD_TOKEN, or --read-only"
+        );
+    }
     let app = dashboard::router(admin, options);
     let listener = tokio::net::TcpListener::bind(listen)
         .await
