@@ -1,29 +1,67 @@
-//! Throughput and latency of peerq next to a raw redis-rs baseline, measured
-//! in the same run against the same private `redis-server`.
+//! Throughput and latency of peerq next to raw redis-rs baselines,
+//! measured in the same run against the same private `redis-server`.
 //!
-//! Run with `cargo bench --bench throughput` (release build). It prints a
-//! markdown table (copied into BENCHMARKS.md). `PEERQ_BENCH_TASKS` sets the
+//! Run with `cargo bench --bench throughput` (release build). It prints
+//! markdown tables (copied into BENCHMARKS.md). `PEERQ_BENCH_TASKS` sets the
 //! number of tasks (default 200,000). The latency run and the second consume
 //! run have a metrics recorder installed; everything before has none.
+//!
+//! Two raw baselines (issue 26), both in [`raw`]:
+//!
+//! - serial: one connection, each pipeline spread over the 64 streams, one
+//!   pipeline after the other (the first baseline);
+//! - per stream: a task and a connection per stream, each looping on its
+//!   own stream; for the consumer also on 1, 2, 4 and 8 shared multiplexed
+//!   connections, the designs a reader of many partitions could take.
+//!
+//! peerq's consume is timed from its first handler call to its last ack,
+//! as the raw consumers ack theirs before they end; the time to its last
+//! handler call (the measure before issue 26) is printed too, with how
+//! many tasks were still unacked then.
+//!
+//! Each raw consumer runs `REPEATS` times, interleaved, and its median run
+//! counts (they are quick, and vary by ±20 % from run to run). For the
+//! consumers it also prints what 1,000 tasks cost: the commands Redis
+//! counted (those run inside scripts too), Redis's CPU time and this
+//! process's. `RUST_LOG` (say `peerq=info`) logs to stderr.
 
 #[path = "../tests/support/mod.rs"]
 mod support;
 
+mod meter;
+#[path = "throughput/raw.rs"]
+mod raw;
+
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use deadpool_redis::redis::{self, aio::MultiplexedConnection};
+use meter::Cost;
 use peerq::handler::Task;
 use peerq::partition::DEFAULT_PARTITIONS;
 use peerq::producer::Producer;
 use peerq::{Consumer, HandlerError};
+use raw::{BATCH, READ_COUNT};
 use serde::{Deserialize, Serialize};
 use support::{RedisServer, unique_name};
 use tokio_util::sync::CancellationToken;
 
-const BATCH: usize = 1000;
-const READ_COUNT: usize = 100;
+/// The streams every raw consumer reads, each with its own group.
+const RAW: &str = "raw";
+/// The streams the per-stream raw producer writes.
+const RAW_PER_STREAM: &str = "raw-per-stream";
+/// How often the bench asks whether peerq's last acks have landed.
+const ACK_POLL: Duration = Duration::from_millis(10);
+/// Runs of each raw consumer; the median counts.
+const REPEATS: usize = 3;
+/// The serial raw consumer's key among the designs (by connections).
+const SERIAL: usize = 0;
+/// Commands listed per consumer in the cost table.
+const TOP_COMMANDS: usize = 12;
+/// Connections the per-stream loops share, besides one each.
+const SHARED: [usize; 4] = [1, 2, 4, 8];
 
 #[derive(Serialize, Deserialize, Clone)]
 struct Job {
@@ -48,25 +86,58 @@ fn now_ns() -> u64 {
         .as_nanos() as u64
 }
 
+/// A consume run's rate, and what it cost for how many tasks.
+struct Consumed {
+    rate: f64,
+    cost: Cost,
+    tasks: u64,
+}
+
+/// peerq's consume run: to the last ack (comparable with the raw ones),
+/// and to the last handler call, with what was still unacked then.
+struct PeerqConsumed {
+    acked: Consumed,
+    handled_rate: f64,
+    /// Entries delivered and not acked when the last handler had run.
+    unacked: u64,
+    /// From the last handler call to the last ack.
+    ack_lag: Duration,
+}
+
 #[tokio::main]
 async fn main() {
     let tasks: u64 = std::env::var("PEERQ_BENCH_TASKS")
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(200_000);
+    // Logs on request (`RUST_LOG=peerq=info`), to see what the consumer did
+    // in a run that measured oddly.
+    if std::env::var_os("RUST_LOG").is_some() {
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_writer(std::io::stderr)
+            .init();
+    }
     let server = RedisServer::start();
     let client = server.client();
-    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let mut conn = raw::connect(&client, 1).await.remove(0);
     // Same payload bytes as peerq's entries, so the baselines move as much data.
     let payload = peerq::codec::Codec::encode(&peerq::codec::Bincode, &job(0)).unwrap();
 
-    let raw_enqueue = raw_enqueue(&mut conn, tasks, &payload).await;
-    let raw_consume = raw_consume(&mut conn, tasks).await;
+    let serial_enqueue = raw::enqueue_serial(&mut conn, RAW, tasks, &payload).await;
+    let own = raw::connect(&client, 64).await;
+    let per_stream_enqueue = raw::enqueue_per_stream(&own, RAW_PER_STREAM, tasks, &payload).await;
+
+    let raw_consumes = raw_consumes(&client, &mut conn, own, tasks).await;
+    let serial_consume = median(&raw_consumes[&SERIAL]);
+    let per_stream_consume = median(&raw_consumes[&64]);
 
     let name = unique_name("bench");
     let producer = Producer::connect(&server.url(), &name).await.unwrap();
     let peerq_enqueue = peerq_enqueue(&producer, tasks).await;
-    let peerq_consume = peerq_consume(&server, &name, tasks).await;
+    let rss_before = meter::peak_rss();
+    let peerq_consume = peerq_consume(&server, &mut conn, &name, tasks).await;
+    let rss_after = meter::peak_rss();
     // The cost of metrics: the same again with a recorder installed (the
     // instance registers its handles at start, so only the second sees it).
     let metered = unique_name("bench-metered");
@@ -74,127 +145,198 @@ async fn main() {
     // (By path: the locals above shadow the functions' names.)
     crate::peerq_enqueue(&metered_producer, tasks).await;
     support::recorder::install();
-    let metered_consume = crate::peerq_consume(&server, &metered, tasks).await;
+    let metered_consume = crate::peerq_consume(&server, &mut conn, &metered, tasks).await;
     let (p50, p99, rate) = latency(&server).await;
 
     println!();
-    println!("| measurement | raw redis-rs | peerq | ratio |");
-    println!("|---|---|---|---|");
     println!(
-        "| enqueue, batches of {BATCH} ({tasks} tasks) | {:.0} tasks/s | {:.0} tasks/s | {:.2} |",
-        raw_enqueue,
-        peerq_enqueue,
-        peerq_enqueue / raw_enqueue
+        "| measurement | raw, one connection, 64 streams pipelined serially | raw, a task and a connection per stream | peerq | peerq / serial raw | peerq / per-stream raw |"
+    );
+    println!("|---|---|---|---|---|---|");
+    println!(
+        "| enqueue, batches of {BATCH} ({tasks} tasks) | {serial_enqueue:.0} tasks/s | {per_stream_enqueue:.0} tasks/s | {peerq_enqueue:.0} tasks/s | {:.2} | {:.2} |",
+        peerq_enqueue / serial_enqueue,
+        peerq_enqueue / per_stream_enqueue,
+    );
+    let peerq = &peerq_consume.acked;
+    println!(
+        "| consume to the last ack, 1 instance, no-op handler, reads of {READ_COUNT} ({tasks} prefilled; raw: median of {REPEATS}) | {:.0} tasks/s | {:.0} tasks/s | {:.0} tasks/s | {:.2} | {:.2} |",
+        serial_consume.rate,
+        per_stream_consume.rate,
+        peerq.rate,
+        peerq.rate / serial_consume.rate,
+        peerq.rate / per_stream_consume.rate,
     );
     println!(
-        "| consume, 1 instance, no-op handler ({tasks} prefilled) | {:.0} tasks/s | {:.0} tasks/s | {:.2} |",
-        raw_consume,
-        peerq_consume,
-        peerq_consume / raw_consume
+        "| consume to the last handler call (peerq's measure before issue 26) | | | {:.0} tasks/s | {:.2} | {:.2} |",
+        peerq_consume.handled_rate,
+        peerq_consume.handled_rate / serial_consume.rate,
+        peerq_consume.handled_rate / per_stream_consume.rate,
+    );
+    println!();
+    println!("| peerq, same run | |");
+    println!("|---|---|");
+    println!(
+        "| not yet acked when the last handler had run | {} of {tasks}, acked {:.0} ms later |",
+        peerq_consume.unacked,
+        peerq_consume.ack_lag.as_secs_f64() * 1e3
     );
     println!(
-        "| consume with a metrics recorder installed (vs. none, same run) | {:.0} tasks/s | {:.0} tasks/s | {:.2} |",
-        peerq_consume,
-        metered_consume,
-        metered_consume / peerq_consume
+        "| the bench process's peak memory (RSS) before / after peerq's consume | {:.0} / {:.0} MiB |",
+        rss_before as f64 / (1 << 20) as f64,
+        rss_after as f64 / (1 << 20) as f64
     );
     println!(
-        "| latency enqueue → handler start at {rate:.0} tasks/s | | p50 {:.2} ms, p99 {:.2} ms | |",
+        "| consume with a metrics recorder installed / without (to the last ack) | {:.0} / {:.0} tasks/s = {:.2} |",
+        metered_consume.acked.rate,
+        peerq.rate,
+        metered_consume.acked.rate / peerq.rate
+    );
+    println!(
+        "| latency enqueue → handler start at {rate:.0} tasks/s | p50 {:.2} ms, p99 {:.2} ms |",
         p50 * 1e3,
         p99 * 1e3
     );
+    println!();
+    println!(
+        "| raw per-stream consumer (64 loops of XACK + XREADGROUP COUNT {READ_COUNT}) on | tasks/s, median of {REPEATS} (min–max) | vs. a connection per stream |"
+    );
+    println!("|---|---|---|");
+    for k in SHARED.into_iter().chain([64]) {
+        let label = match k {
+            1 => "1 shared multiplexed connection".to_owned(),
+            64 => "64 connections, one per stream".to_owned(),
+            k => format!("{k} shared multiplexed connections"),
+        };
+        println!(
+            "| {label} | {} | {:.2} |",
+            spread(&raw_consumes[&k]),
+            median(&raw_consumes[&k]).rate / per_stream_consume.rate
+        );
+    }
+    println!();
+    print_costs(&[
+        ("raw serial", serial_consume),
+        ("raw per stream", per_stream_consume),
+        ("peerq", peerq),
+    ]);
 }
 
-fn stream(name: &str, p: u32) -> String {
-    format!("{{{name}/{p}}}:stream")
-}
-
-/// Pipelined `XADD` batches of 1,000 over the 64 streams.
-async fn raw_enqueue(conn: &mut MultiplexedConnection, tasks: u64, payload: &[u8]) -> f64 {
-    let started = Instant::now();
-    let mut seq = 0;
-    while seq < tasks {
-        let mut pipe = redis::pipe();
-        for _ in 0..BATCH.min((tasks - seq) as usize) {
-            let p = (seq % u64::from(DEFAULT_PARTITIONS)) as u32;
-            pipe.cmd("XADD")
-                .arg(stream("raw", p))
-                .arg("*")
-                .arg(&[
-                    ("id", seq.to_string().as_bytes()),
-                    ("attempt", b"1"),
-                    ("enqueued_at", b"0"),
-                    ("codec", b"bincode"),
-                    ("payload", payload),
-                ])
-                .ignore();
-            seq += 1;
+/// Every raw consumer `REPEATS` times, interleaved (the serial one, then
+/// the per-stream loops on a connection each and on each of `SHARED`), by
+/// its connections (`SERIAL` for the serial one).
+async fn raw_consumes(
+    client: &deadpool_redis::redis::Client,
+    conn: &mut MultiplexedConnection,
+    own: Vec<MultiplexedConnection>,
+    tasks: u64,
+) -> BTreeMap<usize, Vec<Consumed>> {
+    let mut designs = vec![(SERIAL, Vec::new()), (64, own)];
+    for k in SHARED {
+        designs.push((k, raw::connect(client, k).await));
+    }
+    let mut runs: BTreeMap<usize, Vec<Consumed>> = BTreeMap::new();
+    for repeat in 0..REPEATS {
+        for (k, conns) in &designs {
+            // A group of its own: every run reads the very same entries.
+            let group = format!("raw-{k}-{repeat}");
+            raw::create_group(conn, RAW, &group).await;
+            let before = meter::read(conn).await;
+            let rate = if *k == SERIAL {
+                raw::consume_serial(conn, RAW, &group, tasks).await
+            } else {
+                raw::consume_per_stream(conns, RAW, &group, tasks).await
+            };
+            let cost = meter::read(conn).await.since(&before);
+            runs.entry(*k)
+                .or_default()
+                .push(Consumed { rate, cost, tasks });
         }
-        let () = pipe.query_async(conn).await.unwrap();
     }
-    tasks as f64 / started.elapsed().as_secs_f64()
+    runs
 }
 
-/// Per-stream `XREADGROUP COUNT 100`, pipelined over all streams with the
-/// `XACK` of each stream's previous batch, until everything is read.
-async fn raw_consume(conn: &mut MultiplexedConnection, tasks: u64) -> f64 {
-    for p in 0..DEFAULT_PARTITIONS {
-        let _: () = redis::cmd("XGROUP")
-            .arg("CREATE")
-            .arg(stream("raw", p))
-            .arg("g")
-            .arg("0")
-            .query_async(conn)
-            .await
-            .unwrap();
-    }
-    let mut previous: Vec<Vec<String>> = vec![Vec::new(); DEFAULT_PARTITIONS as usize];
-    let mut read = 0u64;
-    let started = Instant::now();
-    loop {
-        let mut pipe = redis::pipe();
-        for p in 0..DEFAULT_PARTITIONS {
-            if !previous[p as usize].is_empty() {
-                pipe.cmd("XACK")
-                    .arg(stream("raw", p))
-                    .arg("g")
-                    .arg(&previous[p as usize])
-                    .ignore();
+/// The run with the median rate.
+fn median(runs: &[Consumed]) -> &Consumed {
+    let mut sorted: Vec<&Consumed> = runs.iter().collect();
+    sorted.sort_by(|a, b| a.rate.total_cmp(&b.rate));
+    sorted[sorted.len() / 2]
+}
+
+/// `median (min–max)` of the runs' rates.
+fn spread(runs: &[Consumed]) -> String {
+    let rates = runs.iter().map(|r| r.rate);
+    let min = rates.clone().fold(f64::INFINITY, f64::min);
+    let max = rates.fold(0.0, f64::max);
+    format!("{:.0} ({min:.0}–{max:.0})", median(runs).rate)
+}
+
+/// What 1,000 tasks cost each consumer, and which commands they were.
+fn print_costs(runs: &[(&str, &Consumed)]) {
+    let per_1000 = |run: &Consumed, x: f64| x * 1000.0 / run.tasks as f64;
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    let header: Vec<&str> = runs.iter().map(|(label, _)| *label).collect();
+    println!("| per 1,000 tasks consumed | {} |", header.join(" | "));
+    println!("|---|{}", "---|".repeat(runs.len()));
+    let row = |what: &str, value: &dyn Fn(&Consumed) -> String| {
+        let cells: Vec<String> = runs.iter().map(|(_, run)| value(run)).collect();
+        println!("| {what} | {} |", cells.join(" | "));
+    };
+    row("Redis commands (inside scripts too)", &|r: &Consumed| {
+        format!("{:.0}", per_1000(r, r.cost.calls() as f64))
+    });
+    row("XREADGROUP calls (entries per read)", &|r: &Consumed| {
+        let reads = r.cost.calls_of("xreadgroup");
+        format!(
+            "{:.1} ({:.1})",
+            per_1000(r, reads as f64),
+            r.tasks as f64 / reads.max(1) as f64
+        )
+    });
+    row("Redis CPU", &|r: &Consumed| {
+        format!("{:.2} ms", per_1000(r, ms(r.cost.redis_cpu)))
+    });
+    row("bench process CPU", &|r: &Consumed| {
+        format!("{:.2} ms", per_1000(r, ms(r.cost.process_cpu)))
+    });
+    row(
+        "Redis time in commands (commandstats µs)",
+        &|r: &Consumed| {
+            let usec: u64 = r.cost.commands.values().map(|c| c.usec).sum();
+            format!("{:.2} ms", per_1000(r, usec as f64 / 1e3))
+        },
+    );
+    row("wall time", &|r: &Consumed| {
+        format!("{:.2} ms", 1e6 / r.rate)
+    });
+    println!();
+    // Each consumer's commands, in the order of the last one's (peerq's).
+    let mut commands: Vec<&str> = Vec::new();
+    for (_, run) in runs.iter().rev() {
+        for (command, _) in run.cost.by_calls().into_iter().take(TOP_COMMANDS) {
+            if !commands.contains(&command) {
+                commands.push(command);
             }
-            pipe.cmd("XREADGROUP")
-                .arg("GROUP")
-                .arg("g")
-                .arg("c")
-                .arg("COUNT")
-                .arg(READ_COUNT)
-                .arg("STREAMS")
-                .arg(stream("raw", p))
-                .arg(">");
-        }
-        let replies: Vec<Option<redis::streams::StreamReadReply>> =
-            pipe.query_async(conn).await.unwrap();
-        let mut got = 0;
-        for (p, reply) in replies.into_iter().enumerate() {
-            let ids: Vec<String> = reply
-                .map(|r| {
-                    r.keys
-                        .into_iter()
-                        .flat_map(|k| k.ids)
-                        .map(|i| i.id)
-                        .collect()
-                })
-                .unwrap_or_default();
-            got += ids.len();
-            previous[p] = ids;
-        }
-        read += got as u64;
-        if got == 0 {
-            break;
         }
     }
-    let rate = read as f64 / started.elapsed().as_secs_f64();
-    assert_eq!(read, tasks);
-    rate
+    println!(
+        "| command, per 1,000 tasks: calls (Redis µs) | {} |",
+        header.join(" | ")
+    );
+    println!("|---|{}", "---|".repeat(runs.len()));
+    for command in commands {
+        row(
+            command,
+            &|r: &Consumed| match r.cost.commands.get(command) {
+                Some(c) => format!(
+                    "{:.1} ({:.0})",
+                    per_1000(r, c.calls as f64),
+                    per_1000(r, c.usec as f64)
+                ),
+                None => String::new(),
+            },
+        );
+    }
 }
 
 async fn peerq_enqueue(producer: &Producer, tasks: u64) -> f64 {
@@ -206,10 +348,17 @@ async fn peerq_enqueue(producer: &Producer, tasks: u64) -> f64 {
     tasks as f64 / started.elapsed().as_secs_f64()
 }
 
-/// One consumer, a no-op handler, over the prefilled queue: from the first
-/// task handled to the last (the first assignment takes 1-2 intervals,
-/// which is not throughput).
-async fn peerq_consume(server: &RedisServer, name: &str, tasks: u64) -> f64 {
+/// One consumer, a no-op handler, over the prefilled queue, from the first
+/// task handled (the first assignment takes 1-2 intervals, which is not
+/// throughput) to the last one handled, and on to the last one acked (as
+/// the raw consumers ack theirs before they end). Its cost is read from
+/// the first task to the last ack, on `conn`, for the tasks within.
+async fn peerq_consume(
+    server: &RedisServer,
+    conn: &mut MultiplexedConnection,
+    name: &str,
+    tasks: u64,
+) -> PeerqConsumed {
     let done = Arc::new(AtomicU64::new(0));
     let first = Arc::new(std::sync::Mutex::new(None::<Instant>));
     let (d, f) = (done.clone(), first.clone());
@@ -230,13 +379,59 @@ async fn peerq_consume(server: &RedisServer, name: &str, tasks: u64) -> f64 {
         .service(service);
     let signal = stop.clone();
     let run = tokio::spawn(async move { consumer.run_until(signal.cancelled_owned()).await });
-    while done.load(Ordering::Relaxed) < tasks {
-        tokio::time::sleep(Duration::from_millis(1)).await;
+    let until = |n: u64| {
+        let done = done.clone();
+        async move {
+            while done.load(Ordering::Relaxed) < n {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        }
+    };
+    until(1).await;
+    let handled_before = done.load(Ordering::Relaxed);
+    let before = meter::read(conn).await;
+    until(tasks).await;
+    let started = first.lock().unwrap().unwrap();
+    let handled = started.elapsed();
+    let mut polls = 0;
+    let mut unacked = None;
+    loop {
+        let pending = pending(conn, name).await;
+        polls += 1;
+        unacked.get_or_insert(pending);
+        if pending == 0 {
+            break;
+        }
+        tokio::time::sleep(ACK_POLL).await;
     }
-    let elapsed = first.lock().unwrap().unwrap().elapsed();
+    let acked = started.elapsed();
+    let mut cost = meter::read(conn).await.since(&before);
+    // The polls' own commands are the bench's, not the consumer's.
+    cost.take_out("xpending", polls * u64::from(DEFAULT_PARTITIONS));
     stop.cancel();
     run.await.unwrap().unwrap();
-    tasks as f64 / elapsed.as_secs_f64()
+    PeerqConsumed {
+        acked: Consumed {
+            rate: tasks as f64 / acked.as_secs_f64(),
+            cost,
+            tasks: tasks - handled_before,
+        },
+        handled_rate: tasks as f64 / handled.as_secs_f64(),
+        unacked: unacked.unwrap_or_default(),
+        ack_lag: acked - handled,
+    }
+}
+
+/// How many entries of service `name` are delivered and not acked: one
+/// `XPENDING` summary per partition, in one pipeline.
+async fn pending(conn: &mut MultiplexedConnection, name: &str) -> u64 {
+    let mut pipe = redis::pipe();
+    for p in 0..DEFAULT_PARTITIONS {
+        pipe.cmd("XPENDING").arg(raw::stream(name, p)).arg("peerq");
+    }
+    let summaries: Vec<(u64, redis::Value, redis::Value, redis::Value)> =
+        pipe.query_async(conn).await.unwrap();
+    summaries.iter().map(|s| s.0).sum()
 }
 
 /// Enqueue → handler start at a fixed 5,000 tasks/s (5 tasks every
