@@ -109,6 +109,9 @@ pub(crate) struct Claimed {
 /// How much a partition holds, for the queue metrics.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct Sizes {
+    /// Entries in the stream (`XLEN`): waiting, delivered, and acked ones
+    /// not trimmed yet.
+    pub(crate) length: u64,
     /// Entries not yet delivered, plus delivered ones not yet acked.
     pub(crate) backlog: u64,
     /// Dead letters.
@@ -353,6 +356,7 @@ impl PartitionStore {
             None => len,
         };
         Ok(Sizes {
+            length: len,
             backlog,
             dead,
             delayed,
