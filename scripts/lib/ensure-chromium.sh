@@ -2,19 +2,12 @@
 # for the dashboard's browser tests (Debian's `chromium` and
 # `chromium-driver`, installed with apt-get when missing; elsewhere it says
 # what to install).
+. "$(dirname "${BASH_SOURCE[0]}")/apt.sh"
+
 ensure_chromium() {
-  if command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1; then
-    return 0
-  fi
-  if command -v apt-get >/dev/null 2>&1; then
-    echo "chromium or chromedriver is missing: installing them with apt-get" >&2
-    local sudo=""
-    if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
-    $sudo apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq chromium chromium-driver >/dev/null
-  else
-    echo "chromium or chromedriver is missing: install Chromium and a matching ChromeDriver" \
-         "(the dashboard's browser tests drive it), then run this again" >&2
-    return 1
-  fi
+  command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1 && return 0
+  apt_install chromium chromium-driver && return 0
+  echo "chromium or chromedriver is missing: install Chromium and a matching ChromeDriver" \
+       "(the dashboard's browser tests drive it), then run this again" >&2
+  return 1
 }

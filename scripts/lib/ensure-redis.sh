@@ -1,21 +1,14 @@
 # Sourced by scripts/test and scripts/demo: makes sure `redis-server` is
 # installed (apt-get on Debian/Ubuntu; elsewhere it says what to install).
+. "$(dirname "${BASH_SOURCE[0]}")/apt.sh"
+
 ensure_redis() {
-  if command -v redis-server >/dev/null 2>&1; then
-    return 0
-  fi
-  if command -v apt-get >/dev/null 2>&1; then
-    echo "redis-server is missing: installing it with apt-get" >&2
-    local sudo=""
-    if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
-    $sudo apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq redis-server >/dev/null
-    # Only the binary is needed: every test and the demo start their own server.
-  else
-    echo "redis-server is missing: install Redis 6.2 or newer (macOS: brew install redis;" \
-         "Fedora: sudo dnf install redis; Arch: sudo pacman -S redis), then run this again" >&2
-    return 1
-  fi
+  command -v redis-server >/dev/null 2>&1 && return 0
+  # Only the binary is needed: every test and the demo start their own server.
+  apt_install redis-server && return 0
+  echo "redis-server is missing: install Redis 6.2 or newer (macOS: brew install redis;" \
+       "Fedora: sudo dnf install redis; Arch: sudo pacman -S redis), then run this again" >&2
+  return 1
 }
 
 ensure_cargo() {

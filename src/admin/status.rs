@@ -7,7 +7,8 @@ use deadpool_redis::redis::{self, Value};
 use serde::Serialize;
 
 use super::partitions::{self, PartitionState, parse};
-use super::{Member, Service, Settings, members};
+use super::{Admin, Member, Service, Settings, members};
+use crate::config::ServiceName;
 use crate::error::Result;
 use crate::keys;
 use crate::pause::{self, Pause};
@@ -157,18 +158,40 @@ impl Service {
 }
 
 impl Service {
-    /// The counts of the last `count` minutes (the current one last), in
-    /// one pipelined round trip; a minute without counts is zeros.
+    /// The counts of the last `count` minutes (the current one last); a
+    /// minute without counts is zeros.
     pub async fn minutes(&self, count: u32) -> Result<Vec<MinuteCounts>> {
-        let now_ms = self.admin.now_ms().await?;
-        let minute_now = now_ms / 60_000;
+        let mut each = self.admin.minutes(&[&self.name], count).await?;
+        Ok(each.pop().unwrap_or_default())
+    }
+}
+
+impl Admin {
+    /// The counts of the last `count` minutes (the current one last) of
+    /// each of `services`, in order: Redis's `TIME`, then one pipeline for
+    /// them all, however many services (the dashboard's overview charts).
+    pub(crate) async fn minutes(
+        &self,
+        services: &[&ServiceName],
+        count: u32,
+    ) -> Result<Vec<Vec<MinuteCounts>>> {
+        let minute_now = self.now_ms().await? / 60_000;
         let minutes: Vec<u64> = (minute_now + 1 - u64::from(count.max(1))..=minute_now).collect();
-        let mut pipe = redis::pipe();
-        for minute in &minutes {
-            pipe.cmd("HGETALL").arg(keys::stats(&self.name, *minute));
+        if services.is_empty() {
+            return Ok(Vec::new());
         }
-        let replies: Vec<Value> = self.admin.conn.query_pipe(&pipe).await?;
-        minute_counts(minutes, replies)
+        let mut pipe = redis::pipe();
+        for name in services {
+            for minute in &minutes {
+                pipe.cmd("HGETALL").arg(keys::stats(name, *minute));
+            }
+        }
+        let replies: Vec<Value> = self.conn.query_pipe(&pipe).await?;
+        let mut replies = replies.into_iter();
+        services
+            .iter()
+            .map(|_| minute_counts(minutes.clone(), replies.by_ref().take(minutes.len())))
+            .collect()
     }
 }
 

@@ -9,6 +9,7 @@ use super::chart::{Minute, chart};
 use super::layout::{Base, page};
 use super::{Failure, Shared};
 use crate::admin::{Admin, ServiceSummary};
+use crate::config::ServiceName;
 use crate::error::Result;
 
 /// The minutes the charts cover.
@@ -20,24 +21,30 @@ pub(crate) struct Overview {
 }
 
 impl Overview {
+    /// The services and their charts: a scan, two pipelines, and `TIME`
+    /// with one pipeline for every chart.
     async fn read(admin: &Admin) -> Result<Overview> {
-        let mut services = Vec::new();
-        for summary in admin.services().await? {
-            let minutes = match admin.service(&summary.name).await {
-                Ok(service) => service
-                    .minutes(MINUTES)
-                    .await?
+        let summaries = admin.services().await?;
+        let names = summaries
+            .iter()
+            .map(|s| ServiceName::new(&s.name))
+            .collect::<Result<Vec<_>>>()?;
+        let names: Vec<&ServiceName> = names.iter().collect();
+        let charts = admin.minutes(&names, MINUTES).await?;
+        let services = summaries
+            .into_iter()
+            .zip(charts)
+            .map(|(summary, minutes)| {
+                let minutes = minutes
                     .iter()
                     .map(|m| Minute {
                         ok: m.ok,
                         failed: m.failed,
                     })
-                    .collect(),
-                // Gone between the scan and now.
-                Err(_) => Vec::new(),
-            };
-            services.push((summary, minutes));
-        }
+                    .collect();
+                (summary, minutes)
+            })
+            .collect();
         Ok(Overview { services })
     }
 }
