@@ -132,6 +132,9 @@ pub(crate) struct SharedConnection {
     // A std mutex: it is only held to clone or replace the handle, never
     // across an await.
     cached: Mutex<Option<MultiplexedConnection>>,
+    /// Held while a connection is taken from the pool: callers that find
+    /// none at once (every fetch loop at start, say) would each take one.
+    connecting: tokio::sync::Mutex<()>,
 }
 
 impl SharedConnection {
@@ -139,11 +142,16 @@ impl SharedConnection {
         SharedConnection {
             pool,
             cached: Mutex::new(None),
+            connecting: tokio::sync::Mutex::new(()),
         }
     }
 
     /// The connection (a cheap clone of the shared handle).
     pub(crate) async fn get(&self) -> Result<MultiplexedConnection> {
+        if let Some(conn) = self.lock().as_ref() {
+            return Ok(conn.clone());
+        }
+        let _connecting = self.connecting.lock().await;
         if let Some(conn) = self.lock().as_ref() {
             return Ok(conn.clone());
         }

@@ -1,9 +1,13 @@
 //! The first step of a task's path, fetch → run → settle: the fetch loop of
 //! one owned partition. It records this instance as the partition's owner,
-//! claims what others left behind, reads the partition's entries (through
-//! the [`super::store`]'s reader) and hands each to [`super::run`].
-//! Fetching stops while the instance's lease does not hold (docs/design.md
-//! §4 rule 6).
+//! claims what others left behind, reads the partition's entries and hands
+//! each to [`super::run`]. Fetching stops while the instance's lease does
+//! not hold (docs/design.md §4 rule 6).
+//!
+//! While entries wait, it reads them itself, never blocking, on one of the
+//! instance's shared connections; once a read comes back short (the stream
+//! is read out), it waits in the instance's one blocking read of its idle
+//! partitions ([`super::idle_reads`]) until that delivers or takes it out.
 //!
 //! After any read error it first re-reads its own pending entries (`0`),
 //! because a read that failed on the client may still have been delivered
@@ -11,10 +15,9 @@
 
 use std::future::Future;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -22,23 +25,19 @@ use tokio_util::task::TaskTracker;
 use tracing::{Instrument, debug, error, warn};
 
 use super::held::Held;
+use super::idle_reads::Delivery;
 use super::lease::Lease;
 use super::ownership::Ownership;
 use super::run::RunTask;
 use super::settle::Settle;
 use super::shared::Shared;
-use super::store::{self, Fetched, Reader};
+use super::store::{self, Fetched};
 use crate::assignment::Assignment;
 use crate::retry::Pauses;
 
 /// The pauses between attempts to reach Redis again: 50 ms, doubling, at
 /// most 2 s; back to the first after a read that went through.
 const PAUSES: Pauses = Pauses::new(Duration::from_millis(50), Duration::from_secs(2));
-/// How much earlier than the lease a blocking read must end (the read's
-/// command reaches Redis one trip after the lease was checked; about a
-/// round's latency on a LAN, like the lease margin).
-const READ_MARGIN: Duration = Duration::from_millis(20);
-
 /// Where the fetch loop stands in its partition.
 struct Position {
     /// Where the re-read of this instance's own pending list stands;
@@ -50,6 +49,15 @@ struct Position {
     next_claim: Instant,
 }
 
+/// The partition's place in the instance's idle read.
+struct Idle {
+    /// In the idle read now.
+    joined: bool,
+    /// Where the idle read delivers (kept to join again).
+    mailbox: mpsc::UnboundedSender<Delivery>,
+    delivered: mpsc::UnboundedReceiver<Delivery>,
+}
+
 /// The fetch loop of one partition.
 pub(super) struct Fetcher {
     pub(super) shared: Arc<Shared>,
@@ -59,36 +67,51 @@ pub(super) struct Fetcher {
     pub(super) ownership: Arc<Ownership>,
     /// Fired once the owner record is written (housekeeping waits for it).
     pub(super) acquired: CancellationToken,
-    /// Where the reader's server-side id is published, for the release.
-    pub(super) reader_id: Arc<AtomicU64>,
     pub(super) tracker: TaskTracker,
     pub(super) held: Held,
 }
 
 impl Fetcher {
-    /// Fetches until the partition is released or lost.
+    /// Fetches until the partition is released or lost; then leaves the
+    /// idle read, and hands back whatever it delivered meanwhile.
     pub(super) async fn run(self) {
-        let mut pauses = PAUSES;
-        if !self.acquire(&mut pauses).await {
-            return;
-        }
-        let mut connected: Option<Reader> = None;
-        // Rule 3: on acquire, take over whatever other consumers still hold
-        // in the partition (the old owner has drained or its deadline
-        // passed); later, only what stayed idle for `claim_idle`.
+        let (mailbox, delivered) = mpsc::unbounded_channel();
+        let mut idle = Idle {
+            joined: false,
+            mailbox,
+            delivered,
+        };
         let mut at = Position {
             pending_from: None,
             claim_idle: Duration::ZERO,
             next_claim: Instant::now(),
         };
-        self.reread(&mut at);
+        self.fetch(&mut idle, &mut at).await;
+        self.leave_idle(&mut idle, &mut at).await;
+    }
+
+    async fn fetch(&self, idle: &mut Idle, at: &mut Position) {
+        let mut pauses = PAUSES;
+        if !self.acquire(&mut pauses).await {
+            return;
+        }
+        // Rule 3: on acquire, take over whatever other consumers still hold
+        // in the partition (the old owner has drained or its deadline
+        // passed); later, only what stayed idle for `claim_idle`.
+        self.reread(at);
         loop {
             // Rule 6: no claim and no fetch without a lease.
             if !self.lease.valid() && self.or_stop(self.lease.held()).await.is_none() {
                 return;
             }
             if Instant::now() >= at.next_claim {
-                match self.or_stop(self.claim_due(&mut at)).await {
+                // One at a time: what is claimed is read from the pending
+                // list before anything new, so nothing new may arrive
+                // meanwhile.
+                if self.shared.order.one_at_a_time() && !self.leave_idle(idle, at).await {
+                    return;
+                }
+                match self.or_stop(self.claim_due(at)).await {
                     None => return,
                     Some(true) => {}
                     Some(false) => {
@@ -109,56 +132,33 @@ impl Fetcher {
             let Some(count) = self.room().await else {
                 return;
             };
-            let reader = match &mut connected {
-                Some(reader) => reader,
-                None => match self.or_stop(self.connect()).await {
-                    None => return,
-                    Some(Ok(r)) => connected.insert(r),
-                    Some(Err(e)) => {
-                        warn!(partition = self.partition, cause = %e, "cannot connect the reader; retrying");
-                        self.pause(&mut pauses).await;
-                        continue;
-                    }
-                },
-            };
             if self.ownership.stop.is_cancelled() {
                 return;
             }
-            // Waiting for room or a connection may have outlived the lease,
-            // or the service was paused meanwhile.
+            // Waiting for room may have outlived the lease, or the service
+            // was paused meanwhile.
             if !self.lease.valid() || !self.shared.gate.is_open() {
                 continue;
             }
-            let block = match at.pending_from {
-                // A re-read of the pending list never waits.
-                Some(_) => None,
-                // Rule 6 for a read that waits: it ends on the server before
-                // the lease does. Redis serves the earliest blocked reader
-                // first, so a frozen instance's open read would otherwise
-                // take entries added after the next owner took over.
-                None => match self.read_wait(self.shared.settings.block) {
-                    Some(wait) => Some(wait),
-                    None => {
-                        let _ = self.or_stop(tokio::time::sleep(READ_MARGIN)).await;
-                        continue;
-                    }
-                },
-            };
+            if idle.joined {
+                if !self.wait_idle(idle, at).await {
+                    return;
+                }
+                continue;
+            }
             let from = at.pending_from.clone().unwrap_or_else(|| ">".to_owned());
-            let Some((read, stopping)) = self.read(reader, &from, count, block).await else {
-                return;
-            };
-            let fetched = match read {
+            // Never blocking, so never cut short: a stop waits for its
+            // answer, whose entries are this instance's to run or hand back.
+            let lane = self.shared.lane(self.partition);
+            let fetched = match self.ownership.store.read(lane, &from, count).await {
                 Ok(fetched) => fetched,
                 Err(e) => {
                     warn!(partition = self.partition, cause = %e, "read failed; re-reading the pending list");
                     if store::is_nogroup(&e) {
                         self.recreate_group().await;
                     }
-                    // A new connection: the failed one may be broken.
-                    connected = None;
-                    self.reread(&mut at);
-                    if stopping {
+                    self.reread(at);
+                    if self.ownership.stop.is_cancelled() {
                         return;
                     }
                     self.pause(&mut pauses).await;
@@ -166,10 +166,74 @@ impl Fetcher {
                 }
             };
             pauses.reset();
-            if !self.dispatch(fetched, &mut at).await || stopping {
+            // Read out: wait with the other idle partitions.
+            let read_out = at.pending_from.is_none() && fetched.len() < count;
+            if !self.dispatch(fetched, at).await || self.ownership.stop.is_cancelled() {
                 return;
             }
+            if read_out && at.pending_from.is_none() {
+                self.shared
+                    .idle
+                    .join(self.ownership.store.clone(), idle.mailbox.clone());
+                idle.joined = true;
+            }
         }
+    }
+
+    /// In the idle read: waits for its delivery, a stop or the next claim;
+    /// false when stopped.
+    async fn wait_idle(&self, idle: &mut Idle, at: &mut Position) -> bool {
+        let delivery = tokio::select! {
+            biased;
+            _ = self.ownership.stop.cancelled() => return false,
+            delivery = idle.delivered.recv() => delivery,
+            // Concurrent partitions claim while they stay in the idle read.
+            _ = tokio::time::sleep_until(at.next_claim) => return true,
+        };
+        match delivery {
+            Some(Delivery::Entries { fetched, out }) => {
+                idle.joined &= !out;
+                self.dispatch(fetched, at).await
+            }
+            Some(Delivery::Failed) => {
+                idle.joined = false;
+                self.reread(at);
+                true
+            }
+            // Never: `idle` holds a sender.
+            None => false,
+        }
+    }
+
+    /// Leaves the idle read, if in it, and dispatches what it delivered
+    /// until then (after a stop, those are handed back); false when
+    /// stopped.
+    async fn leave_idle(&self, idle: &mut Idle, at: &mut Position) -> bool {
+        if !idle.joined {
+            return !self.ownership.stop.is_cancelled();
+        }
+        idle.joined = false;
+        let store = &self.ownership.store;
+        let leave = self.shared.idle.leave(store.partition(), store.token());
+        // The read ends by its block time at the latest.
+        let wait = self.shared.settings.block + Duration::from_secs(2);
+        if tokio::time::timeout(wait, leave).await.is_err() {
+            error!(
+                partition = self.partition,
+                "the idle read did not let the partition go; its entries stay pending until claimed"
+            );
+        }
+        while let Ok(delivery) = idle.delivered.try_recv() {
+            match delivery {
+                Delivery::Entries { fetched, .. } => {
+                    if !self.dispatch(fetched, at).await {
+                        return false;
+                    }
+                }
+                Delivery::Failed => self.reread(at),
+            }
+        }
+        !self.ownership.stop.is_cancelled()
     }
 
     /// Re-reads this instance's pending list from the start before
@@ -218,41 +282,6 @@ impl Fetcher {
                 .order
                 .read_count(permits.available_permits(), batch),
         )
-    }
-
-    /// Reads from `from`, waiting up to `block` for new entries; whether it
-    /// was cut short by a stop comes along. `None`: a stopped read did not
-    /// return.
-    async fn read(
-        &self,
-        reader: &mut Reader,
-        from: &str,
-        count: usize,
-        block: Option<Duration>,
-    ) -> Option<(crate::Result<Vec<Fetched>>, bool)> {
-        let client_id = reader.client_id();
-        let read = reader.read(&self.ownership.store, from, count, block);
-        tokio::pin!(read);
-        tokio::select! {
-            biased;
-            read = &mut read => Some((read, false)),
-            _ = self.ownership.stop.cancelled() => {
-                // Unblock the read on the server and take its answer:
-                // entries it delivered are this instance's to run or hand
-                // back. Dropping the connection instead could leave them
-                // delivered into the pending list, unseen. (If the unblock
-                // overtakes the read, the read ends by its own block time.)
-                let _ = store::unblock(&self.shared.conn, client_id).await;
-                let wait = self.shared.settings.block + Duration::from_secs(2);
-                match tokio::time::timeout(wait, &mut read).await {
-                    Ok(read) => Some((read, true)),
-                    Err(_) => {
-                        error!(partition = self.partition, "a stopped read did not return; its entries stay pending until claimed");
-                        None
-                    }
-                }
-            }
-        }
     }
 
     /// Hands each fetched entry this worker does not hold yet to a task of
@@ -330,13 +359,6 @@ impl Fetcher {
         }
     }
 
-    /// How long a read may wait for new entries: `block`, cut to end
-    /// `READ_MARGIN` before the lease; `None` when the lease ends sooner.
-    fn read_wait(&self, block: Duration) -> Option<Duration> {
-        let left = self.lease.left()?.checked_sub(READ_MARGIN)?;
-        Some(left.min(block)).filter(|wait| *wait >= Duration::from_millis(1))
-    }
-
     /// Runs `fut` unless the worker stops first.
     async fn or_stop<F: Future>(&self, fut: F) -> Option<F::Output> {
         tokio::select! {
@@ -344,14 +366,6 @@ impl Fetcher {
             _ = self.ownership.stop.cancelled() => None,
             out = fut => Some(out),
         }
-    }
-
-    /// A connection of its own for blocking reads; its server-side id is
-    /// published for the release.
-    async fn connect(&self) -> crate::Result<Reader> {
-        let reader = Reader::connect(self.shared.conn.pool(), self.shared.settings.block).await?;
-        self.reader_id.store(reader.client_id(), Ordering::SeqCst);
-        Ok(reader)
     }
 
     /// Waits the next pause, unless the worker stops first.

@@ -30,6 +30,7 @@
 //! | `worker` | one owned partition: start its fetch loop and housekeeping, release it |
 //! | `ownership` | a partition as a worker owns it: its store, stop and cancel tokens, fences |
 //! | `fetch` | step 1: acquire, claim, read, hand each entry to a task |
+//! | `idle_reads` | the one blocking read of the partitions read out |
 //! | `run` | step 2: wait for room, the pause gate and the lease, decode, call the handler |
 //! | `gate` | the pause gate: no handler starts while `{N}:paused` exists |
 //! | `settle` | step 3: ack, retry, hand back, take over, dead-letter (fenced) |
@@ -53,6 +54,7 @@ mod gate;
 mod handover;
 mod held;
 mod housekeeping;
+mod idle_reads;
 mod lease;
 mod meters;
 mod ownership;

@@ -15,6 +15,7 @@ use super::acker;
 use super::event::PartitionEvent;
 use super::gate;
 use super::handover::Handover;
+use super::idle_reads::{self, IdleReads};
 use super::lease::Lease;
 use super::meters::{QueueGauges, TaskMetrics};
 use super::policy::Order;
@@ -130,17 +131,33 @@ where
         timing.interval.min(Duration::from_secs(1)),
     );
     let (reports, reported) = mpsc::unbounded_channel();
+    let lease = Lease::new(clock.clone());
+    let permits = Arc::new(Semaphore::new(settings.concurrency));
+    let order = Order::of(settings.ordered);
+    let (idle, idle_reader) = IdleReads::spawn(idle_reads::Setup {
+        pool: conn.pool().clone(),
+        conn: conn.clone(),
+        lease: lease.clone(),
+        gate: gate.clone(),
+        permits: permits.clone(),
+        order,
+        batch: settings.batch,
+        block: settings.block,
+    });
+    let reads = Arc::new(SharedConnection::new(conn.pool().clone()));
     let shared = Arc::new(Shared {
         name: name.clone(),
         id: id.clone(),
         conn,
+        reads,
+        idle,
         runner,
-        order: Order::of(settings.ordered),
+        order,
         metrics: TaskMetrics::new(&name, presence.clone()),
         queue: QueueGauges::new(&name),
         interval: timing.interval,
         gate,
-        permits: Arc::new(Semaphore::new(settings.concurrency)),
+        permits,
         acks,
         reports,
         settings,
@@ -157,7 +174,7 @@ where
         indexer.standing(),
         stop_jobs.clone(),
     );
-    let mut handover = Handover::new(shared.clone(), timing, Lease::new(clock), reported, events);
+    let mut handover = Handover::new(shared.clone(), timing, lease, reported, events);
     let mut standing = indexer.standing();
     let mut make_again = Some(again);
     let mut again: Option<Pin<Box<F>>> = None;
@@ -225,6 +242,7 @@ where
     drop(gate_watcher);
     indexer.stop().await;
     drop(handover);
+    drop(idle_reader);
     // The acker ends once the last sender (in `shared`) is gone.
     drop(shared);
     let abandon_at = abandon_at.unwrap_or_else(|| Instant::now() + ACKER_GRACE);

@@ -9,6 +9,7 @@ use tokio::sync::{Semaphore, mpsc};
 
 use super::acker::Ack;
 use super::gate::Gate;
+use super::idle_reads::IdleReads;
 use super::meters::{QueueGauges, TaskMetrics};
 use super::ownership::Report;
 use super::policy::Order;
@@ -24,6 +25,11 @@ pub(crate) struct Shared {
     pub(crate) id: InstanceId,
     /// For everything that does not block.
     pub(crate) conn: Arc<SharedConnection>,
+    /// A second connection for the partitions' reads (half of them), so
+    /// two connections carry the reads in flight (see [`Shared::lane`]).
+    pub(crate) reads: Arc<SharedConnection>,
+    /// The one blocking read of the partitions read out.
+    pub(crate) idle: IdleReads,
     /// The handler service with its layers and the codec.
     pub(crate) runner: Runner,
     /// Closed while the service is paused: no handler starts.
@@ -43,4 +49,19 @@ pub(crate) struct Shared {
     /// The indexer's round interval: the queue gauges are refreshed at
     /// least this often.
     pub(crate) interval: Duration,
+}
+
+impl Shared {
+    /// The connection partition `p` reads on: the instance's two shared
+    /// connections take half the partitions each. Reads of many partitions
+    /// in flight at once on a few connections are as fast as a connection
+    /// per partition (BENCHMARKS.md, the raw floor); two, not more, keep an
+    /// instance at four connections with its idle read and its rounds.
+    pub(crate) fn lane(&self, p: u32) -> &SharedConnection {
+        if p.is_multiple_of(2) {
+            &self.conn
+        } else {
+            &self.reads
+        }
+    }
 }

@@ -1,10 +1,9 @@
 //! One owned partition: start its fetch loop and housekeeping, and release
-//! it on demand (drain, cancel, drop the reader). Fetching is
+//! it on demand (drain, cancel, leave the idle read). Fetching is
 //! [`super::fetch`]'s job, running one entry [`super::run`]'s, and the
 //! partition's fence and stop tokens are [`super::ownership`]'s.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use tokio::sync::watch;
@@ -17,15 +16,16 @@ use tracing::{Instrument, debug, warn};
 use super::fetch::Fetcher;
 use super::held::Held;
 use super::housekeeping::housekeeping;
+use super::idle_reads::IdleReads;
 use super::lease::Lease;
 use super::ownership::Ownership;
 use super::shared::Shared;
-use super::store::{self, PartitionStore};
+use super::store::PartitionStore;
 use crate::assignment::Assignment;
-use crate::connection::SharedConnection;
 
-/// How long a release waits for Redis to drop a reader it could not stop.
-const KILL_TIMEOUT: Duration = Duration::from_secs(1);
+/// How long a release waits for the idle read to let go of a partition
+/// whose fetch loop it had to abort (the read ends by its block time).
+const LEAVE_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// A running worker for one partition.
 #[derive(Debug)]
@@ -35,9 +35,8 @@ pub(crate) struct Worker {
     /// Ends the housekeeping once every task is done, or when the worker
     /// is dropped (a release cut short).
     done: DropGuard,
-    /// The server-side id of the fetch loop's reader (0: none yet).
-    reader: Arc<AtomicU64>,
-    conn: Arc<SharedConnection>,
+    /// The instance's idle read, which the fetch loop may be in.
+    idle: IdleReads,
     tracker: TaskTracker,
     fetch: JoinHandle<()>,
 }
@@ -54,8 +53,7 @@ impl Worker {
         let partition = store.partition();
         let ownership = Arc::new(Ownership::new(store, shared.reports.clone()));
         let done = CancellationToken::new();
-        let reader = Arc::new(AtomicU64::new(0));
-        let conn = shared.conn.clone();
+        let idle = shared.idle.clone();
         let tracker = TaskTracker::new();
         let held = Held::default();
         let acquired = CancellationToken::new();
@@ -76,7 +74,6 @@ impl Worker {
             lease,
             ownership: ownership.clone(),
             acquired,
-            reader_id: reader.clone(),
             tracker: tracker.clone(),
             held,
         };
@@ -85,8 +82,7 @@ impl Worker {
             partition,
             ownership,
             done: done.drop_guard(),
-            reader,
-            conn,
+            idle,
             tracker,
             fetch,
         }
@@ -132,30 +128,24 @@ impl Worker {
         }
         // After the cancellation (which must not wait for Redis).
         if aborted {
-            self.drop_reader().await;
+            self.leave_idle_read().await;
         }
         drop(self.done);
     }
 
-    /// The fetch loop was aborted, maybe in a blocking read: have Redis
-    /// drop its reader, so the read cannot deliver an entry into this
+    /// The fetch loop was aborted, maybe while in the idle read: take the
+    /// partition out of it, so the read cannot deliver an entry into this
     /// instance's pending list after the drain is reported (the next owner
-    /// would only claim it after `claim_idle`). `CLIENT KILL` returns once
-    /// the client is gone.
-    async fn drop_reader(&self) {
-        let id = self.reader.load(Ordering::SeqCst);
-        if id == 0 {
-            return;
-        }
-        match tokio::time::timeout(KILL_TIMEOUT, store::kill(&self.conn, id)).await {
-            Ok(Ok(_)) => {}
-            Ok(Err(e)) => {
-                debug!(partition = self.partition, cause = %e, "could not drop the reader")
-            }
-            Err(_) => debug!(
+    /// would only claim it after `claim_idle`). What it delivered until
+    /// then stays pending, claimed by the next owner on acquire.
+    async fn leave_idle_read(&self) {
+        let store = &self.ownership.store;
+        let leave = self.idle.leave(store.partition(), store.token());
+        if tokio::time::timeout(LEAVE_TIMEOUT, leave).await.is_err() {
+            debug!(
                 partition = self.partition,
-                "could not drop the reader in time"
-            ),
+                "the idle read did not let the partition go in time"
+            );
         }
     }
 }

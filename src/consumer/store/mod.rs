@@ -12,7 +12,7 @@
 //! - here: the owner record, fenced moves and retries, claims, keeping
 //!   entries fresh, attempts, promotion, trimming, group creation;
 //! - [`acks`]: the fenced acks of many partitions in one pipeline;
-//! - [`reader`]: the blocking reads, parsed into [`Fetched`] entries;
+//! - [`reader`]: the reads, parsed into [`Fetched`] entries;
 //! - [`marks`]: the release marks of `{N}:transition`;
 //! - and the service-wide commands of the start: every partition's group,
 //!   Redis's eviction policy.
@@ -32,7 +32,7 @@ use deadpool_redis::redis::streams::{
 use deadpool_redis::redis::{self, FromRedisValue, Script, Value};
 
 pub(crate) use self::acks::{AckReply, ack};
-pub(crate) use self::reader::{Fetched, Reader, is_nogroup, kill, unblock};
+pub(crate) use self::reader::{BlockingReads, Fetched, is_nogroup, unblock};
 use crate::config::ServiceName;
 use crate::connection::SharedConnection;
 use crate::error::Result;

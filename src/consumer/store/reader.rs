@@ -1,18 +1,19 @@
-//! Reading a partition: the blocking `XREADGROUP` on a connection of its
-//! own, and the parse of raw stream entries into [`Fetched`] ones, at this
-//! boundary, so the rest of the consumer never sees a Redis reply.
+//! Reading partitions, and the parse of raw stream entries into
+//! [`Fetched`] ones, at this boundary, so the rest of the consumer never
+//! sees a Redis reply.
 //!
-//! A blocking read stalls every other command on its connection, so each
-//! worker reads on a connection of its own, taken out of the pool for good
-//! and with a response timeout above the block time: the client gives up
-//! on a reply after 500 ms by default, while the server may still deliver
-//! into the pending list.
+//! Two kinds of read (docs/design.md §6): a partition with entries waiting
+//! reads them with non-blocking `XREADGROUP`s on the instance's shared
+//! connections, many partitions' reads in flight at once; the partitions
+//! read out wait together in one blocking `XREADGROUP` over all their
+//! streams, on a connection of its own ([`BlockingReads`]), because a
+//! blocking command stalls every other command on its connection.
 
 use std::time::Duration;
 
 use deadpool_redis::Pool;
-use deadpool_redis::redis::streams::{StreamId, StreamReadOptions, StreamReadReply};
-use deadpool_redis::redis::{self, AsyncCommands, aio::MultiplexedConnection};
+use deadpool_redis::redis::streams::{StreamId, StreamReadReply};
+use deadpool_redis::redis::{self, aio::MultiplexedConnection};
 
 use super::{Fields, PartitionStore};
 use crate::connection::SharedConnection;
@@ -57,18 +58,44 @@ impl Fetched {
     }
 }
 
-/// A worker's own connection for blocking reads, and its id on the server
-/// (to unblock a read, or drop the client).
-pub(crate) struct Reader {
+impl PartitionStore {
+    /// Reads up to `count` of the partition's entries after `from` for this
+    /// instance, never waiting: `>` for new ones, or an id to re-read its
+    /// own pending list from. On `conn`, a shared connection: many such
+    /// reads of many partitions are in flight on it at once.
+    pub(crate) async fn read(
+        &self,
+        conn: &SharedConnection,
+        from: &str,
+        count: usize,
+    ) -> Result<Vec<Fetched>> {
+        let mut cmd = read_group(&self.consumer, count);
+        cmd.arg("STREAMS").arg(&self.stream).arg(from);
+        let reply: Option<StreamReadReply> = conn.query(&cmd).await?;
+        Ok(reply
+            .map(|r| r.keys.into_iter().flat_map(|k| k.ids).collect::<Vec<_>>())
+            .unwrap_or_default()
+            .into_iter()
+            .map(|raw| Fetched::parse(raw, self.max_entry_bytes))
+            .collect())
+    }
+}
+
+/// The connection of an instance's blocking read of its idle partitions,
+/// and its id on the server (to unblock the read, or drop the client).
+pub(crate) struct BlockingReads {
     conn: MultiplexedConnection,
     client_id: u64,
 }
 
-impl Reader {
-    /// Takes a connection out of `conn`'s pool for reads that block up to
+impl BlockingReads {
+    /// Takes a connection out of `pool` for reads that block up to
     /// `block`. (Out of the pool for good: the pool's recycling must not
-    /// hand a connection with a blocked read to anyone else.)
-    pub(crate) async fn connect(pool: &Pool, block: Duration) -> Result<Reader> {
+    /// hand a connection with a blocked read to anyone else.) Its response
+    /// timeout is above the block time: the client gives up on a reply
+    /// after 500 ms by default, while the server may still deliver into
+    /// the pending list.
+    pub(crate) async fn connect(pool: &Pool, block: Duration) -> Result<BlockingReads> {
         let pooled = pool.get().await?;
         let mut conn = deadpool_redis::Connection::take(pooled);
         conn.set_response_timeout(block + Duration::from_secs(5));
@@ -76,7 +103,7 @@ impl Reader {
             .arg("ID")
             .query_async(&mut conn)
             .await?;
-        Ok(Reader { conn, client_id })
+        Ok(BlockingReads { conn, client_id })
     }
 
     /// The connection's id on the server.
@@ -84,49 +111,71 @@ impl Reader {
         self.client_id
     }
 
-    /// Reads up to `count` of `store`'s partition entries after `from` for
-    /// this instance: `>` for new ones (waiting up to `block`, never 0,
-    /// which would wait forever), or an id to re-read its own pending list
-    /// from (which never waits).
+    /// Reads new entries (`>`) of every partition in `stores`, up to
+    /// `count` each, waiting up to `block` (never 0, which would wait
+    /// forever) until one of them has any; the entries by the index of
+    /// their partition in `stores`. Every store is this instance's, so
+    /// one consumer name reads them all.
     pub(crate) async fn read(
         &mut self,
-        store: &PartitionStore,
-        from: &str,
+        stores: &[&PartitionStore],
         count: usize,
-        block: Option<Duration>,
-    ) -> Result<Vec<Fetched>> {
-        let mut opts = StreamReadOptions::default()
-            .group(keys::GROUP, &store.consumer)
-            .count(count);
-        if let Some(block) = block {
-            opts = opts.block(block.as_millis().max(1) as usize);
+        block: Duration,
+    ) -> Result<Vec<(usize, Vec<Fetched>)>> {
+        let Some(first) = stores.first() else {
+            return Ok(Vec::new());
+        };
+        let mut cmd = read_group(&first.consumer, count);
+        cmd.arg("BLOCK")
+            .arg(block.as_millis().max(1) as u64)
+            .arg("STREAMS");
+        for store in stores {
+            cmd.arg(&store.stream);
         }
-        let reply: Option<StreamReadReply> = self
-            .conn
-            .xread_options(&[store.stream.as_str()], &[from], &opts)
-            .await?;
+        for _ in stores {
+            cmd.arg(">");
+        }
+        let reply: Option<StreamReadReply> = cmd.query_async(&mut self.conn).await?;
+        let Some(reply) = reply else {
+            return Ok(Vec::new());
+        };
         Ok(reply
-            .map(|r| r.keys.into_iter().flat_map(|k| k.ids).collect::<Vec<_>>())
-            .unwrap_or_default()
+            .keys
             .into_iter()
-            .map(|raw| Fetched::parse(raw, store.max_entry_bytes))
+            .filter_map(|key| {
+                let at = stores.iter().position(|s| s.stream == key.key)?;
+                let max = stores[at].max_entry_bytes;
+                let fetched = key
+                    .ids
+                    .into_iter()
+                    .map(|raw| Fetched::parse(raw, max))
+                    .collect();
+                Some((at, fetched))
+            })
             .collect())
     }
 }
 
-/// Ends the blocked read of client `client_id` on the server (it returns
-/// what it has, maybe nothing); `conn` must not be the reader's own.
-pub(crate) async fn unblock(conn: &SharedConnection, client_id: u64) -> Result<()> {
-    let mut unblock = redis::cmd("CLIENT");
-    unblock.arg("UNBLOCK").arg(client_id);
-    conn.query::<u32>(&unblock).await.map(drop)
+/// `XREADGROUP GROUP <group> <consumer> COUNT <count>`, to go on with the
+/// options and streams.
+fn read_group(consumer: &str, count: usize) -> redis::Cmd {
+    let mut cmd = redis::cmd("XREADGROUP");
+    cmd.arg("GROUP")
+        .arg(keys::GROUP)
+        .arg(consumer)
+        .arg("COUNT")
+        .arg(count);
+    cmd
 }
 
-/// Has Redis drop client `client_id`; returns once it is gone.
-pub(crate) async fn kill(conn: &SharedConnection, client_id: u64) -> Result<()> {
-    let mut kill = redis::cmd("CLIENT");
-    kill.arg("KILL").arg("ID").arg(client_id);
-    conn.query::<redis::Value>(&kill).await.map(drop)
+/// Ends the blocked read of client `client_id` on the server (it returns
+/// what it has, maybe nothing); `conn` must not be the reader's own. False
+/// when the client was not blocked (its read has not reached Redis yet, or
+/// has returned already).
+pub(crate) async fn unblock(conn: &SharedConnection, client_id: u64) -> Result<bool> {
+    let mut unblock = redis::cmd("CLIENT");
+    unblock.arg("UNBLOCK").arg(client_id);
+    conn.query::<u32>(&unblock).await.map(|n| n == 1)
 }
 
 /// Whether a read failed because the consumer group is gone.

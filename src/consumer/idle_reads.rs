@@ -1,0 +1,384 @@
+//! The idle partitions' read: one blocking `XREADGROUP` over every owned
+//! partition whose stream was read out, on a connection of its own.
+//!
+//! A partition with entries waiting reads them itself, with non-blocking
+//! reads on the instance's shared connections, many partitions' reads in
+//! flight at once: that is where throughput comes from (BENCHMARKS.md, the
+//! raw floor). A blocking read stalls every other command on its
+//! connection, so waiting for new entries happens here, once per instance
+//! rather than once per partition: an idle instance sends one read per
+//! `block`, whatever its number of partitions, on one connection.
+//!
+//! A fetch loop whose read came back short joins with a mailbox; the read
+//! delivers the partition's new entries there. A delivery that fills the
+//! read's `count` (more may be waiting), and any delivery of an ordered
+//! partition (the next read waits for its task), takes the partition out:
+//! it reads for itself again until its stream is read out.
+//!
+//! Joining or leaving while the read is blocked unblocks it (`CLIENT
+//! UNBLOCK` from the shared connection) and takes its answer first, so a
+//! partition that leaves finds every entry delivered to it in its mailbox
+//! before it hears that it left: nothing is delivered into its pending list
+//! unseen. A failed read may have delivered entries nobody saw: every
+//! partition in it is taken out and re-reads its own pending list.
+//!
+//! Rule 6 (docs/design.md §4) holds as for every read: none without the
+//! lease, and the blocking read ends on the server before the lease does
+//! (Redis serves the earliest blocked reader first, so a frozen instance's
+//! open read would otherwise take entries added after the next owner took
+//! over). Like the fetch loops, it reads nothing while the service is
+//! paused or the instance has no room for another task.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use deadpool_redis::Pool;
+use tokio::sync::{Semaphore, mpsc, oneshot};
+use tokio_util::task::AbortOnDropHandle;
+use tracing::{Instrument, warn};
+
+use super::gate::Gate;
+use super::lease::Lease;
+use super::policy::Order;
+use super::store::{self, BlockingReads, Fetched, PartitionStore};
+use crate::connection::SharedConnection;
+use crate::retry::Pauses;
+
+/// How much earlier than the lease the blocking read must end (the read
+/// reaches Redis one trip after the lease was checked; about a round's
+/// latency on a LAN, like the lease margin).
+pub(crate) const READ_MARGIN: Duration = Duration::from_millis(20);
+/// The pauses between attempts to reach Redis again after a failed read:
+/// 50 ms, doubling, at most 2 s; back to the first after a read that went
+/// through.
+const PAUSES: Pauses = Pauses::new(Duration::from_millis(50), Duration::from_secs(2));
+/// How often an unblock is sent again while the read has not returned: an
+/// unblock that overtook its read (sent on another connection) finds
+/// nothing blocked.
+const UNBLOCK_AGAIN: Duration = Duration::from_millis(2);
+
+/// What the idle read hands a partition's fetch loop.
+#[derive(Debug)]
+pub(crate) enum Delivery {
+    /// New entries read for the partition. `out`: the partition is no
+    /// longer in the idle read, and reads for itself now.
+    Entries { fetched: Vec<Fetched>, out: bool },
+    /// A read failed, maybe after Redis delivered entries nobody saw: the
+    /// partition is out, and must re-read its own pending list.
+    Failed,
+}
+
+enum Request {
+    Join {
+        store: Arc<PartitionStore>,
+        mailbox: mpsc::UnboundedSender<Delivery>,
+    },
+    Leave {
+        partition: u32,
+        token: u64,
+        left: oneshot::Sender<()>,
+    },
+}
+
+/// The handle of an instance's idle read; cheap to clone.
+#[derive(Debug, Clone)]
+pub(crate) struct IdleReads {
+    requests: mpsc::UnboundedSender<Request>,
+}
+
+impl std::fmt::Debug for Request {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Request::Join { store, .. } => write!(f, "Join({})", store.partition()),
+            Request::Leave { partition, .. } => write!(f, "Leave({partition})"),
+        }
+    }
+}
+
+/// What the idle read needs of its instance.
+pub(crate) struct Setup {
+    /// Where its own connection comes from.
+    pub(crate) pool: Pool,
+    /// For the unblocks (never the read's own connection).
+    pub(crate) conn: Arc<SharedConnection>,
+    pub(crate) lease: Lease,
+    pub(crate) gate: Gate,
+    pub(crate) permits: Arc<Semaphore>,
+    pub(crate) order: Order,
+    pub(crate) batch: usize,
+    pub(crate) block: Duration,
+}
+
+impl IdleReads {
+    /// Starts the idle read of an instance; it runs until the handle and
+    /// every clone of it are dropped, or the returned task handle is.
+    pub(crate) fn spawn(setup: Setup) -> (IdleReads, AbortOnDropHandle<()>) {
+        let (requests, received) = mpsc::unbounded_channel();
+        let reader = IdleReader {
+            setup,
+            requests: received,
+            members: BTreeMap::new(),
+        };
+        let task = tokio::spawn(reader.run().in_current_span());
+        (IdleReads { requests }, AbortOnDropHandle::new(task))
+    }
+
+    /// Puts the partition of `store` in the idle read; its new entries go
+    /// to `mailbox`.
+    pub(crate) fn join(
+        &self,
+        store: Arc<PartitionStore>,
+        mailbox: mpsc::UnboundedSender<Delivery>,
+    ) {
+        let _ = self.requests.send(Request::Join { store, mailbox });
+    }
+
+    /// Takes partition `partition` (owned with `token`) out of the idle
+    /// read; resolves once no read includes it any more and whatever was
+    /// read for it is in its mailbox.
+    pub(crate) async fn leave(&self, partition: u32, token: u64) {
+        let (left, done) = oneshot::channel();
+        let request = Request::Leave {
+            partition,
+            token,
+            left,
+        };
+        if self.requests.send(request).is_ok() {
+            let _ = done.await;
+        }
+    }
+}
+
+/// One partition in the idle read.
+struct Member {
+    store: Arc<PartitionStore>,
+    mailbox: mpsc::UnboundedSender<Delivery>,
+}
+
+/// The task behind [`IdleReads`].
+struct IdleReader {
+    setup: Setup,
+    requests: mpsc::UnboundedReceiver<Request>,
+    /// The partitions in the idle read, by partition.
+    members: BTreeMap<u32, Member>,
+}
+
+impl IdleReader {
+    async fn run(mut self) {
+        let mut connected: Option<BlockingReads> = None;
+        let mut pauses = PAUSES;
+        loop {
+            while let Ok(request) = self.requests.try_recv() {
+                self.apply(request);
+            }
+            // A fetch loop that ended without leaving (aborted at the drain
+            // timeout) reads nothing any more.
+            self.members.retain(|_, m| !m.mailbox.is_closed());
+            let Some(wait) = self.ready() else {
+                // Nothing to read for, or not now: wait for a change.
+                if !self.wait_for_change().await {
+                    return;
+                }
+                continue;
+            };
+            let reader = match &mut connected {
+                Some(reader) => reader,
+                None => match BlockingReads::connect(&self.setup.pool, self.setup.block).await {
+                    Ok(reader) => connected.insert(reader),
+                    Err(e) => {
+                        warn!(cause = %e, "cannot connect the idle partitions' reader; retrying");
+                        if !self.pause(&mut pauses).await {
+                            return;
+                        }
+                        continue;
+                    }
+                },
+            };
+            let count = self
+                .setup
+                .order
+                .read_count(self.setup.permits.available_permits(), self.setup.batch);
+            let (read, later) = self.read(reader, count, wait).await;
+            match read {
+                Ok(delivered) => {
+                    pauses.reset();
+                    self.deliver(delivered, count);
+                }
+                Err(e) => {
+                    warn!(cause = %e, partitions = self.members.len(), "the idle partitions' read failed; they re-read their pending lists");
+                    for (_, member) in std::mem::take(&mut self.members) {
+                        let _ = member.mailbox.send(Delivery::Failed);
+                    }
+                    // A new connection: the failed one may be broken.
+                    connected = None;
+                }
+            }
+            let closed = later.is_none();
+            for request in later.into_iter().flatten() {
+                self.apply(request);
+            }
+            if closed {
+                return;
+            }
+            if connected.is_none() && !self.pause(&mut pauses).await {
+                return;
+            }
+        }
+    }
+
+    /// How long the next read may block, if one may start now: some
+    /// partition waits, the gate is open, the instance has room, and the
+    /// lease holds for longer than the margin.
+    fn ready(&self) -> Option<Duration> {
+        let s = &self.setup;
+        if self.members.is_empty() || !s.gate.is_open() || s.permits.available_permits() == 0 {
+            return None;
+        }
+        let left = s.lease.left()?.checked_sub(READ_MARGIN)?;
+        Some(left.min(s.block)).filter(|wait| *wait >= Duration::from_millis(1))
+    }
+
+    /// Waits until a read may become possible: a request, the gate, the
+    /// lease, room, or the lease margin passing. False once every handle is
+    /// gone.
+    async fn wait_for_change(&mut self) -> bool {
+        let waiting = !self.members.is_empty();
+        let (gate, lease) = (self.setup.gate.clone(), self.setup.lease.clone());
+        let permits = self.setup.permits.clone();
+        let lease_ok = lease.left().is_some_and(|left| left > READ_MARGIN);
+        tokio::select! {
+            request = self.requests.recv() => match request {
+                Some(request) => {
+                    self.apply(request);
+                    true
+                }
+                None => false,
+            },
+            _ = gate.opened(), if waiting && !gate.is_open() => true,
+            _ = lease.held(), if waiting && !lease.valid() => true,
+            _ = tokio::time::sleep(READ_MARGIN), if waiting && lease.valid() && !lease_ok => true,
+            permit = permits.acquire(), if waiting && permits.available_permits() == 0 => {
+                drop(permit);
+                true
+            }
+        }
+    }
+
+    /// Reads the members' streams, blocking up to `wait`. Requests that
+    /// arrive meanwhile unblock the read and are returned, to be applied
+    /// after its answer is delivered (`None`: every handle is gone).
+    async fn read(
+        &mut self,
+        reader: &mut BlockingReads,
+        count: usize,
+        wait: Duration,
+    ) -> (
+        crate::Result<Vec<(u32, Vec<Fetched>)>>,
+        Option<Vec<Request>>,
+    ) {
+        let client_id = reader.client_id();
+        let stores: Vec<Arc<PartitionStore>> =
+            self.members.values().map(|m| m.store.clone()).collect();
+        let refs: Vec<&PartitionStore> = stores.iter().map(|s| &**s).collect();
+        let read = reader.read(&refs, count, wait);
+        tokio::pin!(read);
+        let mut later = Some(Vec::new());
+        let mut unblocking = false;
+        let result = loop {
+            tokio::select! {
+                biased;
+                result = &mut read => break result,
+                request = self.requests.recv(), if later.is_some() => match request {
+                    Some(request) => {
+                        later.as_mut().expect("checked").push(request);
+                        unblocking = true;
+                    }
+                    None => {
+                        later = None;
+                        unblocking = true;
+                    }
+                },
+                // Until it returns: an unblock that overtook the read
+                // found nothing blocked.
+                _ = tokio::time::sleep(UNBLOCK_AGAIN), if unblocking => {}
+            }
+            if unblocking {
+                let _ = store::unblock(&self.setup.conn, client_id).await;
+            }
+        };
+        let result = result.map(|read| {
+            read.into_iter()
+                .map(|(at, fetched)| (stores[at].partition(), fetched))
+                .collect()
+        });
+        (result, later)
+    }
+
+    /// Hands each partition its entries; one that got a full read, or is
+    /// ordered, is taken out.
+    fn deliver(&mut self, delivered: Vec<(u32, Vec<Fetched>)>, count: usize) {
+        for (partition, fetched) in delivered {
+            let Some(member) = self.members.get(&partition) else {
+                continue;
+            };
+            let out = fetched.len() >= count || self.setup.order.one_at_a_time();
+            let n = fetched.len();
+            if member
+                .mailbox
+                .send(Delivery::Entries { fetched, out })
+                .is_err()
+            {
+                warn!(
+                    partition,
+                    entries = n,
+                    "entries read for a partition whose fetch loop ended; they stay pending until claimed"
+                );
+                self.members.remove(&partition);
+                continue;
+            }
+            if out {
+                self.members.remove(&partition);
+            }
+        }
+    }
+
+    fn apply(&mut self, request: Request) {
+        match request {
+            Request::Join { store, mailbox } => {
+                self.members
+                    .insert(store.partition(), Member { store, mailbox });
+            }
+            Request::Leave {
+                partition,
+                token,
+                left,
+            } => {
+                if self
+                    .members
+                    .get(&partition)
+                    .is_some_and(|m| m.store.token() == token)
+                {
+                    self.members.remove(&partition);
+                }
+                let _ = left.send(());
+            }
+        }
+    }
+
+    /// Waits the next pause, answering requests meanwhile; false once
+    /// every handle is gone.
+    async fn pause(&mut self, pauses: &mut Pauses) -> bool {
+        let pause = pauses.wait();
+        tokio::pin!(pause);
+        loop {
+            tokio::select! {
+                _ = &mut pause => return true,
+                request = self.requests.recv() => match request {
+                    Some(request) => self.apply(request),
+                    None => return false,
+                },
+            }
+        }
+    }
+}
