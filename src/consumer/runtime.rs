@@ -12,6 +12,7 @@ use tokio::time::Instant;
 use tracing::{info, warn};
 
 use super::acker;
+use super::due_watch::DueWatch;
 use super::event::PartitionEvent;
 use super::gate;
 use super::handover::Handover;
@@ -130,6 +131,7 @@ where
         timing.interval.min(Duration::from_secs(1)),
     );
     let (reports, reported) = mpsc::unbounded_channel();
+    let (due, due_watcher) = DueWatch::spawn(name.clone(), conn.clone(), clock.clone());
     let shared = Arc::new(Shared {
         name: name.clone(),
         id: id.clone(),
@@ -138,6 +140,7 @@ where
         order: Order::of(settings.ordered),
         metrics: TaskMetrics::new(&name, presence.clone()),
         queue: QueueGauges::new(&name),
+        due,
         interval: timing.interval,
         gate,
         permits: Arc::new(Semaphore::new(settings.concurrency)),
@@ -223,6 +226,7 @@ where
     stop_jobs.cancel();
     drop(jobs);
     drop(gate_watcher);
+    drop(due_watcher);
     indexer.stop().await;
     drop(handover);
     // The acker ends once the last sender (in `shared`) is gone.
