@@ -38,14 +38,16 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-/// How long the counters are read over.
-const WINDOW: Duration = Duration::from_secs(10);
+/// How long the counters are read over: the longest period of the
+/// housekeeping (the dead letters' and delayed set's sizes, every 30 s), so
+/// each part shows at its average rate.
+const WINDOW: Duration = Duration::from_secs(30);
 /// How long the instances run on after owning every partition before the
 /// window opens, so the acquisition's own commands stay out of it.
 const SETTLE: Duration = Duration::from_secs(3);
-/// How long the `MONITOR` feed is watched: a claim period (`claim_idle / 3`),
-/// so each partition's claim shows once.
-const WATCH: Duration = Duration::from_secs(10);
+/// How long the `MONITOR` feed is watched: as long as the window, for the
+/// same reason.
+const WATCH: Duration = Duration::from_secs(30);
 /// How long the instances may take to own every partition.
 const OWN_WITHIN: Duration = Duration::from_secs(60);
 /// Commands listed per scenario.

@@ -23,7 +23,8 @@
 //! counts (they are quick, and vary by ±20 % from run to run). For the
 //! consumers it also prints what 1,000 tasks cost: the commands Redis
 //! counted (those run inside scripts too), Redis's CPU time and this
-//! process's. `RUST_LOG` (say `peerq=info`) logs to stderr.
+//! process's. `RUST_LOG` (say `peerq=info`) logs to stderr;
+//! `PEERQ_BENCH_ONLY=latency` runs the latency measurement alone.
 
 #[path = "../tests/support/mod.rs"]
 mod support;
@@ -119,6 +120,16 @@ async fn main() {
             .init();
     }
     let server = RedisServer::start();
+    // `PEERQ_BENCH_ONLY=latency`: the latency run alone, to try a change.
+    if std::env::var("PEERQ_BENCH_ONLY").as_deref() == Ok("latency") {
+        let (p50, p99, rate) = latency(&server).await;
+        println!(
+            "| latency enqueue → handler start at {rate:.0} tasks/s | p50 {:.2} ms, p99 {:.2} ms |",
+            p50 * 1e3,
+            p99 * 1e3
+        );
+        return;
+    }
     let client = server.client();
     let mut conn = raw::connect(&client, 1).await.remove(0);
     // Same payload bytes as peerq's entries, so the baselines move as much data.

@@ -61,6 +61,14 @@ pub(crate) fn paused(name: &ServiceName) -> String {
     format!("{{{name}}}:paused")
 }
 
+/// The service's due index: partition -> the earliest due time (Unix ms,
+/// Redis's clock) that a producer or an operator put into the partition's
+/// delayed set since its owner last looked (docs/design.md §6). A key of
+/// its own slot: never in a script with a partition's keys.
+pub(crate) fn due(name: &ServiceName) -> String {
+    format!("{{{name}}}:due")
+}
+
 /// The hash of periodic jobs: job name -> its JSON schedule.
 pub(crate) fn periodic(name: &ServiceName) -> String {
     format!("{{{name}}}:periodic")
@@ -114,6 +122,7 @@ mod tests {
         assert_eq!(round_takers(&n, 42), "{mail-sender}:42:by");
         assert_eq!(meta(&n), "{mail-sender}:meta");
         assert_eq!(paused(&n), "{mail-sender}:paused");
+        assert_eq!(due(&n), "{mail-sender}:due");
         assert_eq!(transition(&n), "{mail-sender}:transition");
         assert_eq!(stream(&n, 7), "{mail-sender/7}:stream");
         assert_eq!(owner(&n, 7), "{mail-sender/7}:owner");

@@ -82,6 +82,7 @@
 //! | [`producer`] | enqueues typed tasks: one, a batch, with a key or an idempotency key |
 //! | [`dead_letters`] | lists (a page at a time, oldest or newest first, by reason), finds, replays and purges the dead letters across partitions |
 //! | [`admin`] | what the `peerq` CLI and the dashboard read and do: the services on a Redis, a service's status (members, partitions, rates), its delayed tasks and periodic jobs, JSON enqueues, pause and resume; summaries only, never a scan of the streams |
+//! | `due` | the due index `{N}:due`: notices that a partition's delayed set got a task from someone other than its owner |
 //! | [`pause`] | pausing a service: the `{N}:paused` key the consumers' gate reads |
 //! | [`periodic`] | periodic jobs (interval or cron), triggered once per due time by a claim; their schedules in `{N}:periodic` |
 //! | `presence` | what an instance tells operators each round: its `{N}:members` record and per-minute counts |
@@ -104,6 +105,7 @@ pub mod consumer;
 #[cfg(feature = "dashboard")]
 pub mod dashboard;
 pub mod dead_letters;
+mod due;
 pub mod error;
 pub mod handler;
 pub mod indexer;

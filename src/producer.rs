@@ -12,6 +12,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use deadpool_redis::Pool;
 use deadpool_redis::redis;
 use serde::Serialize;
+use tracing::warn;
 
 use crate::codec::{Bincode, Codec, Json};
 use crate::config::{self, ServiceName};
@@ -244,7 +245,10 @@ impl<C: Codec> Producer<C> {
             for (k, v) in entry.fields() {
                 script.arg(k).arg(v);
             }
-            let enqueued: String = self.conn.invoke(&script).await?;
+            let (enqueued, due): (String, u64) = self.conn.invoke(&script).await?;
+            if due > 0 {
+                self.notice(p, due).await;
+            }
             let new = enqueued == id.as_str();
             return Ok((TaskId::from(enqueued.as_str()), new));
         }
@@ -252,6 +256,19 @@ impl<C: Codec> Producer<C> {
         cmd.arg(stream).arg("*").arg(entry.fields());
         self.conn.query::<()>(&cmd).await?;
         Ok((id, true))
+    }
+
+    /// Tells the owner of partition `p`, through the due index, that a task
+    /// there is delayed until `due_ms`, so it moves the task when due
+    /// rather than at its slow check of the delayed set (docs/design.md
+    /// §6). The task is enqueued already: a failure here only delays it
+    /// more, so it is logged, not returned (an error would have the caller
+    /// enqueue the task twice).
+    async fn notice(&self, p: u32, due_ms: u64) {
+        let notice = crate::due::notice(&self.name, p, due_ms);
+        if let Err(e) = self.conn.query::<()>(&notice).await {
+            warn!(service = %self.name, partition = p, cause = %e, "a delayed task's notice to the due index failed; it runs up to 30 s late");
+        }
     }
 
     /// Enqueues many tasks in one pipelined round trip; returns their ids

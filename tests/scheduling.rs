@@ -9,6 +9,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
+use deadpool_redis::redis;
 use peerq::handler::Task;
 use peerq::periodic::Periodic;
 use peerq::producer::{Options, Producer};
@@ -35,6 +36,17 @@ fn consumer(
     runs: &Runs,
 ) -> (CancellationToken, JoinHandle<peerq::Result<()>>) {
     consumer_with(url, name, runs, None)
+}
+
+/// A producer of the service, with its `P` partitions.
+async fn producer(url: &str, name: &str) -> Producer {
+    Producer::builder()
+        .name(name)
+        .redis(url)
+        .partitions(P)
+        .connect()
+        .await
+        .unwrap()
 }
 
 /// The ids of the periodic job's runs, with the time each ran.
@@ -85,13 +97,7 @@ async fn delayed_tasks_run_once_when_due_also_across_a_handover() {
     let name = unique_name("delayed");
     let runs: Runs = Arc::default();
     let (stop_a, a) = consumer(&server.url(), &name, &runs);
-    let producer = Producer::builder()
-        .name(&name)
-        .redis(server.url())
-        .partitions(P)
-        .connect()
-        .await
-        .unwrap();
+    let producer = producer(&server.url(), &name).await;
     tokio::time::sleep(Duration::from_millis(2500)).await;
 
     // 40 tasks due 0.5 to 4.4 s from now (a tenth by `at`, the rest by
@@ -141,6 +147,57 @@ async fn delayed_tasks_run_once_when_due_also_across_a_handover() {
     stop_b.cancel();
     a.await.unwrap().unwrap();
     b.await.unwrap().unwrap();
+}
+
+/// A producer's delayed task is moved when due because its notice in the
+/// due index `{N}:due` told the partition's owner; one whose notice was
+/// lost (a producer that failed between its two writes, or an older peerq)
+/// still runs, after the owner's slow check of its delayed set (every 30 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delayed_task_runs_when_due_by_its_notice_and_without_one_after_the_slow_check() {
+    let server = RedisServer::start();
+    let name = unique_name("notice");
+    let runs: Runs = Arc::default();
+    let (stop, consumer) = consumer(&server.url(), &name, &runs);
+    let producer = producer(&server.url(), &name).await;
+    // Owned, and the first look at each delayed set done.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let mut raw = server
+        .client()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    // Due in 10 s: its notice is read only 2 s before, so removing it now
+    // means the owner never hears of it.
+    let lost_due = SystemTime::now() + Duration::from_secs(10);
+    let lost = Options::new().key("lost").delay(Duration::from_secs(10));
+    producer.enqueue_with(Job { seq: 1 }, lost).await.unwrap();
+    let () = redis::cmd("DEL")
+        .arg(format!("{{{name}}}:due"))
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    let kept_due = SystemTime::now() + Duration::from_secs(3);
+    let kept = Options::new().key("kept").delay(Duration::from_secs(3));
+    producer.enqueue_with(Job { seq: 2 }, kept).await.unwrap();
+
+    wait_until(Duration::from_secs(45), "both delayed tasks", || {
+        runs.lock().unwrap().len() == 2
+    })
+    .await;
+    let runs = runs.lock().unwrap().clone();
+    let late = |seq: u64, due: SystemTime| {
+        assert_eq!(runs[&seq].len(), 1, "seq {seq} ran once");
+        let ran = runs[&seq][0];
+        assert!(ran + 10 * MS >= due, "seq {seq} ran early");
+        ran.duration_since(due).unwrap_or_default()
+    };
+    let (kept_late, lost_late) = (late(2, kept_due), late(1, lost_due));
+    println!("with its notice {kept_late:?} late, without {lost_late:?}");
+    assert!(kept_late < Duration::from_millis(500), "{kept_late:?}");
+    assert!(lost_late < Duration::from_secs(30), "{lost_late:?}");
+    stop.cancel();
+    consumer.await.unwrap().unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -245,13 +302,7 @@ async fn ordered_partitions_keep_same_key_order_through_a_retry_and_a_handover()
         )
     };
     let first = start(log.clone());
-    let producer = Producer::builder()
-        .name(&name)
-        .redis(server.url())
-        .partitions(P)
-        .connect()
-        .await
-        .unwrap();
+    let producer = producer(&server.url(), &name).await;
     tokio::time::sleep(Duration::from_millis(2500)).await;
     let keys = ["a", "b", "c", "d"];
     let mut second = None;
@@ -422,13 +473,7 @@ async fn an_ordered_task_left_by_a_crashed_owner_runs_first_with_a_higher_attemp
     use deadpool_redis::redis;
     let server = RedisServer::start();
     let name = unique_name("ordered-crash");
-    let producer = Producer::builder()
-        .name(&name)
-        .redis(server.url())
-        .partitions(P)
-        .connect()
-        .await
-        .unwrap();
+    let producer = producer(&server.url(), &name).await;
     let p = peerq::partition::partition_of(b"k", P);
     let stream = format!("{{{name}/{p}}}:stream");
     let mut conn = server.pool().get().await.unwrap();

@@ -149,7 +149,15 @@ impl Service {
                 let mut zadd = redis::cmd("ZADD");
                 // XX: never add it back if it was promoted meanwhile.
                 zadd.arg(&key).arg("XX").arg("CH").arg(now_ms).arg(&member);
-                conn.query(&zadd).await?
+                let changed: u64 = conn.query(&zadd).await?;
+                if changed == 1 {
+                    // The owner learns of it at its next look at the due
+                    // index (within a second), not only when the task was
+                    // due before.
+                    conn.query::<()>(&crate::due::notice(&self.name, partition, now_ms))
+                        .await?;
+                }
+                changed
             }
             DelayedAction::Delete => {
                 let mut zrem = redis::cmd("ZREM");

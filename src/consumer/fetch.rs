@@ -248,6 +248,14 @@ impl Fetcher {
     /// what others still hold comes before anything new in the stream).
     async fn claim_due(&self, at: &mut Position) -> bool {
         let order = self.shared.order;
+        // After the claim on acquire: when the housekeeping's last look at
+        // the group (at least every `claim_idle`) saw nothing pending,
+        // nobody holds anything to take. What is delivered after that look
+        // is seen by the next one, long before it is `claim_idle` old.
+        if !at.claim_idle.is_zero() && self.ownership.store.pending_seen() == Some(0) {
+            at.next_claim = Instant::now() + self.shared.settings.claim_idle / 3;
+            return true;
+        }
         match self.claim(at.claim_idle).await {
             Ok(took_any) => {
                 at.claim_idle = self.shared.settings.claim_idle;

@@ -1,6 +1,13 @@
 //! A worker's housekeeping, apart from its fetch loop: keep the entries it
-//! runs fresh, move due delayed entries into the stream, trim what was
-//! acknowledged.
+//! runs fresh, look at the partition's consumer group, trim what was
+//! acknowledged, move due delayed entries into the stream, and keep the
+//! queue gauges.
+//!
+//! What an idle partition costs (issue 26): a look at its group
+//! (`XINFO GROUPS`) every 10 s, and the sizes of its dead letters and
+//! delayed set every 30 s; nothing is trimmed, promoted or claimed while
+//! nothing changes. A partition whose group changes is looked at every
+//! second and trimmed after each change.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -9,23 +16,53 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
+use super::due_watch::Watching;
 use super::held::Held;
 use super::ownership::Ownership;
 use super::shared::Shared;
-use super::store::Sizes;
+use super::store::{Group, Sizes};
 
-/// How often the owner trims acknowledged entries from its partitions.
-const TRIM_EVERY: Duration = Duration::from_secs(1);
-/// How often the owner reads its partitions' sizes for the queue gauges, at
-/// the least (and at least once per round interval).
-const SIZES_EVERY: Duration = Duration::from_secs(1);
-/// How often the owner looks for due delayed entries at the least.
-const PROMOTE_EVERY: Duration = Duration::from_secs(1);
+/// How often the group of a partition that changes is looked at, at the
+/// most (and at least once per round interval).
+const LOOK_BUSY: Duration = Duration::from_secs(1);
+/// How often the group of a partition that does not change is looked at
+/// (and at least every `claim_idle`: the look tells whether to claim).
+const LOOK_IDLE: Duration = Duration::from_secs(10);
+/// How often the sizes of the dead letters and the delayed set are read:
+/// what others change there (an operator's replays, purges and deletions,
+/// a delayed task whose notice was lost) is seen within this.
+const COUNT_EVERY: Duration = Duration::from_secs(30);
+/// How soon a failed promotion is tried again.
+const PROMOTE_AGAIN: Duration = Duration::from_secs(1);
 /// Most delayed entries moved in one script call.
 const PROMOTE_BATCH: usize = 500;
 /// Most entry ids kept fresh in one script call (Lua's `unpack` has a limit
 /// of about 8,000 values).
 const KEEP_CHUNK: usize = 1000;
+
+/// When each part of the housekeeping is due next.
+struct Due {
+    keep: Instant,
+    look: Instant,
+    count: Instant,
+    /// `None`: no delayed entry is known to wait.
+    promote: Option<Instant>,
+}
+
+impl Due {
+    fn next(&self, stopped: bool) -> Instant {
+        if stopped {
+            return self.keep;
+        }
+        let next = self.keep.min(self.look).min(self.count);
+        self.promote.map_or(next, |at| next.min(at))
+    }
+
+    /// Promote at `at`, unless earlier already.
+    fn promote_by(&mut self, at: Instant) {
+        self.promote = Some(self.promote.map_or(at, |p| p.min(at)));
+    }
+}
 
 /// The worker's housekeeping, apart from the fetch loop (which may wait for
 /// room or block in a read for long), once the partition is acquired:
@@ -33,15 +70,14 @@ const KEEP_CHUNK: usize = 1000;
 /// - resets the idle time of every entry this instance holds in the
 ///   partition, so that claiming never takes one that is still here; until
 ///   the worker's last task is done, drain included;
-/// - trims the partition's acknowledged entries while it owns it, also when
-///   the instance is too busy to read;
-/// - reads the partition's sizes for the queue gauges while it owns it;
-/// - moves due delayed entries into the stream.
-///
-/// The sizes also say when trimming and promotion have nothing to do: an
-/// empty stream is not trimmed and an empty delayed set not searched, so an
-/// idle partition costs its sizes' four commands a second, not eleven
-/// more. When the sizes cannot be read, both run as if there were work.
+/// - looks at the consumer group while it owns the partition: for the
+///   backlog gauge, for the fetch loop's claims (none while nothing is
+///   pending), and to trim after reads and acks;
+/// - moves due delayed entries into the stream: at once, then when the
+///   next one is due, after this worker's own delayed retries, on a notice
+///   of the due index (a producer's delayed task), and when the delayed
+///   set's size is not what the store knew;
+/// - keeps the partition's queue gauges.
 pub(super) async fn housekeeping(
     shared: Arc<Shared>,
     ownership: Arc<Ownership>,
@@ -54,80 +90,131 @@ pub(super) async fn housekeeping(
         _ = acquired.cancelled() => {}
     }
     let stop = &ownership.stop;
-    let partition = ownership.store.partition();
+    let store = &ownership.store;
+    let partition = store.partition();
     // The gauges count only partitions this instance owns.
     let _forget = Forget(&shared, partition);
-    let sizes_every = shared.interval.min(SIZES_EVERY);
-    let mut next_sizes = Instant::now();
+    let mut notices = Some(shared.due.watch(partition, store.token()));
+    let look_busy = shared.interval.min(LOOK_BUSY);
+    let look_idle = shared.settings.claim_idle.min(LOOK_IDLE);
     let keep_every = shared.settings.claim_idle / 3;
-    let mut next_keep = Instant::now() + keep_every;
-    let mut next_trim = Instant::now() + TRIM_EVERY;
-    // At once: retries the previous owner delayed may be due.
-    let mut next_promote = Instant::now();
-    // The last sizes read; `None` before the first or after a failed read.
-    let mut sizes = None;
-    // This worker delayed a retry since the last promotion.
-    let mut woken = false;
+    let now = Instant::now();
+    let mut due = Due {
+        keep: now + keep_every,
+        look: now,
+        count: now,
+        // At once: retries the previous owner delayed may be due.
+        promote: Some(now),
+    };
+    // Partitions acquired together do not read together: the first idle
+    // look and the second count come at a random point of their period.
+    let (mut look_phase, mut count_phase) = (Some(rand::random::<f64>()), Some(rand::random()));
+    // The last look at the group, and the group as it was when last trimmed.
+    let mut looked: Option<Group> = None;
+    let mut trimmed: Option<Group> = None;
+    let mut published: Option<Sizes> = None;
     loop {
-        let next = if stop.is_cancelled() {
-            next_keep
-        } else {
-            next_keep.min(next_trim).min(next_promote).min(next_sizes)
-        };
         tokio::select! {
             _ = done.cancelled() => return,
-            _ = tokio::time::sleep_until(next) => {}
+            _ = tokio::time::sleep_until(due.next(stop.is_cancelled())) => {}
             _ = ownership.delayed.notified() => {
-                next_promote = Instant::now();
-                woken = true;
+                if let Some(at) = store.take_retry_due() {
+                    due.promote_by(at);
+                }
             }
+            _ = noticed(notices.as_ref()) => due.promote_by(Instant::now()),
         }
         let now = Instant::now();
-        if now >= next_keep {
+        if now >= due.keep {
             keep_fresh(&ownership, &held).await;
-            next_keep = now + keep_every;
+            due.keep = now + keep_every;
         }
         if stop.is_cancelled() {
+            // The next owner takes the notices.
+            notices = None;
             shared.queue.set(partition, None);
             continue;
         }
-        if now >= next_sizes {
-            sizes = match ownership.store.sizes().await {
-                Ok(read) => {
-                    shared.queue.set(partition, Some(read));
-                    Some(read)
+        if now >= due.look {
+            let group = look(&ownership).await;
+            if let Some(group) = &group
+                && trimmed.as_ref().is_none_or(|t| t.acked_by(group))
+                && trim(&ownership).await
+            {
+                trimmed = Some(group.clone());
+            }
+            let changed = group.is_none() || group != looked;
+            due.look = now
+                + if changed {
+                    look_busy
+                } else {
+                    look_phase
+                        .take()
+                        .map_or(look_idle, |f| look_idle.mul_f64(f))
+                };
+            looked = group;
+        }
+        if now >= due.count {
+            due.count = match store.count().await {
+                Ok(changed) => {
+                    if changed {
+                        due.promote_by(now);
+                    }
+                    now + COUNT_EVERY.mul_f64(count_phase.take().unwrap_or(1.0))
                 }
                 Err(e) => {
-                    debug!(partition, cause = %e, "cannot read the partition's sizes");
-                    None
+                    debug!(partition, cause = %e, "cannot count the dead letters and delayed tasks");
+                    now + look_busy
                 }
             };
-            next_sizes = now + sizes_every;
         }
-        if now >= next_trim {
-            if sizes.is_none_or(|s: Sizes| s.length > 0) {
-                trim(&ownership).await;
+        if due.promote.is_some_and(|at| now >= at) {
+            let (moved, next) = promote(&ownership).await;
+            due.promote = next;
+            if moved {
+                // The moved entries are read and acked soon: trim after.
+                due.look = due.look.min(now + look_busy);
             }
-            next_trim = now + TRIM_EVERY;
         }
-        if now >= next_promote {
-            next_promote = if woken || sizes.is_none_or(|s: Sizes| s.delayed > 0) {
-                woken = false;
-                promote(&ownership).await
-            } else {
-                now + PROMOTE_EVERY
-            };
+        let sizes = store.sizes();
+        if sizes.is_some() && sizes != published {
+            shared.queue.set(partition, sizes);
+            published = sizes;
         }
     }
 }
 
-/// Moves the partition's due delayed entries into its stream; returns when
-/// to look again.
-async fn promote(ownership: &Ownership) -> Instant {
+/// Resolves on a notice of the due index; never without a place in it.
+async fn noticed(watching: Option<&Watching>) {
+    match watching {
+        Some(watching) => watching.noticed().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Looks at the partition's consumer group; `None` when it cannot be read.
+async fn look(ownership: &Ownership) -> Option<Group> {
+    let partition = ownership.store.partition();
+    match ownership.store.look().await {
+        Ok(Some(group)) => Some(group),
+        Ok(None) => {
+            debug!(partition, "the consumer group is gone");
+            None
+        }
+        Err(e) => {
+            debug!(partition, cause = %e, "cannot look at the consumer group");
+            None
+        }
+    }
+}
+
+/// Moves the partition's due delayed entries into its stream; returns
+/// whether it moved any, and when to look again (`None`: none waits).
+async fn promote(ownership: &Ownership) -> (bool, Option<Instant>) {
     let now = Instant::now();
     match ownership.store.promote(PROMOTE_BATCH).await {
         // More were due than one call moves.
-        Ok((moved, _)) if moved as usize >= PROMOTE_BATCH => now,
+        Ok((moved, _)) if moved as usize >= PROMOTE_BATCH => (true, Some(now)),
         Ok((moved, next)) => {
             if moved > 0 {
                 debug!(
@@ -135,13 +222,11 @@ async fn promote(ownership: &Ownership) -> Instant {
                     moved, "delayed entries due"
                 );
             }
-            // Entries may be delayed by others too (the previous owner):
-            // look at least every PROMOTE_EVERY.
-            now + next.unwrap_or(PROMOTE_EVERY).min(PROMOTE_EVERY)
+            (moved > 0, next.map(|next| now + next))
         }
         Err(e) => {
             warn!(partition = ownership.store.partition(), cause = %e, "cannot move due delayed entries");
-            now + PROMOTE_EVERY
+            (false, Some(now + PROMOTE_AGAIN))
         }
     }
 }
@@ -162,13 +247,19 @@ async fn keep_fresh(ownership: &Ownership, held: &Held) {
     }
 }
 
-/// Trims the partition's acknowledged entries.
-async fn trim(ownership: &Ownership) {
+/// Trims the partition's acknowledged entries; true if it went through.
+async fn trim(ownership: &Ownership) -> bool {
     let partition = ownership.store.partition();
     match ownership.store.trim().await {
-        Ok(0) => {}
-        Ok(n) => debug!(partition, trimmed = n, "trimmed acknowledged entries"),
-        Err(e) => warn!(partition, cause = %e, "trim failed"),
+        Ok(0) => true,
+        Ok(n) => {
+            debug!(partition, trimmed = n, "trimmed acknowledged entries");
+            true
+        }
+        Err(e) => {
+            warn!(partition, cause = %e, "trim failed");
+            false
+        }
     }
 }
 
@@ -178,5 +269,28 @@ struct Forget<'a>(&'a Shared, u32);
 impl Drop for Forget<'_> {
     fn drop(&mut self) {
         self.0.queue.set(self.1, None);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stopped_housekeeping_only_keeps_entries_fresh() {
+        let now = Instant::now();
+        let s = Duration::from_secs(1);
+        let mut due = Due {
+            keep: now + 3 * s,
+            look: now + s,
+            count: now + 2 * s,
+            promote: None,
+        };
+        assert_eq!(due.next(false), now + s);
+        assert_eq!(due.next(true), now + 3 * s);
+        due.promote_by(now);
+        due.promote_by(now + s);
+        assert_eq!(due.promote, Some(now), "the earlier promotion stays");
+        assert_eq!(due.next(false), now);
     }
 }

@@ -37,7 +37,8 @@
 //! | `policy` | how ordered and concurrent partitions differ, asked by the steps |
 //! | `held` | the entries a worker holds, so none runs twice on it |
 //! | `acker` | batched, fenced acks, one round trip per batch |
-//! | `housekeeping` | keep held entries fresh, promote due delayed entries, trim |
+//! | `housekeeping` | keep held entries fresh, look at the group, trim, promote due delayed entries, the queue gauges |
+//! | `due_watch` | the instance's watch of the due index: producers' delayed tasks, one read a second |
 //! | `store` | every Redis command on a partition's keys, the marks, and the start's |
 //! | `scheduler` | periodic jobs: trigger each due time once across the service |
 //! | `event` | partition events for status displays |
@@ -46,6 +47,7 @@
 
 mod acker;
 mod builder;
+mod due_watch;
 #[cfg(feature = "http")]
 mod endpoint;
 mod event;

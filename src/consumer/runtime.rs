@@ -12,6 +12,7 @@ use tokio::time::Instant;
 use tracing::{info, warn};
 
 use super::acker;
+use super::due_watch::DueWatch;
 use super::event::PartitionEvent;
 use super::gate;
 use super::handover::Handover;
@@ -145,6 +146,7 @@ where
         block: settings.block,
     });
     let reads = Arc::new(SharedConnection::new(conn.pool().clone()));
+    let (due, due_watcher) = DueWatch::spawn(name.clone(), conn.clone(), clock.clone());
     let shared = Arc::new(Shared {
         name: name.clone(),
         id: id.clone(),
@@ -155,6 +157,7 @@ where
         order,
         metrics: TaskMetrics::new(&name, presence.clone()),
         queue: QueueGauges::new(&name),
+        due,
         interval: timing.interval,
         gate,
         permits,
@@ -240,6 +243,7 @@ where
     stop_jobs.cancel();
     drop(jobs);
     drop(gate_watcher);
+    drop(due_watcher);
     indexer.stop().await;
     drop(handover);
     drop(idle_reader);

@@ -8,6 +8,7 @@ use std::time::Duration;
 use tokio::sync::{Semaphore, mpsc};
 
 use super::acker::Ack;
+use super::due_watch::DueWatch;
 use super::gate::Gate;
 use super::idle_reads::IdleReads;
 use super::meters::{QueueGauges, TaskMetrics};
@@ -46,6 +47,8 @@ pub(crate) struct Shared {
     pub(crate) metrics: TaskMetrics,
     /// The sizes of the partitions this instance owns, as gauges.
     pub(crate) queue: QueueGauges,
+    /// The watch of the due index: producers' delayed tasks.
+    pub(crate) due: DueWatch,
     /// The indexer's round interval: the queue gauges are refreshed at
     /// least this often.
     pub(crate) interval: Duration,

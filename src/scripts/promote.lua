@@ -1,7 +1,7 @@
 -- docs/design.md §6: moves a partition's due delayed entries into its stream,
 -- each exactly once (added and removed in one step).
 -- KEYS[1] = {N/p}:delayed     KEYS[2] = {N/p}:stream     ARGV[1] = most to move
--- Returns { moved, ms until the next one is due (-1: none) }.
+-- Returns { moved, ms until the next one is due (-1: none), delayed left }.
 local now = redis.call('TIME')
 local ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
 local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ms, 'LIMIT', 0, tonumber(ARGV[1]))
@@ -11,6 +11,7 @@ for _, member in ipairs(due) do
 end
 local next = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
 if #next == 0 then
-  return { #due, -1 }
+  return { #due, -1, 0 }
 end
-return { #due, math.max(0, tonumber(next[2]) - ms) }
+-- The set's size keeps the delayed gauge exact without a read of its own.
+return { #due, math.max(0, tonumber(next[2]) - ms), redis.call('ZCARD', KEYS[1]) }

@@ -11,6 +11,8 @@
 //!
 //! - here: the owner record, fenced moves and retries, claims, keeping
 //!   entries fresh, attempts, promotion, trimming, group creation;
+//! - [`sizes`]: what the store knows of the partition's sizes, from its
+//!   looks at the group, its counts, and its own writes;
 //! - [`acks`]: the fenced acks of many partitions in one pipeline;
 //! - [`reader`]: the reads, parsed into [`Fetched`] entries;
 //! - [`marks`]: the release marks of `{N}:transition`;
@@ -20,19 +22,19 @@
 mod acks;
 pub(crate) mod marks;
 mod reader;
+mod sizes;
 #[cfg(test)]
 mod tests;
 
-use std::sync::{Arc, LazyLock};
+use std::sync::{Arc, LazyLock, Mutex};
 use std::time::Duration;
 
-use deadpool_redis::redis::streams::{
-    StreamAutoClaimReply, StreamInfoGroupsReply, StreamPendingCountReply,
-};
+use deadpool_redis::redis::streams::{StreamAutoClaimReply, StreamPendingCountReply};
 use deadpool_redis::redis::{self, FromRedisValue, Script, Value};
 
 pub(crate) use self::acks::{AckReply, ack};
 pub(crate) use self::reader::{BlockingReads, Fetched, is_nogroup, unblock};
+pub(crate) use self::sizes::{Group, Sizes};
 use crate::config::ServiceName;
 use crate::connection::SharedConnection;
 use crate::error::Result;
@@ -106,20 +108,6 @@ pub(crate) struct Claimed {
     pub(crate) next: String,
 }
 
-/// How much a partition holds, for the queue metrics.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub(crate) struct Sizes {
-    /// Entries in the stream (`XLEN`): waiting, delivered, and acked ones
-    /// not trimmed yet.
-    pub(crate) length: u64,
-    /// Entries not yet delivered, plus delivered ones not yet acked.
-    pub(crate) backlog: u64,
-    /// Dead letters.
-    pub(crate) dead: u64,
-    /// Delayed tasks (retries waiting for their backoff, delayed enqueues).
-    pub(crate) delayed: u64,
-}
-
 /// One partition as this instance owns it with one fencing token: the
 /// partition's keys, and the commands on them.
 #[derive(Debug)]
@@ -137,6 +125,8 @@ pub(crate) struct PartitionStore {
     record: String,
     /// Larger entries are not parsed (`too_large`).
     max_entry_bytes: usize,
+    /// What the store knows of the partition's sizes.
+    known: Mutex<sizes::Known>,
 }
 
 impl PartitionStore {
@@ -161,6 +151,7 @@ impl PartitionStore {
             consumer: id.as_str().to_owned(),
             record: owner_record(token, id),
             max_entry_bytes,
+            known: Mutex::default(),
         }
     }
 
@@ -211,7 +202,11 @@ impl PartitionStore {
         for (k, v) in fields {
             script.arg(k).arg(v);
         }
-        Ok(Moved::from_reply(self.conn.invoke(&script).await?))
+        let moved = Moved::from_reply(self.conn.invoke(&script).await?);
+        if moved == Moved::Yes && to == To::DeadLetters {
+            self.noted_dead_letter();
+        }
+        Ok(moved)
     }
 
     /// Acks entry `id` (a failed attempt) and enqueues `next` (the next
@@ -229,7 +224,11 @@ impl PartitionStore {
         for (k, v) in next.fields() {
             script.arg(k).arg(v);
         }
-        Ok(Moved::from_reply(self.conn.invoke(&script).await?))
+        let moved = Moved::from_reply(self.conn.invoke(&script).await?);
+        if moved == Moved::Yes {
+            self.noted_retry(delay);
+        }
+        Ok(moved)
     }
 
     /// Moves up to `limit` due delayed entries into the stream; returns how
@@ -237,7 +236,8 @@ impl PartitionStore {
     pub(crate) async fn promote(&self, limit: usize) -> Result<(u64, Option<Duration>)> {
         let mut script = PROMOTE.key(&self.delayed);
         script.key(&self.stream).arg(limit);
-        let (moved, next): (u64, i64) = self.conn.invoke(&script).await?;
+        let (moved, next, left): (u64, i64, u64) = self.conn.invoke(&script).await?;
+        self.noted_promotion(moved, left);
         let next = u64::try_from(next).ok().map(Duration::from_millis);
         Ok((moved, next))
     }
@@ -336,31 +336,6 @@ impl PartitionStore {
             .arg(attempt);
         let reply: i64 = self.conn.invoke(&script).await?;
         Ok((reply >= 0).then_some(reply > 0))
-    }
-
-    /// How much the partition holds, in one round trip of counters (no
-    /// scan of the stream): the group's lag plus its pending entries, or,
-    /// when Redis cannot tell the lag (after deletions), the stream's
-    /// length (acked entries leave it at the next trim, within a second).
-    pub(crate) async fn sizes(&self) -> Result<Sizes> {
-        let mut pipe = redis::pipe();
-        pipe.cmd("XINFO").arg("GROUPS").arg(&self.stream);
-        pipe.cmd("XLEN").arg(&self.stream);
-        pipe.cmd("XLEN").arg(&self.dead);
-        pipe.cmd("ZCARD").arg(&self.delayed);
-        let (groups, len, dead, delayed): (StreamInfoGroupsReply, u64, u64, u64) =
-            self.conn.query_pipe(&pipe).await?;
-        let group = groups.groups.iter().find(|g| g.name == keys::GROUP);
-        let backlog = match group.and_then(|g| Some((g.lag?, g.pending))) {
-            Some((lag, pending)) => (lag + pending) as u64,
-            None => len,
-        };
-        Ok(Sizes {
-            length: len,
-            backlog,
-            dead,
-            delayed,
-        })
     }
 
     /// Creates the consumer group again from the start of the stream, after
