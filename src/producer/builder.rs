@@ -12,9 +12,9 @@ use crate::codec::{Bincode, Codec, Json};
 use crate::config::{self, ServiceName};
 use crate::connection::SharedConnection;
 use crate::error::{Error, Result, SettingDiff};
-use crate::meta;
 use crate::metrics as m;
 use crate::partition::DEFAULT_PARTITIONS;
+use crate::{keys, meta};
 
 /// Builds a [`Producer`].
 #[must_use]
@@ -155,6 +155,7 @@ impl<C: Codec> ProducerBuilder<C> {
         Ok(Producer {
             enqueued: metrics::counter!(m::ENQUEUED_TOTAL, "service" => service.clone()),
             errors: metrics::counter!(m::ENQUEUE_ERRORS_TOTAL, "service" => service),
+            streams: (0..partitions).map(|p| keys::stream(&name, p)).collect(),
             name,
             conn,
             partitions,

@@ -58,7 +58,11 @@ pub const DEFAULT_IDEMPOTENCY_TTL: Duration = Duration::from_secs(24 * 3600);
 /// ```
 pub struct Producer<C: Codec = Bincode> {
     name: ServiceName,
+    /// The one connection, for single tasks and batches alike.
     conn: SharedConnection,
+    /// Every partition's stream key, by partition (a batch's entries are
+    /// added without formatting a key each).
+    streams: Box<[String]>,
     partitions: u32,
     codec: C,
     max_payload: usize,
@@ -129,11 +133,19 @@ impl<C: Codec> Producer<C> {
         sent.map(|(id, _)| id)
     }
 
-    /// Enqueues many tasks in one pipelined round trip; returns their ids
-    /// in order. A task that does not encode, or is over the size limit,
-    /// fails the whole batch before anything is sent. An error from Redis
-    /// is ambiguous (a lost reply after Redis applied the batch looks the
-    /// same as a lost request): retrying may enqueue tasks twice.
+    /// Enqueues many tasks, pipelined; returns their ids in the tasks'
+    /// order. A task that does not encode, or is over the size limit,
+    /// fails the whole batch before anything is sent.
+    ///
+    /// The tasks then go out in parts of 128, each sent while the next is
+    /// built, so Redis adds the first ones while the rest are on their way.
+    /// An error from Redis is therefore ambiguous: some parts, or some
+    /// tasks within a part, may have been applied and others not (and a
+    /// lost reply after Redis applied a part looks the same as a lost
+    /// request), so retrying the batch may enqueue tasks twice. The call
+    /// returns once every part is answered, with a failed part's error if
+    /// any failed. A call dropped before it returns may likewise have
+    /// enqueued some of its parts.
     pub async fn enqueue_batch<T: Serialize>(&self, tasks: &[T]) -> Result<Vec<TaskId>> {
         let sent = self.send_batch(tasks).await;
         match &sent {
@@ -148,10 +160,16 @@ impl<C: Codec> Producer<C> {
         self.partitions
     }
 
-    /// A first attempt of `task` with a new id, or the error that fails
-    /// its enqueue before anything is sent: it does not encode, or it is
-    /// over `max_payload`.
+    /// A first attempt of `task` with a new id, or the error of
+    /// [`payload`](Self::payload).
     fn entry<T: Serialize>(&self, task: &T, key: Option<String>) -> Result<Entry> {
+        let payload = self.payload(task)?;
+        Ok(Entry::new(TaskId::generate(), key, C::NAME, payload))
+    }
+
+    /// `task` encoded, or the error that fails its enqueue before anything
+    /// is sent: it does not encode, or it is over `max_payload`.
+    fn payload<T: Serialize>(&self, task: &T) -> Result<Vec<u8>> {
         let payload = self.codec.encode(task)?;
         if payload.len() > self.max_payload {
             return Err(Error::PayloadTooLarge {
@@ -159,7 +177,7 @@ impl<C: Codec> Producer<C> {
                 limit: self.max_payload,
             });
         }
-        Ok(Entry::new(TaskId::generate(), key, C::NAME, payload))
+        Ok(payload)
     }
 
     /// The partition `entry` goes to.
