@@ -29,6 +29,8 @@
 #[path = "../tests/support/mod.rs"]
 mod support;
 
+#[path = "throughput/fleet.rs"]
+mod fleet;
 mod meter;
 #[path = "throughput/raw.rs"]
 mod raw;
@@ -231,6 +233,7 @@ async fn main() {
         ("raw per stream", per_stream_consume),
         ("peerq", peerq),
     ]);
+    fleet::run(&server, tasks).await;
 }
 
 /// Every raw consumer `REPEATS` times, interleaved (the serial one, then

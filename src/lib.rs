@@ -41,7 +41,7 @@
 //! // producer side
 //! let producer = Producer::connect("redis://127.0.0.1/", "mail-sender").await?;
 //! producer.enqueue(&Mail { to: "a@example.com".into(), body: "hi".into() }).await?;
-//! producer.enqueue_batch(&mails).await?;                 // one pipelined round trip
+//! producer.enqueue_batch(&mails).await?;                 // pipelined, in parts
 //! let mail = Mail { to: "b@example.com".into(), body: "hi".into() };
 //! producer.enqueue_with(mail, Options::new().key("user-42")).await?;
 //! # Ok(()) }

@@ -45,7 +45,13 @@ pub struct TaskId(Arc<str>);
 impl TaskId {
     /// A new UUIDv7 id.
     pub fn generate() -> Self {
-        TaskId(uuid::Uuid::now_v7().hyphenated().to_string().into())
+        let mut text = [0; uuid::fmt::Hyphenated::LENGTH];
+        TaskId(
+            uuid::Uuid::now_v7()
+                .hyphenated()
+                .encode_lower(&mut text)
+                .into(),
+        )
     }
 
     /// The id as a string.
@@ -70,6 +76,32 @@ impl fmt::Debug for TaskId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         fmt::Debug::fmt(&*self.0, f)
     }
+}
+
+/// Now, in milliseconds since the Unix epoch (an entry's `enqueued_at`).
+pub(crate) fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_millis() as u64
+}
+
+/// A first attempt's field-value pairs to `XADD`, borrowed (a batch's
+/// entries are written without a copy): the fields of
+/// [`Entry::fields`] for an entry without a key.
+pub(crate) fn first_attempt<'a>(
+    id: &'a str,
+    enqueued_at: &'a str,
+    codec: &'a str,
+    payload: &'a [u8],
+) -> [(&'static str, &'a [u8]); 5] {
+    [
+        (field::ID, id.as_bytes()),
+        (field::ATTEMPT, b"1"),
+        (field::ENQUEUED_AT, enqueued_at.as_bytes()),
+        (field::CODEC, codec.as_bytes()),
+        (field::PAYLOAD, payload),
+    ]
 }
 
 /// One task as stored in a partition stream.
@@ -160,15 +192,12 @@ fn entry_size(map: &HashMap<String, Value>) -> usize {
 impl Entry {
     /// A first attempt of `payload`, enqueued now.
     pub(crate) fn new(id: TaskId, key: Option<String>, codec: &str, payload: Vec<u8>) -> Self {
-        let now = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap_or_default();
         Entry {
             id,
             key,
             attempt: 1,
             // Milliseconds are what the entry stores.
-            enqueued_at: Duration::from_millis(now.as_millis() as u64),
+            enqueued_at: Duration::from_millis(now_ms()),
             codec: codec.to_owned(),
             payload,
         }

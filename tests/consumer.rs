@@ -842,9 +842,15 @@ async fn a_payload_over_the_limit_is_refused_and_nothing_is_enqueued() {
         "{err}"
     );
     let err = producer
-        .enqueue_batch(&["ok".to_owned(), big])
+        .enqueue_batch(&["ok".to_owned(), big.clone()])
         .await
         .unwrap_err();
+    assert!(matches!(err, peerq::Error::PayloadTooLarge { .. }), "{err}");
+    // Late in a batch of many parts: every part before it is built by then,
+    // and none is sent.
+    let mut many = vec!["ok".to_owned(); 1000];
+    many[990] = big;
+    let err = producer.enqueue_batch(&many).await.unwrap_err();
     assert!(matches!(err, peerq::Error::PayloadTooLarge { .. }), "{err}");
     let mut conn = server.pool().get().await.unwrap();
     let keys: Vec<String> = conn.keys(format!("{{{name}/*")).await.unwrap();

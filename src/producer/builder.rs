@@ -1,0 +1,240 @@
+//! [`ProducerBuilder`]: a producer's settings, checked against the
+//! service's `{N}:meta` when it connects.
+
+use std::fmt;
+use std::marker::PhantomData;
+use std::time::Duration;
+
+use deadpool_redis::Pool;
+
+use super::Producer;
+use crate::codec::{Bincode, Codec, Json};
+use crate::config::{self, ServiceName};
+use crate::connection::SharedConnection;
+use crate::error::{Error, Result, SettingDiff};
+use crate::metrics as m;
+use crate::partition::DEFAULT_PARTITIONS;
+use crate::{keys, meta};
+
+/// Builds a [`Producer`].
+#[must_use]
+pub struct ProducerBuilder<C> {
+    name: Option<String>,
+    url: Option<String>,
+    pool: Option<Pool>,
+    /// `None`: the service's, or the default for a new service.
+    partitions: Option<u32>,
+    max_payload: usize,
+    idempotency_ttl: Duration,
+    codec: PhantomData<C>,
+}
+
+impl<C> fmt::Debug for ProducerBuilder<C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ProducerBuilder")
+            .field("name", &self.name)
+            .field("url", &self.url.as_deref().map(crate::connection::redact))
+            .field("partitions", &self.partitions)
+            .field("max_payload", &self.max_payload)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ProducerBuilder<Bincode> {
+    /// The defaults: bincode, the service's partitions.
+    pub(super) fn new() -> Self {
+        ProducerBuilder {
+            name: None,
+            url: None,
+            pool: None,
+            partitions: None,
+            max_payload: super::DEFAULT_MAX_PAYLOAD,
+            idempotency_ttl: super::DEFAULT_IDEMPOTENCY_TTL,
+            codec: PhantomData,
+        }
+    }
+}
+
+impl<C: Codec> ProducerBuilder<C> {
+    /// The service name (required).
+    pub fn name(mut self, name: impl Into<String>) -> Self {
+        self.name = Some(name.into());
+        self
+    }
+
+    /// Connect to Redis at `url`.
+    pub fn redis(mut self, url: impl Into<String>) -> Self {
+        self.url = Some(url.into());
+        self
+    }
+
+    /// Use this pool (takes precedence over [`redis`](Self::redis)).
+    pub fn pool(mut self, pool: Pool) -> Self {
+        self.pool = Some(pool);
+        self
+    }
+
+    /// The number of partitions `P` (1 to 4096) of a new service. Without
+    /// it the producer uses the service's, or 64 for a new service; a value
+    /// that differs from the service's is refused. Service-wide.
+    pub fn partitions(mut self, partitions: u32) -> Self {
+        self.partitions = Some(partitions);
+        self
+    }
+
+    /// The largest encoded payload accepted (default 1 MiB); larger tasks
+    /// are refused with [`Error::PayloadTooLarge`]. Consumers dead-letter
+    /// entries over their `max_entry_bytes` (default 4 MiB), so keep that
+    /// above this plus a few hundred bytes for the other fields.
+    pub fn max_payload(mut self, bytes: usize) -> Self {
+        self.max_payload = bytes;
+        self
+    }
+
+    /// How long an idempotency key is remembered (default 24 h): a second
+    /// enqueue with the key within it enqueues nothing.
+    pub fn idempotency_ttl(mut self, ttl: Duration) -> Self {
+        self.idempotency_ttl = ttl;
+        self
+    }
+
+    /// The codec (default [`Bincode`]): the service's, as its consumers
+    /// set it. Service-wide.
+    pub fn codec<D: Codec>(self, _codec: D) -> ProducerBuilder<D> {
+        ProducerBuilder {
+            name: self.name,
+            url: self.url,
+            pool: self.pool,
+            partitions: self.partitions,
+            max_payload: self.max_payload,
+            idempotency_ttl: self.idempotency_ttl,
+            codec: PhantomData,
+        }
+    }
+
+    /// Validates the settings, connects, and checks them against the
+    /// service's `{N}:meta`: it takes the service's partitions unless
+    /// [`partitions`](Self::partitions) was set, and records the partitions
+    /// and the codec if the service is new.
+    ///
+    /// Unlike a consumer, it does not wait for Redis: an unreachable or
+    /// refusing Redis is an [`Error::Connect`] naming the URL without its
+    /// password. A codec other than the service's, or partitions set to
+    /// another value than the service's, are an [`Error::SettingsMismatch`]
+    /// that says how to build a matching producer.
+    pub async fn connect(self) -> Result<Producer<C>> {
+        let name = ServiceName::given(self.name.as_deref())?;
+        if let Some(partitions) = self.partitions {
+            config::validate_partitions(partitions)?;
+        }
+        if self.max_payload == 0 {
+            return Err(Error::invalid(
+                "max_payload",
+                "0 bytes accepts no task; use at least 1",
+            ));
+        }
+        if self.idempotency_ttl < Duration::from_millis(1) {
+            return Err(Error::invalid(
+                "idempotency_ttl",
+                "must be at least 1ms; as long as a producer may retry an enqueue (hours)",
+            ));
+        }
+        let redis = crate::connection::target(self.pool.as_ref(), self.url.as_deref());
+        let pool = crate::connection::pool(self.pool, self.url)?;
+        let conn = SharedConnection::new(pool);
+        let asked = self.partitions.unwrap_or(DEFAULT_PARTITIONS);
+        let fields = config::queue_meta_fields(asked, C::NAME);
+        // No waiting for Redis here, unlike a consumer: the caller holds the
+        // tasks and decides whether to wait, retry or fail.
+        let checked = async { meta::differences(&mut conn.get().await?, &name, &fields).await };
+        let differ = checked
+            .await
+            .map_err(|e| crate::connection::at(&redis, e))?;
+        let partitions = settle(&name, self.partitions, asked, differ)?;
+        let service = name.to_string();
+        Ok(Producer {
+            enqueued: metrics::counter!(m::ENQUEUED_TOTAL, "service" => service.clone()),
+            errors: metrics::counter!(m::ENQUEUE_ERRORS_TOTAL, "service" => service),
+            streams: (0..partitions).map(|p| keys::stream(&name, p)).collect(),
+            name,
+            conn,
+            partitions,
+            codec: C::default(),
+            max_payload: self.max_payload,
+            idempotency_ttl: self.idempotency_ttl,
+        })
+    }
+}
+
+/// The partitions a producer uses, given what differs from
+/// service `name`'s `{N}:meta` (`asked` was recorded where absent): the
+/// service's partitions unless the builder `set` others; a codec other than
+/// the service's is refused, since a producer's codec is its type and
+/// cannot change at run time. Neither refusal suggests deleting the meta:
+/// the service is likely running.
+fn settle(
+    name: &ServiceName,
+    set: Option<u32>,
+    asked: u32,
+    differ: Vec<SettingDiff>,
+) -> Result<u32> {
+    let mut partitions = asked;
+    let mut refused = Vec::new();
+    for diff in differ {
+        match diff.setting.as_str() {
+            "partitions" if set.is_none() => {
+                partitions = diff
+                    .stored
+                    .parse()
+                    .ok()
+                    .filter(|p| config::validate_partitions(*p).is_ok())
+                    .ok_or_else(|| {
+                        Error::invalid(
+                            "partitions",
+                            format!(
+                                "`{}` records partitions = {:?}, which is not 1 to 4096",
+                                crate::keys::meta(name),
+                                diff.stored
+                            ),
+                        )
+                    })?;
+            }
+            _ => refused.push(diff),
+        }
+    }
+    if refused.is_empty() {
+        return Ok(partitions);
+    }
+    let mut advice = Vec::new();
+    if let Some(codec) = refused.iter().find(|d| d.setting == "codec") {
+        advice.push(match codec_type(&codec.stored) {
+            Some(path) => format!(
+                "A producer encodes with the service's codec, which is its type: build one with \
+                 `Producer::builder().codec({path}).redis(url).name(name).connect()` \
+                 (`Producer::connect` makes a {} producer)",
+                Bincode::NAME
+            ),
+            None => format!(
+                "The service's codec `{}` is not one peerq has (bincode, json)",
+                codec.stored
+            ),
+        });
+    }
+    if refused.iter().any(|d| d.setting == "partitions") {
+        advice.push(
+            "Leave `partitions` unset on a producer to use the service's (`Producer::connect` \
+             does)"
+                .to_owned(),
+        );
+    }
+    Err(meta::mismatch(name, refused, advice.join(". ")))
+}
+
+/// The path of the codec type named `name` in `{N}:meta`.
+fn codec_type(name: &str) -> Option<&'static str> {
+    match name {
+        n if n == Bincode::NAME => Some("peerq::codec::Bincode"),
+        n if n == Json::NAME => Some("peerq::codec::Json"),
+        _ => None,
+    }
+}

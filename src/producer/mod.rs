@@ -1,0 +1,187 @@
+//! Enqueues typed tasks (docs/design.md §1, §3).
+//!
+//! A task goes to partition `fnv1a64(key) % P` (see [`crate::partition`]),
+//! where the key is the task id unless the producer gives one: tasks with
+//! one key land in one partition, in enqueue order.
+//!
+//! - [`Producer`] (here): what a caller holds, and the entry every path
+//!   builds;
+//! - `options`: how one task is enqueued ([`Options`]);
+//! - `send`: one task, a plain `XADD` or the enqueue script;
+//! - `batch`: many tasks without options;
+//! - `builder`: the settings, checked against the service's `{N}:meta`.
+
+mod batch;
+mod builder;
+mod options;
+mod send;
+
+use std::fmt;
+use std::time::Duration;
+
+use serde::Serialize;
+
+use crate::codec::{Bincode, Codec};
+use crate::config::ServiceName;
+use crate::connection::SharedConnection;
+use crate::error::{Error, Result};
+use crate::partition::partition_of;
+use crate::task::{Entry, TaskId};
+
+pub use builder::ProducerBuilder;
+pub use options::Options;
+
+/// Default largest encoded payload a producer accepts.
+pub const DEFAULT_MAX_PAYLOAD: usize = 1024 * 1024;
+
+/// Default time an idempotency key is remembered.
+pub const DEFAULT_IDEMPOTENCY_TTL: Duration = Duration::from_secs(24 * 3600);
+
+/// Enqueues tasks of any serde type into a service's partition streams.
+///
+/// ```no_run
+/// # async fn demo() -> peerq::Result<()> {
+/// use peerq::producer::{Options, Producer};
+///
+/// #[derive(serde::Serialize)]
+/// struct Mail { to: String, body: String }
+///
+/// let producer = Producer::connect("redis://127.0.0.1/", "mail-sender").await?;
+/// let id = producer.enqueue(&Mail { to: "a@example.com".into(), body: "hi".into() }).await?;
+/// producer.enqueue_with(&Mail { to: "b@example.com".into(), body: "1".into() },
+///                       Options::new().key("user-42")).await?;
+/// let ids = producer.enqueue_batch(&[
+///     Mail { to: "c@example.com".into(), body: "2".into() },
+///     Mail { to: "d@example.com".into(), body: "3".into() },
+/// ]).await?;
+/// # Ok(()) }
+/// ```
+pub struct Producer<C: Codec = Bincode> {
+    name: ServiceName,
+    /// The one connection, for single tasks and batches alike.
+    conn: SharedConnection,
+    /// Every partition's stream key, by partition (a batch's entries are
+    /// added without formatting a key each).
+    streams: Box<[String]>,
+    partitions: u32,
+    codec: C,
+    max_payload: usize,
+    idempotency_ttl: Duration,
+    /// Tasks enqueued, and failed calls.
+    enqueued: metrics::Counter,
+    errors: metrics::Counter,
+}
+
+impl<C: Codec> fmt::Debug for Producer<C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Producer")
+            .field("name", &self.name)
+            .field("partitions", &self.partitions)
+            .field("codec", &C::NAME)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Producer<Bincode> {
+    /// Connects a bincode producer to service `name` at `url`, with the
+    /// service's partitions (read from `{name}:meta`; 64 for a new
+    /// service). A service whose codec is JSON needs a JSON producer,
+    /// which [`builder`](Self::builder) makes; see
+    /// [`ProducerBuilder::connect`] for the errors.
+    pub async fn connect(url: &str, name: &str) -> Result<Self> {
+        Producer::builder().redis(url).name(name).connect().await
+    }
+
+    /// A builder with the defaults: bincode, the service's partitions.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> peerq::Result<()> {
+    /// use peerq::Producer;
+    /// use peerq::codec::Json;
+    ///
+    /// // For a service whose consumers run with `.codec(Json)`.
+    /// let producer = Producer::builder()
+    ///     .redis("redis://127.0.0.1/")
+    ///     .name("mail-sender")
+    ///     .codec(Json)
+    ///     .connect()
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn builder() -> ProducerBuilder<Bincode> {
+        ProducerBuilder::new()
+    }
+}
+
+impl<C: Codec> Producer<C> {
+    /// Enqueues one task; returns its id.
+    pub async fn enqueue<T: Serialize>(&self, task: T) -> Result<TaskId> {
+        self.enqueue_with(task, Options::new()).await
+    }
+
+    /// Enqueues one task with options; returns its id (with an
+    /// idempotency key already used, the earlier task's id).
+    pub async fn enqueue_with<T: Serialize>(&self, task: T, options: Options) -> Result<TaskId> {
+        let sent = self.send(task, options).await;
+        match &sent {
+            // A repeat of an idempotency key returns the earlier task's id
+            // and enqueues nothing.
+            Ok((_, true)) => self.enqueued.increment(1),
+            Ok(_) => {}
+            Err(_) => self.errors.increment(1),
+        }
+        sent.map(|(id, _)| id)
+    }
+
+    /// Enqueues many tasks, pipelined; returns their ids in the tasks'
+    /// order. A task that does not encode, or is over the size limit,
+    /// fails the whole batch before anything is sent.
+    ///
+    /// The tasks then go out in parts of 128, each sent while the next is
+    /// built, so Redis adds the first ones while the rest are on their way.
+    /// An error from Redis is therefore ambiguous: some parts, or some
+    /// tasks within a part, may have been applied and others not (and a
+    /// lost reply after Redis applied a part looks the same as a lost
+    /// request), so retrying the batch may enqueue tasks twice. The call
+    /// returns once every part is answered, with a failed part's error if
+    /// any failed. A call dropped before it returns may likewise have
+    /// enqueued some of its parts.
+    pub async fn enqueue_batch<T: Serialize>(&self, tasks: &[T]) -> Result<Vec<TaskId>> {
+        let sent = self.send_batch(tasks).await;
+        match &sent {
+            Ok(ids) => self.enqueued.increment(ids.len() as u64),
+            Err(_) => self.errors.increment(1),
+        }
+        sent
+    }
+
+    /// The service's number of partitions.
+    pub fn partitions(&self) -> u32 {
+        self.partitions
+    }
+
+    /// A first attempt of `task` with a new id, or the error of
+    /// [`payload`](Self::payload).
+    fn entry<T: Serialize>(&self, task: &T, key: Option<String>) -> Result<Entry> {
+        let payload = self.payload(task)?;
+        Ok(Entry::new(TaskId::generate(), key, C::NAME, payload))
+    }
+
+    /// `task` encoded, or the error that fails its enqueue before anything
+    /// is sent: it does not encode, or it is over `max_payload`.
+    fn payload<T: Serialize>(&self, task: &T) -> Result<Vec<u8>> {
+        let payload = self.codec.encode(task)?;
+        if payload.len() > self.max_payload {
+            return Err(Error::PayloadTooLarge {
+                size: payload.len(),
+                limit: self.max_payload,
+            });
+        }
+        Ok(payload)
+    }
+
+    /// The partition `entry` goes to.
+    fn partition_of(&self, entry: &Entry) -> u32 {
+        partition_of(entry.partition_key().as_bytes(), self.partitions)
+    }
+}
