@@ -74,6 +74,15 @@ pub(crate) async fn connect(
     conns
 }
 
+/// Deletes every stream of `name` (a repeated enqueue run's entries).
+pub(crate) async fn delete_streams(conn: &mut MultiplexedConnection, name: &str) {
+    let mut del = redis::cmd("DEL");
+    for p in 0..DEFAULT_PARTITIONS {
+        del.arg(stream(name, p));
+    }
+    let _: u64 = del.query_async(conn).await.unwrap();
+}
+
 /// Creates consumer group `group` from the start of every stream of `name`.
 pub(crate) async fn create_group(conn: &mut MultiplexedConnection, name: &str, group: &str) {
     let mut pipe = redis::pipe();
