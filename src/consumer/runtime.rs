@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use deadpool_redis::Pool;
-use tokio::sync::{Semaphore, broadcast, mpsc, watch};
+use tokio::sync::{broadcast, mpsc, watch};
 use tokio::time::Instant;
 use tracing::{info, warn};
 
@@ -18,6 +18,7 @@ use super::handover::Handover;
 use super::lease::Lease;
 use super::meters::{QueueGauges, TaskMetrics};
 use super::policy::Order;
+use super::room::Room;
 use super::runner::Runner;
 use super::scheduler;
 use super::settings::ConsumerSettings;
@@ -140,7 +141,7 @@ where
         queue: QueueGauges::new(&name),
         interval: timing.interval,
         gate,
-        permits: Arc::new(Semaphore::new(settings.concurrency)),
+        room: Room::new(settings.concurrency),
         acks,
         reports,
         settings,

@@ -32,7 +32,7 @@ use deadpool_redis::redis::streams::{
 use deadpool_redis::redis::{self, FromRedisValue, Script, Value};
 
 pub(crate) use self::acks::{AckReply, ack};
-pub(crate) use self::reader::{Fetched, Reader, is_nogroup, kill, unblock};
+pub(crate) use self::reader::{Fetched, Reader, Unreadable, is_nogroup, kill, unblock};
 use crate::config::ServiceName;
 use crate::connection::SharedConnection;
 use crate::error::Result;
