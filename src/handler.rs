@@ -185,20 +185,37 @@ pub struct TaskContext {
     pub(crate) enqueued_at: SystemTime,
     pub(crate) assignment: Assignment,
     pub(crate) fencing_token: u64,
-    pub(crate) cancel: CancellationToken,
-    /// Whether the instance still holds the partition, from local state;
-    /// `None` outside a consumer (unit tests of a handler).
-    pub(crate) standing: Option<Arc<dyn Standing>>,
+    /// The task's cancellation and whether the instance still holds the
+    /// partition: one per partition, shared by its tasks (a clone per task
+    /// is one reference count, not a token of its own).
+    pub(crate) standing: Arc<dyn Standing>,
     /// Set by [`TaskContext::finished`].
     pub(crate) finished: Arc<AtomicBool>,
 }
 
-/// What [`TaskContext::still_owned`] asks besides the cancellation: the
+/// What [`TaskContext::still_owned`] asks: the task's cancellation, the
 /// instance's lease and whether Redis refused a write of the partition.
 /// Answered from memory, never from Redis.
 pub(crate) trait Standing: fmt::Debug + Send + Sync {
+    /// Fires when the task is being cancelled.
+    fn cancel(&self) -> &CancellationToken;
     /// The lease holds now and the partition was not fenced.
     fn holds(&self) -> bool;
+}
+
+/// A task outside a consumer (a unit test of a handler): cancelled only
+/// by its token, and always held otherwise.
+#[derive(Debug)]
+struct Alone(CancellationToken);
+
+impl Standing for Alone {
+    fn cancel(&self) -> &CancellationToken {
+        &self.0
+    }
+
+    fn holds(&self) -> bool {
+        true
+    }
 }
 
 impl TaskContext {
@@ -221,8 +238,7 @@ impl TaskContext {
                 replicas: 1,
             },
             fencing_token: 1,
-            cancel,
-            standing: None,
+            standing: Arc::new(Alone(cancel)),
             finished: Arc::default(),
         }
     }
@@ -305,12 +321,12 @@ impl TaskContext {
     /// Whether the task is being cancelled (drain timeout, lapsed lease or
     /// shutdown): finish or give up quickly.
     pub fn is_cancelled(&self) -> bool {
-        self.cancel.is_cancelled()
+        self.standing.cancel().is_cancelled()
     }
 
     /// Resolves when the task is being cancelled.
     pub fn cancelled(&self) -> WaitForCancellationFuture<'_> {
-        self.cancel.cancelled()
+        self.standing.cancel().cancelled()
     }
 
     /// Whether this instance may still act on the task: its lease holds,
@@ -344,7 +360,7 @@ impl TaskContext {
     /// # deliver("a@example.com", &cx).unwrap();
     /// ```
     pub fn still_owned(&self) -> bool {
-        !self.cancel.is_cancelled() && self.standing.as_ref().is_none_or(|s| s.holds())
+        !self.is_cancelled() && self.standing.holds()
     }
 
     /// Says that the task's effect is done, so the run counts as a success

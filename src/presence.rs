@@ -122,11 +122,20 @@ impl Presence {
 
     /// Redis confirmed an outcome now.
     pub(crate) fn count(&self, what: Count) {
+        self.count_many(what, 1);
+    }
+
+    /// Redis confirmed `n` outcomes now (one batch of acks: one lock, not
+    /// one per task).
+    pub(crate) fn count_many(&self, what: Count, n: u64) {
+        if n == 0 {
+            return;
+        }
         if what == Count::Ok {
-            self.handled.fetch_add(1, Ordering::Relaxed);
+            self.handled.fetch_add(n, Ordering::Relaxed);
         }
         let minute = self.now_ms() / 60_000;
-        self.tally().next.entry(minute).or_default()[what as usize] += 1;
+        self.tally().next.entry(minute).or_default()[what as usize] += n;
     }
 
     /// The counts to send now: the last flush again while it is not

@@ -6,12 +6,17 @@
 //! per task, and add no delay when the instance is idle. The script acks
 //! only while this instance is the partition's recorded owner (docs/design.md §4
 //! rule 8).
+//!
+//! Each ack's outcome goes back, with its id, on the channel its sender
+//! gave: one per batch of tasks (`super::run`), not one per task.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::{mpsc, oneshot};
+use futures_util::StreamExt;
+use futures_util::stream::FuturesUnordered;
+use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tracing::{Instrument, error, warn};
 
@@ -21,7 +26,9 @@ use crate::connection::SharedConnection;
 use crate::retry::Pauses;
 
 /// Most acks sent in one pipeline.
-const MAX_BATCH: usize = 1024;
+pub(crate) const MAX_BATCH: usize = 1024;
+/// Most pipelines of acks underway at once.
+pub(crate) const IN_FLIGHT: usize = 4;
 /// How often a failed ack batch is tried before its entries are left
 /// pending (the partition's owner then claims and re-runs them): with the
 /// pauses below, about 10 s, so a short outage of Redis costs no re-runs.
@@ -33,11 +40,45 @@ const PAUSES: Pauses = Pauses::new(Duration::from_millis(100), Duration::from_se
 #[derive(Debug)]
 pub(crate) struct Ack {
     /// The partition and token it ran under.
-    pub(crate) store: Arc<PartitionStore>,
+    store: Arc<PartitionStore>,
     /// Its stream entry id.
-    pub(crate) id: String,
-    /// Told once the ack has landed, was refused, or was given up.
-    pub(crate) done: oneshot::Sender<Acked>,
+    id: String,
+    /// Told the id and the outcome once the ack has landed, was refused,
+    /// or was given up; `None` once told.
+    reply: Option<Replies>,
+}
+
+/// Where the outcomes of acks go back: a stream entry id and how its ack
+/// ended.
+pub(crate) type Replies = mpsc::UnboundedSender<(String, Acked)>;
+
+impl Ack {
+    /// Entry `id` of the partition of `store` (with its token), whose
+    /// outcome goes to `reply`.
+    pub(crate) fn new(store: Arc<PartitionStore>, id: String, reply: Replies) -> Ack {
+        Ack {
+            store,
+            id,
+            reply: Some(reply),
+        }
+    }
+
+    /// Tells the sender how its ack ended.
+    fn tell(mut self, acked: Acked) {
+        if let Some(reply) = self.reply.take() {
+            let _ = reply.send((std::mem::take(&mut self.id), acked));
+        }
+    }
+}
+
+impl Drop for Ack {
+    /// An ack dropped before it was told (the acker stopped, a send to it
+    /// failed) was given up: its sender must not wait for it forever.
+    fn drop(&mut self) {
+        if let Some(reply) = self.reply.take() {
+            let _ = reply.send((std::mem::take(&mut self.id), Acked::GaveUp));
+        }
+    }
 }
 
 /// How an ack ended.
@@ -59,9 +100,20 @@ pub(crate) fn spawn(
     let (tx, mut rx) = mpsc::unbounded_channel::<Ack>();
     let task = tokio::spawn(
         async move {
-            let mut batch = Vec::with_capacity(MAX_BATCH);
-            while rx.recv_many(&mut batch, MAX_BATCH).await > 0 {
-                send(&name, &conn, &mut batch).await;
+            // Up to `IN_FLIGHT` batches underway at once, on the one
+            // multiplexed connection: while one round trip is underway
+            // (several ms under load, most of it waiting for its turn on
+            // the client's two cores), the next batch need not wait.
+            let mut underway = FuturesUnordered::new();
+            let mut open = true;
+            while open || !underway.is_empty() {
+                tokio::select! {
+                    batch = next_batch(&mut rx), if open && underway.len() < IN_FLIGHT => match batch {
+                        Some(batch) => underway.push(send(&name, &conn, batch)),
+                        None => open = false,
+                    },
+                    Some(()) = underway.next(), if !underway.is_empty() => {}
+                }
             }
         }
         .in_current_span(),
@@ -69,12 +121,19 @@ pub(crate) fn spawn(
     (tx, task)
 }
 
-/// Acks `batch` (emptying it) and tells each sender how it went.
-async fn send(name: &ServiceName, conn: &SharedConnection, batch: &mut Vec<Ack>) {
+/// The acks waiting now, at least one and at most `MAX_BATCH`; `None` once
+/// every sender is gone.
+async fn next_batch(rx: &mut mpsc::UnboundedReceiver<Ack>) -> Option<Vec<Ack>> {
+    let mut batch = Vec::new();
+    (rx.recv_many(&mut batch, MAX_BATCH).await > 0).then_some(batch)
+}
+
+/// Acks `batch` and tells each sender how it went.
+async fn send(name: &ServiceName, conn: &SharedConnection, batch: Vec<Ack>) {
     // One script per partition and token (a partition may be released and
     // acquired again, with a new token, while acks are underway).
     let mut groups: BTreeMap<(u32, u64), (Arc<PartitionStore>, Vec<Ack>)> = BTreeMap::new();
-    for ack in batch.drain(..) {
+    for ack in batch {
         let key = (ack.store.partition(), ack.store.token());
         groups
             .entry(key)
@@ -86,7 +145,7 @@ async fn send(name: &ServiceName, conn: &SharedConnection, batch: &mut Vec<Ack>)
     let outcomes = ack_groups(name, conn, &groups).await;
     for ((_, acks), outcome) in groups.into_iter().zip(outcomes) {
         for ack in acks {
-            let _ = ack.done.send(outcome);
+            ack.tell(outcome);
         }
     }
 }

@@ -28,8 +28,7 @@ use super::held::Held;
 use super::idle_reads::Delivery;
 use super::lease::Lease;
 use super::ownership::Ownership;
-use super::run::RunTask;
-use super::settle::Settle;
+use super::run::{Batch, Source};
 use super::shared::Shared;
 use super::store::{self, Fetched};
 use crate::assignment::Assignment;
@@ -277,25 +276,23 @@ impl Fetcher {
         true
     }
 
-    /// Waits until the instance has room for a task; how many entries to
-    /// read then (about as many as it has room for). `None`: stopped. No
-    /// permit is held during the read: a blocked read on an empty
-    /// partition must not starve busy ones.
+    /// Waits until the instance has room for a task, to run and to wait
+    /// for its ack; how many entries to read then (about as many as it has
+    /// room for). `None`: stopped. No room is held during the read: a
+    /// blocked read on an empty partition must not starve busy ones.
     async fn room(&self) -> Option<usize> {
-        let permits = &self.shared.permits;
-        drop(self.or_stop(permits.acquire()).await?);
+        let free = self.or_stop(self.shared.room.free()).await?;
         let batch = self.shared.settings.batch;
-        Some(
-            self.shared
-                .order
-                .read_count(permits.available_permits(), batch),
-        )
+        Some(self.shared.order.read_count(free, batch))
     }
 
-    /// Hands each fetched entry this worker does not hold yet to a task of
-    /// its own; false when stopped.
-    async fn dispatch(&self, fetched: Vec<Fetched>, at: &mut Position) -> bool {
-        let redelivered = at.pending_from.is_some();
+    /// Hands the fetched entries this worker does not hold yet to a task
+    /// that runs them; false when stopped.
+    async fn dispatch(&self, mut fetched: Vec<Fetched>, at: &mut Position) -> bool {
+        let source = match at.pending_from {
+            Some(_) => Source::Redelivered,
+            None => Source::New,
+        };
         let mut reread_ended = false;
         if let Some(from) = &mut at.pending_from {
             match fetched.last() {
@@ -306,26 +303,29 @@ impl Fetcher {
                 }
             }
         }
-        for entry in fetched {
-            // Not one this worker holds already, or finished during the
-            // re-read.
-            if !self.held.take(&entry.id) {
-                continue;
-            }
-            let run = self.spawn_task(entry, redelivered);
-            if !self.shared.order.one_at_a_time() {
-                continue;
-            }
-            // One at a time: the next read waits until this task is done;
-            // one left pending (no lease, a failed write) is read again
-            // before anything after it.
-            match self.or_stop(run).await {
-                None => return false,
-                Some(Ok(true)) => {}
-                Some(_) => {
-                    self.reread(at);
-                    break;
+        if self.shared.order.one_at_a_time() {
+            for entry in fetched {
+                // Not one this worker holds already, or finished during the
+                // re-read.
+                if !self.held.take(&entry.id) {
+                    continue;
                 }
+                // One at a time: the next read waits until this task is
+                // done; one left pending (no lease, a failed write) is read
+                // again before anything after it.
+                match self.or_stop(self.spawn_batch(vec![entry], source)).await {
+                    None => return false,
+                    Some(Ok(true)) => {}
+                    Some(_) => {
+                        self.reread(at);
+                        break;
+                    }
+                }
+            }
+        } else {
+            self.held.take_all(&mut fetched, |entry| &entry.id);
+            if !fetched.is_empty() {
+                self.spawn_batch(fetched, source);
             }
         }
         if reread_ended {
@@ -415,16 +415,17 @@ impl Fetcher {
             // One at a time: they run from this instance's pending list, in
             // order, not enqueued again at the end.
             if !order.one_at_a_time() {
-                for entry in claimed.entries {
-                    if self.held.take(&entry.id) {
-                        debug!(
-                            partition = self.partition,
-                            id = entry.id,
-                            "claimed a pending entry"
-                        );
-                        self.tracker
-                            .spawn(self.run_task().take_over(entry).in_current_span());
-                    }
+                let mut entries = claimed.entries;
+                self.held.take_all(&mut entries, |entry| &entry.id);
+                for entry in &entries {
+                    debug!(
+                        partition = self.partition,
+                        id = entry.id,
+                        "claimed a pending entry"
+                    );
+                }
+                if !entries.is_empty() {
+                    self.spawn_batch(entries, Source::Claimed);
                 }
             }
             if claimed.next == "0-0" {
@@ -434,26 +435,19 @@ impl Fetcher {
         }
     }
 
-    /// Runs `entry` in its own task, once the instance has room for it.
-    /// `redelivered`: read from this instance's pending list (it may have
-    /// run before, here or on a previous owner).
-    fn spawn_task(&self, entry: Fetched, redelivered: bool) -> JoinHandle<bool> {
-        let mut run = self.run_task();
-        run.redelivered = redelivered;
-        self.tracker.spawn(run.run(entry).in_current_span())
-    }
-
-    fn run_task(&self) -> RunTask {
-        RunTask {
+    /// Runs `entries` (taken by [`Held`]) in one task of the worker's
+    /// tracker, each once the instance has room for it; the task's result
+    /// says whether every entry is no longer pending.
+    fn spawn_batch(&self, entries: Vec<Fetched>, source: Source) -> JoinHandle<bool> {
+        let batch = Batch {
             shared: self.shared.clone(),
             partition: self.partition,
             assignment: *self.assignment.borrow(),
             lease: self.lease.clone(),
-            cancel: self.ownership.cancel.child_token(),
             ownership: self.ownership.clone(),
             held: self.held.clone(),
-            settle: Settle::new(self.shared.clone(), self.ownership.clone()),
-            redelivered: false,
-        }
+            source,
+        };
+        self.tracker.spawn(batch.run(entries).in_current_span())
     }
 }

@@ -8,14 +8,35 @@
 //! has finished meanwhile. The entries finished during a re-read are
 //! remembered until it ends, so such a stale reply never runs a task again.
 
-use std::collections::HashSet;
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use fnv::FnvHashSet;
+
+// FNV rather than SipHash: the ids are Redis stream ids of this worker's
+// own partition, a few thousand at most, and hashed twice per task.
 #[derive(Debug, Default)]
 struct Entries {
-    running: HashSet<String>,
+    running: FnvHashSet<String>,
     /// `Some` while a re-read of the pending list is underway.
-    finished: Option<HashSet<String>>,
+    finished: Option<FnvHashSet<String>>,
+}
+
+impl Entries {
+    fn take(&mut self, id: &str) -> bool {
+        if self.finished.as_ref().is_some_and(|f| f.contains(id)) {
+            return false;
+        }
+        self.running.insert(id.to_owned())
+    }
+
+    fn release(&mut self, id: &str, settled: bool) {
+        self.running.remove(id);
+        if let Some(finished) = &mut self.finished
+            && settled
+        {
+            finished.insert(id.to_owned());
+        }
+    }
 }
 
 /// The entries one worker holds; cheap to clone.
@@ -30,23 +51,29 @@ impl Held {
     /// Takes `id` to run it; false if it is running already, or finished
     /// during the re-read underway (a stale reply).
     pub(crate) fn take(&self, id: &str) -> bool {
+        self.lock().take(id)
+    }
+
+    /// Keeps of `items` (entries by their `id`) those it takes to run, as
+    /// [`take`](Self::take) would, under one lock.
+    pub(crate) fn take_all<T>(&self, items: &mut Vec<T>, id: impl Fn(&T) -> &str) {
         let mut entries = self.lock();
-        if entries.finished.as_ref().is_some_and(|f| f.contains(id)) {
-            return false;
-        }
-        entries.running.insert(id.to_owned())
+        items.retain(|item| entries.take(id(item)));
     }
 
     /// `id` is done here: `settled` if acked or moved, else left pending
     /// (a failed write, no lease). Only a settled one is remembered during a
     /// re-read: one left pending must be read and run again.
     pub(crate) fn release(&self, id: &str, settled: bool) {
+        self.lock().release(id, settled);
+    }
+
+    /// Each of `done` (an id, and whether it was settled) is done here, as
+    /// [`release`](Self::release) says, under one lock.
+    pub(crate) fn release_all<'a>(&self, done: impl IntoIterator<Item = (&'a str, bool)>) {
         let mut entries = self.lock();
-        entries.running.remove(id);
-        if let Some(finished) = &mut entries.finished
-            && settled
-        {
-            finished.insert(id.to_owned());
+        for (id, settled) in done {
+            entries.release(id, settled);
         }
     }
 
@@ -57,7 +84,7 @@ impl Held {
 
     /// A re-read of the pending list begins.
     pub(crate) fn begin_reread(&self) {
-        self.lock().finished.get_or_insert_with(HashSet::new);
+        self.lock().finished.get_or_insert_with(FnvHashSet::default);
     }
 
     /// The re-read ended: only new entries (`>`) are read from now on,
@@ -87,5 +114,21 @@ mod tests {
         held.release("2-0", true);
         assert!(held.take("2-0"), "outside a re-read nothing is remembered");
         assert_eq!(held.ids(), vec!["2-0".to_owned()]);
+    }
+
+    #[test]
+    fn a_batch_is_taken_and_released_as_one_at_a_time() {
+        let held = Held::default();
+        assert!(held.take("2-0"));
+        held.begin_reread();
+        assert!(held.take("3-0"));
+        held.release("3-0", true);
+        let mut ids = vec!["1-0", "2-0", "3-0", "4-0", "1-0"];
+        held.take_all(&mut ids, |id| id);
+        assert_eq!(ids, ["1-0", "4-0"], "not running, not finished, once");
+        held.release_all([("1-0", true), ("4-0", false), ("2-0", true)]);
+        let mut again = vec!["1-0", "2-0", "4-0"];
+        held.take_all(&mut again, |id| id);
+        assert_eq!(again, ["4-0"], "only the one left pending runs again");
     }
 }

@@ -34,13 +34,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use deadpool_redis::Pool;
-use tokio::sync::{Semaphore, mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot};
 use tokio_util::task::AbortOnDropHandle;
 use tracing::{Instrument, warn};
 
 use super::gate::Gate;
 use super::lease::Lease;
 use super::policy::Order;
+use super::room::Room;
 use super::store::{self, BlockingReads, Fetched, PartitionStore};
 use crate::connection::SharedConnection;
 use crate::retry::Pauses;
@@ -104,7 +105,7 @@ pub(crate) struct Setup {
     pub(crate) conn: Arc<SharedConnection>,
     pub(crate) lease: Lease,
     pub(crate) gate: Gate,
-    pub(crate) permits: Arc<Semaphore>,
+    pub(crate) room: Arc<Room>,
     pub(crate) order: Order,
     pub(crate) batch: usize,
     pub(crate) block: Duration,
@@ -198,7 +199,7 @@ impl IdleReader {
             let count = self
                 .setup
                 .order
-                .read_count(self.setup.permits.available_permits(), self.setup.batch);
+                .read_count(self.setup.room.available(), self.setup.batch);
             let (read, later) = self.read(reader, count, wait).await;
             match read {
                 Ok(delivered) => {
@@ -232,7 +233,7 @@ impl IdleReader {
     /// lease holds for longer than the margin.
     fn ready(&self) -> Option<Duration> {
         let s = &self.setup;
-        if self.members.is_empty() || !s.gate.is_open() || s.permits.available_permits() == 0 {
+        if self.members.is_empty() || !s.gate.is_open() || s.room.available() == 0 {
             return None;
         }
         let left = s.lease.left()?.checked_sub(READ_MARGIN)?;
@@ -245,7 +246,7 @@ impl IdleReader {
     async fn wait_for_change(&mut self) -> bool {
         let waiting = !self.members.is_empty();
         let (gate, lease) = (self.setup.gate.clone(), self.setup.lease.clone());
-        let permits = self.setup.permits.clone();
+        let room = self.setup.room.clone();
         let lease_ok = lease.left().is_some_and(|left| left > READ_MARGIN);
         tokio::select! {
             request = self.requests.recv() => match request {
@@ -258,10 +259,7 @@ impl IdleReader {
             _ = gate.opened(), if waiting && !gate.is_open() => true,
             _ = lease.held(), if waiting && !lease.valid() => true,
             _ = tokio::time::sleep(READ_MARGIN), if waiting && lease.valid() && !lease_ok => true,
-            permit = permits.acquire(), if waiting && permits.available_permits() == 0 => {
-                drop(permit);
-                true
-            }
+            _ = room.free(), if waiting && room.available() == 0 => true,
         }
     }
 

@@ -80,9 +80,9 @@ impl TaskMetrics {
         }
     }
 
-    /// A succeeded task's ack landed.
-    pub(crate) fn acked(&self) {
-        self.presence.count(Count::Ok);
+    /// `n` succeeded tasks' acks landed.
+    pub(crate) fn acked(&self, n: usize) {
+        self.presence.count_many(Count::Ok, n as u64);
     }
 
     /// A failed task was enqueued for another attempt (or, ordered, will

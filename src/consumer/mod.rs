@@ -22,7 +22,7 @@
 //! | `builder` | the public builder: settings, the handler service, its layers |
 //! | `settings` | the consumer's settings: defaults, ranges, what `{N}:meta` records |
 //! | `runner` | the handler, its layers and the codec, erased into one `Runner` |
-//! | `shared` | what an instance's parts share (connection, runner, permits, channels) |
+//! | `shared` | what an instance's parts share (connection, runner, room, channels) |
 //! | `startup` | what happens in Redis before serving, retried until Redis is there |
 //! | `runtime` | the run loop: start the parts, follow the standing, leave |
 //! | `handover` | the drain-then-switch driver: carries out the transition machine's effects |
@@ -31,7 +31,8 @@
 //! | `ownership` | a partition as a worker owns it: its store, stop and cancel tokens, fences |
 //! | `fetch` | step 1: acquire, claim, read, hand each entry to a task |
 //! | `idle_reads` | the one blocking read of the partitions read out |
-//! | `run` | step 2: wait for room, the pause gate and the lease, decode, call the handler |
+//! | `run` | step 2: a read's entries in one task: wait for room, the pause gate and the lease, decode, call the handler, collect the acks |
+//! | `room` | room for tasks: running handlers (`concurrency`), and finished ones waiting for their acks |
 //! | `gate` | the pause gate: no handler starts while `{N}:paused` exists |
 //! | `settle` | step 3: ack, retry, hand back, take over, dead-letter (fenced) |
 //! | `policy` | how ordered and concurrent partitions differ, asked by the steps |
@@ -61,6 +62,7 @@ mod lease;
 mod meters;
 mod ownership;
 mod policy;
+mod room;
 mod run;
 mod runner;
 mod runtime;

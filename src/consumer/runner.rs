@@ -37,22 +37,16 @@ where
 pub(crate) trait Payload: DeserializeOwned + Send + 'static {}
 impl<T: DeserializeOwned + Send + 'static> Payload for T {}
 
-/// One decoded task, ready to be called with its context.
-pub(crate) struct Call(Box<dyn FnOnce(TaskContext) -> BoxFuture<'static, HandlerResult> + Send>);
+/// One task's call of the handler service, decoded and with its context:
+/// one boxed future, polled to run it.
+pub(crate) type Call = BoxFuture<'static, HandlerResult>;
 
 /// What the handler service returned.
 pub(crate) type HandlerResult = Result<(), BoxError>;
 
-impl Call {
-    /// Calls the handler service (once it is ready) with the task.
-    pub(crate) fn call(self, cx: TaskContext) -> BoxFuture<'static, HandlerResult> {
-        (self.0)(cx)
-    }
-}
-
 /// Decodes an entry's payload and prepares the call of the handler.
 trait Prepare: Send + Sync {
-    fn prepare(&self, entry: &Entry) -> Result<Call, Unrunnable>;
+    fn prepare(&self, entry: &Entry, cx: TaskContext) -> Result<Call, Unrunnable>;
 }
 
 /// The handler service `S` of tasks `T` encoded with `C`.
@@ -63,17 +57,16 @@ struct Typed<T, S, C> {
 }
 
 impl<T: Payload, S: TaskService<T>, C: Codec> Prepare for Typed<T, S, C> {
-    fn prepare(&self, entry: &Entry) -> Result<Call, Unrunnable> {
+    fn prepare(&self, entry: &Entry, cx: TaskContext) -> Result<Call, Unrunnable> {
         let payload: T = entry.decode(&self.codec)?;
         // A clone per task, as tower's services expect (`ConcurrencyLimit`
         // takes its permit in `poll_ready` and gives it back on drop).
         let mut service = self.service.clone();
-        Ok(Call(Box::new(move |cx| {
-            Box::pin(async move {
-                let service = service.ready().await.map_err(Into::into)?;
-                service.call(Task { payload, cx }).await.map_err(Into::into)
-            })
-        })))
+        // One allocation per task: the call's future, boxed once.
+        Ok(Box::pin(async move {
+            let service = service.ready().await.map_err(Into::into)?;
+            service.call(Task { payload, cx }).await.map_err(Into::into)
+        }))
     }
 }
 
@@ -112,8 +105,9 @@ impl Runner {
     }
 
     /// Decodes `entry`'s payload into the task and prepares the handler's
-    /// call; the error says why it cannot run (the dead letters' reason).
-    pub(crate) fn prepare(&self, entry: &Entry) -> Result<Call, Unrunnable> {
-        self.prepare.prepare(entry)
+    /// call with `cx`; the error says why it cannot run (the dead letters'
+    /// reason). Nothing runs until the call is polled.
+    pub(crate) fn prepare(&self, entry: &Entry, cx: TaskContext) -> Result<Call, Unrunnable> {
+        self.prepare.prepare(entry, cx)
     }
 }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use deadpool_redis::Pool;
-use tokio::sync::{Semaphore, broadcast, mpsc, watch};
+use tokio::sync::{broadcast, mpsc, watch};
 use tokio::time::Instant;
 use tracing::{info, warn};
 
@@ -20,6 +20,7 @@ use super::idle_reads::{self, IdleReads};
 use super::lease::Lease;
 use super::meters::{QueueGauges, TaskMetrics};
 use super::policy::Order;
+use super::room::Room;
 use super::runner::Runner;
 use super::scheduler;
 use super::settings::ConsumerSettings;
@@ -133,14 +134,14 @@ where
     );
     let (reports, reported) = mpsc::unbounded_channel();
     let lease = Lease::new(clock.clone());
-    let permits = Arc::new(Semaphore::new(settings.concurrency));
+    let room = Arc::new(Room::new(settings.concurrency));
     let order = Order::of(settings.ordered);
     let (idle, idle_reader) = IdleReads::spawn(idle_reads::Setup {
         pool: conn.pool().clone(),
         conn: conn.clone(),
         lease: lease.clone(),
         gate: gate.clone(),
-        permits: permits.clone(),
+        room: room.clone(),
         order,
         batch: settings.batch,
         block: settings.block,
@@ -160,7 +161,7 @@ where
         due,
         interval: timing.interval,
         gate,
-        permits,
+        room,
         acks,
         reports,
         settings,

@@ -6,14 +6,11 @@
 //! newer owner, Redis refuses it, the entry stays pending for that owner,
 //! and this worker drops the partition's work.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use tokio::sync::oneshot;
 use tracing::{error, warn};
 
-use super::acker::{Ack, Acked};
+use super::acker::{Ack, Replies};
 use super::ownership::Ownership;
 use super::shared::Shared;
 use super::store::{Fields, Moved, To};
@@ -21,55 +18,47 @@ use crate::dead_letters::added;
 use crate::handler::Disposition;
 use crate::task::Entry;
 
-/// Settles one entry of one partition, and remembers whether it did.
-pub(crate) struct Settle {
-    pub(crate) shared: Arc<Shared>,
-    pub(crate) ownership: Arc<Ownership>,
-    /// Whether the entry is no longer pending: acked, or moved (retried,
-    /// dead-lettered, handed back).
-    settled: AtomicBool,
+/// Settles the entries of one partition, as one worker owns it. Each
+/// write says whether the entry is no longer pending (acked, or moved:
+/// retried, dead-lettered, handed back); `false` leaves it pending.
+#[derive(Clone, Copy)]
+pub(crate) struct Settle<'a> {
+    pub(crate) shared: &'a Shared,
+    pub(crate) ownership: &'a Ownership,
 }
 
-impl Settle {
-    /// Settles entries of the partition `ownership` holds.
-    pub(crate) fn new(shared: Arc<Shared>, ownership: Arc<Ownership>) -> Settle {
-        Settle {
-            shared,
-            ownership,
-            settled: AtomicBool::new(false),
-        }
-    }
+/// How a fenced write left its entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Written {
+    /// Moved now.
+    Now,
+    /// Not pending any more: an earlier write landed, its reply lost.
+    Before,
+    /// Still pending (refused, or Redis failed).
+    Not,
+}
 
-    /// Whether the entry is no longer pending.
-    pub(crate) fn is_settled(&self) -> bool {
-        self.settled.load(Ordering::SeqCst)
-    }
-
+impl Settle<'_> {
     fn partition(&self) -> u32 {
         self.ownership.store.partition()
     }
 
-    /// Acks entry `id` (its task succeeded), in the acker's next batch;
-    /// [`confirm`](Self::confirm) waits for it.
-    pub(crate) fn ack(&self, id: String) -> oneshot::Receiver<Acked> {
-        let (done, acked) = oneshot::channel();
-        let _ = self.shared.acks.send(Ack {
-            store: self.ownership.store.clone(),
-            id,
-            done,
-        });
-        acked
+    /// Acks entry `id` (its task succeeded) in the acker's next batch; the
+    /// outcome comes back on `reply`, and goes to
+    /// [`acks_ended`](Self::acks_ended).
+    pub(crate) fn ack(&self, id: String, reply: &Replies) {
+        let ack = Ack::new(self.ownership.store.clone(), id, reply.clone());
+        // Refused only once the acker has stopped: the ack, dropped, tells
+        // `reply` it was given up.
+        let _ = self.shared.acks.send(ack);
     }
 
-    /// Waits until the ack has landed, was refused or was given up.
-    pub(crate) async fn confirm(&self, acked: oneshot::Receiver<Acked>) {
-        match acked.await {
-            Ok(Acked::Yes) => {
-                self.settled.store(true, Ordering::SeqCst);
-                self.shared.metrics.acked();
-            }
-            Ok(Acked::Fenced) => self.ownership.fenced("acking"),
-            _ => {}
+    /// Acks ended so: `acked` landed, and if `fenced`, Redis refused one
+    /// (the partition has a newer owner).
+    pub(crate) fn acks_ended(&self, acked: usize, fenced: bool) {
+        self.shared.metrics.acked(acked);
+        if fenced {
+            self.ownership.fenced("acking");
         }
     }
 
@@ -108,12 +97,14 @@ impl Settle {
         entry: &Entry,
         error: &str,
         disposition: Disposition,
-    ) {
+    ) -> bool {
         match self.next_attempt(entry, error, disposition) {
             Ok(delay) => {
-                if self.retry(id, entry, error, delay).await {
+                let written = self.write_retry(id, entry, error, delay).await;
+                if written == Written::Now {
                     self.shared.metrics.retried();
                 }
+                written != Written::Not
             }
             Err(reason) => self.dead_letter(id, entry.fields(), reason, error).await,
         }
@@ -121,8 +112,12 @@ impl Settle {
 
     /// Acks entry `id` and enqueues the task again with `attempt + 1`
     /// after `delay` (in the partition's delayed set until due), in one
-    /// fenced script; true if Redis did so now.
+    /// fenced script.
     pub(crate) async fn retry(&self, id: &str, entry: &Entry, why: &str, delay: Duration) -> bool {
+        self.write_retry(id, entry, why, delay).await != Written::Not
+    }
+
+    async fn write_retry(&self, id: &str, entry: &Entry, why: &str, delay: Duration) -> Written {
         warn!(why, retry_in = ?delay, "task enqueued again");
         let next = Entry {
             attempt: entry.attempt + 1,
@@ -139,7 +134,7 @@ impl Settle {
     /// have run there, so it is enqueued again with `attempt + 1`
     /// (docs/design.md §5.3: a task that may run twice says so in its
     /// attempt number) and runs when fetched.
-    pub(crate) async fn take_over(&self, id: &str, entry: &Entry) {
+    pub(crate) async fn take_over(&self, id: &str, entry: &Entry) -> bool {
         let next = Entry {
             attempt: entry.attempt + 1,
             ..entry.clone()
@@ -149,19 +144,23 @@ impl Settle {
             .store
             .move_entry(To::Stream, id, &next.fields())
             .await;
-        self.moved(moved, "taking over a claimed entry");
+        self.moved(moved, "taking over a claimed entry") != Written::Not
     }
 
     /// Enqueues a fetched but never started entry again as it is, and acks
     /// this copy, so the partition's next owner runs it.
-    pub(crate) async fn hand_back<K: Into<String>>(&self, id: &str, fields: Vec<(K, Vec<u8>)>) {
+    pub(crate) async fn hand_back<K: Into<String>>(
+        &self,
+        id: &str,
+        fields: Vec<(K, Vec<u8>)>,
+    ) -> bool {
         let fields: Fields = fields.into_iter().map(|(k, v)| (k.into(), v)).collect();
         let moved = self
             .ownership
             .store
             .move_entry(To::Stream, id, &fields)
             .await;
-        self.moved(moved, "handing back an unstarted task");
+        self.moved(moved, "handing back an unstarted task") != Written::Not
     }
 
     /// Moves the entry (`fields`) to the partition's dead letters with the
@@ -172,7 +171,7 @@ impl Settle {
         fields: Vec<(K, Vec<u8>)>,
         reason: &str,
         error: &str,
-    ) {
+    ) -> bool {
         error!(
             partition = self.partition(),
             stream_id = id,
@@ -194,24 +193,22 @@ impl Settle {
             .store
             .move_entry(To::DeadLetters, id, &fields)
             .await;
-        if self.moved(moved, "moving to the dead letters") {
+        let written = self.moved(moved, "moving to the dead letters");
+        if written == Written::Now {
             // After a failed attempt (the last, or a permanent error), not
             // an entry that could not run.
             let failed = matches!(reason, "failed" | "permanent");
             self.shared.metrics.dead(failed);
         }
+        written != Written::Not
     }
 
-    /// What a fenced write's result means for this worker; true if it
-    /// moved the entry now. On an error the entry stays pending, and the
-    /// partition's owner claims it.
-    fn moved(&self, moved: crate::Result<Moved>, what: &str) -> bool {
+    /// What a fenced write's result means for this worker. On an error
+    /// the entry stays pending, and the partition's owner claims it.
+    fn moved(&self, moved: crate::Result<Moved>, what: &str) -> Written {
         match moved {
-            Ok(Moved::Yes) => {
-                self.settled.store(true, Ordering::SeqCst);
-                return true;
-            }
-            Ok(Moved::NotPending) => self.settled.store(true, Ordering::SeqCst),
+            Ok(Moved::Yes) => return Written::Now,
+            Ok(Moved::NotPending) => return Written::Before,
             Ok(Moved::Fenced) => self.ownership.fenced(what),
             Err(e) => error!(
                 partition = self.partition(),
@@ -220,6 +217,6 @@ impl Settle {
                 "failed; the entry stays pending and will be claimed"
             ),
         }
-        false
+        Written::Not
     }
 }

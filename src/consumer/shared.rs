@@ -1,11 +1,12 @@
 //! What the parts of one running instance share: its name and id, its
-//! connection, the erased handler, the room for tasks in flight, the
-//! channels to the acker and the runtime, and the settings.
+//! connection, the erased handler, the room for tasks (running and
+//! waiting for their acks), the channels to the acker and the runtime, and
+//! the settings.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::{Semaphore, mpsc};
+use tokio::sync::mpsc;
 
 use super::acker::Ack;
 use super::due_watch::DueWatch;
@@ -14,6 +15,7 @@ use super::idle_reads::IdleReads;
 use super::meters::{QueueGauges, TaskMetrics};
 use super::ownership::Report;
 use super::policy::Order;
+use super::room::Room;
 use super::runner::Runner;
 use super::settings::ConsumerSettings;
 use crate::config::ServiceName;
@@ -35,8 +37,9 @@ pub(crate) struct Shared {
     pub(crate) runner: Runner,
     /// Closed while the service is paused: no handler starts.
     pub(crate) gate: Gate,
-    /// Tasks in flight on this instance.
-    pub(crate) permits: Arc<Semaphore>,
+    /// Room for tasks: running handlers, and finished tasks waiting for
+    /// their acks.
+    pub(crate) room: Arc<Room>,
     pub(crate) acks: mpsc::UnboundedSender<Ack>,
     /// Where workers tell the runtime they were fenced.
     pub(crate) reports: mpsc::UnboundedSender<Report>,

@@ -33,7 +33,7 @@ use deadpool_redis::redis::streams::{StreamAutoClaimReply, StreamPendingCountRep
 use deadpool_redis::redis::{self, FromRedisValue, Script, Value};
 
 pub(crate) use self::acks::{AckReply, ack};
-pub(crate) use self::reader::{BlockingReads, Fetched, is_nogroup, unblock};
+pub(crate) use self::reader::{BlockingReads, Fetched, Unreadable, is_nogroup, unblock};
 pub(crate) use self::sizes::{Group, Sizes};
 use crate::config::ServiceName;
 use crate::connection::SharedConnection;

@@ -1,0 +1,378 @@
+//! One entry of a [`Batch`]: once it has room, the pause gate is open and
+//! the lease holds, it is decoded and runs through the handler (a panic is
+//! a failed attempt, a cancellation gets a short grace and is then
+//! dropped).
+//!
+//! Every entry of a batch is one future inside the batch's task, so its
+//! size is copied and allocated per entry: the common path (a handler that
+//! succeeds) is kept inline, and every rarer await (settling a failure, a
+//! dead letter, a hand-back, the cancellation's grace, Redis's attempt
+//! records) is boxed where it is awaited, so that its state costs only the
+//! entries that need it.
+
+use std::any::Any;
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, UNIX_EPOCH};
+
+use futures_util::FutureExt;
+use tokio::sync::SemaphorePermit;
+use tracing::{Instrument, Span, info_span, warn};
+
+use super::{Batch, Ran, Source};
+use crate::consumer::meters::Ended;
+use crate::consumer::policy::Unfinished;
+use crate::consumer::runner::Call;
+use crate::consumer::store::{Fetched, Unreadable};
+use crate::handler::{BoxError, Disposition, Standing, TaskContext, disposition_of};
+use crate::task::Entry;
+
+/// How long a cancelled handler may take to notice its cancellation signal
+/// and return before it is aborted. Kept within the 50 ms that
+/// docs/design.md §4 allows for cancellation latency.
+const CANCEL_GRACE: Duration = Duration::from_millis(20);
+
+/// How a handler run ended.
+enum Outcome {
+    Succeeded,
+    Failed(String, Disposition),
+    /// Its cancellation fired before it returned (and it did not say it
+    /// finished): runs again, whatever it returned.
+    Cancelled,
+}
+
+/// How an entry's execution ended.
+enum Executed {
+    /// The handler succeeded: the entry is to be acked.
+    Succeeded,
+    /// Settled here (true), or left pending (false).
+    Done(bool),
+}
+
+impl Batch {
+    /// Runs `fetched` to its outcome, short of the ack, with the running
+    /// `permit` it was given; without one it did not start (the partition
+    /// was released first) and is handed back, or it is a claimed entry,
+    /// taken over.
+    pub(super) async fn entry(
+        &self,
+        fetched: Fetched,
+        permit: Option<SemaphorePermit<'_>>,
+        standing: &Arc<dyn Standing>,
+    ) -> Ran {
+        let Fetched { id, entry } = fetched;
+        let Some(permit) = permit else {
+            let settled = match &entry {
+                Ok(claimed) if self.source == Source::Claimed => {
+                    Box::pin(self.settle().take_over(&id, claimed)).await
+                }
+                _ => Box::pin(self.unstarted(&id, entry)).await,
+            };
+            return Ran::Done(id, settled);
+        };
+        match self.execute(&id, entry, standing).await {
+            Executed::Succeeded => {
+                // The ack's slot before the handler's permit: while acks do
+                // not land, handlers' permits are held, and so are reads.
+                self.shared.room.ack_slot().await;
+                drop(permit);
+                Ran::Succeeded(id)
+            }
+            Executed::Done(settled) => Ran::Done(id, settled),
+        }
+    }
+
+    /// A running permit, if the instance has one free, the partition is
+    /// not released, the pause gate is open and the lease holds, all now.
+    pub(super) fn ready_at_once(&self) -> Option<SemaphorePermit<'_>> {
+        let permit = self.shared.room.try_run()?;
+        let ready =
+            !self.ownership.stop.is_cancelled() && self.shared.gate.is_open() && self.lease.valid();
+        ready.then_some(permit)
+    }
+
+    /// Waits for room, for the pause gate (holding the room, so a paused
+    /// instance reads no more than it has room for) and for the lease
+    /// (rule 6: nothing fetched runs without one); `None` when the
+    /// partition is released first: a task that has not started then is
+    /// handed back instead of making the drain wait for it.
+    pub(super) async fn ready(&self) -> Option<SemaphorePermit<'_>> {
+        let stop = &self.ownership.stop;
+        let permit = tokio::select! {
+            biased;
+            _ = stop.cancelled() => return None,
+            permit = self.shared.room.run() => permit,
+        };
+        let gate = &self.shared.gate;
+        // Both at once: a pause that lands while the lease is awaited, or
+        // a lease that lapses while paused, sends the task back to wait.
+        while !(gate.is_open() && self.lease.valid()) {
+            tokio::select! {
+                biased;
+                _ = stop.cancelled() => return None,
+                _ = gate.opened(), if !gate.is_open() => {}
+                _ = self.lease.held(), if gate.is_open() => {}
+            }
+        }
+        Some(permit)
+    }
+
+    /// A fetched entry that did not start: handed back, or left pending in
+    /// place (ordered); true if it is no longer pending.
+    async fn unstarted(&self, id: &str, entry: Result<Entry, Unreadable>) -> bool {
+        if self.shared.order.unfinished() == Unfinished::LeavePending {
+            return false;
+        }
+        match entry {
+            Ok(entry) => self.settle().hand_back(id, entry.fields()).await,
+            Err(unreadable) => self.settle().hand_back(id, unreadable.fields).await,
+        }
+    }
+
+    /// Runs the entry, which holds a running permit and was checked
+    /// against the lease just now (rule 6, as late as possible).
+    async fn execute(
+        &self,
+        id: &str,
+        entry: Result<Entry, Unreadable>,
+        standing: &Arc<dyn Standing>,
+    ) -> Executed {
+        let settle = self.settle();
+        // Dead-lettered as it was: too large (never decoded) or malformed.
+        let mut entry = match entry {
+            Ok(entry) => entry,
+            Err(unreadable) => {
+                let why = unreadable.why;
+                let (reason, error) = (why.reason(), why.to_string());
+                let dead = settle.dead_letter(id, unreadable.fields, reason, &error);
+                return Executed::Done(Box::pin(dead).await);
+            }
+        };
+        let order = self.shared.order;
+        // The attempt Redis has counted for the entry (a new read counts 1).
+        let mut counted = 1;
+        if order.attempts_in_redis() && self.source == Source::Redelivered {
+            // Unknown, it could be higher than the entry says: left pending
+            // and read again (which counts one more) rather than run with
+            // an attempt that goes back. 0: not pending any more, it
+            // finished meanwhile.
+            match Box::pin(self.deliveries(id)).await {
+                None | Some(0) => return Executed::Done(false),
+                Some(deliveries) => counted = deliveries,
+            }
+            entry.attempt = entry.attempt.max(counted);
+        }
+        loop {
+            let finished = Arc::new(AtomicBool::new(false));
+            let cx = TaskContext {
+                task_id: entry.id.clone(),
+                attempt: entry.attempt,
+                partition: self.partition,
+                enqueued_at: UNIX_EPOCH + entry.enqueued_at,
+                assignment: self.assignment,
+                fencing_token: self.ownership.store.token(),
+                standing: standing.clone(),
+                finished: finished.clone(),
+            };
+            let call = match self.shared.runner.prepare(&entry, cx) {
+                Ok(call) => call,
+                Err(e) => {
+                    let (reason, error) = (e.reason(), e.to_string());
+                    let dead = settle.dead_letter(id, entry.fields(), reason, &error);
+                    return Executed::Done(Box::pin(dead).await);
+                }
+            };
+            let span = info_span!(
+                "task",
+                task_id = %entry.id,
+                partition = self.partition,
+                attempt = entry.attempt,
+                epoch = self.assignment.epoch,
+                token = self.ownership.store.token()
+            );
+            if order.attempts_in_redis() && entry.attempt > counted {
+                if !Box::pin(self.record_attempt(id, entry.attempt)).await {
+                    return Executed::Done(false);
+                }
+                counted = entry.attempt;
+            }
+            let outcome = self
+                .call(&entry, call, &finished, standing, span.clone())
+                .await;
+            let (error, disposition) = match outcome {
+                Outcome::Succeeded => return Executed::Succeeded,
+                Outcome::Failed(error, disposition) => (error, disposition),
+                Outcome::Cancelled => {
+                    // Left pending (ordered: it runs first on the next
+                    // owner), or enqueued again at once, to run on the
+                    // partition's next owner.
+                    if order.unfinished() == Unfinished::LeavePending {
+                        return Executed::Done(false);
+                    }
+                    let why = "cancelled at the drain timeout";
+                    let retry = settle.retry(id, &entry, why, Duration::ZERO);
+                    return Executed::Done(Box::pin(retry.instrument(span)).await);
+                }
+            };
+            if !order.retries_in_place() {
+                let failed = settle.failed(id, &entry, &error, disposition);
+                return Executed::Done(Box::pin(failed.instrument(span)).await);
+            }
+            // Retried in place after its backoff, blocking the partition,
+            // so tasks with one key keep their order.
+            let delay = match settle.next_attempt(&entry, &error, disposition) {
+                Ok(delay) => delay,
+                Err(reason) => {
+                    let dead = settle.dead_letter(id, entry.fields(), reason, &error);
+                    return Executed::Done(Box::pin(dead.instrument(span)).await);
+                }
+            };
+            warn!(parent: &span, error, retry_in = ?delay, "task failed; retried in place");
+            self.shared.metrics.retried();
+            if !Box::pin(self.wait_in_place(delay)).await {
+                return Executed::Done(false);
+            }
+            entry.attempt += 1;
+        }
+    }
+
+    /// Waits out an in-place retry's backoff, and the pause gate; false
+    /// when the entry must be left pending instead: the partition was
+    /// released (the next owner runs it first), the task cancelled, or the
+    /// lease lapsed meanwhile (rule 6 again).
+    async fn wait_in_place(&self, delay: Duration) -> bool {
+        let (stop, cancel) = (&self.ownership.stop, &self.ownership.cancel);
+        tokio::select! {
+            _ = tokio::time::sleep(delay) => {}
+            _ = stop.cancelled() => return false,
+            _ = cancel.cancelled() => return false,
+        }
+        // Paused meanwhile: the next attempt waits, in place.
+        tokio::select! {
+            _ = self.shared.gate.opened() => {}
+            _ = stop.cancelled() => return false,
+            _ = cancel.cancelled() => return false,
+        }
+        self.lease.valid()
+    }
+
+    /// The entry's attempt record in Redis: its delivery count. The first
+    /// read counts 1; each attempt after the first is recorded as it
+    /// starts ([`record_attempt`](Self::record_attempt)); every later
+    /// delivery (a re-read of the pending list, here or on the next owner
+    /// after a crash, a cancellation, a lost ack or a handover) counts one
+    /// more, the attempt that may have run. Claims leave the count alone.
+    /// 0 when the entry is not pending any more; `None` when Redis does not
+    /// say.
+    async fn deliveries(&self, id: &str) -> Option<u32> {
+        match self.ownership.store.deliveries(id).await {
+            Ok(count) => Some(count),
+            Err(e) => {
+                warn!(partition = self.partition, cause = %e, "cannot read the delivery count");
+                None
+            }
+        }
+    }
+
+    /// Records in Redis that `attempt` of the entry starts now, so the
+    /// partition's next owner continues the count. False when the task
+    /// must not run now: the partition has a newer owner, the entry is not
+    /// pending any more, or Redis did not answer (the entry stays pending
+    /// and is read again, which counts one more, rather than run with an
+    /// attempt Redis does not know).
+    async fn record_attempt(&self, id: &str, attempt: u32) -> bool {
+        match self.ownership.store.record_attempt(id, attempt).await {
+            Ok(Some(pending)) => pending,
+            Ok(None) => {
+                self.ownership.fenced("recording the attempt");
+                false
+            }
+            Err(e) => {
+                warn!(partition = self.partition, attempt, cause = %e, "cannot record the attempt");
+                false
+            }
+        }
+    }
+
+    /// Calls the handler service, with its metrics.
+    async fn call(
+        &self,
+        entry: &Entry,
+        call: Call,
+        finished: &AtomicBool,
+        standing: &Arc<dyn Standing>,
+        span: Span,
+    ) -> Outcome {
+        let metrics = &self.shared.metrics;
+        let running = metrics.start(UNIX_EPOCH + entry.enqueued_at);
+        let outcome = call_handler(call, finished, &**standing, span).await;
+        drop(running);
+        metrics.ended(match outcome {
+            Outcome::Succeeded => Ended::Ok,
+            Outcome::Failed(..) => Ended::Failed,
+            Outcome::Cancelled => Ended::Cancelled,
+        });
+        outcome
+    }
+}
+
+/// Calls the handler service (a panic is a failed attempt), cancelling it
+/// when `standing`'s cancellation fires; `finished` is the flag its
+/// context sets with [`TaskContext::finished`].
+async fn call_handler(
+    call: Call,
+    finished: &AtomicBool,
+    standing: &dyn Standing,
+    span: Span,
+) -> Outcome {
+    let cancel = standing.cancel();
+    // Run inline, a panic caught as a failed attempt; dropping the future
+    // is the cancellation (it stops at its next `.await`).
+    let handler = AssertUnwindSafe(call.instrument(span)).catch_unwind();
+    tokio::pin!(handler);
+    let result = tokio::select! {
+        biased;
+        result = &mut handler => result,
+        _ = cancel.cancelled() => {
+            // The handler saw the signal (its context shares it): give it
+            // a moment to return, then abort it.
+            match Box::pin(tokio::time::timeout(CANCEL_GRACE, &mut handler)).await {
+                Ok(result) => result,
+                // Dropped: done only if it said so before.
+                Err(_) if finished.load(Ordering::SeqCst) => return Outcome::Succeeded,
+                Err(_) => return Outcome::Cancelled,
+            }
+        }
+    };
+    // The instance may no longer act on the partition although the
+    // cancellation has not fired yet (a lease that lapsed before the
+    // driver woke, a drain deadline before its timer): a handler that saw
+    // `still_owned()` false and gave up did not fail.
+    if !cancel.is_cancelled() && standing.holds() {
+        return outcome(result);
+    }
+    // Its cancellation fired before it returned: it runs again with
+    // `attempt + 1` (never dead-lettered for it), whatever it returned,
+    // unless the handler said its effect was done. A handler that gives up
+    // on the signal may well return `Ok(())`. (The attempt number still
+    // counts cancelled runs, so a task cancelled at many drains has fewer
+    // real attempts left.)
+    match outcome(result) {
+        Outcome::Succeeded if finished.load(Ordering::SeqCst) => Outcome::Succeeded,
+        _ => Outcome::Cancelled,
+    }
+}
+
+/// How a handler run's result reads.
+fn outcome(result: Result<Result<(), BoxError>, Box<dyn Any + Send>>) -> Outcome {
+    match result {
+        Ok(Ok(())) => Outcome::Succeeded,
+        Ok(Err(e)) => Outcome::Failed(e.to_string(), disposition_of(&e)),
+        Err(panic) => {
+            let message = crate::error::panic_message(&*panic);
+            let error = format!("handler panicked: {message}");
+            Outcome::Failed(error, Disposition::Backoff)
+        }
+    }
+}

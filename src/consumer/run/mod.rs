@@ -1,0 +1,237 @@
+//! The middle step of a task's path, fetch → run → settle: the entries of
+//! one read (or one claim) of a partition run in one spawned task, a
+//! [`Batch`]. Each entry waits for room and for the lease, is decoded, and
+//! runs through the handler ([`entry`]); its outcome goes to
+//! [`super::settle`]. What differs for ordered partitions is asked of
+//! [`super::policy`].
+//!
+//! Why a task per batch rather than per entry: a spawned task costs an
+//! aligned allocation of the whole future, a copy of it, and the runtime's
+//! bookkeeping, about a fifth of the consumer's CPU when a task was spawned
+//! per entry (and an ack's oneshot channel per entry besides). The handler
+//! calls of a batch still run concurrently (each is a future of its own,
+//! polled as it wakes), so a handler that awaits I/O never holds up the
+//! others; they share one worker thread at a time, as the tasks of one
+//! partition.
+//!
+//! The batch stays in the worker's tracker until every ack it sent has
+//! been told back (landed, refused or given up): a release waits for the
+//! tracker, so a drain's acks land before its mark (docs/design.md §4
+//! rule 1).
+
+mod entry;
+
+use std::collections::VecDeque;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use futures_util::StreamExt;
+use futures_util::stream::FuturesUnordered;
+use tokio::sync::{SemaphorePermit, mpsc};
+
+use super::acker::Acked;
+use super::held::Held;
+use super::lease::Lease;
+use super::ownership::Ownership;
+use super::room::Room;
+use super::settle::Settle;
+use super::shared::Shared;
+use super::store::Fetched;
+use crate::assignment::Assignment;
+use crate::handler::Standing;
+
+/// Where a batch's entries come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Source {
+    /// New entries (`>`).
+    New,
+    /// This instance's own pending list: with attempts kept in Redis, the
+    /// attempt number comes from the delivery count too.
+    Redelivered,
+    /// Another consumer's pending list (a crashed or fenced instance, a
+    /// lost ack): they may have run there, so they are taken over.
+    Claimed,
+}
+
+/// The entries of one read or claim of one partition, and what running
+/// them needs.
+pub(crate) struct Batch {
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) partition: u32,
+    /// The assignment in force when the entries were fetched.
+    pub(crate) assignment: Assignment,
+    pub(crate) lease: Lease,
+    /// The partition as this worker owns it. Its `stop` is the partition's
+    /// release: an entry not started by then is handed back. Its `cancel`
+    /// fires at the drain timeout, a lapsed lease or a fence.
+    pub(crate) ownership: Arc<Ownership>,
+    pub(crate) held: Held,
+    pub(crate) source: Source,
+}
+
+/// How one entry's run ended.
+enum Ran {
+    /// Its handler succeeded, and it holds an ack slot: to be acked.
+    Succeeded(String),
+    /// Done here: settled (no longer pending), or left pending.
+    Done(String, bool),
+}
+
+impl Batch {
+    /// Runs `entries` (which [`Held`] has taken) to their outcomes, acks
+    /// included; true if every one of them is no longer pending (false:
+    /// some are left for this instance's or the next owner's pending
+    /// list).
+    ///
+    /// Entries start in order, each once it has a running permit: the
+    /// batch takes what is free at once and otherwise waits for one
+    /// permit at a time (one waiter per batch, not one per entry: a queue
+    /// of waiters would hold every permit given back until its task was
+    /// polled again, and the no-op handlers of a benchmark ran at half
+    /// speed behind it).
+    pub(crate) async fn run(self, entries: Vec<Fetched>) -> bool {
+        let standing: Arc<dyn Standing> = Arc::new(TaskStanding {
+            lease: self.lease.clone(),
+            ownership: self.ownership.clone(),
+        });
+        let settle = self.settle();
+        let mut running = FuturesUnordered::new();
+        let mut waiting = VecDeque::with_capacity(entries.len());
+        for fetched in entries {
+            // A claimed entry is taken over without running here (unless
+            // it cannot be read: it runs to the dead letters).
+            if self.source == Source::Claimed && fetched.entry.is_ok() {
+                running.push(self.entry(fetched, None, &standing));
+            } else {
+                waiting.push_back(fetched);
+            }
+        }
+        // The wait for the next entry's permit, kept across the loop's
+        // turns (a new one each turn would queue and unqueue a waiter).
+        let mut next: Option<
+            Pin<Box<dyn Future<Output = Option<SemaphorePermit<'_>>> + Send + '_>>,
+        > = None;
+        // Every ack of the batch tells its outcome here; the channel is
+        // open for sending while entries still run or wait.
+        let (reply, mut replies) = mpsc::unbounded_channel();
+        let mut reply = Some(reply);
+        let mut slots = Slots {
+            room: &self.shared.room,
+            taken: 0,
+        };
+        let mut told = Vec::new();
+        let mut all_settled = true;
+        loop {
+            if next.is_none() {
+                while let Some(permit) = waiting.front().and_then(|_| self.ready_at_once()) {
+                    let fetched = waiting.pop_front().expect("checked");
+                    running.push(self.entry(fetched, Some(permit), &standing));
+                }
+                if !waiting.is_empty() {
+                    next = Some(Box::pin(self.ready()));
+                }
+            }
+            if running.is_empty() && waiting.is_empty() {
+                reply = None;
+                if slots.taken == 0 {
+                    break;
+                }
+            }
+            tokio::select! {
+                permit = async { next.as_mut().expect("checked").await }, if next.is_some() => {
+                    next = None;
+                    match permit {
+                        Some(permit) => {
+                            let fetched = waiting.pop_front().expect("waits only for an entry");
+                            running.push(self.entry(fetched, Some(permit), &standing));
+                        }
+                        // Released before they started: every waiting entry
+                        // is handed back.
+                        None => {
+                            for fetched in waiting.drain(..) {
+                                running.push(self.entry(fetched, None, &standing));
+                            }
+                        }
+                    }
+                }
+                Some(ran) = running.next(), if !running.is_empty() => match ran {
+                    Ran::Succeeded(id) => {
+                        settle.ack(id, reply.as_ref().expect("open while entries run"));
+                        slots.taken += 1;
+                    }
+                    Ran::Done(id, settled) => {
+                        all_settled &= settled;
+                        self.held.release(&id, settled);
+                    }
+                },
+                n = replies.recv_many(&mut told, usize::MAX), if slots.taken > 0 => {
+                    // Every ack tells once, also when dropped untold, so
+                    // the channel does not end while acks are underway.
+                    let acked = told.iter().filter(|(_, a)| *a == Acked::Yes).count();
+                    let fenced = told.iter().any(|(_, a)| *a == Acked::Fenced);
+                    all_settled &= acked == told.len();
+                    self.held
+                        .release_all(told.iter().map(|(id, a)| (id.as_str(), *a == Acked::Yes)));
+                    told.clear();
+                    slots.give_back(n);
+                    settle.acks_ended(acked, fenced);
+                    if n == 0 {
+                        break;
+                    }
+                }
+                else => break,
+            }
+        }
+        all_settled
+    }
+
+    /// Settles this batch's entries.
+    fn settle(&self) -> Settle<'_> {
+        Settle {
+            shared: &self.shared,
+            ownership: &self.ownership,
+        }
+    }
+}
+
+/// The ack slots a batch holds (taken by its entries, see
+/// [`Room::ack_slot`]), given back as their acks end, and all of them if
+/// the batch is dropped first.
+struct Slots<'a> {
+    room: &'a Room,
+    taken: usize,
+}
+
+impl Slots<'_> {
+    fn give_back(&mut self, n: usize) {
+        let n = n.min(self.taken);
+        self.taken -= n;
+        self.room.acked(n);
+    }
+}
+
+impl Drop for Slots<'_> {
+    fn drop(&mut self) {
+        self.room.acked(self.taken);
+    }
+}
+
+/// What a task's [`TaskContext::still_owned`](crate::TaskContext::still_owned)
+/// consults: the partition's cancellation, fence and drain, and the lease.
+/// One per batch, shared by its tasks' contexts.
+#[derive(Debug)]
+struct TaskStanding {
+    lease: Lease,
+    ownership: Arc<Ownership>,
+}
+
+impl Standing for TaskStanding {
+    fn cancel(&self) -> &tokio_util::sync::CancellationToken {
+        &self.ownership.cancel
+    }
+
+    fn holds(&self) -> bool {
+        self.ownership.holds(&self.lease)
+    }
+}
