@@ -132,8 +132,18 @@ fn assert_each_once(runs: &[Execution], count: u64, when: &str) {
     for run in runs {
         *per_seq.entry(run.seq).or_default() += 1;
     }
-    let twice: Vec<_> = per_seq.iter().filter(|(_, n)| **n != 1).take(5).collect();
-    assert!(twice.is_empty(), "tasks run twice {when}: {twice:?}");
+    let twice: Vec<u64> = per_seq
+        .iter()
+        .filter(|(_, n)| **n != 1)
+        .map(|(seq, _)| *seq)
+        .take(5)
+        .collect();
+    // Each run of those, to tell which instances ran them, when and how.
+    let runs_twice: Vec<&Execution> = runs.iter().filter(|r| twice.contains(&r.seq)).collect();
+    assert!(
+        twice.is_empty(),
+        "tasks run twice {when}: {twice:?}: {runs_twice:#?}"
+    );
     assert_eq!(per_seq.len() as u64, count, "tasks missing {when}");
 }
 
