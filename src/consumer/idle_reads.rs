@@ -49,7 +49,7 @@ use crate::retry::Pauses;
 /// How much earlier than the lease the blocking read must end (the read
 /// reaches Redis one trip after the lease was checked; about a round's
 /// latency on a LAN, like the lease margin).
-pub(crate) const READ_MARGIN: Duration = Duration::from_millis(20);
+const READ_MARGIN: Duration = Duration::from_millis(20);
 /// The pauses between attempts to reach Redis again after a failed read:
 /// 50 ms, doubling, at most 2 s; back to the first after a read that went
 /// through.
