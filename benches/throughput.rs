@@ -24,7 +24,9 @@
 //! consumers it also prints what 1,000 tasks cost: the commands Redis
 //! counted (those run inside scripts too), Redis's CPU time and this
 //! process's. `RUST_LOG` (say `peerq=info`) logs to stderr;
-//! `PEERQ_BENCH_ONLY=latency` runs the latency measurement alone.
+//! `PEERQ_BENCH_ONLY=latency` runs the latency measurement alone;
+//! `PEERQ_BENCH_ONLY=consume` runs peerq's consume next to the per-stream
+//! raw consumer alone (to try a change, or under a profiler).
 
 #[path = "../tests/support/mod.rs"]
 mod support;
@@ -130,6 +132,10 @@ async fn main() {
             p50 * 1e3,
             p99 * 1e3
         );
+        return;
+    }
+    if std::env::var("PEERQ_BENCH_ONLY").as_deref() == Ok("consume") {
+        consume_only(&server, tasks).await;
         return;
     }
     let client = server.client();
@@ -264,6 +270,33 @@ async fn main() {
         ("peerq", peerq),
     ]);
     fleet::run(&server, tasks).await;
+}
+
+/// peerq's consume and the per-stream raw consumer's on the same entries,
+/// with what 1,000 tasks cost each.
+async fn consume_only(server: &RedisServer, tasks: u64) {
+    let client = server.client();
+    let mut conn = raw::connect(&client, 1).await.remove(0);
+    let name = unique_name("bench");
+    let producer = Producer::connect(&server.url(), &name).await.unwrap();
+    peerq_enqueue(&producer, tasks).await;
+    let payload = peerq::codec::Codec::encode(&peerq::codec::Bincode, &job(0)).unwrap();
+    let own = raw::connect(&client, 64).await;
+    raw::enqueue_per_stream(&own, RAW, tasks, &payload).await;
+    raw::create_group(&mut conn, RAW, "raw-only").await;
+    let before = meter::read(&mut conn).await;
+    let rate = raw::consume_per_stream(&own, RAW, "raw-only", tasks).await;
+    let cost = meter::read(&mut conn).await.since(&before);
+    let per_stream = Consumed { rate, cost, tasks };
+    let peerq = peerq_consume(server, &mut conn, &name, tasks).await;
+    println!(
+        "| consume to the last ack | per stream {:.0} tasks/s | peerq {:.0} tasks/s | {:.2} |",
+        per_stream.rate,
+        peerq.acked.rate,
+        peerq.acked.rate / per_stream.rate
+    );
+    println!();
+    print_costs(&[("raw per stream", &per_stream), ("peerq", &peerq.acked)]);
 }
 
 /// Every raw consumer `REPEATS` times, interleaved (the serial one, then

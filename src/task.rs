@@ -16,7 +16,6 @@
 //! ([`Entry::read`], [`Entry::decode`]): an entry too large, malformed or
 //! not decodable is [`Unrunnable`], and its `reason()` is the dead letter's.
 
-use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -172,12 +171,17 @@ pub(crate) fn validate_max_entry_bytes(bytes: usize) -> crate::Result<()> {
     Ok(())
 }
 
+/// An entry's fields as a stream reply holds them, names and values, in
+/// stream order (a name written twice: the last one counts).
+pub(crate) type RawFields = Vec<(String, Value)>;
+
 /// An entry's size as the limit counts it: its field names' and values'
 /// bytes. Redis sends stream values as bulk strings; any other value (not
 /// one Redis writes into a stream) counts nothing here, and `parse`
 /// refuses it in a format field.
-fn entry_size(map: &HashMap<String, Value>) -> usize {
-    map.iter()
+fn entry_size(fields: &RawFields) -> usize {
+    fields
+        .iter()
         .map(|(name, value)| {
             let value = match value {
                 Value::BulkString(b) => b.len(),
@@ -226,22 +230,28 @@ impl Entry {
         self.key.as_deref().unwrap_or(self.id.as_str())
     }
 
-    /// Reads an entry a consumer may run from a stream reply's field map:
-    /// at most `max_bytes` large, counted before anything is parsed (so an
+    /// Reads an entry a consumer may run from a stream reply's fields: at
+    /// most `max_bytes` large, counted before anything is parsed (so an
     /// oversized entry, which anyone with `XADD` can write, never reaches a
-    /// decoder), and with the format's fields.
+    /// decoder), and with the format's fields. The payload's bytes move
+    /// into the entry; an entry that cannot run gives its fields back
+    /// untouched, for the dead letters.
     pub(crate) fn read(
-        map: &HashMap<String, Value>,
+        mut fields: RawFields,
         max_bytes: usize,
-    ) -> Result<Entry, Unrunnable> {
-        let size = entry_size(map);
+    ) -> Result<Entry, (Unrunnable, RawFields)> {
+        let size = entry_size(&fields);
         if size > max_bytes {
-            return Err(Unrunnable::TooLarge {
+            let too_large = Unrunnable::TooLarge {
                 size,
                 limit: max_bytes,
-            });
+            };
+            return Err((too_large, fields));
         }
-        Ok(Entry::parse(map)?)
+        match Entry::parse(&mut fields) {
+            Ok(entry) => Ok(entry),
+            Err(e) => Err((e.into(), fields)),
+        }
     }
 
     /// The task, decoded with the service's codec.
@@ -280,22 +290,34 @@ impl Entry {
         })
     }
 
-    /// Reads an entry from a stream reply's field map.
-    fn parse(map: &HashMap<String, Value>) -> Result<Entry, MalformedEntry> {
-        let id = text(map, field::ID)?.ok_or_else(|| missing(field::ID))?;
-        let attempt = text(map, field::ATTEMPT)?
-            .ok_or_else(|| missing(field::ATTEMPT))?
+    /// Reads an entry from a stream reply's fields; they are left as they
+    /// were unless it succeeds (then the payload is taken out).
+    fn parse(fields: &mut RawFields) -> Result<Entry, MalformedEntry> {
+        let at = |name: &str| fields.iter().rposition(|(n, _)| n == name);
+        let required = |name: &'static str| at(name).ok_or_else(|| missing(name));
+        let id = text(fields, required(field::ID)?)?.to_owned();
+        let attempt = text(fields, required(field::ATTEMPT)?)?
             .parse::<u32>()
             .map_err(|e| MalformedEntry(format!("`attempt`: {e}")))?;
-        let enqueued_ms = text(map, field::ENQUEUED_AT)?
-            .ok_or_else(|| missing(field::ENQUEUED_AT))?
+        let enqueued_ms = text(fields, required(field::ENQUEUED_AT)?)?
             .parse::<u64>()
             .map_err(|e| MalformedEntry(format!("`enqueued_at`: {e}")))?;
-        let codec = text(map, field::CODEC)?.ok_or_else(|| missing(field::CODEC))?;
-        let payload = bytes(map, field::PAYLOAD)?.ok_or_else(|| missing(field::PAYLOAD))?;
+        let codec = text(fields, required(field::CODEC)?)?.to_owned();
+        let key = match at(field::KEY) {
+            Some(key) => Some(text(fields, key)?.to_owned()),
+            None => None,
+        };
+        let payload = required(field::PAYLOAD)?;
+        bytes(fields, payload)?;
+        // Checked: only now is anything taken.
+        let payload = match std::mem::take(&mut fields[payload].1) {
+            Value::BulkString(b) => b,
+            Value::SimpleString(s) => s.into_bytes(),
+            _ => unreachable!("checked by `bytes`"),
+        };
         Ok(Entry {
             id: TaskId(id.into()),
-            key: text(map, field::KEY)?,
+            key,
             attempt,
             enqueued_at: Duration::from_millis(enqueued_ms),
             codec,
@@ -308,21 +330,20 @@ fn missing(field: &str) -> MalformedEntry {
     MalformedEntry(format!("no `{field}` field"))
 }
 
-fn bytes(map: &HashMap<String, Value>, field: &str) -> Result<Option<Vec<u8>>, MalformedEntry> {
-    match map.get(field) {
-        None => Ok(None),
-        Some(Value::BulkString(b)) => Ok(Some(b.clone())),
-        Some(Value::SimpleString(s)) => Ok(Some(s.clone().into_bytes())),
-        Some(other) => Err(MalformedEntry(format!("`{field}` is {other:?}"))),
+/// The bytes of field number `at`.
+fn bytes(fields: &RawFields, at: usize) -> Result<&[u8], MalformedEntry> {
+    let (name, value) = &fields[at];
+    match value {
+        Value::BulkString(b) => Ok(b),
+        Value::SimpleString(s) => Ok(s.as_bytes()),
+        other => Err(MalformedEntry(format!("`{name}` is {other:?}"))),
     }
 }
 
-fn text(map: &HashMap<String, Value>, field: &str) -> Result<Option<String>, MalformedEntry> {
-    bytes(map, field)?
-        .map(|b| {
-            String::from_utf8(b).map_err(|_| MalformedEntry(format!("`{field}` is not UTF-8")))
-        })
-        .transpose()
+/// The text of field number `at`.
+fn text(fields: &RawFields, at: usize) -> Result<&str, MalformedEntry> {
+    std::str::from_utf8(bytes(fields, at)?)
+        .map_err(|_| MalformedEntry(format!("`{}` is not UTF-8", fields[at].0)))
 }
 
 #[cfg(test)]
@@ -333,12 +354,17 @@ mod tests {
     use super::*;
     use crate::codec::{Bincode, Json};
 
-    fn as_map(entry: &Entry) -> HashMap<String, Value> {
+    fn raw(entry: &Entry) -> RawFields {
         entry
             .fields()
             .into_iter()
             .map(|(k, v)| (k.to_owned(), Value::BulkString(v)))
             .collect()
+    }
+
+    fn set(fields: &mut RawFields, name: &str, value: Value) {
+        fields.retain(|(n, _)| n != name);
+        fields.push((name.to_owned(), value));
     }
 
     #[test]
@@ -349,11 +375,19 @@ mod tests {
             "json",
             b"{}".to_vec(),
         );
-        assert_eq!(Entry::parse(&as_map(&e)).unwrap(), e);
+        assert_eq!(Entry::parse(&mut raw(&e)).unwrap(), e);
         let no_key = Entry::new(TaskId::generate(), None, "bincode", vec![1, 2]);
-        let back = Entry::parse(&as_map(&no_key)).unwrap();
+        let back = Entry::parse(&mut raw(&no_key)).unwrap();
         assert_eq!(back.key, None);
         assert_eq!(back.partition_key(), no_key.id.as_str());
+    }
+
+    #[test]
+    fn a_field_written_twice_counts_by_its_last_value() {
+        let e = Entry::new(TaskId::from("t-1"), None, "json", b"{}".to_vec());
+        let mut fields = raw(&e);
+        fields.push((field::PAYLOAD.to_owned(), Value::BulkString(b"[]".to_vec())));
+        assert_eq!(Entry::parse(&mut fields).unwrap().payload, b"[]");
     }
 
     /// A payload type whose `Deserialize` panics, as user code may.
@@ -375,31 +409,36 @@ mod tests {
     }
 
     #[test]
-    fn malformed_entries_say_what_is_wrong() {
+    fn malformed_entries_say_what_is_wrong_and_keep_their_fields() {
         let e = Entry::new(TaskId::generate(), None, "json", b"{}".to_vec());
-        let mut map = as_map(&e);
-        map.remove(field::PAYLOAD);
+        let mut fields = raw(&e);
+        fields.retain(|(n, _)| n != field::PAYLOAD);
         assert_eq!(
-            Entry::parse(&map).unwrap_err().to_string(),
+            Entry::parse(&mut fields).unwrap_err().to_string(),
             "malformed entry: no `payload` field"
         );
-        let mut map = as_map(&e);
-        map.insert(field::ATTEMPT.into(), Value::BulkString(b"x".to_vec()));
-        assert!(
-            Entry::parse(&map)
-                .unwrap_err()
-                .to_string()
-                .contains("`attempt`")
+        let mut fields = raw(&e);
+        set(
+            &mut fields,
+            field::ATTEMPT,
+            Value::BulkString(b"x".to_vec()),
         );
+        let (why, kept) = Entry::read(fields.clone(), usize::MAX).unwrap_err();
+        assert!(why.to_string().contains("`attempt`"), "{why}");
+        assert_eq!(kept, fields, "the dead letter gets the fields as they were");
     }
 
     #[test]
     fn the_limit_counts_names_and_values_and_comes_before_parsing() {
         let e = Entry::new(TaskId::from("t-1"), None, "json", b"{}".to_vec());
-        let map = as_map(&e);
+        let fields = raw(&e);
         let size: usize = e.fields().iter().map(|(k, v)| k.len() + v.len()).sum();
-        assert_eq!(Entry::read(&map, size), Ok(e.clone()), "at the limit");
-        let over = Entry::read(&map, size - 1).unwrap_err();
+        assert_eq!(
+            Entry::read(fields.clone(), size),
+            Ok(e.clone()),
+            "at the limit"
+        );
+        let (over, _) = Entry::read(fields, size - 1).unwrap_err();
         assert_eq!(over.reason(), "too_large");
         assert_eq!(
             over.to_string(),
@@ -409,9 +448,12 @@ mod tests {
             )
         );
         // Too large wins over malformed: nothing of it is looked at.
-        let junk = HashMap::from([("x".to_owned(), Value::BulkString(vec![0; 2000]))]);
-        assert_eq!(Entry::read(&junk, 1024).unwrap_err().reason(), "too_large");
-        assert_eq!(Entry::read(&junk, 4096).unwrap_err().reason(), "malformed");
+        let junk = vec![("x".to_owned(), Value::BulkString(vec![0; 2000]))];
+        assert_eq!(
+            Entry::read(junk.clone(), 1024).unwrap_err().0.reason(),
+            "too_large"
+        );
+        assert_eq!(Entry::read(junk, 4096).unwrap_err().0.reason(), "malformed");
     }
 
     #[test]

@@ -16,7 +16,7 @@ use proptest::sample::select;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
-use super::{Entry, TaskId, Unrunnable, field};
+use super::{Entry, RawFields, TaskId, Unrunnable, field};
 use crate::codec::{Bincode, Codec, Json};
 
 /// The dead letters' reasons of an entry that cannot run.
@@ -226,7 +226,8 @@ fn classify<T: DeserializeOwned, C: Codec>(
     limit: usize,
     codec: &C,
 ) -> Result<(Entry, T), Unrunnable> {
-    let entry = Entry::read(map, limit)?;
+    let fields: RawFields = map.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+    let entry = Entry::read(fields, limit).map_err(|(why, _)| why)?;
     let task = entry.decode(codec)?;
     Ok((entry, task))
 }
@@ -260,7 +261,8 @@ fn runs_or_has_a_reason(map: &HashMap<String, Value>, limit: usize) -> Result<()
                 };
                 prop_assert_eq!(payload, Some(entry.payload.as_slice()));
                 // What runs is what a retry writes back.
-                prop_assert_eq!(Entry::read(&as_map(&entry), usize::MAX), Ok(entry));
+                let fields: RawFields = as_map(&entry).into_iter().collect();
+                prop_assert_eq!(Entry::read(fields, usize::MAX).ok(), Some(entry));
             }
             Err(e) => {
                 prop_assert!(REASONS.contains(&e.reason()), "{e}");

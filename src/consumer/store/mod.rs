@@ -22,6 +22,7 @@
 mod acks;
 pub(crate) mod marks;
 mod reader;
+mod reply;
 mod sizes;
 #[cfg(test)]
 mod tests;
@@ -29,11 +30,12 @@ mod tests;
 use std::sync::{Arc, LazyLock, Mutex};
 use std::time::Duration;
 
-use deadpool_redis::redis::streams::{StreamAutoClaimReply, StreamPendingCountReply};
+use deadpool_redis::redis::streams::StreamPendingCountReply;
 use deadpool_redis::redis::{self, FromRedisValue, Script, Value};
 
 pub(crate) use self::acks::{AckReply, ack};
 pub(crate) use self::reader::{BlockingReads, Fetched, Unreadable, is_nogroup, unblock};
+use self::reply::AutoClaim;
 pub(crate) use self::sizes::{Group, Sizes};
 use crate::config::ServiceName;
 use crate::connection::SharedConnection;
@@ -278,15 +280,14 @@ impl PartitionStore {
         if matches!(reply, Value::Int(_)) {
             return Ok(None);
         }
-        let reply =
-            StreamAutoClaimReply::from_redis_value(reply).map_err(redis::RedisError::from)?;
+        let reply = AutoClaim::from_redis_value(reply).map_err(redis::RedisError::from)?;
         Ok(Some(Claimed {
             entries: reply
-                .claimed
+                .entries
                 .into_iter()
                 .map(|raw| Fetched::parse(raw, self.max_entry_bytes))
                 .collect(),
-            next: reply.next_stream_id,
+            next: reply.next,
         }))
     }
 

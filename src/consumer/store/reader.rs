@@ -12,9 +12,9 @@
 use std::time::Duration;
 
 use deadpool_redis::Pool;
-use deadpool_redis::redis::streams::{StreamId, StreamReadReply};
 use deadpool_redis::redis::{self, aio::MultiplexedConnection};
 
+use super::reply::{RawEntry, Streams};
 use super::{Fields, PartitionStore};
 use crate::connection::SharedConnection;
 use crate::error::{Error, Result};
@@ -42,16 +42,12 @@ pub(crate) struct Unreadable {
 impl Fetched {
     /// Parses a raw stream entry: at most `max_bytes` large, counted before
     /// anything is parsed, and in the entry format.
-    pub(crate) fn parse(raw: StreamId, max_bytes: usize) -> Fetched {
-        let entry = Entry::read(&raw.map, max_bytes).map_err(|why| Unreadable {
+    pub(crate) fn parse(raw: RawEntry, max_bytes: usize) -> Fetched {
+        let entry = Entry::read(raw.fields, max_bytes).map_err(|(why, fields)| Unreadable {
             why,
-            fields: raw
-                .map
-                .iter()
-                .map(|(k, v)| {
-                    let value = redis::from_redis_value_ref::<Vec<u8>>(v).unwrap_or_default();
-                    (k.clone(), value)
-                })
+            fields: fields
+                .into_iter()
+                .map(|(k, v)| (k, redis::from_redis_value::<Vec<u8>>(v).unwrap_or_default()))
                 .collect(),
         });
         Fetched { id: raw.id, entry }
@@ -71,11 +67,10 @@ impl PartitionStore {
     ) -> Result<Vec<Fetched>> {
         let mut cmd = read_group(&self.consumer, count);
         cmd.arg("STREAMS").arg(&self.stream).arg(from);
-        let reply: Option<StreamReadReply> = conn.query(&cmd).await?;
-        Ok(reply
-            .map(|r| r.keys.into_iter().flat_map(|k| k.ids).collect::<Vec<_>>())
-            .unwrap_or_default()
+        let Streams(streams) = conn.query(&cmd).await?;
+        Ok(streams
             .into_iter()
+            .flat_map(|(_, entries)| entries)
             .map(|raw| Fetched::parse(raw, self.max_entry_bytes))
             .collect())
     }
@@ -135,18 +130,13 @@ impl BlockingReads {
         for _ in stores {
             cmd.arg(">");
         }
-        let reply: Option<StreamReadReply> = cmd.query_async(&mut self.conn).await?;
-        let Some(reply) = reply else {
-            return Ok(Vec::new());
-        };
-        Ok(reply
-            .keys
+        let Streams(streams) = cmd.query_async(&mut self.conn).await?;
+        Ok(streams
             .into_iter()
-            .filter_map(|key| {
-                let at = stores.iter().position(|s| s.stream == key.key)?;
+            .filter_map(|(key, entries)| {
+                let at = stores.iter().position(|s| s.stream == key)?;
                 let max = stores[at].max_entry_bytes;
-                let fetched = key
-                    .ids
+                let fetched = entries
                     .into_iter()
                     .map(|raw| Fetched::parse(raw, max))
                     .collect();
