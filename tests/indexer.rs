@@ -61,17 +61,6 @@ impl Fleet {
         self.record(handle)
     }
 
-    /// Starts one more instance whose rounds run on the runtime `rt`.
-    async fn join_on(&mut self, url: &str, rt: &tokio::runtime::Handle) -> usize {
-        let indexer = self.builder(url, SystemClock);
-        let handle = rt
-            .spawn(indexer.start())
-            .await
-            .unwrap()
-            .expect("indexer starts");
-        self.record(handle)
-    }
-
     fn builder(&self, url: &str, clock: impl Clock) -> Indexer {
         Indexer::builder()
             .name(&self.name)
@@ -845,8 +834,8 @@ impl Captured {
     }
 }
 
-/// A current-thread runtime, so the indexer's task logs on this thread and
-/// the thread-local subscriber sees it.
+/// The subscriber is this thread's; the indexer's rounds log from their own
+/// thread, to the subscriber of the caller that started them.
 #[tokio::test]
 async fn a_clock_beyond_the_tolerated_skew_fences_the_instance_and_says_why() {
     let logs = Captured::default();
@@ -1037,28 +1026,25 @@ async fn an_instance_whose_loop_stalls_skips_the_late_round_and_rejoins() {
     fleet.join(&server.url()).await;
     fleet.join(&server.url()).await;
 
-    // The victim's rounds run on a runtime of their own, on its own thread.
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let handle = rt.handle().clone();
-    let (done_tx, done_rx) = tokio::sync::oneshot::channel::<()>();
-    let driver = std::thread::spawn(move || rt.block_on(async { done_rx.await.ok() }));
-    let victim = fleet.join_on(&server.url(), &handle).await;
+    // The victim's rounds run on a thread of their own: its clock stalls
+    // that thread, as a stop-the-world pause or a starved thread would.
+    let clock = StallingClock::default();
+    let victim = fleet.join_with(&server.url(), clock.clone()).await;
     fleet.run_epochs(2).await;
 
     let mut rx = fleet.handles[&victim].standing();
     rx.borrow_and_update();
     rx.changed().await.unwrap();
     let seen = epoch_of(&rx.borrow_and_update()).unwrap();
-    // Freeze the whole runtime, from just after a round, for 2.75
-    // intervals: it wakes 0.75 I after the newest round it missed, beyond
-    // that round's window (I/2 here), so that round too is skipped as late.
-    // (At 2.5 I it woke right at the window's end, and the newest missed
-    // round sometimes still ran: a late round inside its window is run.)
-    handle.spawn(async move { std::thread::sleep(interval * 11 / 4) });
-    tokio::time::sleep(interval * 3).await;
+    // From half an interval after a round (the loop sleeps until its next
+    // round then), the next look at the clock, at the next round, takes
+    // 2.75 intervals: it sees the time 0.75 I after the newest round it
+    // missed, beyond that round's window (I/2 here), so that round too is
+    // skipped as late. (At 2.5 I it woke right at the window's end, and the
+    // newest missed round sometimes still ran: a late round inside its
+    // window is run.)
+    clock.stall_once(Instant::now() + interval / 2, interval * 11 / 4);
+    tokio::time::sleep(interval * 4).await;
     fleet.run_epochs(fleet.epochs().len() + 3).await;
 
     let after: Vec<Standing> = fleet
@@ -1107,9 +1093,50 @@ async fn an_instance_whose_loop_stalls_skips_the_late_round_and_rejoins() {
     let last = *fleet.epochs().keys().last().unwrap();
     assert_exact(last, &fleet.epochs()[&last], 3);
 
+    assert!(clock.stalled(), "the stall happened");
     fleet.stop(victim).await;
-    done_tx.send(()).unwrap();
-    driver.join().unwrap();
+}
+
+/// The system clock, except that one look at it from a given instant on
+/// first sleeps: the thread that looks stalls.
+#[derive(Debug, Clone, Default)]
+struct StallingClock(Arc<Mutex<Stall>>);
+
+#[derive(Debug, Default)]
+struct Stall {
+    /// From when, and for how long.
+    armed: Option<(Instant, Duration)>,
+    done: bool,
+}
+
+impl StallingClock {
+    fn stall_once(&self, from: Instant, stall: Duration) {
+        self.0.lock().unwrap().armed = Some((from, stall));
+    }
+
+    fn stalled(&self) -> bool {
+        self.0.lock().unwrap().done
+    }
+}
+
+impl Clock for StallingClock {
+    fn now(&self) -> Duration {
+        let stall = {
+            let mut state = self.0.lock().unwrap();
+            match state.armed {
+                Some((from, stall)) if Instant::now() >= from => {
+                    state.armed = None;
+                    state.done = true;
+                    Some(stall)
+                }
+                _ => None,
+            }
+        };
+        if let Some(stall) = stall {
+            std::thread::sleep(stall);
+        }
+        SystemClock.now()
+    }
 }
 
 /// A leave needs no Redis once the instance is no longer counted: it

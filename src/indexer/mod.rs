@@ -18,6 +18,7 @@
 
 mod round;
 mod schedule;
+mod thread;
 
 use std::fmt;
 use std::sync::Arc;
@@ -25,9 +26,7 @@ use std::time::Duration;
 
 use deadpool_redis::Pool;
 use tokio::sync::watch;
-use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
-use tracing::Instrument;
 
 use crate::assignment::Assignment;
 use crate::clock::{Clock, SystemClock};
@@ -39,6 +38,7 @@ use crate::presence::Presence;
 
 use self::round::RoundLoop;
 use self::schedule::Schedule;
+use self::thread::RoundThread;
 
 /// Where an instance stands after a round.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -346,7 +346,7 @@ impl Indexer {
         let stop = CancellationToken::new();
         let leave = CancellationToken::new();
         let offset = self.schedule.offset();
-        let mut rounds = RoundLoop::new(
+        let rounds = RoundLoop::new(
             self.name,
             self.id.clone(),
             self.settings,
@@ -356,17 +356,16 @@ impl Indexer {
             tx,
         )
         .with_presence(self.presence);
-        // Measured at start too, so a bad clock is reported before the first
-        // round, which then writes nothing.
-        rounds.check_clock().await.map_err(at_redis)?;
-        let task = tokio::spawn(rounds.run(stop.clone(), leave.clone()).in_current_span());
+        let thread = RoundThread::start(rounds, stop.clone(), leave.clone())
+            .await
+            .map_err(at_redis)?;
         Ok(IndexerHandle {
             id: self.id,
             offset,
             standing: rx,
             stop,
             leave,
-            task,
+            thread,
         })
     }
 }
@@ -379,7 +378,7 @@ pub struct IndexerHandle {
     standing: watch::Receiver<Standing>,
     stop: CancellationToken,
     leave: CancellationToken,
-    task: JoinHandle<()>,
+    thread: RoundThread,
 }
 
 impl IndexerHandle {
@@ -405,15 +404,16 @@ impl IndexerHandle {
         self.leave.cancel();
     }
 
-    /// Stops the rounds at once (no graceful leave) and waits for the task.
+    /// Stops the rounds at once (no graceful leave) and waits for their
+    /// thread.
     pub async fn stop(mut self) {
         self.stop.cancel();
-        let _ = (&mut self.task).await;
+        self.thread.wait().await;
     }
 
     /// Waits until the indexer has stopped by itself (after a graceful leave).
     pub async fn finished(mut self) {
-        let _ = (&mut self.task).await;
+        self.thread.wait().await;
     }
 }
 

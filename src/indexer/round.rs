@@ -98,7 +98,8 @@ impl RoundLoop {
             settings,
             schedule,
             clock,
-            conn: SharedConnection::new(pool),
+            // Made on the rounds' own runtime (`thread`).
+            conn: SharedConnection::made_here(pool),
             tx,
             counted: None,
             clock_fenced: false,
