@@ -464,8 +464,18 @@ async fn peerq_consume(
     let consumer = Consumer::builder()
         .name(name)
         .redis(server.url())
-        .concurrency(256)
-        .batch(READ_COUNT)
+        .concurrency(
+            std::env::var("XC")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(256),
+        )
+        .batch(
+            std::env::var("XB")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(READ_COUNT),
+        )
         .service(service);
     let signal = stop.clone();
     let run = tokio::spawn(async move { consumer.run_until(signal.cancelled_owned()).await });

@@ -67,7 +67,7 @@ impl PartitionStore {
     ) -> Result<Vec<Fetched>> {
         let mut cmd = read_group(&self.consumer, count);
         cmd.arg("STREAMS").arg(&self.stream).arg(from);
-        let Streams(streams) = conn.query(&cmd).await?;
+        let Streams(streams) = conn.query_flat(&cmd).await?;
         Ok(streams
             .into_iter()
             .flat_map(|(_, entries)| entries)

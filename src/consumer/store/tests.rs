@@ -218,3 +218,40 @@ async fn an_attempt_record_is_the_owners_alone_and_a_just_ids_claim_keeps_it() {
         "not pending any more"
     );
 }
+
+#[tokio::test]
+async fn reads_parse_entries_keep_deleted_ones_and_say_when_the_group_is_gone() {
+    let (server, conn, name) = setup().await;
+    let me = InstanceId::generate();
+    let store = PartitionStore::new(conn.clone(), &name, 0, 1, &me, LIMIT);
+    // One entry delivered and then deleted while pending.
+    let deleted = delivered(&server, &name, &me).await;
+    let mut raw = server.pool().get().await.unwrap();
+    let stream = keys::stream(&name, 0);
+    let _: u64 = raw.xdel(&stream, &[&deleted]).await.unwrap();
+    let entry = Entry::new(
+        crate::task::TaskId::from("t-1"),
+        None,
+        "json",
+        b"[1]".to_vec(),
+    );
+    let _: String = raw.xadd(&stream, "*", &entry.fields()).await.unwrap();
+    let fresh = store.read(&conn, ">", 10).await.unwrap();
+    assert_eq!(fresh.len(), 1);
+    assert_eq!(fresh[0].entry.as_ref().unwrap(), &entry);
+    let pending = store.read(&conn, "0", 10).await.unwrap();
+    let ids: Vec<&str> = pending.iter().map(|f| f.id.as_str()).collect();
+    assert_eq!(ids, [deleted.as_str(), fresh[0].id.as_str()]);
+    let gone = pending[0].entry.as_ref().unwrap_err();
+    assert_eq!((gone.why.reason(), gone.fields.len()), ("malformed", 0));
+    let () = redis::cmd("XGROUP")
+        .arg("DESTROY")
+        .arg(&stream)
+        .arg(keys::GROUP)
+        .query_async(&mut *raw)
+        .await
+        .map(|_: i64| ())
+        .unwrap();
+    let err = store.read(&conn, ">", 10).await.unwrap_err();
+    assert!(is_nogroup(&err), "{err:?}");
+}
