@@ -25,8 +25,9 @@
 //! counted (those run inside scripts too), Redis's CPU time and this
 //! process's. `RUST_LOG` (say `peerq=info`) logs to stderr;
 //! `PEERQ_BENCH_ONLY=latency` runs the latency measurement alone;
-//! `PEERQ_BENCH_ONLY=consume` runs peerq's consume next to the per-stream
-//! raw consumer alone (to try a change, or under a profiler).
+//! `PEERQ_BENCH_ONLY=consume` (or `enqueue`) runs peerq's consume (or
+//! enqueue) next to the per-stream raw one alone (to try a change, or
+//! under a profiler).
 
 #[path = "../tests/support/mod.rs"]
 mod support;
@@ -132,6 +133,16 @@ async fn main() {
             p50 * 1e3,
             p99 * 1e3
         );
+        let (p50, p99) = raw_latency(&server).await;
+        println!(
+            "| raw floor: enqueue → read, one blocking XREADGROUP over 64 streams | p50 {:.2} ms, p99 {:.2} ms |",
+            p50 * 1e3,
+            p99 * 1e3
+        );
+        return;
+    }
+    if std::env::var("PEERQ_BENCH_ONLY").as_deref() == Ok("enqueue") {
+        enqueue_only(&server, tasks).await;
         return;
     }
     if std::env::var("PEERQ_BENCH_ONLY").as_deref() == Ok("consume") {
@@ -270,6 +281,27 @@ async fn main() {
         ("peerq", peerq),
     ]);
     fleet::run(&server, tasks).await;
+}
+
+/// peerq's enqueue and the per-stream raw producer's, interleaved,
+/// `REPEATS` times each.
+async fn enqueue_only(server: &RedisServer, tasks: u64) {
+    let client = server.client();
+    let mut conn = raw::connect(&client, 1).await.remove(0);
+    let own = raw::connect(&client, 64).await;
+    let payload = peerq::codec::Codec::encode(&peerq::codec::Bincode, &job(0)).unwrap();
+    for _ in 0..REPEATS {
+        let (raw_name, name) = (unique_name("raw-enqueue"), unique_name("bench-enqueue"));
+        let per_stream = raw::enqueue_per_stream(&own, &raw_name, tasks, &payload).await;
+        let producer = Producer::connect(&server.url(), &name).await.unwrap();
+        let peerq = peerq_enqueue(&producer, tasks).await;
+        println!(
+            "| enqueue | per stream {per_stream:.0} tasks/s | peerq {peerq:.0} tasks/s | {:.2} |",
+            peerq / per_stream
+        );
+        raw::delete_streams(&mut conn, &raw_name).await;
+        raw::delete_streams(&mut conn, &name).await;
+    }
 }
 
 /// peerq's consume and the per-stream raw consumer's on the same entries,
@@ -532,6 +564,22 @@ async fn pending(conn: &mut MultiplexedConnection, name: &str) -> u64 {
     let summaries: Vec<(u64, redis::Value, redis::Value, redis::Value)> =
         pipe.query_async(conn).await.unwrap();
     summaries.iter().map(|s| s.0).sum()
+}
+
+/// The raw floor of [`latency`]: the same entries at the same rate, read
+/// by one blocking multi-stream read (p50 and p99, in seconds).
+async fn raw_latency(server: &RedisServer) -> (f64, f64) {
+    let encode = |seq| peerq::codec::Codec::encode(&peerq::codec::Bincode, &job(seq)).unwrap();
+    let sent = |bytes: &[u8]| {
+        let job: Job = peerq::codec::Codec::decode(&peerq::codec::Bincode, bytes).unwrap();
+        job.sent_ns
+    };
+    let name = unique_name("raw-latency");
+    let mut delays = raw::latency(&server.client(), &name, 25_000, encode, sent, now_ns).await;
+    delays.sort_unstable();
+    let at =
+        |q: f64| delays[((delays.len() as f64 * q) as usize).min(delays.len() - 1)] as f64 / 1e9;
+    (at(0.50), at(0.99))
 }
 
 /// Enqueue → handler start at a fixed 5,000 tasks/s (5 tasks every

@@ -264,3 +264,72 @@ pub(crate) async fn consume_per_stream(
     assert_eq!(read, tasks);
     rate
 }
+
+/// Enqueue → read latency on the raw floor, at the rate of peerq's latency
+/// run (5 entries every millisecond, `total` in all, to streams `seq % 64`):
+/// one reader blocks in one `XREADGROUP … BLOCK` over all 64 streams on a
+/// connection of its own and acks what it read with the next read; the
+/// producer pipelines each millisecond's 5 `XADD`s on another connection.
+/// `payload(seq)` encodes an entry's payload with its send time, which
+/// `sent_ns(payload)` reads back. The delays, in ns, as they came.
+pub(crate) async fn latency(
+    client: &redis::Client,
+    name: &str,
+    total: u64,
+    payload: impl Fn(u64) -> Vec<u8>,
+    sent_ns: impl Fn(&[u8]) -> u64 + Send + 'static,
+    now_ns: fn() -> u64,
+) -> Vec<u64> {
+    let mut conns = connect(client, 2).await;
+    let (mut producer, mut reader) = (conns.remove(0), conns.remove(0));
+    create_group(&mut producer, name, "latency").await;
+    let streams: Vec<String> = (0..DEFAULT_PARTITIONS).map(|p| stream(name, p)).collect();
+    let read_streams = streams.clone();
+    let reading = tokio::spawn(async move {
+        let mut delays = Vec::with_capacity(total as usize);
+        let mut previous: Vec<(String, String)> = Vec::new();
+        while (delays.len() as u64) < total {
+            let mut pipe = redis::pipe();
+            for (key, id) in previous.drain(..) {
+                pipe.cmd("XACK").arg(key).arg("latency").arg(id).ignore();
+            }
+            pipe.cmd("XREADGROUP")
+                .arg("GROUP")
+                .arg("latency")
+                .arg("raw")
+                .arg("COUNT")
+                .arg(READ_COUNT)
+                .arg("BLOCK")
+                .arg(1000)
+                .arg("STREAMS")
+                .arg(&read_streams);
+            for _ in &read_streams {
+                pipe.arg(">");
+            }
+            let (reply,): (Option<StreamReadReply>,) = pipe.query_async(&mut reader).await.unwrap();
+            for key in reply.map(|r| r.keys).unwrap_or_default() {
+                for entry in key.ids {
+                    if let Some(redis::Value::BulkString(bytes)) = entry.map.get("payload") {
+                        delays.push(now_ns().saturating_sub(sent_ns(bytes)));
+                    }
+                    previous.push((key.key.clone(), entry.id));
+                }
+            }
+        }
+        delays
+    });
+    let mut tick = tokio::time::interval(Duration::from_millis(1));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+    let mut seq = 0;
+    while seq < total {
+        tick.tick().await;
+        let mut pipe = redis::pipe();
+        for s in seq..seq + 5 {
+            let p = (s % u64::from(DEFAULT_PARTITIONS)) as usize;
+            add_entry(&mut pipe, &streams[p], &payload(s));
+        }
+        let () = pipe.query_async(&mut producer).await.unwrap();
+        seq += 5;
+    }
+    reading.await.unwrap()
+}
