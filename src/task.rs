@@ -171,25 +171,66 @@ pub(crate) fn validate_max_entry_bytes(bytes: usize) -> crate::Result<()> {
     Ok(())
 }
 
-/// An entry's fields as a stream reply holds them, names and values, in
-/// stream order (a name written twice: the last one counts).
-pub(crate) type RawFields = Vec<(String, Value)>;
+/// An entry's fields as a stream reply holds them: names and values
+/// alternating, in stream order (a name written twice: its last value
+/// counts). Kept as the reply's own array, so reading an entry copies
+/// nothing but its short text fields.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(crate) struct RawFields(pub(crate) Vec<Value>);
+
+impl RawFields {
+    /// Where the value of field `name` is (its last one).
+    fn find(&self, name: &str) -> Option<usize> {
+        let is = |v: &Value| bytes_of(v) == Some(name.as_bytes());
+        (0..self.0.len())
+            .step_by(2)
+            .rev()
+            .find(|&i| is(&self.0[i]))
+            .map(|i| i + 1)
+    }
+
+    /// The fields as names and bytes, as a dead letter keeps them: a name
+    /// that is not UTF-8 lossily, a value that is no string as nothing.
+    pub(crate) fn into_named(self) -> Vec<(String, Vec<u8>)> {
+        let mut values = self.0.into_iter();
+        let mut named = Vec::new();
+        while let Some(name) = values.next() {
+            let value = values.next().unwrap_or(Value::Nil);
+            let name = match name {
+                Value::BulkString(b) => String::from_utf8(b)
+                    .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned()),
+                Value::SimpleString(s) => s,
+                other => format!("{other:?}"),
+            };
+            let value = match value {
+                Value::BulkString(b) => b,
+                Value::SimpleString(s) => s.into_bytes(),
+                _ => Vec::new(),
+            };
+            named.push((name, value));
+        }
+        named
+    }
+}
+
+/// The bytes of a string value.
+fn bytes_of(value: &Value) -> Option<&[u8]> {
+    match value {
+        Value::BulkString(b) => Some(b),
+        Value::SimpleString(s) => Some(s.as_bytes()),
+        _ => None,
+    }
+}
 
 /// An entry's size as the limit counts it: its field names' and values'
-/// bytes. Redis sends stream values as bulk strings; any other value (not
-/// one Redis writes into a stream) counts nothing here, and `parse`
-/// refuses it in a format field.
+/// bytes. Redis sends stream names and values as bulk strings; any other
+/// value (not one Redis writes into a stream) counts nothing here, and
+/// `parse` refuses it in a format field.
 fn entry_size(fields: &RawFields) -> usize {
     fields
+        .0
         .iter()
-        .map(|(name, value)| {
-            let value = match value {
-                Value::BulkString(b) => b.len(),
-                Value::SimpleString(s) => s.len(),
-                _ => 0,
-            };
-            name.len().saturating_add(value)
-        })
+        .map(|v| bytes_of(v).map_or(0, <[u8]>::len))
         .fold(0, usize::saturating_add)
 }
 
@@ -293,8 +334,7 @@ impl Entry {
     /// Reads an entry from a stream reply's fields; they are left as they
     /// were unless it succeeds (then the payload is taken out).
     fn parse(fields: &mut RawFields) -> Result<Entry, MalformedEntry> {
-        let at = |name: &str| fields.iter().rposition(|(n, _)| n == name);
-        let required = |name: &'static str| at(name).ok_or_else(|| missing(name));
+        let required = |name: &'static str| fields.find(name).ok_or_else(|| missing(name));
         let id = text(fields, required(field::ID)?)?.to_owned();
         let attempt = text(fields, required(field::ATTEMPT)?)?
             .parse::<u32>()
@@ -303,14 +343,14 @@ impl Entry {
             .parse::<u64>()
             .map_err(|e| MalformedEntry(format!("`enqueued_at`: {e}")))?;
         let codec = text(fields, required(field::CODEC)?)?.to_owned();
-        let key = match at(field::KEY) {
+        let key = match fields.find(field::KEY) {
             Some(key) => Some(text(fields, key)?.to_owned()),
             None => None,
         };
         let payload = required(field::PAYLOAD)?;
         bytes(fields, payload)?;
         // Checked: only now is anything taken.
-        let payload = match std::mem::take(&mut fields[payload].1) {
+        let payload = match std::mem::take(&mut fields.0[payload]) {
             Value::BulkString(b) => b,
             Value::SimpleString(s) => s.into_bytes(),
             _ => unreachable!("checked by `bytes`"),
@@ -330,20 +370,22 @@ fn missing(field: &str) -> MalformedEntry {
     MalformedEntry(format!("no `{field}` field"))
 }
 
-/// The bytes of field number `at`.
+/// The bytes of the value at `at`, the value of field `at - 1`.
 fn bytes(fields: &RawFields, at: usize) -> Result<&[u8], MalformedEntry> {
-    let (name, value) = &fields[at];
-    match value {
-        Value::BulkString(b) => Ok(b),
-        Value::SimpleString(s) => Ok(s.as_bytes()),
-        other => Err(MalformedEntry(format!("`{name}` is {other:?}"))),
-    }
+    let value = fields.0.get(at).unwrap_or(&Value::Nil);
+    bytes_of(value).ok_or_else(|| MalformedEntry(format!("`{}` is {value:?}", name_at(fields, at))))
 }
 
-/// The text of field number `at`.
+/// The text of the value at `at`.
 fn text(fields: &RawFields, at: usize) -> Result<&str, MalformedEntry> {
     std::str::from_utf8(bytes(fields, at)?)
-        .map_err(|_| MalformedEntry(format!("`{}` is not UTF-8", fields[at].0)))
+        .map_err(|_| MalformedEntry(format!("`{}` is not UTF-8", name_at(fields, at))))
+}
+
+/// The name of the value at `at`, for errors.
+fn name_at(fields: &RawFields, at: usize) -> String {
+    let name = bytes_of(&fields.0[at - 1]).unwrap_or_default();
+    String::from_utf8_lossy(name).into_owned()
 }
 
 #[cfg(test)]
@@ -355,16 +397,26 @@ mod tests {
     use crate::codec::{Bincode, Json};
 
     fn raw(entry: &Entry) -> RawFields {
-        entry
-            .fields()
-            .into_iter()
-            .map(|(k, v)| (k.to_owned(), Value::BulkString(v)))
-            .collect()
+        let mut flat = Vec::new();
+        for (name, value) in entry.fields() {
+            flat.push(Value::BulkString(name.as_bytes().to_vec()));
+            flat.push(Value::BulkString(value));
+        }
+        RawFields(flat)
     }
 
-    fn set(fields: &mut RawFields, name: &str, value: Value) {
-        fields.retain(|(n, _)| n != name);
-        fields.push((name.to_owned(), value));
+    fn push(fields: &mut RawFields, name: &str, value: Value) {
+        fields.0.push(Value::BulkString(name.as_bytes().to_vec()));
+        fields.0.push(value);
+    }
+
+    fn remove(fields: &mut RawFields, name: &str) {
+        let pairs: Vec<Value> = std::mem::take(&mut fields.0);
+        for pair in pairs.chunks(2) {
+            if bytes_of(&pair[0]) != Some(name.as_bytes()) {
+                fields.0.extend(pair.iter().cloned());
+            }
+        }
     }
 
     #[test]
@@ -386,7 +438,11 @@ mod tests {
     fn a_field_written_twice_counts_by_its_last_value() {
         let e = Entry::new(TaskId::from("t-1"), None, "json", b"{}".to_vec());
         let mut fields = raw(&e);
-        fields.push((field::PAYLOAD.to_owned(), Value::BulkString(b"[]".to_vec())));
+        push(
+            &mut fields,
+            field::PAYLOAD,
+            Value::BulkString(b"[]".to_vec()),
+        );
         assert_eq!(Entry::parse(&mut fields).unwrap().payload, b"[]");
     }
 
@@ -412,13 +468,14 @@ mod tests {
     fn malformed_entries_say_what_is_wrong_and_keep_their_fields() {
         let e = Entry::new(TaskId::generate(), None, "json", b"{}".to_vec());
         let mut fields = raw(&e);
-        fields.retain(|(n, _)| n != field::PAYLOAD);
+        remove(&mut fields, field::PAYLOAD);
         assert_eq!(
             Entry::parse(&mut fields).unwrap_err().to_string(),
             "malformed entry: no `payload` field"
         );
         let mut fields = raw(&e);
-        set(
+        remove(&mut fields, field::ATTEMPT);
+        push(
             &mut fields,
             field::ATTEMPT,
             Value::BulkString(b"x".to_vec()),
@@ -426,6 +483,10 @@ mod tests {
         let (why, kept) = Entry::read(fields.clone(), usize::MAX).unwrap_err();
         assert!(why.to_string().contains("`attempt`"), "{why}");
         assert_eq!(kept, fields, "the dead letter gets the fields as they were");
+    }
+
+    fn bulk_x() -> Value {
+        Value::BulkString(b"x".to_vec())
     }
 
     #[test]
@@ -448,7 +509,7 @@ mod tests {
             )
         );
         // Too large wins over malformed: nothing of it is looked at.
-        let junk = vec![("x".to_owned(), Value::BulkString(vec![0; 2000]))];
+        let junk = RawFields(vec![bulk_x(), Value::BulkString(vec![0; 2000])]);
         assert_eq!(
             Entry::read(junk.clone(), 1024).unwrap_err().0.reason(),
             "too_large"

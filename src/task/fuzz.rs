@@ -218,6 +218,16 @@ fn as_map(entry: &Entry) -> HashMap<String, Value> {
         .collect()
 }
 
+/// `map`'s fields as a stream reply holds them.
+fn flat(map: &HashMap<String, Value>) -> RawFields {
+    let mut flat = Vec::new();
+    for (name, value) in map {
+        flat.push(Value::BulkString(name.as_bytes().to_vec()));
+        flat.push(value.clone());
+    }
+    RawFields(flat)
+}
+
 /// What a consumer does with `map`: the entry and its task, to run, or
 /// why not, for the dead letters (the two calls the consumer makes:
 /// `Entry::read` as it fetches, `Entry::decode` as it runs).
@@ -226,8 +236,7 @@ fn classify<T: DeserializeOwned, C: Codec>(
     limit: usize,
     codec: &C,
 ) -> Result<(Entry, T), Unrunnable> {
-    let fields: RawFields = map.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
-    let entry = Entry::read(fields, limit).map_err(|(why, _)| why)?;
+    let entry = Entry::read(flat(map), limit).map_err(|(why, _)| why)?;
     let task = entry.decode(codec)?;
     Ok((entry, task))
 }
@@ -261,8 +270,10 @@ fn runs_or_has_a_reason(map: &HashMap<String, Value>, limit: usize) -> Result<()
                 };
                 prop_assert_eq!(payload, Some(entry.payload.as_slice()));
                 // What runs is what a retry writes back.
-                let fields: RawFields = as_map(&entry).into_iter().collect();
-                prop_assert_eq!(Entry::read(fields, usize::MAX).ok(), Some(entry));
+                prop_assert_eq!(
+                    Entry::read(flat(&as_map(&entry)), usize::MAX).ok(),
+                    Some(entry)
+                );
             }
             Err(e) => {
                 prop_assert!(REASONS.contains(&e.reason()), "{e}");

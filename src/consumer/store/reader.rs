@@ -45,10 +45,7 @@ impl Fetched {
     pub(crate) fn parse(raw: RawEntry, max_bytes: usize) -> Fetched {
         let entry = Entry::read(raw.fields, max_bytes).map_err(|(why, fields)| Unreadable {
             why,
-            fields: fields
-                .into_iter()
-                .map(|(k, v)| (k, redis::from_redis_value::<Vec<u8>>(v).unwrap_or_default()))
-                .collect(),
+            fields: fields.into_named(),
         });
         Fetched { id: raw.id, entry }
     }

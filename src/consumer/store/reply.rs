@@ -9,7 +9,9 @@
 //! The shapes, RESP2 and RESP3: a read is nil (nothing came), or each
 //! stream's key and entries, as an array of pairs or a map; an entry is
 //! its id and its fields as a flat name-value array (nil: the entry was
-//! deleted while pending, as a re-read of the pending list returns it).
+//! deleted while pending, as a re-read of the pending list returns it),
+//! which is kept as it came: the entry is read from it
+//! ([`crate::task::Entry::read`]).
 
 use deadpool_redis::redis::{FromRedisValue, ParsingError, Value};
 
@@ -94,41 +96,25 @@ fn entries(v: Value) -> Result<Vec<RawEntry>, ParsingError> {
             }
             id => Ok(RawEntry {
                 id: string(id)?,
-                fields: Vec::new(),
+                fields: RawFields::default(),
             }),
         })
         .collect()
 }
 
-/// An entry's fields: a flat name-value array (a map under RESP3), nil
-/// when the entry is gone. A name that is not UTF-8 is kept lossily: it
-/// is none of the format's, and the entry is judged by those.
+/// An entry's fields: a flat name-value array, kept as it came (a map
+/// under RESP3, flattened), none when the entry is gone.
 fn fields(v: Value) -> Result<RawFields, ParsingError> {
     match v {
-        Value::Nil => Ok(Vec::new()),
-        Value::Array(flat) => {
-            let mut fields = Vec::with_capacity(flat.len() / 2);
-            let mut flat = flat.into_iter();
-            while let Some(name) = flat.next() {
-                fields.push((name_of(name), flat.next().unwrap_or(Value::Nil)));
-            }
-            Ok(fields)
-        }
-        Value::Map(pairs) => Ok(pairs
-            .into_iter()
-            .map(|(name, value)| (name_of(name), value))
-            .collect()),
+        Value::Nil => Ok(RawFields::default()),
+        Value::Array(flat) => Ok(RawFields(flat)),
+        Value::Map(pairs) => Ok(RawFields(
+            pairs
+                .into_iter()
+                .flat_map(|(name, value)| [name, value])
+                .collect(),
+        )),
         other => Err(unexpected("an entry's fields", &other)),
-    }
-}
-
-fn name_of(v: Value) -> String {
-    match v {
-        Value::BulkString(b) => {
-            String::from_utf8(b).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into())
-        }
-        Value::SimpleString(s) => s,
-        other => format!("{other:?}"),
     }
 }
 
@@ -181,10 +167,10 @@ mod tests {
         assert_eq!(entries[0].id, "1-0");
         assert_eq!(
             entries[0].fields,
-            vec![("id".to_owned(), bulk("a")), ("id".to_owned(), bulk("b"))]
+            RawFields(vec![bulk("id"), bulk("a"), bulk("id"), bulk("b")])
         );
         assert_eq!(entries[1].id, "2-0");
-        assert!(entries[1].fields.is_empty());
+        assert!(entries[1].fields.0.is_empty());
     }
 
     #[test]
@@ -200,13 +186,13 @@ mod tests {
         assert_eq!(streams[0].0, "s1");
         assert_eq!(
             streams[0].1[0].fields,
-            vec![("payload".to_owned(), bulk("x"))]
+            RawFields(vec![bulk("payload"), bulk("x")])
         );
         assert!(Streams::from_redis_value(Value::Nil).unwrap().0.is_empty());
     }
 
     #[test]
-    fn odd_names_are_kept_and_odd_shapes_refused() {
+    fn odd_names_are_kept_for_the_dead_letters_and_odd_shapes_refused() {
         let entry = Value::Array(vec![
             bulk("4-0"),
             Value::Array(vec![
@@ -220,14 +206,15 @@ mod tests {
             Value::Array(vec![entry]),
             Value::Array(vec![]),
         ]);
-        let AutoClaim { next, entries } = AutoClaim::from_redis_value(claim).unwrap();
+        let AutoClaim { next, mut entries } = AutoClaim::from_redis_value(claim).unwrap();
         assert_eq!(next, "0-0");
-        assert_eq!(entries[0].fields[0], ("\u{fffd}k".to_owned(), bulk("v")));
-        assert_eq!(entries[0].fields[1], ("tail".to_owned(), Value::Nil));
+        let named = entries.remove(0).fields.into_named();
+        assert_eq!(named[0], ("\u{fffd}k".to_owned(), b"v".to_vec()));
+        assert_eq!(named[1], ("tail".to_owned(), Vec::new()));
         let just_ids = Value::Array(vec![bulk("0-0"), Value::Array(vec![bulk("5-0")])]);
         let AutoClaim { entries, .. } = AutoClaim::from_redis_value(just_ids).unwrap();
         assert_eq!(
-            (entries[0].id.as_str(), entries[0].fields.len()),
+            (entries[0].id.as_str(), entries[0].fields.0.len()),
             ("5-0", 0)
         );
         assert!(Streams::from_redis_value(Value::Int(3)).is_err());
