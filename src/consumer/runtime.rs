@@ -30,7 +30,7 @@ use crate::clock::Clock;
 use crate::config::{IndexerSettings, ServiceName};
 use crate::connection::SharedConnection;
 use crate::error::{Error, Result};
-use crate::indexer::Standing;
+use crate::indexer::{Liveness, Standing};
 use crate::instance::InstanceId;
 use crate::presence::Presence;
 use crate::timing::Timing;
@@ -106,6 +106,11 @@ where
     let timing = Timing::new(&indexer, settings.drain_timeout);
     let leave_timeout = settings.leave_timeout(indexer.interval);
     let presence = Arc::new(Presence::new(clock.clone()));
+    // The rounds' thread claims an index only while this runtime runs.
+    let liveness = Liveness::new();
+    let beating = AbortOnDrop(tokio::spawn(
+        liveness.clone().beat_every(indexer.interval / 10),
+    ));
     tokio::pin!(signal);
     let startup = Startup {
         name: &name,
@@ -119,6 +124,7 @@ where
         allow_eviction: settings.allow_eviction,
         periodic: &settings.periodic,
         presence: &presence,
+        liveness: &liveness,
     };
     // A stop while Redis cannot be reached ends the wait for it.
     let Some(indexer) = startup.run(&mut signal).await? else {
@@ -246,6 +252,7 @@ where
     drop(gate_watcher);
     drop(due_watcher);
     indexer.stop().await;
+    drop(beating);
     drop(handover);
     drop(idle_reader);
     // The acker ends once the last sender (in `shared`) is gone.
@@ -260,4 +267,14 @@ where
     }
     info!(service = %name, instance = %id, "stopped");
     failure.map_or(Ok(()), Err)
+}
+
+/// A spawned task that ends with its handle: the beat stops with the
+/// instance however `run` returns.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }

@@ -21,6 +21,7 @@ use crate::clock::Clock;
 use crate::config::{IndexerSettings, ServiceName};
 use crate::connection::{self, SharedConnection};
 use crate::error::{Error, Result};
+use crate::indexer::Liveness;
 use crate::indexer::{Indexer, IndexerHandle};
 use crate::instance::InstanceId;
 use crate::meta;
@@ -49,6 +50,8 @@ pub(super) struct Startup<'a> {
     pub(super) periodic: &'a [Registered],
     /// What the rounds tell the others about this instance.
     pub(super) presence: &'a Arc<Presence>,
+    /// Beaten by the consumer's runtime, checked by the rounds.
+    pub(super) liveness: &'a Arc<Liveness>,
 }
 
 impl Startup<'_> {
@@ -104,6 +107,7 @@ impl Startup<'_> {
                 .clock(self.clock.clone())
                 .instance_id(self.id.clone())
                 .presence(self.presence.clone())
+                .liveness(self.liveness.clone())
                 .build()?
                 .start()
                 .await

@@ -16,6 +16,7 @@
 //! [`Standing`]: consumers always want the newest standing, and one that
 //! falls behind sees an epoch gap and fences itself, which is the safe side.
 
+mod liveness;
 mod round;
 mod schedule;
 mod thread;
@@ -36,6 +37,7 @@ use crate::instance::InstanceId;
 use crate::meta::{self, Kind};
 use crate::presence::Presence;
 
+pub(crate) use self::liveness::Liveness;
 use self::round::RoundLoop;
 use self::schedule::Schedule;
 use self::thread::RoundThread;
@@ -169,6 +171,8 @@ pub struct IndexerBuilder {
     instance_id: Option<InstanceId>,
     /// A consumer's live values, sent each round (`None`: a bare indexer).
     presence: Option<Arc<Presence>>,
+    /// A consumer runtime's sign of life (`None`: a bare indexer).
+    liveness: Option<Arc<Liveness>>,
 }
 
 impl fmt::Debug for IndexerBuilder {
@@ -242,6 +246,13 @@ impl IndexerBuilder {
         self
     }
 
+    /// A consumer's runtime beats here: a round while it is silent claims
+    /// nothing ([`Liveness`]).
+    pub(crate) fn liveness(mut self, liveness: Arc<Liveness>) -> Self {
+        self.liveness = Some(liveness);
+        self
+    }
+
     /// This instance's id (default [`InstanceId::generate`]).
     pub fn instance_id(mut self, id: InstanceId) -> Self {
         self.instance_id = Some(id);
@@ -274,6 +285,7 @@ impl IndexerBuilder {
             pool,
             redis,
             presence: self.presence,
+            liveness: self.liveness,
         })
     }
 }
@@ -289,6 +301,7 @@ pub struct Indexer {
     /// The URL without its password, for errors (`None`: given a pool).
     redis: Option<String>,
     presence: Option<Arc<Presence>>,
+    liveness: Option<Arc<Liveness>>,
 }
 
 impl fmt::Debug for Indexer {
@@ -313,6 +326,7 @@ impl Indexer {
             url: None,
             instance_id: None,
             presence: None,
+            liveness: None,
         }
     }
 
@@ -355,7 +369,8 @@ impl Indexer {
             self.pool,
             tx,
         )
-        .with_presence(self.presence);
+        .with_presence(self.presence)
+        .with_liveness(self.liveness);
         let thread = RoundThread::start(rounds, stop.clone(), leave.clone())
             .await
             .map_err(at_redis)?;

@@ -10,6 +10,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
+use super::liveness::Liveness;
 use super::schedule::{Plan, Schedule};
 use super::{FenceReason, Standing};
 use crate::assignment::Assignment;
@@ -80,6 +81,10 @@ pub(super) struct RoundLoop {
     clock_fenced: bool,
     /// A consumer's live values, sent alongside each round.
     presence: Option<Arc<Presence>>,
+    /// A consumer runtime's sign of life; `silent`: its last round saw
+    /// none for an interval.
+    liveness: Option<Arc<Liveness>>,
+    silent: bool,
 }
 
 impl RoundLoop {
@@ -104,7 +109,33 @@ impl RoundLoop {
             counted: None,
             clock_fenced: false,
             presence: None,
+            liveness: None,
+            silent: false,
         }
+    }
+
+    /// Claims nothing while a consumer's runtime is silent ([`Liveness`]).
+    pub(super) fn with_liveness(mut self, liveness: Option<Arc<Liveness>>) -> Self {
+        self.liveness = liveness;
+        self
+    }
+
+    /// Whether the consumer's runtime (if any) showed life within the last
+    /// interval; says so in the log when that changes.
+    fn runtime_alive(&mut self) -> bool {
+        let Some(liveness) = &self.liveness else {
+            return true;
+        };
+        let silent_for = liveness.silent_for();
+        let silent = silent_for >= self.settings.interval;
+        if silent && !self.silent {
+            error!(service = %self.name, silent_for = ?silent_for,
+                   "the consumer's runtime has not run for an interval; claiming no index until it does");
+        } else if !silent && self.silent {
+            info!(service = %self.name, "the consumer's runtime runs again");
+        }
+        self.silent = silent;
+        !silent
     }
 
     /// Sends a consumer's members record and counts with each round.
@@ -193,7 +224,7 @@ impl RoundLoop {
     ) -> Result<Standing> {
         let mut conn = self.conn.get().await?;
         self.tell(&conn, leaving);
-        let write = !leaving && !self.clock_fenced;
+        let write = !leaving && !self.clock_fenced && self.runtime_alive();
         let before = self.clock.now();
         let reply = self.write_and_read(&mut conn, number, write, prev).await?;
         let after = self.clock.now();
