@@ -9,8 +9,14 @@
 //!
 //! Each ack's outcome goes back, with its id, on the channel its sender
 //! gave: one per batch of tasks (`super::run`), not one per task.
+//!
+//! The acks of released partitions go first: a release's drain waits for
+//! its last acks before its mark (docs/design.md §4 rule 1), within the
+//! drain timeout, and a busy instance may have thousands of acks queued
+//! before them. In FIFO order a drain missed its 300 ms in a debug build
+//! under load once the queue was allowed 16,384 acks.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,6 +24,7 @@ use futures_util::StreamExt;
 use futures_util::stream::FuturesUnordered;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, error, warn};
 
 use super::store::{self, AckReply, PartitionStore};
@@ -26,14 +33,10 @@ use crate::connection::SharedConnection;
 use crate::retry::Pauses;
 
 /// Most acks sent in one pipeline. With `IN_FLIGHT`, it bounds the
-/// finished tasks waiting for acks ([`super::room::Room`]). At 4,096 (a
-/// bound of 16,384) a busy instance read full batches instead of about
-/// half, but a release's drain then waited behind that deep a queue of
-/// acks: in a debug build under load the last acks of a released partition
-/// missed the 300 ms drain timeout, and its tasks ran again on the next
-/// owner (`tests/consumer.rs`, three instances). A deeper queue needs the
-/// acks of a draining partition to go first.
-pub(crate) const MAX_BATCH: usize = 1024;
+/// finished tasks waiting for acks ([`super::room::Room`]): at 1,024 (a
+/// bound of 4,096) a busy instance read about half the entries it asked
+/// for, at 4,096 full batches.
+pub(crate) const MAX_BATCH: usize = 4096;
 /// Most pipelines of acks underway at once.
 pub(crate) const IN_FLIGHT: usize = 4;
 /// How often a failed ack batch is tried before its entries are left
@@ -48,6 +51,8 @@ const PAUSES: Pauses = Pauses::new(Duration::from_millis(100), Duration::from_se
 pub(crate) struct Ack {
     /// The partition and token it ran under.
     store: Arc<PartitionStore>,
+    /// The partition's release: once it fired, this ack goes first.
+    released: CancellationToken,
     /// Its stream entry id.
     id: String,
     /// Told the id and the outcome once the ack has landed, was refused,
@@ -60,11 +65,17 @@ pub(crate) struct Ack {
 pub(crate) type Replies = mpsc::UnboundedSender<(String, Acked)>;
 
 impl Ack {
-    /// Entry `id` of the partition of `store` (with its token), whose
-    /// outcome goes to `reply`.
-    pub(crate) fn new(store: Arc<PartitionStore>, id: String, reply: Replies) -> Ack {
+    /// Entry `id` of the partition of `store` (with its token), released
+    /// when `released` fires, whose outcome goes to `reply`.
+    pub(crate) fn new(
+        store: Arc<PartitionStore>,
+        released: CancellationToken,
+        id: String,
+        reply: Replies,
+    ) -> Ack {
         Ack {
             store,
+            released,
             id,
             reply: Some(reply),
         }
@@ -112,11 +123,21 @@ pub(crate) fn spawn(
             // (several ms under load, most of it waiting for its turn on
             // the client's two cores), the next batch need not wait.
             let mut underway = FuturesUnordered::new();
+            let mut queue = Queue::default();
             let mut open = true;
-            while open || !underway.is_empty() {
+            while open || !queue.is_empty() || !underway.is_empty() {
+                // Everything sent so far is queued here, so a batch can
+                // take released partitions' acks first.
+                while let Ok(ack) = rx.try_recv() {
+                    queue.push(ack);
+                }
+                if !queue.is_empty() && underway.len() < IN_FLIGHT {
+                    underway.push(send(&name, &conn, queue.next_batch()));
+                    continue;
+                }
                 tokio::select! {
-                    batch = next_batch(&mut rx), if open && underway.len() < IN_FLIGHT => match batch {
-                        Some(batch) => underway.push(send(&name, &conn, batch)),
+                    ack = rx.recv(), if open => match ack {
+                        Some(ack) => queue.push(ack),
                         None => open = false,
                     },
                     Some(()) = underway.next(), if !underway.is_empty() => {}
@@ -128,11 +149,42 @@ pub(crate) fn spawn(
     (tx, task)
 }
 
-/// The acks waiting now, at least one and at most `MAX_BATCH`; `None` once
-/// every sender is gone.
-async fn next_batch(rx: &mut mpsc::UnboundedReceiver<Ack>) -> Option<Vec<Ack>> {
-    let mut batch = Vec::new();
-    (rx.recv_many(&mut batch, MAX_BATCH).await > 0).then_some(batch)
+/// The acks waiting to be sent, in the order they came.
+#[derive(Default)]
+struct Queue(VecDeque<Ack>);
+
+impl Queue {
+    fn push(&mut self, ack: Ack) {
+        self.0.push_back(ack);
+    }
+
+    fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// At most `MAX_BATCH` acks: those of released partitions first, then
+    /// the oldest others.
+    fn next_batch(&mut self) -> Vec<Ack> {
+        let mut batch = Vec::with_capacity(self.0.len().min(MAX_BATCH));
+        if self.0.iter().any(|ack| ack.released.is_cancelled()) {
+            let mut rest = VecDeque::with_capacity(self.0.len());
+            for ack in self.0.drain(..) {
+                if batch.len() < MAX_BATCH && ack.released.is_cancelled() {
+                    batch.push(ack);
+                } else {
+                    rest.push_back(ack);
+                }
+            }
+            self.0 = rest;
+        }
+        while batch.len() < MAX_BATCH {
+            match self.0.pop_front() {
+                Some(ack) => batch.push(ack),
+                None => break,
+            }
+        }
+        batch
+    }
 }
 
 /// Acks `batch` and tells each sender how it went.

@@ -155,7 +155,7 @@ impl<T, S, C: Codec> ConsumerBuilder<T, S, C> {
 
     /// Handlers running at once per instance (default 64). Tasks whose
     /// handler has finished and whose ack is on its way do not count; they
-    /// have a bound of their own (the larger of this and 4,096).
+    /// have a bound of their own (the larger of this and 16,384).
     pub fn concurrency(mut self, tasks: usize) -> Self {
         self.settings.concurrency = tasks;
         self

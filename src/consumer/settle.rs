@@ -47,7 +47,12 @@ impl Settle<'_> {
     /// outcome comes back on `reply`, and goes to
     /// [`acks_ended`](Self::acks_ended).
     pub(crate) fn ack(&self, id: String, reply: &Replies) {
-        let ack = Ack::new(self.ownership.store.clone(), id, reply.clone());
+        let ack = Ack::new(
+            self.ownership.store.clone(),
+            self.ownership.stop.clone(),
+            id,
+            reply.clone(),
+        );
         // Refused only once the acker has stopped: the ack, dropped, tells
         // `reply` it was given up.
         let _ = self.shared.acks.send(ack);
