@@ -1,9 +1,10 @@
 //! Test harness shared by the integration tests: private `redis-server`
-//! processes on free ports ([`RedisServer`]), a TCP proxy that can cut,
-//! blackhole, hold or delay (jitter) its clients' links to Redis
-//! ([`Proxy`]), unique service names, a metrics recorder that keeps its
-//! values ([`recorder`]), a headless Chromium through ChromeDriver
-//! ([`ChromeDriver`], for the dashboard) and tracing setup.
+//! processes on free ports ([`RedisServer`]) and private Redis Clusters of
+//! them ([`RedisCluster`]), a TCP proxy that can cut, blackhole, hold or
+//! delay (jitter) its clients' links to Redis ([`Proxy`]), unique service
+//! names, a metrics recorder that keeps its values ([`recorder`]), a
+//! headless Chromium through ChromeDriver ([`ChromeDriver`], for the
+//! dashboard) and tracing setup.
 //!
 //! Everything here but [`wait_until`] is synchronous and owns its threads
 //! and processes, so it works the same from a plain `#[test]` and from a
@@ -22,7 +23,9 @@
 mod browser;
 mod process;
 mod proxy;
+mod reaper;
 pub mod recorder;
+mod redis_cluster;
 mod redis_server;
 mod wait;
 
@@ -41,6 +44,8 @@ pub use browser::ChromeDriver;
 pub use process::{Proc, example_binary, signal};
 #[allow(unused_imports)]
 pub use proxy::Proxy;
+#[allow(unused_imports)]
+pub use redis_cluster::{Migration, NodeInfo, RedisCluster, SLOTS, slot_of};
 #[allow(unused_imports)]
 pub use redis_server::{RedisServer, ServerOptions, process_exists, unused_port};
 #[allow(unused_imports)]

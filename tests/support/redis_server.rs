@@ -2,8 +2,9 @@
 //! temp dir, no config file, and ways to restart, crash and freeze it.
 //!
 //! The process is a child of the test process and is killed on drop (also
-//! when the test panics). If the test process itself is SIGKILLed, the
-//! server is orphaned; nothing here can prevent that without `unsafe`.
+//! when the test panics). A server that is never dropped (one kept in a
+//! `static`) or outlives a test process that was SIGKILLed is killed by
+//! the [`reaper`](super::reaper) when the test process exits.
 
 use std::fs::{self, OpenOptions};
 use std::net::TcpListener;
@@ -15,6 +16,8 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use deadpool_redis::redis;
+
+use super::reaper;
 
 /// How long a server may take to answer PING after it is spawned, and to
 /// exit after SHUTDOWN.
@@ -65,6 +68,10 @@ pub struct RedisServer {
     /// thread `pause_for` leaves behind, so that thread only resumes the
     /// process it paused, never a later one.
     pid: Arc<AtomicU32>,
+    /// A Redis Cluster node (`--cluster-enabled yes`, see
+    /// [`RedisCluster`](super::RedisCluster)): its cluster bus port
+    /// (port + 10000) must be free too.
+    cluster: bool,
 }
 
 /// Why a spawned server did not come up in a way the caller can retry.
@@ -84,6 +91,24 @@ impl RedisServer {
     /// Panics if `redis-server` is not on PATH or does not come up within
     /// 10 s; the message quotes the end of its log.
     pub fn start_with(opts: ServerOptions) -> RedisServer {
+        RedisServer::start_fresh(opts, false)
+    }
+
+    /// Starts one node of a [`RedisCluster`](super::RedisCluster): AOF with
+    /// `appendfsync always`, `--cluster-enabled yes`, a 2 s node timeout and
+    /// `nodes.conf` in its dir, on a port whose bus port is free too. The
+    /// node answers PING but belongs to no cluster yet.
+    pub(super) fn start_cluster_node() -> RedisServer {
+        let opts = ServerOptions {
+            aof: true,
+            requirepass: None,
+        };
+        RedisServer::start_fresh(opts, true)
+    }
+
+    /// Starts a server on a fresh port, trying another port when the chosen
+    /// one is taken before the server binds it.
+    fn start_fresh(opts: ServerOptions, cluster: bool) -> RedisServer {
         ensure_redis_server();
         let mut server = RedisServer {
             port: 0,
@@ -91,9 +116,14 @@ impl RedisServer {
             opts,
             child: None,
             pid: Arc::new(AtomicU32::new(0)),
+            cluster,
         };
         for _ in 0..FRESH_PORT_ATTEMPTS {
-            server.port = free_port();
+            server.port = if cluster {
+                unused_cluster_port()
+            } else {
+                free_port()
+            };
             match server.launch() {
                 Ok(()) => return server,
                 Err(LaunchError::AddrInUse) => continue,
@@ -116,6 +146,7 @@ impl RedisServer {
             opts,
             child: None,
             pid: Arc::new(AtomicU32::new(0)),
+            cluster: false,
         };
         server.relaunch();
         server
@@ -252,12 +283,19 @@ impl RedisServer {
         if let Some(password) = self.opts.requirepass {
             cmd.args(["--requirepass", password]);
         }
+        if self.cluster {
+            // `nodes.conf` is relative to `--dir`, so a restarted node finds
+            // its identity and epoch again and rejoins as itself.
+            cmd.args(["--cluster-enabled", "yes", "--cluster-node-timeout", "2000"])
+                .args(["--cluster-config-file", "nodes.conf"]);
+        }
         let child = cmd
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(stderr)
             .spawn()
             .unwrap_or_else(|err| panic!("spawn redis-server: {err}"));
+        reaper::adopt_pid(child.id());
         self.pid.store(child.id(), Ordering::SeqCst);
         self.child = Some(child);
 
@@ -269,7 +307,7 @@ impl RedisServer {
                 .and_then(|child| child.try_wait().ok().flatten());
             if let Some(status) = exited {
                 self.child = None;
-                self.pid.store(0, Ordering::SeqCst);
+                reaper::release_pid(self.pid.swap(0, Ordering::SeqCst));
                 let tail = self.log_tail();
                 if tail.contains("Address already in use") {
                     return Err(LaunchError::AddrInUse);
@@ -294,7 +332,7 @@ impl RedisServer {
     }
 
     /// Starts a new process on the same port after the old one is gone.
-    fn relaunch(&mut self) {
+    pub(super) fn relaunch(&mut self) {
         for _ in 0..SAME_PORT_ATTEMPTS {
             match self.launch() {
                 Ok(()) => return,
@@ -329,7 +367,7 @@ impl RedisServer {
         while let Some(child) = self.child.as_mut() {
             if let Ok(Some(_)) = child.try_wait() {
                 self.child = None;
-                self.pid.store(0, Ordering::SeqCst);
+                reaper::release_pid(self.pid.swap(0, Ordering::SeqCst));
                 return;
             }
             if Instant::now() >= deadline {
@@ -344,21 +382,23 @@ impl RedisServer {
         }
     }
 
-    /// SIGCONT then SIGKILL the process and reap it. Never panics: it runs
-    /// in `Drop`, possibly while a test is already panicking.
-    fn kill(&mut self) {
+    /// SIGCONT then SIGKILL the process and reap it; it stays down until
+    /// [`relaunch`](Self::relaunch). Never panics: it runs in `Drop`,
+    /// possibly while a test is already panicking.
+    pub(super) fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {
             // A stopped process still dies of SIGKILL, but resuming first
             // keeps the kernel from holding it in the stopped state.
             signal(child.id(), "CONT");
             let _ = child.kill();
             let _ = child.wait();
+            reaper::release_pid(child.id());
         }
         self.pid.store(0, Ordering::SeqCst);
     }
 
     /// The last lines of the server's log and stderr, for panic messages.
-    fn log_tail(&self) -> String {
+    pub(super) fn log_tail(&self) -> String {
         let mut out = String::new();
         for name in ["redis.log", "stderr.log"] {
             let text = fs::read(self.dir.join(name))
@@ -379,6 +419,7 @@ impl Drop for RedisServer {
     fn drop(&mut self) {
         self.kill();
         let _ = fs::remove_dir_all(&self.dir);
+        reaper::release_dir(&self.dir);
     }
 }
 
@@ -418,10 +459,27 @@ fn free_port() -> u16 {
 /// become the local port of a client's own connect attempt to it (a TCP
 /// self-connect, which then looks like a server that answers nothing).
 pub fn unused_port() -> u16 {
-    const RANGE: std::ops::Range<u16> = 20_000..32_000;
+    random_unused_port(20_000..32_000, None)
+}
+
+/// A port for a cluster node: it and its cluster bus port (port + 10000)
+/// are both free now, and both lie below the ephemeral range, for the
+/// reasons given at [`unused_port`].
+fn unused_cluster_port() -> u16 {
+    random_unused_port(20_000..22_768, Some(10_000))
+}
+
+/// A random port in `range` that binds, and whose `port + bus_offset` binds
+/// too when there is an offset.
+fn random_unused_port(range: std::ops::Range<u16>, bus_offset: Option<u16>) -> u16 {
     loop {
-        let port = RANGE.start + rand::random::<u16>() % (RANGE.end - RANGE.start);
-        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+        let port = range.start + rand::random::<u16>() % (range.end - range.start);
+        let Ok(_listener) = TcpListener::bind(("127.0.0.1", port)) else {
+            continue;
+        };
+        let bus_free =
+            bus_offset.is_none_or(|offset| TcpListener::bind(("127.0.0.1", port + offset)).is_ok());
+        if bus_free {
             return port;
         }
     }
@@ -436,7 +494,10 @@ fn make_temp_dir() -> PathBuf {
             rand::random::<u32>()
         ));
         match fs::create_dir(&dir) {
-            Ok(()) => return dir,
+            Ok(()) => {
+                reaper::adopt_dir(&dir);
+                return dir;
+            }
             Err(err) if err.kind() == std::io::ErrorKind::AlreadyExists => continue,
             Err(err) => panic!("create redis temp dir {}: {err}", dir.display()),
         }
