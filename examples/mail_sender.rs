@@ -2,9 +2,12 @@
 //! name and a `produce`, and watch them split the work.
 //!
 //! ```text
-//! mail_sender consume --redis URL --name NAME [--partitions N] [--indexing ranked|incr] [--interval-ms N] [--drain-ms N] [--skew-ms N] [--work-ms N] [--print-tasks] [--print-events] [--http ADDR]
-//! mail_sender produce --redis URL --name NAME [--partitions N] --count N [--batch N] [--rate N] [--print-enqueued]
+//! mail_sender consume --redis URL [--cluster] --name NAME [--partitions N] [--indexing ranked|incr] [--interval-ms N] [--drain-ms N] [--skew-ms N] [--work-ms N] [--print-tasks] [--print-events] [--http ADDR]
+//! mail_sender produce --redis URL [--cluster] --name NAME [--partitions N] --count N [--batch N] [--rate N] [--print-enqueued]
 //! ```
+//!
+//! With `--cluster`, `--redis` is a comma-separated list of a Redis
+//! Cluster's node URLs (some of them are enough).
 //!
 //! With `--print-tasks` a consumer prints, on stdout, a line when a task's
 //! handler starts and one when it succeeded (before the task is acked):
@@ -54,9 +57,13 @@ struct Cli {
 enum Command {
     /// Run one consumer instance until SIGTERM or ctrl-c.
     Consume {
-        /// Redis URL, e.g. redis://127.0.0.1:6379/
+        /// Redis URL, e.g. redis://127.0.0.1:6379/ (with --cluster, a
+        /// comma-separated list of node URLs)
         #[arg(long)]
         redis: String,
+        /// --redis names nodes of a Redis Cluster.
+        #[arg(long)]
+        cluster: bool,
         /// The service name.
         #[arg(long)]
         name: String,
@@ -91,9 +98,13 @@ enum Command {
     },
     /// Enqueue `count` mails with sequence numbers 0..count.
     Produce {
-        /// Redis URL, e.g. redis://127.0.0.1:6379/
+        /// Redis URL, e.g. redis://127.0.0.1:6379/ (with --cluster, a
+        /// comma-separated list of node URLs)
         #[arg(long)]
         redis: String,
+        /// --redis names nodes of a Redis Cluster.
+        #[arg(long)]
+        cluster: bool,
         /// The service name.
         #[arg(long)]
         name: String,
@@ -226,6 +237,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     match Cli::parse().command {
         Command::Consume {
             redis,
+            cluster,
             name,
             partitions,
             indexing,
@@ -246,19 +258,39 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 work: Duration::from_millis(work_ms),
                 http,
             };
+            let redis = Redis::new(redis, cluster);
             consume(redis, name, settings, print_tasks, print_events).await?
         }
         Command::Produce {
             redis,
+            cluster,
             name,
             partitions,
             count,
             batch,
             rate,
             print_enqueued,
-        } => produce(redis, name, partitions, count, batch, rate, print_enqueued).await?,
+        } => {
+            let redis = Redis::new(redis, cluster);
+            produce(redis, name, partitions, count, batch, rate, print_enqueued).await?
+        }
     }
     Ok(())
+}
+
+/// `--redis` and `--cluster`: one server's URL, or a Cluster's node URLs.
+enum Redis {
+    Server(String),
+    Cluster(Vec<String>),
+}
+
+impl Redis {
+    fn new(redis: String, cluster: bool) -> Redis {
+        match cluster {
+            true => Redis::Cluster(redis.split(',').map(|url| url.trim().to_owned()).collect()),
+            false => Redis::Server(redis),
+        }
+    }
 }
 
 /// A consumer's partitions, indexing and timing settings, and where it
@@ -274,16 +306,19 @@ struct Settings {
 }
 
 async fn consume(
-    redis: String,
+    redis: Redis,
     name: String,
     settings: Settings,
     print_tasks: bool,
     print_events: bool,
 ) -> peerq::Result<()> {
     let handled = Arc::new(AtomicU64::new(0));
-    let builder = Consumer::builder()
+    let builder = match redis {
+        Redis::Server(url) => Consumer::builder().redis(url),
+        Redis::Cluster(urls) => Consumer::builder().redis_cluster(urls),
+    };
+    let builder = builder
         .name(&name)
-        .redis(redis)
         .partitions(settings.partitions)
         .indexing(settings.indexing)
         .interval(settings.interval)
@@ -398,7 +433,7 @@ async fn status(
 }
 
 async fn produce(
-    redis: String,
+    redis: Redis,
     name: String,
     partitions: Option<u32>,
     count: u64,
@@ -406,7 +441,11 @@ async fn produce(
     rate: u64,
     print: bool,
 ) -> peerq::Result<()> {
-    let builder = Producer::builder().redis(&redis).name(&name);
+    let builder = match redis {
+        Redis::Server(url) => Producer::builder().redis(url),
+        Redis::Cluster(urls) => Producer::builder().redis_cluster(urls),
+    };
+    let builder = builder.name(&name);
     let producer = match partitions {
         Some(partitions) => builder.partitions(partitions),
         None => builder,

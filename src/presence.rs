@@ -14,12 +14,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock, Mutex, MutexGuard};
 use std::time::Duration;
 
-use deadpool_redis::redis::{self, Script, aio::MultiplexedConnection};
+use deadpool_redis::redis::{self, Script};
 use tracing::{Instrument, debug};
 
 use crate::assignment::Assignment;
 use crate::clock::Clock;
 use crate::config::ServiceName;
+use crate::connection::Conn;
 use crate::error::Result;
 use crate::indexer::Standing;
 use crate::instance::InstanceId;
@@ -193,7 +194,7 @@ impl Presence {
     /// the records are not all read by every instance each round).
     async fn tell(
         &self,
-        conn: &mut MultiplexedConnection,
+        conn: &mut Conn,
         name: &ServiceName,
         id: &InstanceId,
         standing: &str,
@@ -233,7 +234,7 @@ impl Presence {
     /// only means they are sent again next round).
     pub(crate) fn send(
         self: &Arc<Self>,
-        conn: &MultiplexedConnection,
+        conn: &Conn,
         name: &ServiceName,
         id: &InstanceId,
         current: &Standing,
@@ -261,11 +262,7 @@ impl Presence {
     }
 
     /// Removes the instance's members record (it left).
-    pub(crate) async fn leave(
-        conn: &mut MultiplexedConnection,
-        name: &ServiceName,
-        id: &InstanceId,
-    ) -> Result<()> {
+    pub(crate) async fn leave(conn: &mut Conn, name: &ServiceName, id: &InstanceId) -> Result<()> {
         let mut hdel = redis::cmd("HDEL");
         hdel.arg(keys::members(name)).arg(id.as_str());
         hdel.query_async::<()>(conn).await?;
@@ -314,7 +311,8 @@ mod tests {
         use crate::test_support as support;
         let server = support::RedisServer::start();
         let client = server.client();
-        let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+        let conn = client.get_multiplexed_async_connection().await.unwrap();
+        let mut conn = crate::connection::Conn::Node(conn);
         let name = ServiceName::new(&support::unique_name("presence")).unwrap();
         let id = InstanceId::generate();
         let presence = Presence::new(Arc::new(crate::clock::SystemClock));

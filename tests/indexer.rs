@@ -608,7 +608,10 @@ async fn round_keys_expire_within_a_few_intervals(indexing: Indexing, at_most: u
         // (-2), or be within its last millisecond (0); only no expiry (-1)
         // or a longer one is wrong.
         let ttl: i64 = conn.pttl(k).await.unwrap();
-        assert!(ttl == -2 || (0..=3 * 200).contains(&ttl), "{k} has pttl {ttl}");
+        assert!(
+            ttl == -2 || (0..=3 * 200).contains(&ttl),
+            "{k} has pttl {ttl}"
+        );
     }
     for i in 0..3 {
         fleet.stop(i).await;

@@ -87,8 +87,28 @@ impl Admin {
     /// unreachable or refusing Redis (a wrong password) is an
     /// [`Error::Connect`]; neither message contains the password.
     pub async fn connect(url: &str) -> Result<Admin> {
-        let redis: Arc<str> = connection::redact(url).into();
-        let conn = SharedConnection::new(connection::pool(None, Some(url.to_owned()))?);
+        Admin::connect_to(connection::Given {
+            url: Some(url.to_owned()),
+            ..Default::default()
+        })
+        .await
+    }
+
+    /// Connects to the Redis Cluster with these seed nodes, as
+    /// [`connect`](Self::connect) does to one server.
+    pub async fn connect_cluster<U: Into<String>>(
+        urls: impl IntoIterator<Item = U>,
+    ) -> Result<Admin> {
+        Admin::connect_to(connection::Given {
+            cluster: Some(urls.into_iter().map(Into::into).collect()),
+            ..Default::default()
+        })
+        .await
+    }
+
+    async fn connect_to(given: connection::Given) -> Result<Admin> {
+        let redis: Arc<str> = given.target().into();
+        let conn = SharedConnection::new(given.backend()?);
         let ping = redis::cmd("PING");
         let ping = conn.query::<String>(&ping);
         match tokio::time::timeout(CONNECT_TIMEOUT, ping).await {
@@ -277,7 +297,7 @@ impl Service {
         }
         let producer = Producer::builder()
             .codec(Json)
-            .pool(self.admin.conn.pool().clone())
+            .backend(self.admin.conn.backend().clone())
             .name(self.name.as_str())
             .connect()
             .await?;

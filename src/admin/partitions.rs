@@ -58,7 +58,6 @@ pub(crate) async fn read(
     let mut pipe = redis::pipe();
     // A stream no one created yet makes `XINFO` and `XPENDING` fail; that
     // is an answer (nothing there), not an error of the whole read.
-    pipe.ignore_errors();
     for (name, partitions) in services {
         for p in 0..*partitions {
             let stream = keys::stream(name, p);
@@ -70,7 +69,7 @@ pub(crate) async fn read(
             pipe.cmd("XLEN").arg(keys::dead(name, p));
         }
     }
-    let replies: Vec<Value> = conn.query_pipe(&pipe).await?;
+    let replies: Vec<Value> = conn.query_pipe_each(&mut pipe).await?;
     let mut replies = replies.into_iter();
     let mut read = Vec::with_capacity(services.len());
     for (_, partitions) in services {

@@ -91,23 +91,27 @@ impl Admin {
             .collect())
     }
 
-    /// The names of the services whose `{N}:meta` exists, sorted.
+    /// The names of the services whose `{N}:meta` exists, sorted (on a
+    /// Cluster, from every master).
     async fn scan_services(&self) -> Result<Vec<ServiceName>> {
         let mut names = Vec::new();
-        let mut cursor: u64 = 0;
-        loop {
-            let mut scan = redis::cmd("SCAN");
-            scan.arg(cursor)
-                .arg("MATCH")
-                .arg(keys::META_PATTERN)
-                .arg("COUNT")
-                .arg(SCAN_COUNT);
-            let (next, found): (u64, Vec<String>) = self.conn.query(&scan).await?;
-            names.extend(found.iter().filter_map(|key| keys::service_of_meta(key)));
-            if next == 0 {
-                break;
+        for node in self.conn.key_nodes().await? {
+            let node = node.as_ref().map(|(host, port)| (host.as_str(), *port));
+            let mut cursor: u64 = 0;
+            loop {
+                let mut scan = redis::cmd("SCAN");
+                scan.arg(cursor)
+                    .arg("MATCH")
+                    .arg(keys::META_PATTERN)
+                    .arg("COUNT")
+                    .arg(SCAN_COUNT);
+                let (next, found): (u64, Vec<String>) = self.conn.query_on(&scan, node).await?;
+                names.extend(found.iter().filter_map(|key| keys::service_of_meta(key)));
+                if next == 0 {
+                    break;
+                }
+                cursor = next;
             }
-            cursor = next;
         }
         // SCAN may return a key more than once.
         names.sort_by(|a, b| a.as_str().cmp(b.as_str()));

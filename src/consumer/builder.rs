@@ -21,6 +21,7 @@ use super::settings::ConsumerSettings;
 use crate::clock::{Clock, SystemClock};
 use crate::codec::{Bincode, Codec};
 use crate::config::{IndexerSettings, Indexing, ServiceName};
+use crate::connection::Given;
 use crate::error::{Error, Result};
 use crate::handler::{BoxError, Handler, HandlerService, Task};
 use crate::indexer::Standing;
@@ -38,8 +39,7 @@ const EVENTS_CAPACITY: usize = 16_384;
 #[must_use]
 pub struct ConsumerBuilder<T, S, C> {
     name: Option<String>,
-    url: Option<String>,
-    pool: Option<Pool>,
+    redis: Given,
     indexer: IndexerSettings,
     settings: ConsumerSettings,
     service: S,
@@ -59,7 +59,7 @@ impl<T, S, C: Codec> fmt::Debug for ConsumerBuilder<T, S, C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ConsumerBuilder")
             .field("name", &self.name)
-            .field("url", &self.url.as_deref().map(crate::connection::redact))
+            .field("redis", &self.redis)
             .field("indexer", &self.indexer)
             .field("settings", &self.settings)
             .field("codec", &C::NAME)
@@ -72,8 +72,7 @@ impl ConsumerBuilder<(), (), Bincode> {
     pub(super) fn new() -> Self {
         ConsumerBuilder {
             name: None,
-            url: None,
-            pool: None,
+            redis: Given::default(),
             indexer: IndexerSettings::default(),
             settings: ConsumerSettings::default(),
             service: (),
@@ -111,7 +110,7 @@ impl<T, S, C: Codec> ConsumerBuilder<T, S, C> {
 
     /// Connect to Redis at `url` (`redis://`, `rediss://`, with user and password).
     pub fn redis(mut self, url: impl Into<String>) -> Self {
-        self.url = Some(url.into());
+        self.redis.url = Some(url.into());
         self
     }
 
@@ -119,7 +118,18 @@ impl<T, S, C: Codec> ConsumerBuilder<T, S, C> {
     /// precedence over [`redis`](Self::redis)). Blocking reads always get
     /// connections of their own, to the same server.
     pub fn pool(mut self, pool: Pool) -> Self {
-        self.pool = Some(pool);
+        self.redis.pool = Some(pool);
+        self
+    }
+
+    /// Connect to the Redis Cluster with these seed nodes (URLs of some of
+    /// its nodes; the others are found from them). Each partition's keys
+    /// are in a slot of their own, so the partitions spread over every
+    /// master; the service's own keys are on the master of `{name}`'s
+    /// slot. Each idle partition waits for new entries on a connection of
+    /// its own to the master of its slot.
+    pub fn redis_cluster<U: Into<String>>(mut self, urls: impl IntoIterator<Item = U>) -> Self {
+        self.redis.cluster = Some(urls.into_iter().map(Into::into).collect());
         self
     }
 
@@ -305,8 +315,7 @@ impl<T, S, C: Codec> ConsumerBuilder<T, S, C> {
     fn map_service<T2, S2, C2>(self, f: impl FnOnce(S) -> S2) -> ConsumerBuilder<T2, S2, C2> {
         ConsumerBuilder {
             name: self.name,
-            url: self.url,
-            pool: self.pool,
+            redis: self.redis,
             indexer: self.indexer,
             settings: self.settings,
             service: f(self.service),
@@ -404,8 +413,8 @@ where
     ) -> Result<()> {
         crate::logs::hint_if_unseen();
         let name = self.validate()?;
-        let redis = crate::connection::target(self.pool.as_ref(), self.url.as_deref());
-        let pool = crate::connection::pool(self.pool, self.url)?;
+        let redis = self.redis.target();
+        let backend = self.redis.backend()?;
         #[cfg(feature = "http")]
         let http = super::endpoint::Endpoint::start(
             self.http,
@@ -428,7 +437,7 @@ where
                     name,
                     id,
                     redis,
-                    pool,
+                    backend,
                     indexer: self.indexer,
                     settings: self.settings,
                     runner: Runner::new::<T, S, C>(self.service),

@@ -1,5 +1,8 @@
 //! The idle partitions' read: one blocking `XREADGROUP` over every owned
-//! partition whose stream was read out, on a connection of its own.
+//! partition whose stream was read out, on a connection of its own. On a
+//! Redis Cluster one command cannot read streams of several slots, so each
+//! idle partition has a read of its own, on a connection to the master of
+//! its slot ([`IdleReads::spawn`]).
 //!
 //! A partition with entries waiting reads them itself, with non-blocking
 //! reads on the instance's shared connections, many partitions' reads in
@@ -33,8 +36,8 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use deadpool_redis::Pool;
 use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinSet;
 use tokio_util::task::AbortOnDropHandle;
 use tracing::{Instrument, warn};
 
@@ -43,7 +46,7 @@ use super::lease::Lease;
 use super::policy::Order;
 use super::room::Room;
 use super::store::{self, BlockingReads, Fetched, PartitionStore};
-use crate::connection::SharedConnection;
+use crate::connection::{Backend, SharedConnection};
 use crate::retry::Pauses;
 
 /// How much earlier than the lease the blocking read must end (the read
@@ -98,9 +101,10 @@ impl std::fmt::Debug for Request {
 }
 
 /// What the idle read needs of its instance.
+#[derive(Clone)]
 pub(crate) struct Setup {
     /// Where its own connection comes from.
-    pub(crate) pool: Pool,
+    pub(crate) backend: Backend,
     /// For the unblocks (never the read's own connection).
     pub(crate) conn: Arc<SharedConnection>,
     pub(crate) lease: Lease,
@@ -114,14 +118,21 @@ pub(crate) struct Setup {
 impl IdleReads {
     /// Starts the idle read of an instance; it runs until the handle and
     /// every clone of it are dropped, or the returned task handle is.
+    ///
+    /// On a Cluster, the handle's requests go to a task that starts one
+    /// reader per partition as it first joins; each reader holds its
+    /// connection while its partition is in it.
     pub(crate) fn spawn(setup: Setup) -> (IdleReads, AbortOnDropHandle<()>) {
         let (requests, received) = mpsc::unbounded_channel();
-        let reader = IdleReader {
-            setup,
-            requests: received,
-            members: BTreeMap::new(),
+        let task = if setup.backend.is_cluster() {
+            tokio::spawn(per_partition(setup, received).in_current_span())
+        } else {
+            tokio::spawn(
+                IdleReader::new(setup, None, received)
+                    .run()
+                    .in_current_span(),
+            )
         };
-        let task = tokio::spawn(reader.run().in_current_span());
         (IdleReads { requests }, AbortOnDropHandle::new(task))
     }
 
@@ -157,15 +168,54 @@ struct Member {
     mailbox: mpsc::UnboundedSender<Delivery>,
 }
 
-/// The task behind [`IdleReads`].
+/// The task behind [`IdleReads`] on a Cluster: it hands each request to
+/// the reader of its partition, started on the partition's first join.
+/// The readers end when it does (dropped with their `JoinSet`).
+async fn per_partition(setup: Setup, mut requests: mpsc::UnboundedReceiver<Request>) {
+    let mut readers: BTreeMap<u32, mpsc::UnboundedSender<Request>> = BTreeMap::new();
+    let mut tasks = JoinSet::new();
+    while let Some(request) = requests.recv().await {
+        let partition = match &request {
+            Request::Join { store, .. } => store.partition(),
+            Request::Leave { partition, .. } => *partition,
+        };
+        let reader = readers.entry(partition).or_insert_with(|| {
+            let (tx, rx) = mpsc::unbounded_channel();
+            let reader = IdleReader::new(setup.clone(), Some(partition), rx);
+            tasks.spawn(reader.run().in_current_span());
+            tx
+        });
+        // A reader ends only with this task; a leave it cannot answer
+        // answers itself (its sender is dropped).
+        let _ = reader.send(request);
+    }
+}
+
+/// The task behind [`IdleReads`] (on a Cluster, one per partition).
 struct IdleReader {
     setup: Setup,
+    /// On a Cluster, the one partition it reads: it lets go of its
+    /// connection while the partition is not in it.
+    partition: Option<u32>,
     requests: mpsc::UnboundedReceiver<Request>,
     /// The partitions in the idle read, by partition.
     members: BTreeMap<u32, Member>,
 }
 
 impl IdleReader {
+    fn new(
+        setup: Setup,
+        partition: Option<u32>,
+        requests: mpsc::UnboundedReceiver<Request>,
+    ) -> IdleReader {
+        IdleReader {
+            setup,
+            partition,
+            requests,
+            members: BTreeMap::new(),
+        }
+    }
+
     async fn run(mut self) {
         let mut connected: Option<BlockingReads> = None;
         let mut pauses = PAUSES;
@@ -177,6 +227,10 @@ impl IdleReader {
             // timeout) reads nothing any more.
             self.members.retain(|_, m| !m.mailbox.is_closed());
             let Some(wait) = self.ready() else {
+                if self.partition.is_some() && self.members.is_empty() {
+                    // Its partition may have gone to another instance.
+                    connected = None;
+                }
                 // Nothing to read for, or not now: wait for a change.
                 if !self.wait_for_change().await {
                     return;
@@ -185,7 +239,7 @@ impl IdleReader {
             };
             let reader = match &mut connected {
                 Some(reader) => reader,
-                None => match BlockingReads::connect(&self.setup.pool, self.setup.block).await {
+                None => match self.connect().await {
                     Ok(reader) => connected.insert(reader),
                     Err(e) => {
                         warn!(cause = %e, "cannot connect the idle partitions' reader; retrying");
@@ -226,6 +280,18 @@ impl IdleReader {
                 return;
             }
         }
+    }
+
+    /// A connection for the reads: on a Cluster, to the master of its
+    /// partition's slot.
+    async fn connect(&self) -> crate::Result<BlockingReads> {
+        let slot = self
+            .members
+            .values()
+            .next()
+            .map_or(0, |member| member.store.slot());
+        let s = &self.setup;
+        BlockingReads::connect(&s.backend, &s.conn, slot, s.block).await
     }
 
     /// How long the next read may block, if one may start now: some
@@ -276,6 +342,7 @@ impl IdleReader {
         Option<Vec<Request>>,
     ) {
         let client_id = reader.client_id();
+        let node = reader.node().map(|(host, port)| (host.to_owned(), port));
         let stores: Vec<Arc<PartitionStore>> =
             self.members.values().map(|m| m.store.clone()).collect();
         let refs: Vec<&PartitionStore> = stores.iter().map(|s| &**s).collect();
@@ -302,7 +369,8 @@ impl IdleReader {
                 _ = tokio::time::sleep(UNBLOCK_AGAIN), if unblocking => {}
             }
             if unblocking {
-                let _ = store::unblock(&self.setup.conn, client_id).await;
+                let node = node.as_ref().map(|(host, port)| (host.as_str(), *port));
+                let _ = store::unblock(&self.setup.conn, client_id, node).await;
             }
         };
         let result = result.map(|read| {

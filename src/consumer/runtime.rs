@@ -6,7 +6,6 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use deadpool_redis::Pool;
 use tokio::sync::{broadcast, mpsc, watch};
 use tokio::time::Instant;
 use tracing::{info, warn};
@@ -28,7 +27,7 @@ use super::shared::Shared;
 use super::startup::Startup;
 use crate::clock::Clock;
 use crate::config::{IndexerSettings, ServiceName};
-use crate::connection::SharedConnection;
+use crate::connection::{Backend, SharedConnection};
 use crate::error::{Error, Result};
 use crate::indexer::{Liveness, Standing};
 use crate::instance::InstanceId;
@@ -48,7 +47,7 @@ pub(super) struct Parts {
     pub(super) id: InstanceId,
     /// The Redis, as errors and logs name it (no password).
     pub(super) redis: String,
-    pub(super) pool: Pool,
+    pub(super) backend: Backend,
     pub(super) indexer: IndexerSettings,
     pub(super) settings: ConsumerSettings,
     /// The handler service with its layers and the codec.
@@ -93,7 +92,7 @@ where
         name,
         id,
         redis,
-        pool,
+        backend,
         indexer,
         settings,
         runner,
@@ -101,7 +100,7 @@ where
         events,
         clock,
     } = parts;
-    let conn = Arc::new(SharedConnection::new(pool));
+    let conn = Arc::new(SharedConnection::new(backend));
     let fields = settings.meta_fields(runner.codec());
     let timing = Timing::new(&indexer, settings.drain_timeout);
     let leave_timeout = settings.leave_timeout(indexer.interval);
@@ -143,7 +142,7 @@ where
     let room = Arc::new(Room::new(settings.concurrency));
     let order = Order::of(settings.ordered);
     let (idle, idle_reader) = IdleReads::spawn(idle_reads::Setup {
-        pool: conn.pool().clone(),
+        backend: conn.backend().clone(),
         conn: conn.clone(),
         lease: lease.clone(),
         gate: gate.clone(),
@@ -152,7 +151,7 @@ where
         batch: settings.batch,
         block: settings.block,
     });
-    let reads = Arc::new(SharedConnection::new(conn.pool().clone()));
+    let reads = Arc::new(SharedConnection::new(conn.backend().clone()));
     let (due, due_watcher) = DueWatch::spawn(name.clone(), conn.clone(), clock.clone());
     let shared = Arc::new(Shared {
         name: name.clone(),

@@ -99,7 +99,7 @@ impl Startup<'_> {
             .await?;
             Indexer::builder()
                 .name(self.name.as_str())
-                .pool(self.conn.pool().clone())
+                .backend(self.conn.backend().clone())
                 .interval(self.indexer.interval)
                 .skew(self.indexer.skew)
                 .lease_margin(self.indexer.lease_margin)
@@ -124,13 +124,23 @@ impl Startup<'_> {
 
 /// Refuses a Redis that may evict keys, unless the user allowed it.
 async fn check_eviction(conn: &SharedConnection, allowed: bool) -> Result<()> {
-    let policy = store::eviction_policy(conn).await?;
-    if policy == "noeviction" || policy.is_empty() {
+    // On a Cluster, every master's: each holds some partitions.
+    let policies = store::eviction_policies(conn).await?;
+    let Some((node, policy)) = policies
+        .into_iter()
+        .find(|(_, policy)| policy != "noeviction" && !policy.is_empty())
+    else {
         return Ok(());
-    }
+    };
+    let redis = if node.is_empty() {
+        "redis".to_owned()
+    } else {
+        format!("redis node {node}")
+    };
     if allowed {
         warn!(
             policy,
+            node,
             "redis may evict keys (maxmemory-policy); tasks and coordination keys can be lost"
         );
         return Ok(());
@@ -138,8 +148,8 @@ async fn check_eviction(conn: &SharedConnection, allowed: bool) -> Result<()> {
     Err(Error::invalid(
         "allow_eviction",
         format!(
-            "redis has maxmemory-policy `{policy}`, which can silently evict tasks, owner records and \
-             marks; set it to `noeviction` (CONFIG SET maxmemory-policy noeviction), or call \
+            "{redis} has maxmemory-policy `{policy}`, which can silently evict tasks, owner records \
+             and marks; set it to `noeviction` (CONFIG SET maxmemory-policy noeviction), or call \
              .allow_eviction(true) to run anyway"
         ),
     ))

@@ -25,7 +25,7 @@ use futures_util::future::try_join_all;
 use serde::{Serialize, Serializer};
 
 use crate::config::ServiceName;
-use crate::connection::SharedConnection;
+use crate::connection::{Given, SharedConnection};
 use crate::error::{Error, Result};
 use crate::keys;
 use crate::task::{TaskId, field};
@@ -233,17 +233,39 @@ impl DeadLetters {
     /// that never recorded its partitions there, an
     /// [`Error::UnknownService`].
     pub async fn connect(url: &str, name: &str) -> Result<Self> {
+        let given = Given {
+            url: Some(url.to_owned()),
+            ..Given::default()
+        };
+        DeadLetters::connect_to(given, name).await
+    }
+
+    /// The dead letters of service `name` on the Redis Cluster with these
+    /// seed nodes, as [`connect`](Self::connect) does on one server.
+    pub async fn connect_cluster<U: Into<String>>(
+        urls: impl IntoIterator<Item = U>,
+        name: &str,
+    ) -> Result<Self> {
+        let given = Given {
+            cluster: Some(urls.into_iter().map(Into::into).collect()),
+            ..Given::default()
+        };
+        DeadLetters::connect_to(given, name).await
+    }
+
+    async fn connect_to(given: Given, name: &str) -> Result<Self> {
         let name = ServiceName::new(name)?;
-        let conn = SharedConnection::new(crate::connection::pool(None, Some(url.to_owned()))?);
+        let redis = given.target();
+        let conn = SharedConnection::new(given.backend()?);
         let mut hget = redis::cmd("HGET");
         hget.arg(keys::meta(&name)).arg("partitions");
         let partitions: Option<u32> = conn
             .query(&hget)
             .await
-            .map_err(|e| crate::connection::at(&crate::connection::redact(url), e))?;
+            .map_err(|e| crate::connection::at(&redis, e))?;
         let partitions = partitions.ok_or_else(|| Error::UnknownService {
             name: name.to_string(),
-            url: crate::connection::redact(url),
+            url: redis,
         })?;
         Ok(DeadLetters::new(Arc::new(conn), name, partitions))
     }

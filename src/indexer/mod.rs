@@ -32,6 +32,7 @@ use tokio_util::sync::CancellationToken;
 use crate::assignment::Assignment;
 use crate::clock::{Clock, SystemClock};
 use crate::config::{IndexerSettings, Indexing, ServiceName};
+use crate::connection::{Backend, Given};
 use crate::error::Result;
 use crate::instance::InstanceId;
 use crate::meta::{self, Kind};
@@ -166,8 +167,7 @@ pub struct IndexerBuilder {
     name: Option<String>,
     settings: IndexerSettings,
     clock: Arc<dyn Clock>,
-    pool: Option<Pool>,
-    url: Option<String>,
+    redis: Given,
     instance_id: Option<InstanceId>,
     /// A consumer's live values, sent each round (`None`: a bare indexer).
     presence: Option<Arc<Presence>>,
@@ -181,7 +181,7 @@ impl fmt::Debug for IndexerBuilder {
             .field("name", &self.name)
             .field("settings", &self.settings)
             .field("clock", &self.clock)
-            .field("url", &self.url.as_deref().map(crate::connection::redact))
+            .field("redis", &self.redis)
             .finish_non_exhaustive()
     }
 }
@@ -195,13 +195,26 @@ impl IndexerBuilder {
 
     /// Connect to Redis at `url` (a pool is created for it).
     pub fn redis(mut self, url: impl Into<String>) -> Self {
-        self.url = Some(url.into());
+        self.redis.url = Some(url.into());
         self
     }
 
     /// Use this connection pool (takes precedence over [`redis`](Self::redis)).
     pub fn pool(mut self, pool: Pool) -> Self {
-        self.pool = Some(pool);
+        self.redis.pool = Some(pool);
+        self
+    }
+
+    /// Connect to the Redis Cluster with these seed nodes; the service's
+    /// keys are all on the master of `{name}`'s slot.
+    pub fn redis_cluster<U: Into<String>>(mut self, urls: impl IntoIterator<Item = U>) -> Self {
+        self.redis.cluster = Some(urls.into_iter().map(Into::into).collect());
+        self
+    }
+
+    /// Use the Redis of the consumer it belongs to.
+    pub(crate) fn backend(mut self, backend: Backend) -> Self {
+        self.redis.backend = Some(backend);
         self
     }
 
@@ -264,11 +277,19 @@ impl IndexerBuilder {
         let name = ServiceName::given(self.name.as_deref())?;
         self.settings.validate()?;
         // Errors name the URL; a pool's user (a consumer) names it itself.
-        let redis = match (&self.pool, &self.url) {
-            (None, Some(url)) => Some(crate::connection::redact(url)),
+        let redis = match &self.redis {
+            Given {
+                url: Some(_),
+                pool: None,
+                backend: None,
+                ..
+            }
+            | Given {
+                cluster: Some(_), ..
+            } => Some(self.redis.target()),
             _ => None,
         };
-        let pool = crate::connection::pool(self.pool, self.url)?;
+        let backend = self.redis.backend()?;
         // A constant offset, drawn once: it keeps the order in which
         // instances act stable from interval to interval.
         let schedule = Schedule::drawn(
@@ -282,7 +303,7 @@ impl IndexerBuilder {
             schedule,
             settings: self.settings,
             clock: self.clock,
-            pool,
+            backend,
             redis,
             presence: self.presence,
             liveness: self.liveness,
@@ -297,7 +318,7 @@ pub struct Indexer {
     settings: IndexerSettings,
     schedule: Schedule,
     clock: Arc<dyn Clock>,
-    pool: Pool,
+    backend: Backend,
     /// The URL without its password, for errors (`None`: given a pool).
     redis: Option<String>,
     presence: Option<Arc<Presence>>,
@@ -322,8 +343,7 @@ impl Indexer {
             name: None,
             settings: IndexerSettings::default(),
             clock: Arc::new(SystemClock),
-            pool: None,
-            url: None,
+            redis: Given::default(),
             instance_id: None,
             presence: None,
             liveness: None,
@@ -352,8 +372,8 @@ impl Indexer {
             fields.push(Kind::Indexer.field());
         }
         let checked = async {
-            let mut conn = self.pool.get().await?;
-            meta::ensure(&mut *conn, &self.name, &fields).await
+            let mut conn = self.backend.connect(false).await?;
+            meta::ensure(&mut conn, &self.name, &fields).await
         };
         checked.await.map_err(at_redis)?;
         let (tx, rx) = watch::channel(Standing::Joining);
@@ -366,7 +386,7 @@ impl Indexer {
             self.settings,
             self.schedule,
             self.clock,
-            self.pool,
+            self.backend,
             tx,
         )
         .with_presence(self.presence)

@@ -4,8 +4,7 @@
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
-use deadpool_redis::Pool;
-use deadpool_redis::redis::{self, Script, Value, aio::MultiplexedConnection};
+use deadpool_redis::redis::{self, Script, Value};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
@@ -16,7 +15,7 @@ use super::{FenceReason, Standing};
 use crate::assignment::Assignment;
 use crate::clock::{Clock, signed_secs};
 use crate::config::{IndexerSettings, Indexing, ServiceName};
-use crate::connection::SharedConnection;
+use crate::connection::{Backend, Conn, SharedConnection};
 use crate::error::{Error, Result};
 use crate::instance::InstanceId;
 use crate::presence::Presence;
@@ -94,7 +93,7 @@ impl RoundLoop {
         settings: IndexerSettings,
         schedule: Schedule,
         clock: Arc<dyn Clock>,
-        pool: Pool,
+        backend: Backend,
         tx: watch::Sender<Standing>,
     ) -> Self {
         RoundLoop {
@@ -104,7 +103,7 @@ impl RoundLoop {
             schedule,
             clock,
             // Made on the rounds' own runtime (`thread`).
-            conn: SharedConnection::made_here(pool),
+            conn: SharedConnection::made_here(backend),
             tx,
             counted: None,
             clock_fenced: false,
@@ -263,7 +262,7 @@ impl RoundLoop {
 
     /// Sends the consumer's members record and counts, if any, with the
     /// round ([`Presence::send`]).
-    fn tell(&self, conn: &MultiplexedConnection, leaving: bool) {
+    fn tell(&self, conn: &Conn, leaving: bool) {
         if let Some(presence) = &self.presence {
             let current = self.tx.borrow().clone();
             let interval = self.settings.interval;
@@ -295,7 +294,7 @@ impl RoundLoop {
     /// previous one (if this instance was counted there, `prev`), atomically.
     async fn write_and_read(
         &self,
-        conn: &mut MultiplexedConnection,
+        conn: &mut Conn,
         number: u64,
         write: bool,
         prev: Option<Counted>,
@@ -393,9 +392,10 @@ impl RoundLoop {
     /// half the round trip (at start; rounds measure with their script).
     /// A clock beyond the skew is logged and fences the rounds that follow.
     pub(super) async fn check_clock(&mut self) -> Result<()> {
-        let mut conn = self.conn.get().await?;
         let before = self.clock.now();
-        let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(&mut conn).await?;
+        // The clock of the node with the service's keys, on a Cluster.
+        let time = redis::cmd("TIME");
+        let (secs, micros): (u64, u64) = self.conn.query_at(&time, &keys::meta(&self.name)).await?;
         let after = self.clock.now();
         let server = Duration::from_secs(secs) + Duration::from_micros(micros);
         self.judge_clock(before, after, server);

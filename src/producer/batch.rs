@@ -14,7 +14,6 @@
 //! More connections bought nothing measurable, neither for one caller nor
 //! for four concurrent ones: Redis runs the `XADD`s one at a time anyway.
 
-use deadpool_redis::redis::aio::MultiplexedConnection;
 use deadpool_redis::redis::{Cmd, Pipeline, RedisResult};
 use futures_util::stream::FuturesUnordered;
 use futures_util::{FutureExt, StreamExt};
@@ -22,6 +21,7 @@ use serde::Serialize;
 
 use super::Producer;
 use crate::codec::Codec;
+use crate::connection::Conn;
 use crate::error::Result;
 use crate::partition::partition_of;
 use crate::task::{self, TaskId};
@@ -85,8 +85,9 @@ impl<C: Codec> Producer<C> {
 
     /// Sends one part on `conn`, the producer's connection, and forgets
     /// the connection if the error says it may be broken.
-    async fn send_part(&self, mut conn: MultiplexedConnection, pipe: Pipeline) -> Result<()> {
-        let sent: RedisResult<()> = pipe.query_async(&mut conn).await;
+    async fn send_part(&self, mut conn: Conn, pipe: Pipeline) -> Result<()> {
+        // On a Cluster, one pipeline per slot.
+        let sent: RedisResult<()> = conn.query_pipe(&pipe).await;
         Ok(sent.inspect_err(|e| self.conn.reset_after(e))?)
     }
 }

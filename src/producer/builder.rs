@@ -10,7 +10,7 @@ use deadpool_redis::Pool;
 use super::Producer;
 use crate::codec::{Bincode, Codec, Json};
 use crate::config::{self, ServiceName};
-use crate::connection::SharedConnection;
+use crate::connection::{Backend, Given, SharedConnection};
 use crate::error::{Error, Result, SettingDiff};
 use crate::metrics as m;
 use crate::partition::DEFAULT_PARTITIONS;
@@ -20,8 +20,7 @@ use crate::{keys, meta};
 #[must_use]
 pub struct ProducerBuilder<C> {
     name: Option<String>,
-    url: Option<String>,
-    pool: Option<Pool>,
+    redis: Given,
     /// `None`: the service's, or the default for a new service.
     partitions: Option<u32>,
     max_payload: usize,
@@ -33,7 +32,7 @@ impl<C> fmt::Debug for ProducerBuilder<C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ProducerBuilder")
             .field("name", &self.name)
-            .field("url", &self.url.as_deref().map(crate::connection::redact))
+            .field("redis", &self.redis)
             .field("partitions", &self.partitions)
             .field("max_payload", &self.max_payload)
             .finish_non_exhaustive()
@@ -45,8 +44,7 @@ impl ProducerBuilder<Bincode> {
     pub(super) fn new() -> Self {
         ProducerBuilder {
             name: None,
-            url: None,
-            pool: None,
+            redis: Given::default(),
             partitions: None,
             max_payload: super::DEFAULT_MAX_PAYLOAD,
             idempotency_ttl: super::DEFAULT_IDEMPOTENCY_TTL,
@@ -64,13 +62,28 @@ impl<C: Codec> ProducerBuilder<C> {
 
     /// Connect to Redis at `url`.
     pub fn redis(mut self, url: impl Into<String>) -> Self {
-        self.url = Some(url.into());
+        self.redis.url = Some(url.into());
         self
     }
 
     /// Use this pool (takes precedence over [`redis`](Self::redis)).
     pub fn pool(mut self, pool: Pool) -> Self {
-        self.pool = Some(pool);
+        self.redis.pool = Some(pool);
+        self
+    }
+
+    /// Connect to the Redis Cluster with these seed nodes (URLs of some of
+    /// its nodes; the others are found from them). Each task goes to the
+    /// master of its partition's slot; a batch is sent as one pipeline per
+    /// slot.
+    pub fn redis_cluster<U: Into<String>>(mut self, urls: impl IntoIterator<Item = U>) -> Self {
+        self.redis.cluster = Some(urls.into_iter().map(Into::into).collect());
+        self
+    }
+
+    /// Use the Redis another part of peerq connects to.
+    pub(crate) fn backend(mut self, backend: Backend) -> Self {
+        self.redis.backend = Some(backend);
         self
     }
 
@@ -103,8 +116,7 @@ impl<C: Codec> ProducerBuilder<C> {
     pub fn codec<D: Codec>(self, _codec: D) -> ProducerBuilder<D> {
         ProducerBuilder {
             name: self.name,
-            url: self.url,
-            pool: self.pool,
+            redis: self.redis,
             partitions: self.partitions,
             max_payload: self.max_payload,
             idempotency_ttl: self.idempotency_ttl,
@@ -139,9 +151,8 @@ impl<C: Codec> ProducerBuilder<C> {
                 "must be at least 1ms; as long as a producer may retry an enqueue (hours)",
             ));
         }
-        let redis = crate::connection::target(self.pool.as_ref(), self.url.as_deref());
-        let pool = crate::connection::pool(self.pool, self.url)?;
-        let conn = SharedConnection::new(pool);
+        let redis = self.redis.target();
+        let conn = SharedConnection::new(self.redis.backend()?);
         let asked = self.partitions.unwrap_or(DEFAULT_PARTITIONS);
         let fields = config::queue_meta_fields(asked, C::NAME);
         // No waiting for Redis here, unlike a consumer: the caller holds the

@@ -22,6 +22,10 @@ pub(crate) struct Cli {
         value_name = "URL"
     )]
     pub(crate) redis: Option<String>,
+    /// `--redis` names nodes of a Redis Cluster: a comma-separated list of
+    /// node URLs (some of them are enough).
+    #[arg(long, global = true, env = "PEERQ_REDIS_CLUSTER")]
+    pub(crate) cluster: bool,
     #[command(subcommand)]
     pub(crate) command: Command,
 }

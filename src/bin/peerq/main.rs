@@ -4,7 +4,7 @@
 //! tasks).
 //!
 //! ```text
-//! peerq [--redis URL] services [--json]
+//! peerq [--redis URL] [--cluster] services [--json]
 //! peerq status --name N [--json]
 //! peerq dead list --name N [--reason R] [--order newest|oldest] [--limit 20] [--after REF] [--json]
 //! peerq dead show|replay|purge --name N (--id ID | --all [--reason R]) [--json]
@@ -16,7 +16,9 @@
 //! peerq dashboard [--listen 127.0.0.1:8080] [--read-only]
 //! ```
 //!
-//! The Redis is `--redis URL` or the environment's `PEERQ_REDIS_URL`.
+//! The Redis is `--redis URL` or the environment's `PEERQ_REDIS_URL`; with
+//! `--cluster` (or `PEERQ_REDIS_CLUSTER=true`), a Redis Cluster whose
+//! comma-separated node URLs `--redis` gives.
 //! Tables go to stdout; with `--json`, JSON whose field names are stable
 //! (the README lists them). `enqueue` prints the task's id. Exit codes: 0
 //! on success, 1 on failure (one line on stderr naming what is wrong,
@@ -50,7 +52,7 @@ fn main() -> ExitCode {
         .enable_all()
         .build()
         .expect("a tokio runtime starts");
-    let (out, code) = match runtime.block_on(run(&url, cli.command)) {
+    let (out, code) = match runtime.block_on(run(&url, cli.cluster, cli.command)) {
         Ok(text) => (text, ExitCode::SUCCESS),
         Err(message) => {
             // One line, whatever the error's sources said.
@@ -118,9 +120,15 @@ async fn stopped() {
     let _ = tokio::signal::ctrl_c().await;
 }
 
-/// Runs `command`; its output, or the message of what went wrong.
-async fn run(url: &str, command: Command) -> Result<String, String> {
-    let admin = Admin::connect(url).await.map_err(failed)?;
+/// Runs `command` on the Redis at `url` (with `cluster`, a Cluster's
+/// comma-separated node URLs); its output, or the message of what went
+/// wrong.
+async fn run(url: &str, cluster: bool, command: Command) -> Result<String, String> {
+    let admin = match cluster {
+        true => Admin::connect_cluster(url.split(',').map(str::trim)).await,
+        false => Admin::connect(url).await,
+    }
+    .map_err(failed)?;
     match command {
         Command::Services(output) => {
             let services = admin.services().await.map_err(failed)?;

@@ -59,11 +59,10 @@ pub(crate) async fn ack(
     groups: &[(&PartitionStore, Vec<&str>)],
 ) -> Result<Vec<AckReply>, String> {
     let mut pipe = redis::pipe();
-    pipe.ignore_errors();
     for (store, ids) in groups {
         pipe.invoke_script(&store.ack_script(ids));
     }
-    let mut replies = send(conn, &pipe).await?;
+    let mut replies = send(conn, &mut pipe).await?;
     if replies.iter().any(is_noscript) {
         // Redis restarted and forgot the script: pipelines do not load
         // scripts by themselves.
@@ -73,7 +72,7 @@ pub(crate) async fn ack(
         conn.query::<String>(&load)
             .await
             .map_err(|e| e.to_string())?;
-        replies = send(conn, &pipe).await?;
+        replies = send(conn, &mut pipe).await?;
     }
     if let Some(transient) = replies.iter().find(|r| is_transient(r)) {
         return Err(format!("{:?}", transient.as_ref().err()));
@@ -83,9 +82,9 @@ pub(crate) async fn ack(
 
 async fn send(
     conn: &SharedConnection,
-    pipe: &redis::Pipeline,
+    pipe: &mut redis::Pipeline,
 ) -> Result<Vec<redis::RedisResult<Value>>, String> {
-    conn.query_pipe(pipe).await.map_err(|e| e.to_string())
+    conn.query_pipe_each(pipe).await.map_err(|e| e.to_string())
 }
 
 fn is_noscript(reply: &redis::RedisResult<Value>) -> bool {

@@ -162,6 +162,11 @@ impl PartitionStore {
         self.partition
     }
 
+    /// The Cluster slot of the partition's keys.
+    pub(crate) fn slot(&self) -> u16 {
+        crate::connection::cluster::slot(&self.stream)
+    }
+
     /// The fencing token.
     pub(crate) fn token(&self) -> u64 {
         self.token
@@ -367,11 +372,10 @@ pub(crate) async fn create_groups(
     partitions: u32,
 ) -> Result<()> {
     let mut pipe = redis::pipe();
-    pipe.ignore_errors();
     for p in 0..partitions {
         pipe.add_command(create_group(&keys::stream(name, p)));
     }
-    let replies: Vec<redis::RedisResult<Value>> = conn.query_pipe(&pipe).await?;
+    let replies: Vec<redis::RedisResult<Value>> = conn.query_pipe_each(&mut pipe).await?;
     for reply in replies {
         match reply {
             Ok(_) => {}
@@ -384,12 +388,20 @@ pub(crate) async fn create_groups(
 
 /// Redis's `maxmemory-policy` (empty if it does not say), from `INFO
 /// memory`, which managed services and ACL users allow more often than
-/// `CONFIG GET`.
-pub(crate) async fn eviction_policy(conn: &SharedConnection) -> Result<String> {
-    let info: String = conn.query(redis::cmd("INFO").arg("memory")).await?;
-    Ok(info
-        .lines()
-        .find_map(|l| l.strip_prefix("maxmemory_policy:"))
-        .map(|p| p.trim().to_owned())
-        .unwrap_or_default())
+/// `CONFIG GET`; on a Cluster, each master's, by its address (one server's
+/// with an empty address).
+pub(crate) async fn eviction_policies(conn: &SharedConnection) -> Result<Vec<(String, String)>> {
+    let replies = conn.query_masters(redis::cmd("INFO").arg("memory")).await?;
+    replies
+        .into_iter()
+        .map(|(node, info)| {
+            let info: String = redis::from_redis_value(info).map_err(redis::RedisError::from)?;
+            let policy = info
+                .lines()
+                .find_map(|l| l.strip_prefix("maxmemory_policy:"))
+                .map(|p| p.trim().to_owned())
+                .unwrap_or_default();
+            Ok((node, policy))
+        })
+        .collect()
 }

@@ -11,12 +11,11 @@
 
 use std::time::Duration;
 
-use deadpool_redis::Pool;
 use deadpool_redis::redis::{self, aio::MultiplexedConnection};
 
 use super::reply::{RawEntry, Streams};
 use super::{Fields, PartitionStore};
-use crate::connection::SharedConnection;
+use crate::connection::{Backend, Conn, SharedConnection, cluster};
 use crate::error::{Error, Result};
 use crate::keys;
 use crate::task::{Entry, Unrunnable};
@@ -78,6 +77,8 @@ impl PartitionStore {
 pub(crate) struct BlockingReads {
     conn: MultiplexedConnection,
     client_id: u64,
+    /// On a Cluster, the node it is connected to.
+    node: Option<(String, u16)>,
 }
 
 impl BlockingReads {
@@ -87,20 +88,56 @@ impl BlockingReads {
     /// timeout is above the block time: the client gives up on a reply
     /// after 500 ms by default, while the server may still deliver into
     /// the pending list.
-    pub(crate) async fn connect(pool: &Pool, block: Duration) -> Result<BlockingReads> {
-        let pooled = pool.get().await?;
-        let mut conn = deadpool_redis::Connection::take(pooled);
-        conn.set_response_timeout(block + Duration::from_secs(5));
+    ///
+    /// On a Cluster, the connection goes to the master of `slot`, as the
+    /// slot map `shared` reads says (a read there that finds the slot
+    /// moved fails with `MOVED`, and the reader connects anew).
+    pub(crate) async fn connect(
+        backend: &Backend,
+        shared: &SharedConnection,
+        slot: u16,
+        block: Duration,
+    ) -> Result<BlockingReads> {
+        let timeout = block + Duration::from_secs(5);
+        let (mut conn, node) = match backend {
+            Backend::Node(pool) => {
+                let mut conn = deadpool_redis::Connection::take(pool.get().await?);
+                conn.set_response_timeout(timeout);
+                (conn, None)
+            }
+            Backend::Cluster(nodes) => {
+                let Conn::Cluster(map) = shared.get().await? else {
+                    unreachable!("a Cluster's shared connection is a Cluster connection");
+                };
+                let (host, port) = cluster::master_of(&map, slot).await?.ok_or_else(|| {
+                    Error::Runtime(format!("no master of the Redis Cluster serves slot {slot}"))
+                })?;
+                let conn = nodes.node(&host, port, timeout).await?;
+                (conn, Some((host, port)))
+            }
+        };
         let client_id: u64 = redis::cmd("CLIENT")
             .arg("ID")
             .query_async(&mut conn)
             .await?;
-        Ok(BlockingReads { conn, client_id })
+        Ok(BlockingReads {
+            conn,
+            client_id,
+            node,
+        })
     }
 
     /// The connection's id on the server.
     pub(crate) fn client_id(&self) -> u64 {
         self.client_id
+    }
+
+    /// On a Cluster, the node the connection goes to (where an unblock
+    /// must go).
+    pub(crate) fn node(&self) -> Option<(&str, u16)> {
+        self.node
+            .as_ref()
+            .map(|(host, port)| (host.as_str(), *port))
     }
 
     /// Reads new entries (`>`) of every partition in `stores`, up to
@@ -156,13 +193,17 @@ fn read_group(consumer: &str, count: usize) -> redis::Cmd {
 }
 
 /// Ends the blocked read of client `client_id` on the server (it returns
-/// what it has, maybe nothing); `conn` must not be the reader's own. False
-/// when the client was not blocked (its read has not reached Redis yet, or
-/// has returned already).
-pub(crate) async fn unblock(conn: &SharedConnection, client_id: u64) -> Result<bool> {
+/// what it has, maybe nothing); `conn` must not be the reader's own. On a
+/// Cluster, it goes to `node`, the reader's. False when the client was not
+/// blocked (its read has not reached Redis yet, or has returned already).
+pub(crate) async fn unblock(
+    conn: &SharedConnection,
+    client_id: u64,
+    node: Option<(&str, u16)>,
+) -> Result<bool> {
     let mut unblock = redis::cmd("CLIENT");
     unblock.arg("UNBLOCK").arg(client_id);
-    conn.query::<u32>(&unblock).await.map(|n| n == 1)
+    conn.query_on::<u32>(&unblock, node).await.map(|n| n == 1)
 }
 
 /// Whether a read failed because the consumer group is gone.

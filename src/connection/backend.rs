@@ -1,0 +1,311 @@
+//! Where a service's Redis is: one server, reached through a deadpool
+//! pool, or a Redis Cluster, reached through its seed nodes; and the
+//! connection each gives.
+
+use std::fmt;
+use std::time::Duration;
+
+use deadpool_redis::Pool;
+use deadpool_redis::redis::aio::{ConnectionLike, MultiplexedConnection};
+use deadpool_redis::redis::cluster::{ClusterClient, ClusterClientBuilder};
+use deadpool_redis::redis::cluster_async::ClusterConnection;
+use deadpool_redis::redis::{
+    self, AsyncConnectionConfig, Cmd, ConnectionAddr, ConnectionInfo, FromRedisValue,
+    IntoConnectionInfo, Pipeline, RedisFuture, RedisResult, Value,
+};
+
+use super::{RESPONSE_TIMEOUT, cluster, redact};
+use crate::error::{Error, Result};
+
+/// How long connecting to one node may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// How often the Cluster client sends a command again after a redirection
+/// or a node that is failing over, and the bounds of its pauses (ms). Its
+/// defaults wait at least 1.28 s before a retry, 16 times; peerq's loops
+/// retry with backoff of their own, so a command gives up sooner.
+const CLUSTER_RETRIES: u32 = 6;
+const CLUSTER_MIN_RETRY_WAIT_MS: u64 = 20;
+const CLUSTER_MAX_RETRY_WAIT_MS: u64 = 1000;
+
+/// Where a service's Redis is. Cheap to clone.
+#[derive(Clone)]
+pub(crate) enum Backend {
+    /// One server, through a pool.
+    Node(Pool),
+    /// A Redis Cluster (docs/design.md §8), boxed: its client is large.
+    Cluster(Box<Cluster>),
+}
+
+/// A Redis Cluster: its client, and the first seed node's settings (user,
+/// password, TLS) for connections made to one node.
+#[derive(Clone)]
+pub(crate) struct Cluster {
+    client: ClusterClient,
+    seed: ConnectionInfo,
+}
+
+impl fmt::Debug for Backend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Backend::Node(pool) => f.debug_tuple("Node").field(pool).finish(),
+            Backend::Cluster(_) => f.write_str("Cluster"),
+        }
+    }
+}
+
+impl From<Pool> for Backend {
+    fn from(pool: Pool) -> Self {
+        Backend::Node(pool)
+    }
+}
+
+/// The Redis a builder was given: a pool, a URL, a Cluster's seed nodes,
+/// or (from another part of peerq) a backend.
+#[derive(Clone, Default)]
+pub(crate) struct Given {
+    pub(crate) pool: Option<Pool>,
+    pub(crate) url: Option<String>,
+    pub(crate) cluster: Option<Vec<String>>,
+    pub(crate) backend: Option<Backend>,
+}
+
+impl fmt::Debug for Given {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.target())
+    }
+}
+
+impl Given {
+    /// How errors and logs name it: the URL without its password, the
+    /// pool (which takes precedence), or the Cluster's seed nodes without
+    /// their passwords.
+    pub(crate) fn target(&self) -> String {
+        match self {
+            Given {
+                cluster: Some(seeds),
+                ..
+            } => format!(
+                "the Redis Cluster at {}",
+                seeds
+                    .iter()
+                    .map(|s| redact(s))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+            Given {
+                backend: Some(_), ..
+            }
+            | Given { pool: Some(_), .. } => "the pool given to the builder".to_owned(),
+            Given { url: Some(url), .. } => redact(url),
+            _ => "no redis given".to_owned(),
+        }
+    }
+
+    /// Where it is. A pool takes precedence over a URL; a Cluster beside
+    /// either is refused, naming the settings.
+    pub(crate) fn backend(self) -> Result<Backend> {
+        if let Some(backend) = self.backend {
+            return Ok(backend);
+        }
+        match (self.pool, self.url, self.cluster) {
+            (None, None, Some(seeds)) => {
+                Cluster::new(&seeds).map(|c| Backend::Cluster(Box::new(c)))
+            }
+            (_, _, Some(_)) => Err(Error::invalid(
+                "redis_cluster",
+                "give either a Cluster's seed nodes or one server (.redis(url) or .pool(pool)), \
+                 not both",
+            )),
+            (Some(pool), _, None) => Ok(Backend::Node(pool)),
+            (None, Some(url), None) => deadpool_redis::Config::from_url(url.as_str())
+                .create_pool(Some(deadpool_redis::Runtime::Tokio1))
+                .map(Backend::Node)
+                .map_err(|e| not_a_url("redis", &url, e)),
+            (None, None, None) => Err(Error::invalid(
+                "redis",
+                "no Redis given; call .redis(url), .pool(pool) or .redis_cluster(urls)",
+            )),
+        }
+    }
+}
+
+fn not_a_url(setting: &'static str, url: &str, e: impl fmt::Display) -> Error {
+    Error::invalid(
+        setting,
+        format!(
+            "`{}` is not a Redis URL ({e}); use redis://[user:password@]host[:port][/db], \
+             or rediss:// for TLS",
+            redact(url)
+        ),
+    )
+}
+
+impl Cluster {
+    fn new(seeds: &[String]) -> Result<Cluster> {
+        let mut infos = Vec::with_capacity(seeds.len());
+        for url in seeds {
+            let info = url
+                .as_str()
+                .into_connection_info()
+                .map_err(|e| not_a_url("redis_cluster", url, e))?;
+            infos.push(info);
+        }
+        let Some(seed) = infos.first().cloned() else {
+            return Err(Error::invalid(
+                "redis_cluster",
+                "no seed nodes given; pass the URL of at least one node",
+            ));
+        };
+        // No response timeout per node connection: redis-rs sends a command
+        // that timed out again (a second `XADD`, say), while the overall
+        // timeout bounds a command with its retries and then fails it.
+        let client = ClusterClientBuilder::new(infos)
+            .connection_timeout(CONNECT_TIMEOUT)
+            .overall_response_timeout(Some(RESPONSE_TIMEOUT))
+            .retries(CLUSTER_RETRIES)
+            .min_retry_wait(CLUSTER_MIN_RETRY_WAIT_MS)
+            .max_retry_wait(CLUSTER_MAX_RETRY_WAIT_MS)
+            .build()
+            .map_err(|e| Error::invalid("redis_cluster", e.to_string()))?;
+        Ok(Cluster { client, seed })
+    }
+
+    /// A connection of its own to the node at `host:port`, with the seed
+    /// node's user, password and TLS settings, whose replies may take up to
+    /// `timeout`.
+    pub(crate) async fn node(
+        &self,
+        host: &str,
+        port: u16,
+        timeout: Duration,
+    ) -> Result<MultiplexedConnection> {
+        let addr = match self.seed.addr() {
+            ConnectionAddr::TcpTls {
+                insecure,
+                tls_params,
+                ..
+            } => ConnectionAddr::TcpTls {
+                host: host.to_owned(),
+                port,
+                insecure: *insecure,
+                tls_params: tls_params.clone(),
+            },
+            _ => ConnectionAddr::Tcp(host.to_owned(), port),
+        };
+        let client = redis::Client::open(self.seed.clone().set_addr(addr))?;
+        let config = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(CONNECT_TIMEOUT))
+            .set_response_timeout(Some(timeout));
+        Ok(client
+            .get_multiplexed_async_connection_with_config(&config)
+            .await?)
+    }
+}
+
+impl Backend {
+    /// Whether this is a Redis Cluster.
+    pub(crate) fn is_cluster(&self) -> bool {
+        matches!(self, Backend::Cluster(_))
+    }
+
+    /// A connection of its own: taken out of the pool for good (a
+    /// connection left in the pool could be handed to a blocking reader,
+    /// whose blocked read stalls every command on its clones), or made
+    /// anew by the pool's manager when `made_here`: a multiplexed
+    /// connection's I/O runs in a task on the runtime that made it, and one
+    /// taken from the pool may have been made on another.
+    pub(crate) async fn connect(&self, made_here: bool) -> Result<Conn> {
+        match self {
+            Backend::Node(pool) => {
+                let mut conn = if made_here {
+                    use deadpool::managed::Manager as _;
+                    pool.manager().create().await?
+                } else {
+                    deadpool_redis::Connection::take(pool.get().await?)
+                };
+                conn.set_response_timeout(RESPONSE_TIMEOUT);
+                Ok(Conn::Node(conn))
+            }
+            Backend::Cluster(cluster) => {
+                Ok(Conn::Cluster(cluster.client.get_async_connection().await?))
+            }
+        }
+    }
+}
+
+/// A multiplexed connection to one server, or to every node of a Cluster
+/// (commands go to the node of their keys' slot). Cheap to clone.
+#[derive(Clone)]
+pub(crate) enum Conn {
+    /// To one server.
+    Node(MultiplexedConnection),
+    /// To a Cluster.
+    Cluster(ClusterConnection),
+}
+
+impl fmt::Debug for Conn {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Conn::Node(_) => "Conn::Node",
+            Conn::Cluster(_) => "Conn::Cluster",
+        })
+    }
+}
+
+impl Conn {
+    /// Runs `pipe` (on a Cluster, one pipeline per slot: see
+    /// [`cluster::query_pipe`]); the first error reply fails it all.
+    pub(crate) async fn query_pipe<T: FromRedisValue>(
+        &mut self,
+        pipe: &Pipeline,
+    ) -> RedisResult<T> {
+        match self {
+            Conn::Node(conn) => pipe.query_async(conn).await,
+            Conn::Cluster(conn) => {
+                let replies = cluster::query_pipe(conn, pipe).await?.extract_error()?;
+                Ok(T::from_redis_value(replies)?)
+            }
+        }
+    }
+
+    /// Runs `pipe` with each command's error reply in its place (as a
+    /// `Value::ServerError`, or an `Err` in a `Vec<RedisResult<_>>`).
+    pub(crate) async fn query_pipe_each<T: FromRedisValue>(
+        &mut self,
+        pipe: &mut Pipeline,
+    ) -> RedisResult<T> {
+        pipe.ignore_errors();
+        match self {
+            Conn::Node(conn) => pipe.query_async(conn).await,
+            Conn::Cluster(conn) => Ok(T::from_redis_value(cluster::query_pipe(conn, pipe).await?)?),
+        }
+    }
+}
+
+impl ConnectionLike for Conn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Conn::Node(conn) => conn.req_packed_command(cmd),
+            Conn::Cluster(conn) => conn.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipe: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Conn::Node(conn) => conn.req_packed_commands(pipe, offset, count),
+            Conn::Cluster(conn) => conn.req_packed_commands(pipe, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Conn::Node(conn) => conn.get_db(),
+            Conn::Cluster(conn) => conn.get_db(),
+        }
+    }
+}

@@ -1,0 +1,80 @@
+//! Connections to a service's Redis: where it is (one server or a
+//! Cluster, [`Backend`]), and the one multiplexed connection each part of
+//! an instance shares, replaced after an error ([`SharedConnection`]).
+//!
+//! Taking a connection from the deadpool pool for every command costs a
+//! round trip (its recycle check pings the connection first). The parts that
+//! send many short commands (the producer, the indexer's rounds, acks) keep
+//! one multiplexed connection instead, which pipelines concurrent commands
+//! by itself, and make a new one only after a failure. Blocking reads never
+//! use it: a blocking command stalls every other command on its connection.
+
+mod backend;
+pub(crate) mod cluster;
+mod redact;
+mod shared;
+
+use std::time::Duration;
+
+pub(crate) use backend::{Backend, Conn, Given};
+pub(crate) use redact::redact;
+pub(crate) use shared::SharedConnection;
+
+use crate::error::Error;
+
+/// How long a command on a shared connection may wait for its reply. The
+/// client's default (500 ms) turns a large pipelined batch into an error
+/// although Redis applied it.
+const RESPONSE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// `e`, from a producer connecting or a consumer starting, with the Redis
+/// it came from when Redis or the network caused it (a refusal, an
+/// unreachable server). Other errors, such as a settings mismatch, stay as
+/// they are, so callers can still match on them.
+pub(crate) fn at(target: &str, e: Error) -> Error {
+    let source = match e {
+        // The pool's wrapping adds nothing the operator needs.
+        Error::Pool(deadpool_redis::PoolError::Backend(e)) => Error::Redis(e),
+        e @ (Error::Redis(_) | Error::Pool(_) | Error::Timeout(_)) => e,
+        other => return other,
+    };
+    Error::Connect {
+        url: target.to_owned(),
+        source: Box::new(source),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_malformed_url_is_refused_without_its_password() {
+        let given = Given {
+            url: Some("redis//:s3cret@db".to_owned()),
+            ..Given::default()
+        };
+        let err = given.backend().unwrap_err();
+        let msg = err.to_string();
+        assert!(msg.contains("invalid setting `redis`"), "{msg}");
+        assert!(msg.contains(":***@db"), "{msg}");
+        assert!(!msg.contains("s3cret"), "{msg}");
+    }
+
+    #[test]
+    fn only_redis_errors_name_the_redis() {
+        let refused = Error::Pool(deadpool_redis::PoolError::Backend(
+            std::io::Error::from(std::io::ErrorKind::ConnectionRefused).into(),
+        ));
+        let Error::Connect { url, source } = at("redis://db/", refused) else {
+            panic!("not wrapped");
+        };
+        assert_eq!(url, "redis://db/");
+        assert!(matches!(*source, Error::Redis(_)), "{source:?}");
+        let invalid = at("redis://db/", Error::invalid("allow_eviction", "no"));
+        assert!(
+            matches!(invalid, Error::InvalidSetting { .. }),
+            "{invalid:?}"
+        );
+    }
+}
