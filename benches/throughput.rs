@@ -27,11 +27,14 @@
 //! `PEERQ_BENCH_ONLY=latency` runs the latency measurement alone;
 //! `PEERQ_BENCH_ONLY=consume` (or `enqueue`) runs peerq's consume (or
 //! enqueue) next to the per-stream raw one alone (to try a change, or
-//! under a profiler).
+//! under a profiler); `PEERQ_BENCH_ONLY=cluster` the Redis Cluster runs
+//! ([`cluster`]) alone.
 
 #[path = "../tests/support/mod.rs"]
 mod support;
 
+#[path = "throughput/cluster.rs"]
+mod cluster;
 #[path = "throughput/fleet.rs"]
 mod fleet;
 mod meter;
@@ -139,6 +142,10 @@ async fn main() {
             p50 * 1e3,
             p99 * 1e3
         );
+        return;
+    }
+    if std::env::var("PEERQ_BENCH_ONLY").as_deref() == Ok("cluster") {
+        cluster::run(&server, tasks).await;
         return;
     }
     if std::env::var("PEERQ_BENCH_ONLY").as_deref() == Ok("enqueue") {
@@ -287,6 +294,7 @@ async fn main() {
         ("peerq", peerq),
     ]);
     fleet::run(&server, tasks).await;
+    cluster::run(&server, tasks).await;
 }
 
 /// peerq's enqueue and the per-stream raw producer's, interleaved,
@@ -476,6 +484,38 @@ async fn peerq_enqueue(producer: &Producer, tasks: u64) -> f64 {
     tasks as f64 / started.elapsed().as_secs_f64()
 }
 
+/// When the first task was handled.
+type First = Arc<std::sync::Mutex<Option<Instant>>>;
+
+/// A no-op handler that counts the tasks it ran and notes when it ran
+/// the first.
+fn counting() -> (
+    Arc<AtomicU64>,
+    First,
+    impl tower::Service<
+        Task<Job>,
+        Response = (),
+        Error = HandlerError,
+        Future = impl Future<Output = Result<(), HandlerError>> + Send,
+    > + Clone
+    + Send
+    + Sync
+    + 'static,
+) {
+    let done = Arc::new(AtomicU64::new(0));
+    let first: First = Arc::default();
+    let (d, f) = (done.clone(), first.clone());
+    let service = tower::service_fn(move |_task: Task<Job>| {
+        let (d, f) = (d.clone(), f.clone());
+        async move {
+            f.lock().unwrap().get_or_insert_with(Instant::now);
+            d.fetch_add(1, Ordering::Relaxed);
+            Ok::<(), HandlerError>(())
+        }
+    });
+    (done, first, service)
+}
+
 /// One consumer, a no-op handler, over the prefilled queue, from the first
 /// task handled (the first assignment takes 1-2 intervals, which is not
 /// throughput) to the last one handled, and on to the last one acked (as
@@ -487,17 +527,7 @@ async fn peerq_consume(
     name: &str,
     tasks: u64,
 ) -> PeerqConsumed {
-    let done = Arc::new(AtomicU64::new(0));
-    let first = Arc::new(std::sync::Mutex::new(None::<Instant>));
-    let (d, f) = (done.clone(), first.clone());
-    let service = tower::service_fn(move |_task: Task<Job>| {
-        let (d, f) = (d.clone(), f.clone());
-        async move {
-            f.lock().unwrap().get_or_insert_with(Instant::now);
-            d.fetch_add(1, Ordering::Relaxed);
-            Ok::<(), HandlerError>(())
-        }
-    });
+    let (done, first, service) = counting();
     let stop = CancellationToken::new();
     let consumer = Consumer::builder()
         .name(name)

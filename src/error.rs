@@ -79,6 +79,23 @@ pub enum Error {
         url: String,
     },
 
+    /// A write landed on its master but fewer replicas than asked
+    /// (`wait_for_replicas`) confirmed it within the timeout: a failover
+    /// now could lose it. The write itself is done; an enqueue sent again
+    /// with an idempotency key is not run twice.
+    #[error(
+        "a write reached {got} of {wanted} replicas within {within:?} (WAIT, \
+         `wait_for_replicas`); a failover now could lose it"
+    )]
+    NotReplicated {
+        /// Replicas asked for.
+        wanted: u32,
+        /// Replicas that confirmed (the fewest, on a Cluster).
+        got: u32,
+        /// How long it waited.
+        within: Duration,
+    },
+
     /// The Redis a producer connects to, or a consumer starts on, cannot be
     /// used: a producer could not reach it, or it refused this client (a
     /// wrong password, an ACL). A consumer waits for an unreachable Redis
@@ -113,6 +130,8 @@ impl Error {
             Error::Pool(PoolError::Backend(e)) => redis_is_transient(e),
             Error::Pool(PoolError::PostCreateHook(HookError::Backend(e))) => redis_is_transient(e),
             Error::Pool(PoolError::Timeout(_)) | Error::Timeout(_) => true,
+            // A replica that is down or catching up; it may confirm later.
+            Error::NotReplicated { .. } => true,
             Error::Connect { source, .. } => source.is_transient(),
             _ => false,
         }

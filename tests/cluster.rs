@@ -3,6 +3,8 @@
 //! in a slot of their own, so a service's partitions spread over every
 //! master; consumers follow a slot that moves while tasks flow.
 
+#[path = "cluster/failover.rs"]
+mod failover;
 mod support;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -10,7 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use deadpool_redis::redis;
-use peerq::producer::Producer;
+use peerq::producer::{Options, Producer};
 use peerq::{Consumer, Handler, HandlerError, TaskContext};
 use serde::{Deserialize, Serialize};
 use support::{RedisCluster, unique_name, wait_until};
@@ -71,21 +73,28 @@ impl Recorder {
 
     /// Each seq of `0..count` ran exactly once.
     fn assert_each_once(&self, count: u64) {
+        let (missing, twice) = self.tally(count);
+        assert!(twice.is_empty(), "tasks ran more than once: {twice:?}");
+        assert!(missing.is_empty(), "tasks never ran: {missing:?}");
+    }
+
+    /// The seqs of `0..count` that never ran, and those that ran more than
+    /// once; a run of a seq outside `0..count` fails the test.
+    fn tally(&self, count: u64) -> (Vec<u64>, Vec<u64>) {
         let runs = self.runs.lock().unwrap();
         let mut per_seq: BTreeMap<u64, usize> = BTreeMap::new();
         for (seq, _) in runs.iter() {
+            assert!(*seq < count, "a run of task {seq}, never enqueued");
             *per_seq.entry(*seq).or_default() += 1;
         }
-        let twice: Vec<_> = per_seq.iter().filter(|(_, n)| **n > 1).take(5).collect();
-        assert!(twice.is_empty(), "tasks ran more than once: {twice:?}");
-        let missing: Vec<u64> = (0..count)
-            .filter(|seq| !per_seq.contains_key(seq))
-            .take(5)
-            .collect();
-        assert!(missing.is_empty(), "tasks never ran: {missing:?}");
-        assert_eq!(per_seq.len() as u64, count, "runs of unknown tasks");
+        let twice = per_seq.iter().filter(|(_, n)| **n > 1).map(|(seq, _)| *seq);
+        let missing = (0..count).filter(|seq| !per_seq.contains_key(seq));
+        (missing.collect(), twice.collect())
     }
 }
+
+/// The builder of an instance, before its handler.
+type Builder = peerq::consumer::ConsumerBuilder<(), (), peerq::codec::Bincode>;
 
 /// A consumer instance on the cluster, running until shut down.
 struct Instance {
@@ -95,11 +104,21 @@ struct Instance {
 
 impl Instance {
     fn start(cluster: &RedisCluster, name: &str, handler: Recorder) -> Instance {
+        Instance::start_with(cluster, name, handler, |builder| builder)
+    }
+
+    /// An instance whose builder `settings` changed.
+    fn start_with(
+        cluster: &RedisCluster,
+        name: &str,
+        handler: Recorder,
+        settings: impl FnOnce(Builder) -> Builder,
+    ) -> Instance {
         support::init_tracing();
         let builder = Consumer::builder()
             .redis_cluster(cluster.seed_urls())
-            .name(name)
-            .handler(handler);
+            .name(name);
+        let builder = settings(builder).handler(handler);
         let stop = CancellationToken::new();
         let task = tokio::spawn(builder.run_until(stop.clone().cancelled_owned()));
         Instance { stop, task }
@@ -159,6 +178,24 @@ async fn enqueue(producer: &Producer, from: u64, to: u64, batch: u64, pause: Dur
         seq = end;
         tokio::time::sleep(pause).await;
     }
+}
+
+/// Enqueues seqs from `from` on, 10 every 10 ms, until `until` is
+/// cancelled, then 500 more; resolves to the end of the seqs enqueued.
+fn flow(
+    producer: Arc<Producer>,
+    from: u64,
+    until: CancellationToken,
+) -> tokio::task::JoinHandle<u64> {
+    tokio::spawn(async move {
+        let mut next = from;
+        while !until.is_cancelled() {
+            enqueue(&producer, next, next + 10, 10, 10 * MS).await;
+            next += 10;
+        }
+        enqueue(&producer, next, next + 500, 10, 10 * MS).await;
+        next + 500
+    })
 }
 
 /// The node (port) that holds `key` now, asked of every master.
@@ -222,18 +259,7 @@ async fn slots_that_move_while_tasks_flow_lose_nothing_and_run_nothing_twice() {
     // then tasks flow until the slots have moved, and a while after.
     enqueue(&producer, 0, 1000, 100, MS).await;
     let moved = CancellationToken::new();
-    let flowing = {
-        let (producer, moved) = (producer.clone(), moved.clone());
-        tokio::spawn(async move {
-            let mut next = 1000;
-            while !moved.is_cancelled() {
-                enqueue(&producer, next, next + 10, 10, 10 * MS).await;
-                next += 10;
-            }
-            enqueue(&producer, next, next + 500, 10, 10 * MS).await;
-            next + 500
-        })
-    };
+    let flowing = flow(producer.clone(), 1000, moved.clone());
     // Move the slots of four partitions, each to the next master, a key at
     // a time: the partition's scripts meet the slot half moved.
     let masters = cluster.masters();

@@ -887,6 +887,14 @@ async fn invalid_consumer_settings_are_refused_by_name_before_redis() {
         ("max_entry_bytes", |b| b.max_entry_bytes(0)),
         ("max_entry_bytes", |b| b.max_entry_bytes(1023)),
         ("interval", |b| b.interval(Duration::ZERO)),
+        ("wait_for_replicas", |b| b.wait_for_replicas(0, 10 * MS)),
+        ("wait_for_replicas", |b| b.wait_for_replicas(1, MS / 2)),
+        // More than a tenth of the interval: a round could miss its window.
+        ("wait_for_replicas", |b| b.wait_for_replicas(1, 500 * MS)),
+        // A Cluster beside one server's URL.
+        ("redis_cluster", |b| {
+            b.redis_cluster(["redis://127.0.0.1:2/"])
+        }),
     ];
     let mut results = Vec::new();
     for (setting, bad) in cases {

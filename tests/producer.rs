@@ -136,3 +136,70 @@ async fn an_error_from_redis_is_returned_and_what_redis_applied_stays() {
         "{applied} of {BATCH} applied"
     );
 }
+
+/// `wait_for_replicas`: with a replica up, enqueues (one and a batch)
+/// return once it has them; with it gone, they land on the master but
+/// return `NotReplicated` after the timeout, without the password or
+/// anything else of the URL in the message.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn enqueues_wait_for_a_replica_and_say_when_none_confirmed() {
+    let master = RedisServer::start();
+    let replica = RedisServer::start();
+    let mut conn = replica
+        .client()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let () = redis::cmd("REPLICAOF")
+        .arg("127.0.0.1")
+        .arg(master.port())
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let name = unique_name("wait");
+    let producer = Producer::builder()
+        .redis(master.url())
+        .name(&name)
+        .wait_for_replicas(1, std::time::Duration::from_millis(200))
+        .connect()
+        .await
+        .unwrap();
+    // The replica syncs first: until then WAIT counts none.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while producer.enqueue(jobs(1)[0].clone()).await.is_err() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the replica never confirmed"
+        );
+    }
+    producer.enqueue_batch(&jobs(BATCH)).await.unwrap();
+    drop(replica);
+    let started = std::time::Instant::now();
+    let err = producer.enqueue(jobs(1)[0].clone()).await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            peerq::Error::NotReplicated {
+                wanted: 1,
+                got: 0,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert!(started.elapsed() >= std::time::Duration::from_millis(200));
+    let err = producer.enqueue_batch(&jobs(10)).await.unwrap_err();
+    assert!(err.to_string().contains("reached 0 of 1 replicas"), "{err}");
+    // Both landed on the master nonetheless.
+    let mut conn = master
+        .client()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let mut total = 0;
+    for p in 0..DEFAULT_PARTITIONS {
+        let len: u64 = conn.xlen(format!("{{{name}/{p}}}:stream")).await.unwrap();
+        total += len;
+    }
+    assert!(total >= 1 + BATCH + 1 + 10, "{total}");
+}

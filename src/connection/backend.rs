@@ -27,9 +27,26 @@ const CLUSTER_RETRIES: u32 = 6;
 const CLUSTER_MIN_RETRY_WAIT_MS: u64 = 20;
 const CLUSTER_MAX_RETRY_WAIT_MS: u64 = 1000;
 
-/// Where a service's Redis is. Cheap to clone.
+/// Where a service's Redis is, and whether writes that a failover must not
+/// lose wait for replicas. Cheap to clone.
+#[derive(Clone, Debug)]
+pub(crate) struct Backend {
+    pub(crate) servers: Servers,
+    pub(crate) wait: Option<Wait>,
+}
+
+/// `WAIT <replicas> <timeout>` after the writes a failover must not lose
+/// (docs/design.md §8): the write's command fails unless that many
+/// replicas have it within the timeout.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Wait {
+    pub(crate) replicas: u32,
+    pub(crate) timeout: Duration,
+}
+
+/// The servers of a [`Backend`].
 #[derive(Clone)]
-pub(crate) enum Backend {
+pub(crate) enum Servers {
     /// One server, through a pool.
     Node(Pool),
     /// A Redis Cluster (docs/design.md §8), boxed: its client is large.
@@ -44,18 +61,21 @@ pub(crate) struct Cluster {
     seed: ConnectionInfo,
 }
 
-impl fmt::Debug for Backend {
+impl fmt::Debug for Servers {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Backend::Node(pool) => f.debug_tuple("Node").field(pool).finish(),
-            Backend::Cluster(_) => f.write_str("Cluster"),
+            Servers::Node(pool) => f.debug_tuple("Node").field(pool).finish(),
+            Servers::Cluster(_) => f.write_str("Cluster"),
         }
     }
 }
 
 impl From<Pool> for Backend {
     fn from(pool: Pool) -> Self {
-        Backend::Node(pool)
+        Backend {
+            servers: Servers::Node(pool),
+            wait: None,
+        }
     }
 }
 
@@ -67,6 +87,7 @@ pub(crate) struct Given {
     pub(crate) url: Option<String>,
     pub(crate) cluster: Option<Vec<String>>,
     pub(crate) backend: Option<Backend>,
+    pub(crate) wait: Option<Wait>,
 }
 
 impl fmt::Debug for Given {
@@ -107,25 +128,41 @@ impl Given {
         if let Some(backend) = self.backend {
             return Ok(backend);
         }
-        match (self.pool, self.url, self.cluster) {
+        let wait = self.wait;
+        let servers = match (self.pool, self.url, self.cluster) {
             (None, None, Some(seeds)) => {
-                Cluster::new(&seeds).map(|c| Backend::Cluster(Box::new(c)))
+                Cluster::new(&seeds).map(|c| Servers::Cluster(Box::new(c)))
             }
             (_, _, Some(_)) => Err(Error::invalid(
                 "redis_cluster",
                 "give either a Cluster's seed nodes or one server (.redis(url) or .pool(pool)), \
                  not both",
             )),
-            (Some(pool), _, None) => Ok(Backend::Node(pool)),
+            (Some(pool), _, None) => Ok(Servers::Node(pool)),
             (None, Some(url), None) => deadpool_redis::Config::from_url(url.as_str())
                 .create_pool(Some(deadpool_redis::Runtime::Tokio1))
-                .map(Backend::Node)
+                .map(Servers::Node)
                 .map_err(|e| not_a_url("redis", &url, e)),
             (None, None, None) => Err(Error::invalid(
                 "redis",
                 "no Redis given; call .redis(url), .pool(pool) or .redis_cluster(urls)",
             )),
+        }?;
+        if let Some(wait) = wait {
+            if wait.replicas == 0 {
+                return Err(Error::invalid(
+                    "wait_for_replicas",
+                    "0 replicas waits for nothing; use at least 1, or leave it unset",
+                ));
+            }
+            if wait.timeout < Duration::from_millis(1) {
+                return Err(Error::invalid(
+                    "wait_for_replicas",
+                    "the timeout must be at least 1ms (WAIT 0 would wait forever)",
+                ));
+            }
         }
+        Ok(Backend { servers, wait })
     }
 }
 
@@ -205,7 +242,7 @@ impl Cluster {
 impl Backend {
     /// Whether this is a Redis Cluster.
     pub(crate) fn is_cluster(&self) -> bool {
-        matches!(self, Backend::Cluster(_))
+        matches!(self.servers, Servers::Cluster(_))
     }
 
     /// A connection of its own: taken out of the pool for good (a
@@ -215,8 +252,8 @@ impl Backend {
     /// connection's I/O runs in a task on the runtime that made it, and one
     /// taken from the pool may have been made on another.
     pub(crate) async fn connect(&self, made_here: bool) -> Result<Conn> {
-        match self {
-            Backend::Node(pool) => {
+        match &self.servers {
+            Servers::Node(pool) => {
                 let mut conn = if made_here {
                     use deadpool::managed::Manager as _;
                     pool.manager().create().await?
@@ -226,7 +263,7 @@ impl Backend {
                 conn.set_response_timeout(RESPONSE_TIMEOUT);
                 Ok(Conn::Node(conn))
             }
-            Backend::Cluster(cluster) => {
+            Servers::Cluster(cluster) => {
                 Ok(Conn::Cluster(cluster.client.get_async_connection().await?))
             }
         }

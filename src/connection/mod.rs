@@ -16,7 +16,7 @@ mod shared;
 
 use std::time::Duration;
 
-pub(crate) use backend::{Backend, Conn, Given};
+pub(crate) use backend::{Backend, Conn, Given, Servers, Wait};
 pub(crate) use redact::redact;
 pub(crate) use shared::SharedConnection;
 

@@ -21,7 +21,7 @@ use super::settings::ConsumerSettings;
 use crate::clock::{Clock, SystemClock};
 use crate::codec::{Bincode, Codec};
 use crate::config::{IndexerSettings, Indexing, ServiceName};
-use crate::connection::Given;
+use crate::connection::{Given, Wait};
 use crate::error::{Error, Result};
 use crate::handler::{BoxError, Handler, HandlerService, Task};
 use crate::indexer::Standing;
@@ -130,6 +130,19 @@ impl<T, S, C: Codec> ConsumerBuilder<T, S, C> {
     /// its own to the master of its slot.
     pub fn redis_cluster<U: Into<String>>(mut self, urls: impl IntoIterator<Item = U>) -> Self {
         self.redis.cluster = Some(urls.into_iter().map(Into::into).collect());
+        self
+    }
+
+    /// After the writes a failover must not lose (owner records, release
+    /// marks, round writes, acks), wait until `replicas` replicas of
+    /// their master have them (`WAIT`), at most `timeout` (at most a tenth
+    /// of the interval): a write they did not confirm counts as failed
+    /// (the round is missed, the acks are sent again). Without it (the
+    /// default) a failover can lose such a write: a task may then run
+    /// twice, or two instances read different counts for a round
+    /// (docs/design.md §8).
+    pub fn wait_for_replicas(mut self, replicas: u32, timeout: Duration) -> Self {
+        self.redis.wait = Some(Wait { replicas, timeout });
         self
     }
 
@@ -365,6 +378,19 @@ impl<T, S, C: Codec> ConsumerBuilder<T, S, C> {
             return Err(Error::invalid("periodic", e.clone()));
         }
         self.settings.validate(&self.indexer)?;
+        if let Some(wait) = self.redis.wait
+            && wait.timeout > self.indexer.interval / 10
+        {
+            // WAIT holds the rounds' connection: a round must still end in
+            // its window.
+            return Err(Error::invalid(
+                "wait_for_replicas",
+                format!(
+                    "a timeout of {:?} is more than a tenth of the interval ({:?})",
+                    wait.timeout, self.indexer.interval
+                ),
+            ));
+        }
         Ok(name)
     }
 }

@@ -342,6 +342,14 @@ impl RoundLoop {
             }
         };
         let written: i64 = parse(&mut values)?;
+        if write {
+            // A round write a failover lost could give two instances
+            // different counts for one epoch: unconfirmed, the round is
+            // missed (fenced), never used.
+            self.conn
+                .replicated([keys::round(&self.name, number).as_str()])
+                .await?;
+        }
         let (written_value, prev) = match (self.settings.indexing, prev) {
             (Indexing::Ranked, prev) => {
                 let rank: Option<u64> = parse(&mut values)?;

@@ -50,6 +50,7 @@ impl<C: Codec> Producer<C> {
         // One time for the batch: its entries are enqueued together.
         let enqueued_at = task::now_ms().to_string();
         let mut ids = Vec::with_capacity(payloads.len());
+        let mut touched = vec![false; self.streams.len()];
         let mut sending = FuturesUnordered::new();
         let mut failed = None;
         for (i, part) in payloads.chunks(PART).enumerate() {
@@ -65,6 +66,7 @@ impl<C: Codec> Producer<C> {
                 let p = partition_of(id.as_str().as_bytes(), self.partitions) as usize;
                 let fields = task::first_attempt(id.as_str(), &enqueued_at, C::NAME, payload);
                 pipe.add_command(xadd(&self.streams[p], &fields));
+                touched[p] = true;
                 ids.push(id);
             }
             sending.push(self.send_part(conn.clone(), pipe));
@@ -77,10 +79,15 @@ impl<C: Codec> Producer<C> {
         while let Some(sent) = sending.next().await {
             failed = failed.or(sent.err());
         }
-        match failed {
-            Some(error) => Err(error),
-            None => Ok(ids),
+        if let Some(error) = failed {
+            return Err(error);
         }
+        let streams = self.streams.iter().zip(touched);
+        let touched = streams
+            .filter(|(_, touched)| *touched)
+            .map(|(s, _)| s.as_str());
+        self.conn.replicated(touched).await?;
+        Ok(ids)
     }
 
     /// Sends one part on `conn`, the producer's connection, and forgets

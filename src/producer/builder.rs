@@ -10,7 +10,7 @@ use deadpool_redis::Pool;
 use super::Producer;
 use crate::codec::{Bincode, Codec, Json};
 use crate::config::{self, ServiceName};
-use crate::connection::{Backend, Given, SharedConnection};
+use crate::connection::{Backend, Given, SharedConnection, Wait};
 use crate::error::{Error, Result, SettingDiff};
 use crate::metrics as m;
 use crate::partition::DEFAULT_PARTITIONS;
@@ -78,6 +78,17 @@ impl<C: Codec> ProducerBuilder<C> {
     /// slot.
     pub fn redis_cluster<U: Into<String>>(mut self, urls: impl IntoIterator<Item = U>) -> Self {
         self.redis.cluster = Some(urls.into_iter().map(Into::into).collect());
+        self
+    }
+
+    /// After each enqueue, wait until `replicas` replicas of its master
+    /// have it (`WAIT`), at most `timeout`; an enqueue they did not all
+    /// confirm returns [`Error::NotReplicated`](crate::Error::NotReplicated)
+    /// (the task is enqueued; sending it again with an idempotency key does
+    /// not run it twice). Without it (the default), a failover can lose an
+    /// enqueue that returned success (docs/design.md §8).
+    pub fn wait_for_replicas(mut self, replicas: u32, timeout: Duration) -> Self {
+        self.redis.wait = Some(Wait { replicas, timeout });
         self
     }
 

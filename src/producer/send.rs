@@ -65,6 +65,7 @@ impl<C: Codec> Producer<C> {
                 script.arg(k).arg(v);
             }
             let (enqueued, due): (String, u64) = self.conn.invoke(&script).await?;
+            self.conn.replicated([stream.as_str()]).await?;
             if due > 0 {
                 self.notice(p, due).await;
             }
@@ -72,8 +73,9 @@ impl<C: Codec> Producer<C> {
             return Ok((TaskId::from(enqueued.as_str()), new));
         }
         let mut cmd = redis::cmd("XADD");
-        cmd.arg(stream).arg("*").arg(entry.fields());
+        cmd.arg(&stream).arg("*").arg(entry.fields());
         self.conn.query::<()>(&cmd).await?;
+        self.conn.replicated([stream.as_str()]).await?;
         Ok((id, true))
     }
 

@@ -52,13 +52,12 @@ async fn until_count(c: &Client, css: &str, count: usize, what: &str) -> Vec<Ele
     }
 }
 
+/// The text of the one element `css` selects, once there is one: after a
+/// click the browser may still show the page it is leaving (a `find` then
+/// failed now and then, before the next page had loaded).
 async fn text(c: &Client, css: &str) -> String {
-    c.find(Locator::Css(css))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap()
+    let found = until_count(c, css, 1, css).await;
+    found[0].text().await.unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -77,6 +77,11 @@ pub(crate) async fn ack(
     if let Some(transient) = replies.iter().find(|r| is_transient(r)) {
         return Err(format!("{:?}", transient.as_ref().err()));
     }
+    // With `wait_for_replicas`, acks count as landed once replicas have
+    // them: a drain's last acks go before its mark, and a failover that
+    // lost them under a surviving mark would run their tasks again.
+    let streams = groups.iter().map(|(store, _)| store.stream.as_str());
+    conn.replicated(streams).await.map_err(|e| e.to_string())?;
     Ok(replies.iter().map(reply).collect())
 }
 

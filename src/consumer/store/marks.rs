@@ -23,9 +23,12 @@ pub(crate) async fn mark(
     p: u32,
     epoch: u64,
 ) -> Result<u64> {
-    let mut script = MARK.key(keys::transition(name));
+    let transition = keys::transition(name);
+    let mut script = MARK.key(&transition);
     script.arg(p).arg(epoch);
-    conn.invoke(&script).await
+    let marked = conn.invoke(&script).await?;
+    conn.replicated([transition.as_str()]).await?;
+    Ok(marked)
 }
 
 /// A partition's release mark.

@@ -179,6 +179,10 @@ impl PartitionStore {
         let mut script = ACQUIRE.key(&self.owner);
         script.arg(self.token).arg(&self.consumer);
         let reply: i64 = self.conn.invoke(&script).await?;
+        if reply > 0 {
+            // A record a failover lost would admit the previous owner.
+            self.conn.replicated([self.owner.as_str()]).await?;
+        }
         Ok((reply <= 0).then_some(reply.unsigned_abs()))
     }
 

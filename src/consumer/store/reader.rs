@@ -15,7 +15,7 @@ use deadpool_redis::redis::{self, aio::MultiplexedConnection};
 
 use super::reply::{RawEntry, Streams};
 use super::{Fields, PartitionStore};
-use crate::connection::{Backend, Conn, SharedConnection, cluster};
+use crate::connection::{Backend, Conn, Servers, SharedConnection, cluster};
 use crate::error::{Error, Result};
 use crate::keys;
 use crate::task::{Entry, Unrunnable};
@@ -99,13 +99,13 @@ impl BlockingReads {
         block: Duration,
     ) -> Result<BlockingReads> {
         let timeout = block + Duration::from_secs(5);
-        let (mut conn, node) = match backend {
-            Backend::Node(pool) => {
+        let (mut conn, node) = match &backend.servers {
+            Servers::Node(pool) => {
                 let mut conn = deadpool_redis::Connection::take(pool.get().await?);
                 conn.set_response_timeout(timeout);
                 (conn, None)
             }
-            Backend::Cluster(nodes) => {
+            Servers::Cluster(nodes) => {
                 let Conn::Cluster(map) = shared.get().await? else {
                     unreachable!("a Cluster's shared connection is a Cluster connection");
                 };
