@@ -180,8 +180,10 @@ async fn enqueue(producer: &Producer, from: u64, to: u64, batch: u64, pause: Dur
     }
 }
 
-/// Enqueues seqs from `from` on, 10 every 10 ms, until `until` is
+/// Enqueues seqs from `from` on, 50 every 20 ms, until `until` is
 /// cancelled, then 500 more; resolves to the end of the seqs enqueued.
+/// (Batches of 50 over 64 partitions often hold several tasks of one
+/// partition: a pipeline within one slot.)
 fn flow(
     producer: Arc<Producer>,
     from: u64,
@@ -190,10 +192,10 @@ fn flow(
     tokio::spawn(async move {
         let mut next = from;
         while !until.is_cancelled() {
-            enqueue(&producer, next, next + 10, 10, 10 * MS).await;
-            next += 10;
+            enqueue(&producer, next, next + 50, 50, 20 * MS).await;
+            next += 50;
         }
-        enqueue(&producer, next, next + 500, 10, 10 * MS).await;
+        enqueue(&producer, next, next + 500, 50, 20 * MS).await;
         next + 500
     })
 }

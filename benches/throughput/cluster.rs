@@ -50,7 +50,8 @@ impl At<'_> {
 
 /// Prints the Cluster tables.
 pub(super) async fn run(server: &RedisServer, tasks: u64) {
-    let cluster = RedisCluster::start(3, 0);
+    // No persistence, like the single node.
+    let cluster = RedisCluster::start_with(3, 0, false);
     let (node_enqueue, node_consume) = enqueue_and_consume(&At::Node(server), tasks).await;
     let (cluster_enqueue, cluster_consume) =
         enqueue_and_consume(&At::Cluster(&cluster), tasks).await;
@@ -67,7 +68,7 @@ pub(super) async fn run(server: &RedisServer, tasks: u64) {
         cluster_consume / node_consume
     );
 
-    let replicated = RedisCluster::start(3, 1);
+    let replicated = RedisCluster::start_with(3, 1, false);
     let at = At::Cluster(&replicated);
     let (plain50, plain99) = enqueue_latency(&at, false).await;
     let (wait50, wait99) = enqueue_latency(&at, true).await;

@@ -3,6 +3,7 @@
 //! connection each gives.
 
 use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
 
 use deadpool_redis::Pool;
@@ -14,7 +15,8 @@ use deadpool_redis::redis::{
     IntoConnectionInfo, Pipeline, RedisFuture, RedisResult, Value,
 };
 
-use super::{RESPONSE_TIMEOUT, cluster, redact};
+use super::pipeline::{self, Nodes};
+use super::{RESPONSE_TIMEOUT, redact};
 use crate::error::{Error, Result};
 
 /// How long connecting to one node may take.
@@ -49,16 +51,17 @@ pub(crate) struct Wait {
 pub(crate) enum Servers {
     /// One server, through a pool.
     Node(Pool),
-    /// A Redis Cluster (docs/design.md §8), boxed: its client is large.
-    Cluster(Box<Cluster>),
+    /// A Redis Cluster (docs/design.md §8).
+    Cluster(Arc<Cluster>),
 }
 
 /// A Redis Cluster: its client, and the first seed node's settings (user,
 /// password, TLS) for connections made to one node.
-#[derive(Clone)]
 pub(crate) struct Cluster {
     client: ClusterClient,
     seed: ConnectionInfo,
+    /// The slot map and the connections pipelines go on.
+    pub(super) nodes: Nodes,
 }
 
 impl fmt::Debug for Servers {
@@ -131,7 +134,7 @@ impl Given {
         let wait = self.wait;
         let servers = match (self.pool, self.url, self.cluster) {
             (None, None, Some(seeds)) => {
-                Cluster::new(&seeds).map(|c| Servers::Cluster(Box::new(c)))
+                Cluster::new(&seeds).map(|c| Servers::Cluster(Arc::new(c)))
             }
             (_, _, Some(_)) => Err(Error::invalid(
                 "redis_cluster",
@@ -204,7 +207,11 @@ impl Cluster {
             .max_retry_wait(CLUSTER_MAX_RETRY_WAIT_MS)
             .build()
             .map_err(|e| Error::invalid("redis_cluster", e.to_string()))?;
-        Ok(Cluster { client, seed })
+        Ok(Cluster {
+            client,
+            seed,
+            nodes: Nodes::default(),
+        })
     }
 
     /// A connection of its own to the node at `host:port`, with the seed
@@ -264,7 +271,8 @@ impl Backend {
                 Ok(Conn::Node(conn))
             }
             Servers::Cluster(cluster) => {
-                Ok(Conn::Cluster(cluster.client.get_async_connection().await?))
+                let conn = cluster.client.get_async_connection().await?;
+                Ok(Conn::Cluster(conn, cluster.clone()))
             }
         }
     }
@@ -276,15 +284,15 @@ impl Backend {
 pub(crate) enum Conn {
     /// To one server.
     Node(MultiplexedConnection),
-    /// To a Cluster.
-    Cluster(ClusterConnection),
+    /// To a Cluster (and the Cluster, for pipelines).
+    Cluster(ClusterConnection, Arc<Cluster>),
 }
 
 impl fmt::Debug for Conn {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
             Conn::Node(_) => "Conn::Node",
-            Conn::Cluster(_) => "Conn::Cluster",
+            Conn::Cluster(..) => "Conn::Cluster",
         })
     }
 }
@@ -298,8 +306,10 @@ impl Conn {
     ) -> RedisResult<T> {
         match self {
             Conn::Node(conn) => pipe.query_async(conn).await,
-            Conn::Cluster(conn) => {
-                let replies = cluster::query_pipe(conn, pipe).await?.extract_error()?;
+            Conn::Cluster(conn, cluster) => {
+                let replies = pipeline::query_pipe(conn, cluster, pipe)
+                    .await?
+                    .extract_error()?;
                 Ok(T::from_redis_value(replies)?)
             }
         }
@@ -314,7 +324,9 @@ impl Conn {
         pipe.ignore_errors();
         match self {
             Conn::Node(conn) => pipe.query_async(conn).await,
-            Conn::Cluster(conn) => Ok(T::from_redis_value(cluster::query_pipe(conn, pipe).await?)?),
+            Conn::Cluster(conn, cluster) => Ok(T::from_redis_value(
+                pipeline::query_pipe(conn, cluster, pipe).await?,
+            )?),
         }
     }
 }
@@ -323,7 +335,7 @@ impl ConnectionLike for Conn {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         match self {
             Conn::Node(conn) => conn.req_packed_command(cmd),
-            Conn::Cluster(conn) => conn.req_packed_command(cmd),
+            Conn::Cluster(conn, _) => conn.req_packed_command(cmd),
         }
     }
 
@@ -335,14 +347,14 @@ impl ConnectionLike for Conn {
     ) -> RedisFuture<'a, Vec<Value>> {
         match self {
             Conn::Node(conn) => conn.req_packed_commands(pipe, offset, count),
-            Conn::Cluster(conn) => conn.req_packed_commands(pipe, offset, count),
+            Conn::Cluster(conn, _) => conn.req_packed_commands(pipe, offset, count),
         }
     }
 
     fn get_db(&self) -> i64 {
         match self {
             Conn::Node(conn) => conn.get_db(),
-            Conn::Cluster(conn) => conn.get_db(),
+            Conn::Cluster(conn, _) => conn.get_db(),
         }
     }
 }

@@ -1,17 +1,17 @@
 //! What a Redis Cluster asks of the commands peerq sends (docs/design.md
-//! §8): every key of one command, transaction or script in one slot, so a
-//! pipeline over several partitions goes as one pipeline per slot; a
-//! command with no key (`TIME`, `INFO`, `CLIENT UNBLOCK`) goes to the node
-//! it is about; and a blocking reader connects to the master of its slot.
-
-use std::collections::BTreeMap;
+//! §8): every key of one command, transaction or script in one slot (a
+//! pipeline over several partitions: [`super::pipeline`]); a command with
+//! no key (`TIME`, `INFO`, `CLIENT UNBLOCK`) goes to the node it is about;
+//! and a blocking reader connects to the master of its slot.
 
 use deadpool_redis::redis::cluster_async::ClusterConnection;
 use deadpool_redis::redis::cluster_routing::{
     MultipleNodeRoutingInfo, Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr,
 };
-use deadpool_redis::redis::{self, Cmd, Pipeline, RedisResult, Value};
-use futures_util::future::try_join_all;
+use deadpool_redis::redis::{self, Cmd, RedisResult, Value};
+
+/// Slot ranges and the address of each one's master.
+pub(super) type SlotMap = Vec<(std::ops::RangeInclusive<u16>, (String, u16))>;
 
 /// The number of slots of a Redis Cluster.
 const SLOTS: u16 = 16384;
@@ -33,7 +33,7 @@ pub(crate) fn slot(key: impl AsRef<[u8]>) -> u16 {
 /// after `STREAMS` for stream reads, after the subcommand for `XGROUP`
 /// and `XINFO`, none for the server's own commands, else the first
 /// argument.
-fn command_slot(cmd: &Cmd) -> Option<u16> {
+pub(super) fn command_slot(cmd: &Cmd) -> Option<u16> {
     let mut args = cmd.args_iter().filter_map(|arg| match arg {
         redis::Arg::Simple(bytes) => Some(bytes),
         _ => None,
@@ -61,50 +61,6 @@ fn command_slot(cmd: &Cmd) -> Option<u16> {
         _ => args.next()?,
     };
     Some(slot(key))
-}
-
-/// Runs `pipe` on a Cluster. A pipeline within one slot goes as it is. One
-/// over several slots goes as one pipeline per slot, all at once (the
-/// connection to each node pipelines them on the wire), and the replies
-/// come back in the commands' order; commands without a key go together
-/// to any node. Such a pipeline must not `ignore()` commands (redis-rs
-/// does not say which are), and its errors come back in place, as with
-/// `ignore_errors()`.
-pub(crate) async fn query_pipe(conn: &ClusterConnection, pipe: &Pipeline) -> RedisResult<Value> {
-    let mut groups: BTreeMap<Option<u16>, Vec<usize>> = BTreeMap::new();
-    for (at, cmd) in pipe.cmd_iter().enumerate() {
-        groups.entry(command_slot(cmd)).or_default().push(at);
-    }
-    let keyed = groups.keys().filter(|slot| slot.is_some()).count();
-    if keyed <= 1 || pipe.is_transaction() {
-        // One slot (a transaction over several is refused by redis-rs,
-        // as it would be by Redis).
-        let mut conn = conn.clone();
-        return pipe.query_async(&mut conn).await;
-    }
-    let commands: Vec<&Cmd> = pipe.cmd_iter().collect();
-    let sent = groups.values().map(|ats| {
-        let mut sub = redis::pipe();
-        sub.ignore_errors();
-        for &at in ats {
-            sub.add_command(commands[at].clone());
-        }
-        let mut conn = conn.clone();
-        async move { sub.query_async::<Vec<Value>>(&mut conn).await }
-    });
-    let replies = try_join_all(sent).await?;
-    let mut ordered: Vec<Option<Value>> = vec![None; commands.len()];
-    for (ats, values) in groups.values().zip(replies) {
-        for (&at, value) in ats.iter().zip(values) {
-            ordered[at] = Some(value);
-        }
-    }
-    Ok(Value::Array(
-        ordered
-            .into_iter()
-            .map(|value| value.unwrap_or(Value::Nil))
-            .collect(),
-    ))
 }
 
 /// Runs `cmd`, which has no key, on the master of `key`'s slot: the node
@@ -172,9 +128,7 @@ pub(crate) async fn masters(conn: &ClusterConnection) -> RedisResult<Vec<(String
 
 /// The Cluster's slot ranges and the address of each one's master
 /// (`CLUSTER SLOTS`, asked of any node).
-async fn slot_map(
-    conn: &ClusterConnection,
-) -> RedisResult<Vec<(std::ops::RangeInclusive<u16>, (String, u16))>> {
+pub(super) async fn slot_map(conn: &ClusterConnection) -> RedisResult<SlotMap> {
     let mut conn = conn.clone();
     let ranges: Vec<Value> = redis::cmd("CLUSTER")
         .arg("SLOTS")

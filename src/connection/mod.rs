@@ -11,6 +11,7 @@
 
 mod backend;
 pub(crate) mod cluster;
+mod pipeline;
 mod redact;
 mod shared;
 

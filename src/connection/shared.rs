@@ -86,7 +86,7 @@ impl SharedConnection {
     pub(crate) async fn query_flat<T: FromRedisValue>(&self, cmd: &Cmd) -> Result<T> {
         let reply = match self.get().await? {
             Conn::Node(mut conn) => conn.send_packed_command(cmd).await,
-            Conn::Cluster(mut conn) => {
+            Conn::Cluster(mut conn, _) => {
                 use deadpool_redis::redis::aio::ConnectionLike as _;
                 conn.req_packed_command(cmd).await
             }
@@ -123,7 +123,7 @@ impl SharedConnection {
     pub(crate) async fn query_at<T: FromRedisValue>(&self, cmd: &Cmd, key: &str) -> Result<T> {
         let reply: Result<T, RedisError> = match self.get().await? {
             Conn::Node(mut conn) => cmd.query_async(&mut conn).await,
-            Conn::Cluster(conn) => cluster::query_at(&conn, cmd, key)
+            Conn::Cluster(conn, _) => cluster::query_at(&conn, cmd, key)
                 .await
                 .and_then(|value| T::from_redis_value(value).map_err(RedisError::from)),
         };
@@ -138,9 +138,11 @@ impl SharedConnection {
         node: Option<(&str, u16)>,
     ) -> Result<T> {
         let reply: Result<T, RedisError> = match (self.get().await?, node) {
-            (Conn::Cluster(conn), Some((host, port))) => cluster::query_on(&conn, cmd, host, port)
-                .await
-                .and_then(|value| T::from_redis_value(value).map_err(RedisError::from)),
+            (Conn::Cluster(conn, _), Some((host, port))) => {
+                cluster::query_on(&conn, cmd, host, port)
+                    .await
+                    .and_then(|value| T::from_redis_value(value).map_err(RedisError::from))
+            }
             (mut conn, _) => cmd.query_async(&mut conn).await,
         };
         Ok(reply.inspect_err(|e| self.reset_after(e))?)
@@ -151,7 +153,7 @@ impl SharedConnection {
     /// empty address.
     pub(crate) async fn query_masters(&self, cmd: &Cmd) -> Result<Vec<(String, Value)>> {
         let reply = match self.get().await? {
-            Conn::Cluster(conn) => cluster::query_masters(&conn, cmd).await,
+            Conn::Cluster(conn, _) => cluster::query_masters(&conn, cmd).await,
             Conn::Node(mut conn) => cmd
                 .query_async::<Value>(&mut conn)
                 .await
@@ -164,7 +166,7 @@ impl SharedConnection {
     /// one server, `None` (for [`query_on`](Self::query_on)).
     pub(crate) async fn key_nodes(&self) -> Result<Vec<Option<(String, u16)>>> {
         let reply = match self.get().await? {
-            Conn::Cluster(conn) => cluster::masters(&conn)
+            Conn::Cluster(conn, _) => cluster::masters(&conn)
                 .await
                 .map(|masters| masters.into_iter().map(Some).collect()),
             Conn::Node(_) => Ok(vec![None]),
@@ -188,7 +190,7 @@ impl SharedConnection {
         cmd.arg(wait.replicas).arg(wait.timeout.as_millis() as u64);
         let counts: Vec<u32> = match self.get().await? {
             Conn::Node(_) => vec![self.query(&cmd).await?],
-            Conn::Cluster(_) => {
+            Conn::Cluster(..) => {
                 let mut slots: Vec<(u16, &str)> = keys
                     .into_iter()
                     .map(|key| (cluster::slot(key), key))

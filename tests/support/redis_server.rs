@@ -94,13 +94,14 @@ impl RedisServer {
         RedisServer::start_fresh(opts, false)
     }
 
-    /// Starts one node of a [`RedisCluster`](super::RedisCluster): AOF with
-    /// `appendfsync always`, `--cluster-enabled yes`, a 2 s node timeout and
+    /// Starts one node of a [`RedisCluster`](super::RedisCluster): with
+    /// `aof`, AOF with `appendfsync always` (else no persistence),
+    /// `--cluster-enabled yes`, a 2 s node timeout and
     /// `nodes.conf` in its dir, on a port whose bus port is free too. The
     /// node answers PING but belongs to no cluster yet.
-    pub(super) fn start_cluster_node() -> RedisServer {
+    pub(super) fn start_cluster_node(aof: bool) -> RedisServer {
         let opts = ServerOptions {
-            aof: true,
+            aof,
             requirepass: None,
         };
         RedisServer::start_fresh(opts, true)

@@ -106,7 +106,7 @@ impl BlockingReads {
                 (conn, None)
             }
             Servers::Cluster(nodes) => {
-                let Conn::Cluster(map) = shared.get().await? else {
+                let Conn::Cluster(map, _) = shared.get().await? else {
                     unreachable!("a Cluster's shared connection is a Cluster connection");
                 };
                 let (host, port) = cluster::master_of(&map, slot).await?.ok_or_else(|| {

@@ -88,6 +88,13 @@ impl RedisCluster {
     /// does not form within 30 s; the message quotes `redis-cli`'s output
     /// and the end of every node's log.
     pub fn start(masters: usize, replicas_per_master: usize) -> RedisCluster {
+        RedisCluster::start_with(masters, replicas_per_master, true)
+    }
+
+    /// [`start`](Self::start), with nodes that persist nothing unless
+    /// `aof` (benchmarks compare with a single server that persists
+    /// nothing).
+    pub fn start_with(masters: usize, replicas_per_master: usize, aof: bool) -> RedisCluster {
         assert!(
             masters >= 3,
             "a Redis Cluster needs at least 3 masters, not {masters}"
@@ -95,7 +102,7 @@ impl RedisCluster {
         let count = masters * (1 + replicas_per_master);
         // If anything below panics, dropping `nodes` kills what was started.
         let nodes = (0..count)
-            .map(|_| RedisServer::start_cluster_node())
+            .map(|_| RedisServer::start_cluster_node(aof))
             .collect();
         let cluster = RedisCluster {
             nodes,

@@ -1,0 +1,243 @@
+//! Pipelines on a Redis Cluster: one per master, on connections of peerq's
+//! own, following redirections command by command.
+//!
+//! redis-rs's cluster connection handles a pipeline as a whole: when any
+//! reply in it is a redirection it sends the whole pipeline again, to the
+//! node named. Commands that had run then run twice: those of other slots
+//! in a pipeline over several, and, after an `ASK` (its slot is moving),
+//! all but the first even within one slot, since it sends one `ASKING`
+//! for the pipeline and `ASKING` admits only the next command (a task
+//! enqueued twice during a slot migration, in `tests/cluster.rs`). So a
+//! pipeline goes here instead: grouped by the master that serves each
+//! slot, as the slot map last read says, on a plain connection to that
+//! master; a command sent to the wrong node (`MOVED`, `ASK`) or finding
+//! the Cluster busy (`TRYAGAIN`, `CLUSTERDOWN`) did not run, and goes again,
+//! to where the redirection says (an `ASKING` before each command for an
+//! `ASK`) or a little later; after a `MOVED` the map is read again.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use deadpool_redis::redis::aio::MultiplexedConnection;
+use deadpool_redis::redis::cluster_async::ClusterConnection;
+use deadpool_redis::redis::{self, Cmd, Pipeline, RedisResult, Value};
+use futures_util::future::join_all;
+
+use super::backend::Cluster;
+use super::cluster::{SlotMap, command_slot, slot_map};
+
+/// How often a command redirected or refused for now is sent again.
+const ATTEMPTS: u32 = 6;
+
+/// What the pipelines of one Cluster share: the slot map as last read, and
+/// a connection to each master.
+#[derive(Default)]
+pub(crate) struct Nodes {
+    map: Mutex<Option<Arc<SlotMap>>>,
+    conns: Mutex<HashMap<(String, u16), MultiplexedConnection>>,
+}
+
+impl std::fmt::Debug for Nodes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Nodes")
+    }
+}
+
+impl Nodes {
+    async fn map(&self, conn: &ClusterConnection) -> RedisResult<Arc<SlotMap>> {
+        if let Some(map) = lock(&self.map).clone() {
+            return Ok(map);
+        }
+        let map = Arc::new(slot_map(conn).await?);
+        *lock(&self.map) = Some(map.clone());
+        Ok(map)
+    }
+
+    fn forget_map(&self) {
+        *lock(&self.map) = None;
+    }
+
+    async fn conn(
+        &self,
+        cluster: &Cluster,
+        host: &str,
+        port: u16,
+    ) -> RedisResult<MultiplexedConnection> {
+        let key = (host.to_owned(), port);
+        if let Some(conn) = lock(&self.conns).get(&key) {
+            return Ok(conn.clone());
+        }
+        let conn = cluster
+            .node(host, port, super::RESPONSE_TIMEOUT)
+            .await
+            .map_err(|e| match e {
+                crate::Error::Redis(e) => e,
+                other => redis::RedisError::from(std::io::Error::other(other.to_string())),
+            })?;
+        lock(&self.conns).insert(key, conn.clone());
+        Ok(conn)
+    }
+
+    fn forget_conn(&self, host: &str, port: u16) {
+        lock(&self.conns).remove(&(host.to_owned(), port));
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Where a command goes next.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum To {
+    /// The master at this address.
+    Node(String, u16),
+    /// The node at this address, after `ASKING` (its slot is moving there).
+    Asking(String, u16),
+    /// Through redis-rs's routing: a command without a key.
+    Routed,
+}
+
+/// Runs `pipe` on a Cluster: a transaction (within one slot, as it must
+/// be) through redis-rs as it is, any other as one pipeline per master,
+/// all at once; the replies come back in the commands' order. Such a
+/// pipeline must not `ignore()` commands (redis-rs does not say which are),
+/// and its errors come back in place, as with `ignore_errors()`.
+pub(crate) async fn query_pipe(
+    conn: &ClusterConnection,
+    cluster: &Cluster,
+    pipe: &Pipeline,
+) -> RedisResult<Value> {
+    if pipe.is_transaction() {
+        let mut conn = conn.clone();
+        return pipe.query_async(&mut conn).await;
+    }
+    let nodes = &cluster.nodes;
+    let commands: Vec<&Cmd> = pipe.cmd_iter().collect();
+    let map = nodes.map(conn).await?;
+    let mut to: Vec<To> = commands
+        .iter()
+        .map(|cmd| match command_slot(cmd) {
+            None => To::Routed,
+            Some(slot) => map
+                .iter()
+                .find(|(range, _)| range.contains(&slot))
+                // No master serves it (the Cluster is down for it): the
+                // first master answers CLUSTERDOWN or MOVED.
+                .or(map.first())
+                .map_or(To::Routed, |(_, (host, port))| {
+                    To::Node(host.clone(), *port)
+                }),
+        })
+        .collect();
+    let mut replies: Vec<Option<Value>> = vec![None; commands.len()];
+    let mut pending: Vec<usize> = (0..commands.len()).collect();
+    for attempt in 0..ATTEMPTS {
+        if attempt > 0 {
+            // A slot in the middle of moving, or a failover: give the
+            // nodes time to agree.
+            tokio::time::sleep(Duration::from_millis(10 << attempt)).await;
+        }
+        let mut groups: BTreeMap<&To, Vec<usize>> = BTreeMap::new();
+        for &at in &pending {
+            groups.entry(&to[at]).or_default().push(at);
+        }
+        let sent = groups
+            .iter()
+            .map(|(to, ats)| send(conn, cluster, (*to).clone(), &commands, ats));
+        let answers = join_all(sent).await;
+        let mut again = Vec::new();
+        let mut moves = Vec::new();
+        for ((to, ats), answer) in groups.into_iter().zip(answers) {
+            let values = match answer {
+                Ok(values) => values,
+                Err(e) => {
+                    if let To::Node(host, port) | To::Asking(host, port) = to {
+                        nodes.forget_conn(host, *port);
+                    }
+                    nodes.forget_map();
+                    // Sent, and maybe run: going again could run it twice.
+                    return Err(e);
+                }
+            };
+            for (at, value) in ats.into_iter().zip(values) {
+                if let Some(next) = redirect(&value) {
+                    if let Some(next) = next {
+                        if matches!(next, To::Node(..)) {
+                            nodes.forget_map();
+                        }
+                        moves.push((at, next));
+                    }
+                    again.push(at);
+                }
+                replies[at] = Some(value);
+            }
+        }
+        for (at, next) in moves {
+            to[at] = next;
+        }
+        if again.is_empty() {
+            break;
+        }
+        again.sort_unstable();
+        pending = again;
+    }
+    Ok(Value::Array(
+        replies
+            .into_iter()
+            .map(|value| value.unwrap_or(Value::Nil))
+            .collect(),
+    ))
+}
+
+/// Sends the commands at `ats` (in order) to `to` in one pipeline, with
+/// errors in place; their replies in the same order.
+async fn send(
+    conn: &ClusterConnection,
+    cluster: &Cluster,
+    to: To,
+    commands: &[&Cmd],
+    ats: &[usize],
+) -> RedisResult<Vec<Value>> {
+    let mut sub = redis::pipe();
+    sub.ignore_errors();
+    let asking = matches!(to, To::Asking(..));
+    for &at in ats {
+        if asking {
+            // Each `ASKING` admits only the command after it.
+            sub.cmd("ASKING");
+        }
+        sub.add_command(commands[at].clone());
+    }
+    let (host, port) = match to {
+        To::Node(host, port) | To::Asking(host, port) => (host, port),
+        To::Routed => return sub.query_async(&mut conn.clone()).await,
+    };
+    let mut node = cluster.nodes.conn(cluster, &host, port).await?;
+    let values: Vec<Value> = sub.query_async(&mut node).await?;
+    Ok(match asking {
+        // Every other reply is an `ASKING`'s `OK`.
+        true => values.into_iter().skip(1).step_by(2).collect(),
+        false => values,
+    })
+}
+
+/// For a reply that says its command did not run and may go again:
+/// `Some(Some(to))` for where (`MOVED`, `ASK`), `Some(None)` to send it
+/// where it went, a little later (`TRYAGAIN`, `CLUSTERDOWN`).
+fn redirect(value: &Value) -> Option<Option<To>> {
+    let Value::ServerError(e) = value else {
+        return None;
+    };
+    let address = || {
+        let (host, port) = e.details()?.split_whitespace().nth(1)?.rsplit_once(':')?;
+        Some((host.to_owned(), port.parse().ok()?))
+    };
+    match e.code() {
+        "MOVED" => Some(address().map(|(host, port)| To::Node(host, port))),
+        "ASK" => Some(address().map(|(host, port)| To::Asking(host, port))),
+        "TRYAGAIN" | "CLUSTERDOWN" => Some(None),
+        _ => None,
+    }
+}
