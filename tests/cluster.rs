@@ -1,7 +1,8 @@
 //! peerq on a real local Redis Cluster of three masters (one cluster for
 //! the whole binary, [`RedisCluster::shared`]): each partition's keys are
 //! in a slot of their own, so a service's partitions spread over every
-//! master; consumers follow a slot that moves while tasks flow.
+//! master; consumers follow a slot that moves while tasks flow; the CLI,
+//! the dashboard and the dead letters read a service spread over them.
 
 #[path = "cluster/failover.rs"]
 mod failover;
@@ -377,5 +378,52 @@ async fn the_cli_and_the_dead_letters_read_a_service_spread_over_the_masters() {
         .map(|p| p["dead"].as_u64().unwrap())
         .sum();
     assert_eq!(dead_counted, failed, "{status}");
+
+    // `peerq dashboard --cluster` serves the service's page.
+    let port = support::unused_port();
+    let mut dashboard = support::Proc(
+        std::process::Command::new(env!("CARGO_BIN_EXE_peerq"))
+            .env_remove("PEERQ_REDIS_URL")
+            .env_remove("PEERQ_DASHBOARD_BASIC_AUTH")
+            .env_remove("PEERQ_DASHBOARD_TOKEN")
+            .args(["--redis", &cluster.seed_urls().join(","), "--cluster"])
+            .args(["dashboard", "--read-only", "--listen"])
+            .arg(format!("127.0.0.1:{port}"))
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("run peerq dashboard"),
+    );
+    let page = tokio::task::spawn_blocking({
+        let path = format!("/services/{name}");
+        move || get(port, &path)
+    })
+    .await
+    .unwrap();
+    assert!(page.starts_with("HTTP/1.1 200"), "{page}");
+    assert!(page.contains(&name), "{page}");
+    let _ = dashboard.0.kill();
     instance.shutdown().await;
+}
+
+/// The answer to `GET path` from the HTTP server on `port` of this
+/// machine, head and body, once it listens (within 20 s).
+fn get(port: u16, path: &str) -> String {
+    use std::io::{Read, Write};
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Ok(mut stream) = std::net::TcpStream::connect(("127.0.0.1", port)) {
+            let request = format!(
+                "GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n"
+            );
+            stream.write_all(request.as_bytes()).unwrap();
+            let mut answer = String::new();
+            stream.read_to_string(&mut answer).unwrap();
+            return answer;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "nothing listens on {port}"
+        );
+        std::thread::sleep(50 * MS);
+    }
 }
