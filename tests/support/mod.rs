@@ -1,6 +1,7 @@
 //! Test harness shared by the integration tests: private `redis-server`
-//! processes on free ports ([`RedisServer`]) and private Redis Clusters of
-//! them ([`RedisCluster`]), a TCP proxy that can cut, blackhole, hold or
+//! processes on free ports ([`RedisServer`]), over TLS if asked
+//! ([`ServerTls`], with a [`TestPki`] made at run time), and private Redis
+//! Clusters of them ([`RedisCluster`]), a TCP proxy that can cut, blackhole, hold or
 //! delay (jitter) its clients' links to Redis ([`Proxy`]), unique service
 //! names, a metrics recorder that keeps its values ([`recorder`]), a
 //! headless Chromium through ChromeDriver ([`ChromeDriver`], for the
@@ -27,6 +28,7 @@ mod reaper;
 pub mod recorder;
 mod redis_cluster;
 mod redis_server;
+mod tls;
 mod wait;
 
 use std::collections::HashSet;
@@ -48,6 +50,8 @@ pub use proxy::Proxy;
 pub use redis_cluster::{Migration, NodeInfo, RedisCluster, SLOTS, slot_of};
 #[allow(unused_imports)]
 pub use redis_server::{RedisServer, ServerOptions, process_exists, unused_port};
+#[allow(unused_imports)]
+pub use tls::{CertFiles, ServerTls, TestPki};
 #[allow(unused_imports)]
 pub use wait::wait_until;
 
@@ -108,7 +112,15 @@ pub fn init_tracing() {
 /// [`retry_interrupted`]); calls on the returned connection are not
 /// protected, so wrap them in [`retry_interrupted`] too.
 pub fn connect(url: &str, timeout: Duration) -> redis::RedisResult<redis::Connection> {
-    let client = redis::Client::open(url)?;
+    connect_client(&redis::Client::open(url)?, timeout)
+}
+
+/// [`connect`] with a client made beforehand, such as a TLS one from
+/// [`RedisServer::client`].
+pub fn connect_client(
+    client: &redis::Client,
+    timeout: Duration,
+) -> redis::RedisResult<redis::Connection> {
     retry_interrupted(|| {
         let con = client.get_connection_with_timeout(timeout)?;
         con.set_read_timeout(Some(timeout))?;

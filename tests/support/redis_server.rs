@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 use deadpool_redis::redis;
 
 use super::reaper;
+use super::tls::ServerTls;
 
 /// How long a server may take to answer PING after it is spawned, and to
 /// exit after SHUTDOWN.
@@ -40,8 +41,8 @@ const NOT_FOUND: &str = "redis-server not found on PATH: install it (Debian/Ubun
     `sudo apt-get install -y redis-server`; macOS: `brew install redis`), \
     or run `scripts/test`, which installs it";
 
-/// How a [`RedisServer`] persists its data.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+/// How a [`RedisServer`] persists its data, and how clients reach it.
+#[derive(Debug, Clone, Copy, Default)]
 pub struct ServerOptions {
     /// `true`: `--appendonly yes --appendfsync always`, so every acknowledged
     /// write survives [`RedisServer::kill_and_restart`]. `false` (default): no
@@ -50,6 +51,10 @@ pub struct ServerOptions {
     /// `Some(password)`: `--requirepass password`, and
     /// [`RedisServer::url`] carries it. `None` (default): no password.
     pub requirepass: Option<&'static str>,
+    /// `Some`: TLS only (`--port 0 --tls-port <port>`), and
+    /// [`RedisServer::url`] is `rediss://`; the harness's own connections
+    /// use TLS too. `None` (default): plain TCP.
+    pub tls: Option<ServerTls>,
 }
 
 /// A private `redis-server` process, listening on `127.0.0.1` on a free
@@ -102,7 +107,7 @@ impl RedisServer {
     pub(super) fn start_cluster_node(aof: bool) -> RedisServer {
         let opts = ServerOptions {
             aof,
-            requirepass: None,
+            ..ServerOptions::default()
         };
         RedisServer::start_fresh(opts, true)
     }
@@ -159,12 +164,37 @@ impl RedisServer {
     }
 
     /// `redis://127.0.0.1:<port>/`, or `redis://:<password>@127.0.0.1:<port>/`
-    /// with [`ServerOptions::requirepass`].
+    /// with [`ServerOptions::requirepass`]; `rediss://` with
+    /// [`ServerOptions::tls`].
     pub fn url(&self) -> String {
         match self.opts.requirepass {
-            Some(password) => format!("redis://:{password}@127.0.0.1:{}/", self.port),
-            None => format!("redis://127.0.0.1:{}/", self.port),
+            Some(password) => self.url_with(&format!(":{password}@")),
+            None => self.url_with(""),
         }
+    }
+
+    /// [`url`](Self::url) for the ACL user `user` (see
+    /// [`acl_setuser`](Self::acl_setuser)): `redis://user:password@…`.
+    pub fn url_as(&self, user: &str, password: &str) -> String {
+        self.url_with(&format!("{user}:{password}@"))
+    }
+
+    fn url_with(&self, userinfo: &str) -> String {
+        self.url_on("127.0.0.1", userinfo)
+    }
+
+    fn url_on(&self, host: &str, userinfo: &str) -> String {
+        let scheme = if self.opts.tls.is_some() {
+            "rediss"
+        } else {
+            "redis"
+        };
+        format!("{scheme}://{userinfo}{host}:{}/", self.port)
+    }
+
+    /// The TLS settings the server was started with, if any.
+    pub fn tls(&self) -> Option<&ServerTls> {
+        self.opts.tls.as_ref()
     }
 
     /// The server's data dir (`dump.rdb`, `appendonlydir/`, `redis.log`).
@@ -177,17 +207,68 @@ impl RedisServer {
         self.pid.load(Ordering::SeqCst)
     }
 
-    /// A redis-rs client for [`url`](Self::url).
+    /// A redis-rs client for [`url`](Self::url); with TLS it trusts the
+    /// test CA and presents the test client certificate.
     pub fn client(&self) -> redis::Client {
-        redis::Client::open(self.url()).expect("redis url is valid")
+        self.client_for(&self.url())
+    }
+
+    /// A redis-rs client for [`url_as`](Self::url_as), TLS as in
+    /// [`client`](Self::client).
+    pub fn client_as(&self, user: &str, password: &str) -> redis::Client {
+        self.client_for(&self.url_as(user, password))
+    }
+
+    fn client_for(&self, url: &str) -> redis::Client {
+        match &self.opts.tls {
+            Some(tls) => tls.trusted_client(url),
+            None => redis::Client::open(url).expect("redis url is valid"),
+        }
     }
 
     /// A deadpool-redis pool on [`url`](Self::url), for the tokio runtime.
     /// Creating it connects nothing; it needs a runtime only when used.
     pub fn pool(&self) -> deadpool_redis::Pool {
-        deadpool_redis::Config::from_url(self.url())
-            .create_pool(Some(deadpool_redis::Runtime::Tokio1))
+        // `deadpool_redis::Config` keeps no TLS certificates (its
+        // `ConnectionInfo` copy drops them), so the manager is made from the
+        // redis-rs `ConnectionInfo` of a client that has them.
+        let info = self.client().get_connection_info().clone();
+        let manager = deadpool_redis::Manager::new(info).expect("redis connection info is valid");
+        deadpool_redis::Pool::builder(manager)
+            .runtime(deadpool_redis::Runtime::Tokio1)
+            .build()
             .expect("deadpool-redis pool config is valid")
+    }
+
+    /// Runs `ACL SETUSER` with `rule` split at whitespace, such as
+    /// `"worker on >pw ~peerq:* +@stream"`, as the default user; panics if
+    /// the server refuses it. Log in with [`url_as`](Self::url_as).
+    pub fn acl_setuser(&self, rule: &str) {
+        let mut con = self
+            .control_connection()
+            .expect("connect to set an ACL user");
+        let mut cmd = redis::cmd("ACL");
+        cmd.arg("SETUSER")
+            .arg(rule.split_whitespace().collect::<Vec<_>>());
+        let () = super::retry_interrupted(|| cmd.query(&mut con))
+            .unwrap_or_else(|err| panic!("ACL SETUSER {rule}: {err}"));
+    }
+
+    /// A short-timeout connection for the harness's own commands (PING,
+    /// INFO, SHUTDOWN, ACL), over TLS when the server serves it.
+    fn control_connection(&self) -> redis::RedisResult<redis::Connection> {
+        let client = match &self.opts.tls {
+            Some(tls) => {
+                let userinfo = self
+                    .opts
+                    .requirepass
+                    .map(|password| format!(":{password}@"))
+                    .unwrap_or_default();
+                tls.trusted_client(&self.url_on(tls.control_host(), &userinfo))
+            }
+            None => self.client(),
+        };
+        super::connect_client(&client, CONTROL_TIMEOUT)
     }
 
     /// Graceful restart on the same port and dir, keeping the data.
@@ -201,7 +282,7 @@ impl RedisServer {
     pub fn restart(&mut self) {
         // A stopped process would never handle SHUTDOWN.
         self.resume();
-        if let Ok(mut con) = super::connect(&self.url(), CONTROL_TIMEOUT) {
+        if let Ok(mut con) = self.control_connection() {
             // On success the server closes the connection, so the reply is an
             // I/O error; a real failure shows up as the process not exiting.
             // EINTR may come before the command is sent, so send it again
@@ -272,7 +353,11 @@ impl RedisServer {
         let port = self.port.to_string();
         let appendonly = if self.opts.aof { "yes" } else { "no" };
         let mut cmd = Command::new("redis-server");
-        cmd.args(["--port", &port, "--bind", "127.0.0.1", "--daemonize", "no"])
+        match &self.opts.tls {
+            Some(tls) => cmd.args(tls.server_args(self.port)),
+            None => cmd.args(["--port", &port]),
+        };
+        cmd.args(["--bind", "127.0.0.1", "--daemonize", "no"])
             .arg("--dir")
             .arg(&self.dir)
             .arg("--logfile")
@@ -350,7 +435,7 @@ impl RedisServer {
     /// The `process_id` of the server answering on our port, if it answers
     /// PING and has finished loading.
     fn answering_pid(&self) -> Option<u32> {
-        let mut con = super::connect(&self.url(), CONTROL_TIMEOUT).ok()?;
+        let mut con = self.control_connection().ok()?;
         let pong: String = redis::cmd("PING").query(&mut con).ok()?;
         if pong != "PONG" {
             return None;
