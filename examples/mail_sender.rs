@@ -2,12 +2,14 @@
 //! name and a `produce`, and watch them split the work.
 //!
 //! ```text
-//! mail_sender consume --redis URL [--cluster] --name NAME [--partitions N] [--indexing ranked|incr] [--interval-ms N] [--drain-ms N] [--skew-ms N] [--work-ms N] [--print-tasks] [--print-events] [--http ADDR]
-//! mail_sender produce --redis URL [--cluster] --name NAME [--partitions N] --count N [--batch N] [--rate N] [--print-enqueued]
+//! mail_sender consume --redis URL [--cluster] [--tls-ca FILE] [--tls-cert FILE --tls-key FILE] --name NAME [--partitions N] [--indexing ranked|incr] [--interval-ms N] [--drain-ms N] [--skew-ms N] [--work-ms N] [--print-tasks] [--print-events] [--http ADDR]
+//! mail_sender produce --redis URL [--cluster] [--tls-ca FILE] [--tls-cert FILE --tls-key FILE] --name NAME [--partitions N] --count N [--batch N] [--rate N] [--print-enqueued]
 //! ```
 //!
 //! With `--cluster`, `--redis` is a comma-separated list of a Redis
-//! Cluster's node URLs (some of them are enough).
+//! Cluster's node URLs (some of them are enough). For a `rediss://` URL,
+//! `--tls-ca FILE` trusts that CA, `--tls-cert FILE --tls-key FILE`
+//! present a client certificate (build with `--features tls`).
 //!
 //! With `--print-tasks` a consumer prints, on stdout, a line when a task's
 //! handler starts and one when it succeeded (before the task is acked):
@@ -43,7 +45,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 use peerq::consumer::{PartitionChange, PartitionEvent};
 use peerq::indexer::Standing;
 use peerq::producer::Producer;
-use peerq::{Consumer, Handler, HandlerError, Indexing, TaskContext};
+use peerq::{Consumer, Handler, HandlerError, Indexing, TaskContext, Tls};
 use serde::{Deserialize, Serialize};
 
 #[derive(Parser)]
@@ -64,6 +66,8 @@ enum Command {
         /// --redis names nodes of a Redis Cluster.
         #[arg(long)]
         cluster: bool,
+        #[command(flatten)]
+        tls: TlsArgs,
         /// The service name.
         #[arg(long)]
         name: String,
@@ -105,6 +109,8 @@ enum Command {
         /// --redis names nodes of a Redis Cluster.
         #[arg(long)]
         cluster: bool,
+        #[command(flatten)]
+        tls: TlsArgs,
         /// The service name.
         #[arg(long)]
         name: String,
@@ -238,6 +244,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         Command::Consume {
             redis,
             cluster,
+            tls,
             name,
             partitions,
             indexing,
@@ -258,12 +265,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 work: Duration::from_millis(work_ms),
                 http,
             };
-            let redis = Redis::new(redis, cluster);
+            let redis = Redis::new(redis, cluster, tls);
             consume(redis, name, settings, print_tasks, print_events).await?
         }
         Command::Produce {
             redis,
             cluster,
+            tls,
             name,
             partitions,
             count,
@@ -271,25 +279,49 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             rate,
             print_enqueued,
         } => {
-            let redis = Redis::new(redis, cluster);
+            let redis = Redis::new(redis, cluster, tls);
             produce(redis, name, partitions, count, batch, rate, print_enqueued).await?
         }
     }
     Ok(())
 }
 
-/// `--redis` and `--cluster`: one server's URL, or a Cluster's node URLs.
-enum Redis {
-    Server(String),
-    Cluster(Vec<String>),
+/// `--tls-ca`, `--tls-cert` and `--tls-key`, for a `rediss://` URL.
+#[derive(clap::Args)]
+struct TlsArgs {
+    /// Trust the CA certificates in this PEM file instead of the system's.
+    #[arg(long, value_name = "FILE")]
+    tls_ca: Option<std::path::PathBuf>,
+    /// Present this client certificate (PEM), with --tls-key.
+    #[arg(long, value_name = "FILE", requires = "tls_key")]
+    tls_cert: Option<std::path::PathBuf>,
+    /// The private key (PEM) of --tls-cert.
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    tls_key: Option<std::path::PathBuf>,
+}
+
+/// `--redis`, `--cluster` and the TLS flags: one server's URL, or a
+/// Cluster's node URLs, and TLS settings if any were given.
+struct Redis {
+    urls: Vec<String>,
+    cluster: bool,
+    tls: Option<Tls>,
 }
 
 impl Redis {
-    fn new(redis: String, cluster: bool) -> Redis {
-        match cluster {
-            true => Redis::Cluster(redis.split(',').map(|url| url.trim().to_owned()).collect()),
-            false => Redis::Server(redis),
-        }
+    fn new(redis: String, cluster: bool, flags: TlsArgs) -> Redis {
+        let urls = match cluster {
+            true => redis.split(',').map(|url| url.trim().to_owned()).collect(),
+            false => vec![redis],
+        };
+        let tls = (flags.tls_ca.is_some() || flags.tls_cert.is_some()).then(|| {
+            let tls = flags.tls_ca.into_iter().fold(Tls::new(), Tls::ca_file);
+            match flags.tls_cert.zip(flags.tls_key) {
+                Some((cert, key)) => tls.client_cert(cert, key),
+                None => tls,
+            }
+        });
+        Redis { urls, cluster, tls }
     }
 }
 
@@ -313,9 +345,13 @@ async fn consume(
     print_events: bool,
 ) -> peerq::Result<()> {
     let handled = Arc::new(AtomicU64::new(0));
-    let builder = match redis {
-        Redis::Server(url) => Consumer::builder().redis(url),
-        Redis::Cluster(urls) => Consumer::builder().redis_cluster(urls),
+    let builder = match redis.cluster {
+        true => Consumer::builder().redis_cluster(redis.urls),
+        false => Consumer::builder().redis(&redis.urls[0]),
+    };
+    let builder = match redis.tls {
+        Some(tls) => builder.tls(tls),
+        None => builder,
     };
     let builder = builder
         .name(&name)
@@ -441,9 +477,13 @@ async fn produce(
     rate: u64,
     print: bool,
 ) -> peerq::Result<()> {
-    let builder = match redis {
-        Redis::Server(url) => Producer::builder().redis(url),
-        Redis::Cluster(urls) => Producer::builder().redis_cluster(urls),
+    let builder = match redis.cluster {
+        true => Producer::builder().redis_cluster(redis.urls),
+        false => Producer::builder().redis(&redis.urls[0]),
+    };
+    let builder = match redis.tls {
+        Some(tls) => builder.tls(tls),
+        None => builder,
     };
     let builder = builder.name(&name);
     let producer = match partitions {

@@ -33,7 +33,7 @@ pub enum Error {
     SettingsMismatch(SettingsMismatch),
 
     /// A Redis command failed.
-    #[error("redis: {0}")]
+    #[error("redis: {redis}{hint}", redis = .0, hint = redis_hint(.0))]
     Redis(#[from] RedisError),
 
     /// No connection could be taken from the pool.
@@ -140,6 +140,11 @@ impl Error {
 
 /// [`Error::is_transient`] for a redis-rs error.
 fn redis_is_transient(e: &RedisError) -> bool {
+    // A certificate refused, by either side: rustls reports it as an I/O
+    // error too, but connecting again cannot fix it.
+    if tls_refusal(e).is_some() {
+        return false;
+    }
     // Refused, reset, timed out, or a name that did not resolve: redis-rs
     // reports them all as I/O errors.
     if e.is_io_error() {
@@ -160,18 +165,73 @@ fn redis_is_transient(e: &RedisError) -> bool {
 
 /// A hint after a [`Error::Connect`] message, for the refusals an operator
 /// fixes in the URL or in Redis's ACL.
-fn hint(source: &Error) -> &'static str {
+fn hint(source: &Error) -> String {
     let redis = match source {
         Error::Redis(e) | Error::Pool(PoolError::Backend(e)) => e,
-        _ => return "",
+        _ => return String::new(),
     };
     match (redis.kind(), redis.code()) {
         (ErrorKind::AuthenticationFailed, _) | (_, Some("WRONGPASS" | "NOAUTH")) => {
-            "; check the user and password in the URL"
+            "; check the user and password in the URL".to_owned()
         }
-        (_, Some("NOPERM")) => "; the redis user lacks a permission (ACL) peerq needs",
-        _ if redis.is_io_error() => "; is redis running and reachable from here?",
-        _ => "",
+        // Said by the source's own message (`redis_hint`).
+        (_, Some("NOPERM")) => String::new(),
+        _ if tls_refusal(redis).is_some() => String::new(),
+        _ if redis.is_io_error() => "; is redis running and reachable from here?".to_owned(),
+        _ => String::new(),
+    }
+}
+
+/// What to do about a refusal that a Redis error says wherever it comes
+/// from: an ACL that lacks a right, a TLS certificate refused.
+fn redis_hint(e: &RedisError) -> String {
+    if e.code() == Some("NOPERM") {
+        return acl_hint(e);
+    }
+    tls_refusal(e).unwrap_or_default().to_owned()
+}
+
+/// What to grant a Redis user whose ACL refused a command or a key, from
+/// Redis's message ("…no permissions to run the 'xadd' command", "…to
+/// access one of the keys…").
+fn acl_hint(e: &RedisError) -> String {
+    let detail = e.detail().unwrap_or_default();
+    let command = detail
+        .split_once("run the '")
+        .and_then(|(_, rest)| rest.split_once('\''))
+        .map(|(command, _)| command);
+    match command {
+        Some(command) => format!(
+            "; the redis user may not run `{command}`, which peerq needs: grant it \
+             (ACL SETUSER <user> +{command}; the README's \"TLS and ACL\" has the whole rule)"
+        ),
+        None if detail.contains("keys") => "; the redis user may not use the service's keys: \
+             grant ~{name}:* ~{name/*}:* (the README's \"TLS and ACL\" has the whole rule)"
+            .to_owned(),
+        None => "; the redis user lacks a permission (ACL) peerq needs (the README's \
+                 \"TLS and ACL\" has the rule)"
+            .to_owned(),
+    }
+}
+
+/// For an error of a TLS handshake that a certificate failed, what to do:
+/// the server's certificate is not one this client trusts (its CA, or the
+/// name it is for), or the server refused this client's (none, or one it
+/// does not trust). rustls says which in the message.
+fn tls_refusal(e: &RedisError) -> Option<&'static str> {
+    let message = e.to_string();
+    if message.contains("invalid peer certificate") {
+        Some(
+            "; the server's TLS certificate is not trusted: give its CA (Tls::ca_file, \
+             --tls-ca) and a host name it was issued for",
+        )
+    } else if message.contains("received fatal alert") {
+        Some(
+            "; the server refused this client's TLS certificate: it requires one its CA \
+             signed (Tls::client_cert, --tls-cert and --tls-key)",
+        )
+    } else {
+        None
     }
 }
 

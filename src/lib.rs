@@ -132,6 +132,7 @@ mod test_support;
 
 pub use assignment::Assignment;
 pub use config::Indexing;
+pub use connection::Tls;
 pub use consumer::Consumer;
 pub use dead_letters::DeadLetters;
 pub use error::{Error, Result};

@@ -106,6 +106,30 @@ impl Admin {
         .await
     }
 
+    /// [`connect`](Self::connect) over TLS with these settings.
+    pub async fn connect_with_tls(url: &str, tls: crate::Tls) -> Result<Admin> {
+        Admin::connect_to(connection::Given {
+            url: Some(url.to_owned()),
+            tls: Some(tls),
+            ..Default::default()
+        })
+        .await
+    }
+
+    /// [`connect_cluster`](Self::connect_cluster) over TLS with these
+    /// settings.
+    pub async fn connect_cluster_with_tls<U: Into<String>>(
+        urls: impl IntoIterator<Item = U>,
+        tls: crate::Tls,
+    ) -> Result<Admin> {
+        Admin::connect_to(connection::Given {
+            cluster: Some(urls.into_iter().map(Into::into).collect()),
+            tls: Some(tls),
+            ..Default::default()
+        })
+        .await
+    }
+
     async fn connect_to(given: connection::Given) -> Result<Admin> {
         let redis: Arc<str> = given.target().into();
         let conn = SharedConnection::new(given.backend()?);

@@ -16,6 +16,7 @@ use deadpool_redis::redis::{
 };
 
 use super::pipeline::{self, Nodes};
+use super::tls::{self, Tls};
 use super::{RESPONSE_TIMEOUT, redact};
 use crate::error::{Error, Result};
 
@@ -60,6 +61,8 @@ pub(crate) enum Servers {
 pub(crate) struct Cluster {
     client: ClusterClient,
     seed: ConnectionInfo,
+    /// What connections to one node trust and present.
+    tls: Option<Tls>,
     /// The slot map and the connections pipelines go on.
     pub(super) nodes: Nodes,
 }
@@ -91,6 +94,7 @@ pub(crate) struct Given {
     pub(crate) cluster: Option<Vec<String>>,
     pub(crate) backend: Option<Backend>,
     pub(crate) wait: Option<Wait>,
+    pub(crate) tls: Option<Tls>,
 }
 
 impl fmt::Debug for Given {
@@ -132,9 +136,16 @@ impl Given {
             return Ok(backend);
         }
         let wait = self.wait;
+        if self.tls.is_some() && self.pool.is_some() {
+            return Err(Error::invalid(
+                "tls",
+                "TLS settings go with .redis(url) or .redis_cluster(urls); a pool brings its own",
+            ));
+        }
+        let tls = self.tls;
         let servers = match (self.pool, self.url, self.cluster) {
             (None, None, Some(seeds)) => {
-                Cluster::new(&seeds).map(|c| Servers::Cluster(Arc::new(c)))
+                Cluster::new(&seeds, tls).map(|c| Servers::Cluster(Arc::new(c)))
             }
             (_, _, Some(_)) => Err(Error::invalid(
                 "redis_cluster",
@@ -142,10 +153,13 @@ impl Given {
                  not both",
             )),
             (Some(pool), _, None) => Ok(Servers::Node(pool)),
-            (None, Some(url), None) => deadpool_redis::Config::from_url(url.as_str())
-                .create_pool(Some(deadpool_redis::Runtime::Tokio1))
-                .map(Servers::Node)
-                .map_err(|e| not_a_url("redis", &url, e)),
+            (None, Some(url), None) => match &tls {
+                Some(tls) => tls::pool(&url, tls).map(Servers::Node),
+                None => deadpool_redis::Config::from_url(url.as_str())
+                    .create_pool(Some(deadpool_redis::Runtime::Tokio1))
+                    .map(Servers::Node)
+                    .map_err(|e| not_a_url("redis", &url, e)),
+            },
             (None, None, None) => Err(Error::invalid(
                 "redis",
                 "no Redis given; call .redis(url), .pool(pool) or .redis_cluster(urls)",
@@ -181,7 +195,7 @@ fn not_a_url(setting: &'static str, url: &str, e: impl fmt::Display) -> Error {
 }
 
 impl Cluster {
-    fn new(seeds: &[String]) -> Result<Cluster> {
+    fn new(seeds: &[String], tls: Option<Tls>) -> Result<Cluster> {
         let mut infos = Vec::with_capacity(seeds.len());
         for url in seeds {
             let info = url
@@ -199,7 +213,15 @@ impl Cluster {
         // No response timeout per node connection: redis-rs sends a command
         // that timed out again (a second `XADD`, say), while the overall
         // timeout bounds a command with its retries and then fails it.
-        let client = ClusterClientBuilder::new(infos)
+        let builder = ClusterClientBuilder::new(infos);
+        let builder = match &tls {
+            #[cfg(feature = "tls")]
+            Some(tls) => builder.certs(tls.certificates()?),
+            #[cfg(not(feature = "tls"))]
+            Some(_) => return Err(super::tls::unavailable()),
+            None => builder,
+        };
+        let client = builder
             .connection_timeout(CONNECT_TIMEOUT)
             .overall_response_timeout(Some(RESPONSE_TIMEOUT))
             .retries(CLUSTER_RETRIES)
@@ -210,6 +232,7 @@ impl Cluster {
         Ok(Cluster {
             client,
             seed,
+            tls,
             nodes: Nodes::default(),
         })
     }
@@ -236,7 +259,12 @@ impl Cluster {
             },
             _ => ConnectionAddr::Tcp(host.to_owned(), port),
         };
-        let client = redis::Client::open(self.seed.clone().set_addr(addr))?;
+        let info = self.seed.clone().set_addr(addr);
+        let client = match &self.tls {
+            #[cfg(feature = "tls")]
+            Some(tls) => tls::client(info, tls)?,
+            _ => redis::Client::open(info)?,
+        };
         let config = AsyncConnectionConfig::new()
             .set_connection_timeout(Some(CONNECT_TIMEOUT))
             .set_response_timeout(Some(timeout));

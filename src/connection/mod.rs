@@ -14,12 +14,14 @@ pub(crate) mod cluster;
 mod pipeline;
 mod redact;
 mod shared;
+mod tls;
 
 use std::time::Duration;
 
 pub(crate) use backend::{Backend, Conn, Given, Servers, Wait};
 pub(crate) use redact::redact;
 pub(crate) use shared::SharedConnection;
+pub use tls::Tls;
 
 use crate::error::Error;
 

@@ -21,7 +21,7 @@ use super::settings::ConsumerSettings;
 use crate::clock::{Clock, SystemClock};
 use crate::codec::{Bincode, Codec};
 use crate::config::{IndexerSettings, Indexing, ServiceName};
-use crate::connection::{Given, Wait};
+use crate::connection::{Given, Tls, Wait};
 use crate::error::{Error, Result};
 use crate::handler::{BoxError, Handler, HandlerService, Task};
 use crate::indexer::Standing;
@@ -130,6 +130,14 @@ impl<T, S, C: Codec> ConsumerBuilder<T, S, C> {
     /// its own to the master of its slot.
     pub fn redis_cluster<U: Into<String>>(mut self, urls: impl IntoIterator<Item = U>) -> Self {
         self.redis.cluster = Some(urls.into_iter().map(Into::into).collect());
+        self
+    }
+
+    /// TLS settings for a `rediss://` URL (or a Cluster's): the CA to
+    /// trust instead of the system's, a client certificate (see [`Tls`]).
+    /// Needs peerq's `tls` feature.
+    pub fn tls(mut self, tls: Tls) -> Self {
+        self.redis.tls = Some(tls);
         self
     }
 

@@ -125,7 +125,22 @@ impl Startup<'_> {
 /// Refuses a Redis that may evict keys, unless the user allowed it.
 async fn check_eviction(conn: &SharedConnection, allowed: bool) -> Result<()> {
     // On a Cluster, every master's: each holds some partitions.
-    let policies = store::eviction_policies(conn).await?;
+    let policies = match store::eviction_policies(conn).await {
+        Ok(policies) => policies,
+        // An ACL user without INFO: the check cannot run.
+        Err(Error::Redis(e)) if e.code() == Some("NOPERM") => {
+            if allowed {
+                return Ok(());
+            }
+            return Err(Error::invalid(
+                "allow_eviction",
+                "the redis user may not run `info`, which peerq needs to check that redis \
+                 does not evict keys (maxmemory-policy): grant it (ACL SETUSER <user> +info), \
+                 or call .allow_eviction(true) if the policy is noeviction",
+            ));
+        }
+        Err(e) => return Err(e),
+    };
     let Some((node, policy)) = policies
         .into_iter()
         .find(|(_, policy)| policy != "noeviction" && !policy.is_empty())

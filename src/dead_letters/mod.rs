@@ -253,6 +253,16 @@ impl DeadLetters {
         DeadLetters::connect_to(given, name).await
     }
 
+    /// [`connect`](Self::connect) over TLS with these settings.
+    pub async fn connect_with_tls(url: &str, name: &str, tls: crate::Tls) -> Result<Self> {
+        let given = Given {
+            url: Some(url.to_owned()),
+            tls: Some(tls),
+            ..Given::default()
+        };
+        DeadLetters::connect_to(given, name).await
+    }
+
     async fn connect_to(given: Given, name: &str) -> Result<Self> {
         let name = ServiceName::new(name)?;
         let redis = given.target();

@@ -32,7 +32,7 @@ use tokio_util::sync::CancellationToken;
 use crate::assignment::Assignment;
 use crate::clock::{Clock, SystemClock};
 use crate::config::{IndexerSettings, Indexing, ServiceName};
-use crate::connection::{Backend, Given};
+use crate::connection::{Backend, Given, Tls};
 use crate::error::Result;
 use crate::instance::InstanceId;
 use crate::meta::{self, Kind};
@@ -209,6 +209,14 @@ impl IndexerBuilder {
     /// keys are all on the master of `{name}`'s slot.
     pub fn redis_cluster<U: Into<String>>(mut self, urls: impl IntoIterator<Item = U>) -> Self {
         self.redis.cluster = Some(urls.into_iter().map(Into::into).collect());
+        self
+    }
+
+    /// TLS settings for a `rediss://` URL (or a Cluster's): the CA to
+    /// trust instead of the system's, a client certificate (see [`Tls`]).
+    /// Needs peerq's `tls` feature.
+    pub fn tls(mut self, tls: Tls) -> Self {
+        self.redis.tls = Some(tls);
         self
     }
 

@@ -10,7 +10,7 @@ use deadpool_redis::Pool;
 use super::Producer;
 use crate::codec::{Bincode, Codec, Json};
 use crate::config::{self, ServiceName};
-use crate::connection::{Backend, Given, SharedConnection, Wait};
+use crate::connection::{Backend, Given, SharedConnection, Tls, Wait};
 use crate::error::{Error, Result, SettingDiff};
 use crate::metrics as m;
 use crate::partition::DEFAULT_PARTITIONS;
@@ -78,6 +78,14 @@ impl<C: Codec> ProducerBuilder<C> {
     /// slot.
     pub fn redis_cluster<U: Into<String>>(mut self, urls: impl IntoIterator<Item = U>) -> Self {
         self.redis.cluster = Some(urls.into_iter().map(Into::into).collect());
+        self
+    }
+
+    /// TLS settings for a `rediss://` URL (or a Cluster's): the CA to
+    /// trust instead of the system's, a client certificate (see [`Tls`]).
+    /// Needs peerq's `tls` feature.
+    pub fn tls(mut self, tls: Tls) -> Self {
+        self.redis.tls = Some(tls);
         self
     }
 

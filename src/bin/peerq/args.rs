@@ -26,6 +26,29 @@ pub(crate) struct Cli {
     /// node URLs (some of them are enough).
     #[arg(long, global = true, env = "PEERQ_REDIS_CLUSTER")]
     pub(crate) cluster: bool,
+    /// For a rediss:// URL: trust the CA certificates in this PEM file
+    /// instead of the system's.
+    #[arg(long, global = true, env = "PEERQ_TLS_CA", value_name = "FILE")]
+    pub(crate) tls_ca: Option<std::path::PathBuf>,
+    /// For a server that requires client certificates: this one (PEM),
+    /// with --tls-key.
+    #[arg(
+        long,
+        global = true,
+        env = "PEERQ_TLS_CERT",
+        value_name = "FILE",
+        requires = "tls_key"
+    )]
+    pub(crate) tls_cert: Option<std::path::PathBuf>,
+    /// The private key (PEM) of --tls-cert.
+    #[arg(
+        long,
+        global = true,
+        env = "PEERQ_TLS_KEY",
+        value_name = "FILE",
+        requires = "tls_cert"
+    )]
+    pub(crate) tls_key: Option<std::path::PathBuf>,
     #[command(subcommand)]
     pub(crate) command: Command,
 }

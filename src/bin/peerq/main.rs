@@ -18,7 +18,9 @@
 //!
 //! The Redis is `--redis URL` or the environment's `PEERQ_REDIS_URL`; with
 //! `--cluster` (or `PEERQ_REDIS_CLUSTER=true`), a Redis Cluster whose
-//! comma-separated node URLs `--redis` gives.
+//! comma-separated node URLs `--redis` gives. For a `rediss://` URL,
+//! `--tls-ca FILE` trusts that CA instead of the system's, and
+//! `--tls-cert FILE --tls-key FILE` present a client certificate.
 //! Tables go to stdout; with `--json`, JSON whose field names are stable
 //! (the README lists them). `enqueue` prints the task's id. Exit codes: 0
 //! on success, 1 on failure (one line on stderr naming what is wrong,
@@ -52,7 +54,8 @@ fn main() -> ExitCode {
         .enable_all()
         .build()
         .expect("a tokio runtime starts");
-    let (out, code) = match runtime.block_on(run(&url, cli.cluster, cli.command)) {
+    let tls = tls(cli.tls_ca, cli.tls_cert.zip(cli.tls_key));
+    let (out, code) = match runtime.block_on(run(&url, cli.cluster, tls, cli.command)) {
         Ok(text) => (text, ExitCode::SUCCESS),
         Err(message) => {
             // One line, whatever the error's sources said.
@@ -120,13 +123,39 @@ async fn stopped() {
     let _ = tokio::signal::ctrl_c().await;
 }
 
+/// The TLS settings the flags give, if any.
+fn tls(
+    ca: Option<std::path::PathBuf>,
+    cert: Option<(std::path::PathBuf, std::path::PathBuf)>,
+) -> Option<peerq::Tls> {
+    if ca.is_none() && cert.is_none() {
+        return None;
+    }
+    let mut tls = peerq::Tls::new();
+    if let Some(ca) = ca {
+        tls = tls.ca_file(ca);
+    }
+    if let Some((cert, key)) = cert {
+        tls = tls.client_cert(cert, key);
+    }
+    Some(tls)
+}
+
 /// Runs `command` on the Redis at `url` (with `cluster`, a Cluster's
-/// comma-separated node URLs); its output, or the message of what went
-/// wrong.
-async fn run(url: &str, cluster: bool, command: Command) -> Result<String, String> {
-    let admin = match cluster {
-        true => Admin::connect_cluster(url.split(',').map(str::trim)).await,
-        false => Admin::connect(url).await,
+/// comma-separated node URLs; with `tls`, those TLS settings); its output,
+/// or the message of what went wrong.
+async fn run(
+    url: &str,
+    cluster: bool,
+    tls: Option<peerq::Tls>,
+    command: Command,
+) -> Result<String, String> {
+    let nodes = || url.split(',').map(str::trim);
+    let admin = match (cluster, tls) {
+        (true, Some(tls)) => Admin::connect_cluster_with_tls(nodes(), tls).await,
+        (true, None) => Admin::connect_cluster(nodes()).await,
+        (false, Some(tls)) => Admin::connect_with_tls(url, tls).await,
+        (false, None) => Admin::connect(url).await,
     }
     .map_err(failed)?;
     match command {
