@@ -32,12 +32,14 @@
 //! over). Like the fetch loops, it reads nothing while the service is
 //! paused or the instance has no room for another task.
 
+mod per_partition;
+mod read;
+
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot};
-use tokio::task::JoinSet;
 use tokio_util::task::AbortOnDropHandle;
 use tracing::{Instrument, warn};
 
@@ -45,7 +47,7 @@ use super::gate::Gate;
 use super::lease::Lease;
 use super::policy::Order;
 use super::room::Room;
-use super::store::{self, BlockingReads, Fetched, PartitionStore};
+use super::store::{BlockingReads, Fetched, PartitionStore};
 use crate::connection::{Backend, SharedConnection};
 use crate::retry::Pauses;
 
@@ -61,6 +63,16 @@ const PAUSES: Pauses = Pauses::new(Duration::from_millis(50), Duration::from_sec
 /// unblock that overtook its read (sent on another connection) finds
 /// nothing blocked.
 const UNBLOCK_AGAIN: Duration = Duration::from_millis(2);
+
+/// How long a read may block by the lease: it must end `READ_MARGIN`
+/// before the lease does, and block at least 1 ms (0 would block forever).
+fn by_lease(lease: &Lease) -> Option<Duration> {
+    let left = lease.left()?.checked_sub(READ_MARGIN)?;
+    (left >= MIN_BLOCK).then_some(left)
+}
+
+/// The shortest read worth sending: `BLOCK 0` waits forever.
+const MIN_BLOCK: Duration = Duration::from_millis(1);
 
 /// What the idle read hands a partition's fetch loop.
 #[derive(Debug)]
@@ -125,7 +137,7 @@ impl IdleReads {
     pub(crate) fn spawn(setup: Setup) -> (IdleReads, AbortOnDropHandle<()>) {
         let (requests, received) = mpsc::unbounded_channel();
         let task = if setup.backend.is_cluster() {
-            tokio::spawn(per_partition(setup, received).in_current_span())
+            tokio::spawn(per_partition::run(setup, received).in_current_span())
         } else {
             tokio::spawn(
                 IdleReader::new(setup, None, received)
@@ -166,29 +178,6 @@ impl IdleReads {
 struct Member {
     store: Arc<PartitionStore>,
     mailbox: mpsc::UnboundedSender<Delivery>,
-}
-
-/// The task behind [`IdleReads`] on a Cluster: it hands each request to
-/// the reader of its partition, started on the partition's first join.
-/// The readers end when it does (dropped with their `JoinSet`).
-async fn per_partition(setup: Setup, mut requests: mpsc::UnboundedReceiver<Request>) {
-    let mut readers: BTreeMap<u32, mpsc::UnboundedSender<Request>> = BTreeMap::new();
-    let mut tasks = JoinSet::new();
-    while let Some(request) = requests.recv().await {
-        let partition = match &request {
-            Request::Join { store, .. } => store.partition(),
-            Request::Leave { partition, .. } => *partition,
-        };
-        let reader = readers.entry(partition).or_insert_with(|| {
-            let (tx, rx) = mpsc::unbounded_channel();
-            let reader = IdleReader::new(setup.clone(), Some(partition), rx);
-            tasks.spawn(reader.run().in_current_span());
-            tx
-        });
-        // A reader ends only with this task; a leave it cannot answer
-        // answers itself (its sender is dropped).
-        let _ = reader.send(request);
-    }
 }
 
 /// The task behind [`IdleReads`] (on a Cluster, one per partition).
@@ -302,8 +291,7 @@ impl IdleReader {
         if self.members.is_empty() || !s.gate.is_open() || s.room.available() == 0 {
             return None;
         }
-        let left = s.lease.left()?.checked_sub(READ_MARGIN)?;
-        Some(left.min(s.block)).filter(|wait| *wait >= Duration::from_millis(1))
+        Some(by_lease(&s.lease)?.min(s.block))
     }
 
     /// Waits until a read may become possible: a request, the gate, the
@@ -313,7 +301,11 @@ impl IdleReader {
         let waiting = !self.members.is_empty();
         let (gate, lease) = (self.setup.gate.clone(), self.setup.lease.clone());
         let room = self.setup.room.clone();
-        let lease_ok = lease.left().is_some_and(|left| left > READ_MARGIN);
+        // The very test `ready` made: with a looser one, a lease 20–21 ms
+        // from its end let neither a read start nor this wait end (no
+        // branch but the requests, and none came): the idle read stopped
+        // for good, once in six benchmark runs.
+        let lease_ok = by_lease(&lease).is_some();
         tokio::select! {
             request = self.requests.recv() => match request {
                 Some(request) => {
@@ -327,58 +319,6 @@ impl IdleReader {
             _ = tokio::time::sleep(READ_MARGIN), if waiting && lease.valid() && !lease_ok => true,
             _ = room.free(), if waiting && room.available() == 0 => true,
         }
-    }
-
-    /// Reads the members' streams, blocking up to `wait`. Requests that
-    /// arrive meanwhile unblock the read and are returned, to be applied
-    /// after its answer is delivered (`None`: every handle is gone).
-    async fn read(
-        &mut self,
-        reader: &mut BlockingReads,
-        count: usize,
-        wait: Duration,
-    ) -> (
-        crate::Result<Vec<(u32, Vec<Fetched>)>>,
-        Option<Vec<Request>>,
-    ) {
-        let client_id = reader.client_id();
-        let node = reader.node().map(|(host, port)| (host.to_owned(), port));
-        let stores: Vec<Arc<PartitionStore>> =
-            self.members.values().map(|m| m.store.clone()).collect();
-        let refs: Vec<&PartitionStore> = stores.iter().map(|s| &**s).collect();
-        let read = reader.read(&refs, count, wait);
-        tokio::pin!(read);
-        let mut later = Some(Vec::new());
-        let mut unblocking = false;
-        let result = loop {
-            tokio::select! {
-                biased;
-                result = &mut read => break result,
-                request = self.requests.recv(), if later.is_some() => match request {
-                    Some(request) => {
-                        later.as_mut().expect("checked").push(request);
-                        unblocking = true;
-                    }
-                    None => {
-                        later = None;
-                        unblocking = true;
-                    }
-                },
-                // Until it returns: an unblock that overtook the read
-                // found nothing blocked.
-                _ = tokio::time::sleep(UNBLOCK_AGAIN), if unblocking => {}
-            }
-            if unblocking {
-                let node = node.as_ref().map(|(host, port)| (host.as_str(), *port));
-                let _ = store::unblock(&self.setup.conn, client_id, node).await;
-            }
-        };
-        let result = result.map(|read| {
-            read.into_iter()
-                .map(|(at, fetched)| (stores[at].partition(), fetched))
-                .collect()
-        });
-        (result, later)
     }
 
     /// Hands each partition its entries; one that got a full read, or is
@@ -446,5 +386,29 @@ impl IdleReader {
                 },
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::{Clock, SystemClock};
+
+    #[test]
+    fn a_lease_too_short_to_read_in_still_lets_the_wait_end() {
+        // 20.5 ms left: too little for a read that must end 20 ms before
+        // the lease and block at least 1 ms. `wait_for_change` then sleeps
+        // for the margin (its lease is valid, `by_lease` says no), rather
+        // than wait for a request that may never come.
+        let lease = Lease::new(Arc::new(SystemClock));
+        lease.grant(SystemClock.now() + Duration::from_micros(20_500));
+        assert!(by_lease(&lease).is_none());
+        assert!(lease.valid());
+        lease.grant(SystemClock.now() + Duration::from_millis(500));
+        let wait = by_lease(&lease).expect("time to read");
+        assert!(
+            wait <= Duration::from_millis(480) && wait >= MIN_BLOCK,
+            "{wait:?}"
+        );
     }
 }
