@@ -183,7 +183,7 @@ async fn a_refusing_redis_is_an_error_at_once_without_the_password() {
             "acl refusal",
             format!("redis://limited:limited-pw-77@127.0.0.1:{port}/"),
             "limited-pw-77",
-            "(ACL)",
+            "ACL SETUSER <user> +info",
         ),
     ];
     for (case, url, password, names) in cases {

@@ -86,7 +86,7 @@ impl Startup<'_> {
     /// part way repeats the finished steps harmlessly.
     async fn attempt(&self) -> Result<IndexerHandle> {
         let started = async {
-            check_eviction(self.conn, self.allow_eviction).await?;
+            check_eviction(self.conn, self.redis, self.allow_eviction).await?;
             meta::ensure(&mut self.conn.get().await?, self.name, self.meta).await?;
             store::create_groups(self.conn, self.name, self.partitions).await?;
             periodic::record_schedules(
@@ -123,7 +123,7 @@ impl Startup<'_> {
 }
 
 /// Refuses a Redis that may evict keys, unless the user allowed it.
-async fn check_eviction(conn: &SharedConnection, allowed: bool) -> Result<()> {
+async fn check_eviction(conn: &SharedConnection, redis: &str, allowed: bool) -> Result<()> {
     // On a Cluster, every master's: each holds some partitions.
     let policies = match store::eviction_policies(conn).await {
         Ok(policies) => policies,
@@ -134,9 +134,11 @@ async fn check_eviction(conn: &SharedConnection, allowed: bool) -> Result<()> {
             }
             return Err(Error::invalid(
                 "allow_eviction",
-                "the redis user may not run `info`, which peerq needs to check that redis \
-                 does not evict keys (maxmemory-policy): grant it (ACL SETUSER <user> +info), \
-                 or call .allow_eviction(true) if the policy is noeviction",
+                format!(
+                    "the redis user at {redis} may not run `info`, which peerq needs to check \
+                     that redis does not evict keys (maxmemory-policy): grant it (ACL SETUSER \
+                     <user> +info), or call .allow_eviction(true) if the policy is noeviction"
+                ),
             ));
         }
         Err(e) => return Err(e),
