@@ -573,9 +573,15 @@ fn random_unused_port(range: std::ops::Range<u16>, bus_offset: Option<u16>) -> u
 
 /// Creates a fresh dir under the system temp dir.
 fn make_temp_dir() -> PathBuf {
+    fresh_dir("redis")
+}
+
+/// Creates a fresh dir `peerq-<what>-…` under the system temp dir, which
+/// the reaper removes when the test process exits.
+pub(super) fn fresh_dir(what: &str) -> PathBuf {
     loop {
         let dir = std::env::temp_dir().join(format!(
-            "peerq-redis-{}-{:08x}",
+            "peerq-{what}-{}-{:08x}",
             std::process::id(),
             rand::random::<u32>()
         ));
@@ -585,7 +591,7 @@ fn make_temp_dir() -> PathBuf {
                 return dir;
             }
             Err(err) if err.kind() == std::io::ErrorKind::AlreadyExists => continue,
-            Err(err) => panic!("create redis temp dir {}: {err}", dir.display()),
+            Err(err) => panic!("create {what} temp dir {}: {err}", dir.display()),
         }
     }
 }

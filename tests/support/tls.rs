@@ -21,8 +21,6 @@ use rcgen::{
     KeyPair, KeyUsagePurpose,
 };
 
-use super::reaper;
-
 /// Where a certificate and its private key are, as PEM files.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CertFiles {
@@ -254,19 +252,5 @@ fn read(path: &Path) -> Vec<u8> {
 /// A fresh dir for the PKI, removed by the reaper when the process exits
 /// (the PKI lives in a `static`, which is never dropped).
 fn make_pki_dir() -> PathBuf {
-    loop {
-        let dir = std::env::temp_dir().join(format!(
-            "peerq-pki-{}-{:08x}",
-            std::process::id(),
-            rand::random::<u32>()
-        ));
-        match fs::create_dir(&dir) {
-            Ok(()) => {
-                reaper::adopt_dir(&dir);
-                return dir;
-            }
-            Err(err) if err.kind() == std::io::ErrorKind::AlreadyExists => continue,
-            Err(err) => panic!("create PKI dir {}: {err}", dir.display()),
-        }
-    }
+    super::redis_server::fresh_dir("pki")
 }
