@@ -195,6 +195,7 @@ impl Fleet {
                 standing.borrow().assignment().is_some_and(|a| {
                     a.replicas as usize == self.scenario.instances
                         && a.owned_partitions(self.scenario.partitions)
+                            .into_iter()
                             .eq(set.iter().copied())
                 })
             });

@@ -2,7 +2,7 @@
 //! name and a `produce`, and watch them split the work.
 //!
 //! ```text
-//! mail_sender consume --redis URL [--cluster] [--tls-ca FILE] [--tls-cert FILE --tls-key FILE] --name NAME [--partitions N] [--indexing ranked|incr] [--interval-ms N] [--drain-ms N] [--skew-ms N] [--work-ms N] [--print-tasks] [--print-events] [--http ADDR]
+//! mail_sender consume --redis URL [--cluster] [--tls-ca FILE] [--tls-cert FILE --tls-key FILE] --name NAME [--partitions N] [--indexing ranked|incr] [--assignor modulo|rendezvous] [--weight N] [--interval-ms N] [--drain-ms N] [--skew-ms N] [--work-ms N] [--print-tasks] [--print-events] [--http ADDR]
 //! mail_sender produce --redis URL [--cluster] [--tls-ca FILE] [--tls-cert FILE --tls-key FILE] --name NAME [--partitions N] --count N [--batch N] [--rate N] [--print-enqueued]
 //! ```
 //!
@@ -25,7 +25,10 @@
 //! `--indexing` picks the indexer's mode (service-wide: every instance of a
 //! name must use the same one): `ranked` (default) keeps indices while the
 //! membership is stable; `incr` is the seed's `INCR` per interval, whose
-//! indices can swap between instances and move partitions.
+//! indices can swap between instances and move partitions. `--assignor`
+//! picks who owns which partition (service-wide): `modulo` (default) or
+//! `rendezvous`, which moves about P/N partitions per join or leave and
+//! gives each instance a share in proportion to its `--weight` (1 to 1000).
 //!
 //! `--http ADDR` (built with the `http` feature, as `cargo run --features
 //! http --example mail_sender`) serves `GET /metrics`, `GET /health/live`
@@ -45,7 +48,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 use peerq::consumer::{PartitionChange, PartitionEvent};
 use peerq::indexer::Standing;
 use peerq::producer::Producer;
-use peerq::{Consumer, Handler, HandlerError, Indexing, TaskContext, Tls};
+use peerq::{Assignor, Consumer, Handler, HandlerError, Indexing, TaskContext, Tls};
 use serde::{Deserialize, Serialize};
 
 #[derive(Parser)]
@@ -77,6 +80,12 @@ enum Command {
         /// The indexer's mode; service-wide.
         #[arg(long, value_enum, default_value_t = IndexingArg::Ranked)]
         indexing: IndexingArg,
+        /// Who owns which partition: modulo or rendezvous; service-wide.
+        #[arg(long, default_value_t = Assignor::Modulo)]
+        assignor: Assignor,
+        /// This instance's weight under the rendezvous assignor (1 to 1000).
+        #[arg(long, default_value_t = 1)]
+        weight: u32,
         /// The indexer's round interval.
         #[arg(long, default_value_t = 1000)]
         interval_ms: u64,
@@ -248,6 +257,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             name,
             partitions,
             indexing,
+            assignor,
+            weight,
             interval_ms,
             drain_ms,
             skew_ms,
@@ -259,6 +270,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             let settings = Settings {
                 partitions,
                 indexing: indexing.into(),
+                assignor,
+                weight,
                 interval: Duration::from_millis(interval_ms),
                 drain: Duration::from_millis(drain_ms),
                 skew: Duration::from_millis(skew_ms),
@@ -330,6 +343,8 @@ impl Redis {
 struct Settings {
     partitions: u32,
     indexing: Indexing,
+    assignor: Assignor,
+    weight: u32,
     interval: Duration,
     drain: Duration,
     skew: Duration,
@@ -357,6 +372,8 @@ async fn consume(
         .name(&name)
         .partitions(settings.partitions)
         .indexing(settings.indexing)
+        .assignor(settings.assignor)
+        .weight(settings.weight)
         .interval(settings.interval)
         .drain_timeout(settings.drain)
         .skew(settings.skew)
@@ -450,7 +467,7 @@ async fn status(
         let total = handled.load(Ordering::Relaxed);
         let place = match &*standing.borrow() {
             Standing::Assigned(a) => {
-                let owned = a.owned_partitions(partitions).count();
+                let owned = a.owned_partitions(partitions).len();
                 format!(
                     "instance {}/{}  owns {owned:>2} partitions",
                     a.index, a.replicas

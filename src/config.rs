@@ -9,6 +9,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::assignment::{Assignor, DEFAULT_WEIGHT, MAX_WEIGHT};
 use crate::error::{Error, Result};
 
 /// Default round interval `I`.
@@ -134,6 +135,10 @@ pub(crate) struct IndexerSettings {
     pub(crate) skew: Duration,
     pub(crate) lease_margin: Duration,
     pub(crate) indexing: Indexing,
+    /// Who owns which partition: service-wide.
+    pub(crate) assignor: Assignor,
+    /// This instance's weight under [`Assignor::Rendezvous`].
+    pub(crate) weight: u32,
 }
 
 impl Default for IndexerSettings {
@@ -143,6 +148,8 @@ impl Default for IndexerSettings {
             skew: DEFAULT_SKEW,
             lease_margin: DEFAULT_LEASE_MARGIN,
             indexing: Indexing::default(),
+            assignor: Assignor::default(),
+            weight: DEFAULT_WEIGHT,
         }
     }
 }
@@ -176,6 +183,7 @@ impl IndexerSettings {
         }
         // Beyond I/4 - margin the counts of one interval can be read before
         // all its writes landed, and two instances own one partition.
+        self.validate_assignor()?;
         let max_skew = i / 4 - self.lease_margin;
         if self.skew >= max_skew {
             return Err(Error::invalid(
@@ -194,6 +202,37 @@ impl IndexerSettings {
         Ok(())
     }
 
+    /// Checks the assignor against the indexing, and the weight.
+    fn validate_assignor(&self) -> Result<()> {
+        if !(1..=MAX_WEIGHT).contains(&self.weight) {
+            return Err(Error::invalid(
+                "weight",
+                format!(
+                    "{} is out of range; an instance's weight is 1 to {MAX_WEIGHT}",
+                    self.weight
+                ),
+            ));
+        }
+        if self.assignor == Assignor::Rendezvous && self.indexing == Indexing::Incr {
+            return Err(Error::invalid(
+                "assignor",
+                "rendezvous needs ranked indexing: incr rounds count instances without naming \
+                 them, so no instance could read the epoch's members"
+                    .to_owned(),
+            ));
+        }
+        if self.weight != DEFAULT_WEIGHT && self.assignor == Assignor::Modulo {
+            return Err(Error::invalid(
+                "weight",
+                format!(
+                    "{} needs the rendezvous assignor: modulo gives every instance the same share",
+                    self.weight
+                ),
+            ));
+        }
+        Ok(())
+    }
+
     /// The `{N}:meta` fields these settings are recorded as.
     pub(crate) fn meta_fields(&self) -> Vec<(&'static str, String)> {
         vec![
@@ -201,6 +240,7 @@ impl IndexerSettings {
             ("skew", fmt_duration(self.skew)),
             ("lease_margin", fmt_duration(self.lease_margin)),
             ("indexing", self.indexing.as_str().to_owned()),
+            ("assignor", self.assignor.as_str().to_owned()),
         ]
     }
 }
@@ -279,6 +319,8 @@ mod tests {
             skew: Duration::from_millis(skew_ms),
             lease_margin: Duration::from_millis(margin_ms),
             indexing: Indexing::Ranked,
+            assignor: Assignor::Modulo,
+            weight: 1,
         }
     }
 

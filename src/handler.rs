@@ -14,7 +14,7 @@ use std::time::{Duration, SystemTime};
 use serde::de::DeserializeOwned;
 use tokio_util::sync::{CancellationToken, WaitForCancellationFuture};
 
-use crate::assignment::Assignment;
+use crate::assignment::{Assignment, Place};
 use crate::task::TaskId;
 
 /// The error type tower services and layers use.
@@ -183,7 +183,7 @@ pub struct TaskContext {
     pub(crate) attempt: u32,
     pub(crate) partition: u32,
     pub(crate) enqueued_at: SystemTime,
-    pub(crate) assignment: Assignment,
+    pub(crate) place: Place,
     pub(crate) fencing_token: u64,
     /// The task's cancellation and whether the instance still holds the
     /// partition: one per partition, shared by its tasks (a clone per task
@@ -232,11 +232,7 @@ impl TaskContext {
             attempt: 1,
             partition: 0,
             enqueued_at: SystemTime::now(),
-            assignment: Assignment {
-                epoch: 1,
-                index: 1,
-                replicas: 1,
-            },
+            place: Assignment::modulo(1, 1, 1).place(),
             fencing_token: 1,
             standing: Arc::new(Alone(cancel)),
             finished: Arc::default(),
@@ -265,17 +261,17 @@ impl TaskContext {
 
     /// This instance's index, from 1, under the assignment in force.
     pub fn index(&self) -> u32 {
-        self.assignment.index
+        self.place.index
     }
 
     /// The number of instances, under the assignment in force.
     pub fn replicas(&self) -> u32 {
-        self.assignment.replicas
+        self.place.replicas
     }
 
     /// The epoch of the assignment in force when the task was fetched.
     pub fn epoch(&self) -> u64 {
-        self.assignment.epoch
+        self.place.epoch
     }
 
     /// The fencing token: the epoch in which this instance acquired the

@@ -75,7 +75,7 @@
 //! | [`clock`] | the wall clock behind a trait, so tests can skew it |
 //! | [`instance`] | the unique id of a running instance |
 //! | [`indexer`] | the peer indexer: round schedule, rounds, the instance's standing |
-//! | [`assignment`] | `(index, replicas)` and the partitions it owns |
+//! | [`assignment`] | `(index, replicas)`, the assignors (modulo, rendezvous) and the partitions an assignment owns |
 //! | [`partition`] | which partition a key goes to (FNV-1a 64 modulo `P`) |
 //! | [`task`] | task ids and the stream entry format |
 //! | [`codec`] | payload encodings: bincode (default) and JSON |
@@ -130,7 +130,7 @@ mod transition;
 #[path = "../tests/support/mod.rs"]
 mod test_support;
 
-pub use assignment::Assignment;
+pub use assignment::{Assignment, Assignor};
 pub use config::Indexing;
 pub use connection::Tls;
 pub use consumer::Consumer;

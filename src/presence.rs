@@ -74,6 +74,8 @@ pub(crate) struct Presence {
     host: String,
     pid: u32,
     started_at_ms: u64,
+    /// The instance's weight under rendezvous ownership.
+    weight: u32,
     owned: AtomicU64,
     in_flight: AtomicU64,
     handled: AtomicU64,
@@ -83,13 +85,14 @@ pub(crate) struct Presence {
 impl Presence {
     /// This process, starting now; its times are read from `clock`, the
     /// instance's (as the rounds' are).
-    pub(crate) fn new(clock: Arc<dyn Clock>) -> Self {
+    pub(crate) fn new(clock: Arc<dyn Clock>, weight: u32) -> Self {
         let started_at_ms = clock.now().as_millis() as u64;
         Presence {
             clock,
             host: gethostname::gethostname().to_string_lossy().into_owned(),
             pid: std::process::id(),
             started_at_ms,
+            weight,
             owned: AtomicU64::new(0),
             in_flight: AtomicU64::new(0),
             handled: AtomicU64::new(0),
@@ -176,13 +179,13 @@ impl Presence {
             "version": env!("CARGO_PKG_VERSION"),
             "started_at_ms": self.started_at_ms,
             "standing": standing,
-            "index": assignment.map(|a| a.index),
-            "replicas": assignment.map(|a| a.replicas),
-            "epoch": assignment.map(|a| a.epoch),
+            "index": assignment.as_ref().map(|a| a.index),
+            "replicas": assignment.as_ref().map(|a| a.replicas),
+            "epoch": assignment.as_ref().map(|a| a.epoch),
             "owned": self.owned.load(Ordering::Relaxed),
             "in_flight": self.in_flight.load(Ordering::Relaxed),
             "handled": self.handled.load(Ordering::Relaxed),
-            "weight": 1,
+            "weight": self.weight,
             "seen_at_ms": self.now_ms(),
         })
         .to_string()
@@ -244,12 +247,15 @@ impl Presence {
         let (standing, assignment) = match current {
             _ if leaving => ("leaving", None),
             Standing::Joining => ("joining", None),
-            Standing::Assigned(a) => ("assigned", Some(*a)),
+            Standing::Assigned(a) => ("assigned", Some(a.clone())),
             Standing::Fenced { .. } => ("fenced", None),
             Standing::Left { .. } => ("leaving", None),
         };
         // One instance per service looks for stale records: the first.
-        let prune = assignment.filter(|a| a.index == 1).map(|_| interval);
+        let prune = assignment
+            .as_ref()
+            .filter(|a| a.index == 1)
+            .map(|_| interval);
         let presence = self.clone();
         let (mut conn, name, id) = (conn.clone(), name.clone(), id.clone());
         let told = async move {
@@ -276,7 +282,7 @@ mod tests {
 
     #[test]
     fn a_flush_is_sent_again_until_confirmed_and_counts_keep_coming() {
-        let presence = Presence::new(Arc::new(crate::clock::SystemClock));
+        let presence = Presence::new(Arc::new(crate::clock::SystemClock), 1);
         assert_eq!(presence.flush(), None, "nothing counted");
         presence.count(Count::Ok);
         presence.count(Count::Ok);
@@ -315,7 +321,7 @@ mod tests {
         let mut conn = crate::connection::Conn::Node(conn);
         let name = ServiceName::new(&support::unique_name("presence")).unwrap();
         let id = InstanceId::generate();
-        let presence = Presence::new(Arc::new(crate::clock::SystemClock));
+        let presence = Presence::new(Arc::new(crate::clock::SystemClock), 1);
         presence.count(Count::Ok);
         presence.count(Count::Ok);
         presence.count(Count::Dead);

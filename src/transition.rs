@@ -189,7 +189,7 @@ impl Partitions {
         self.last_epoch = Some(e);
         let deadline = self.timing.deadline(e);
         for p in 0..self.partitions {
-            let owns = a.owns(p);
+            let owns = a.owns(p, self.partitions);
             let from = self.state(p);
             let to = match (from, owns) {
                 (State::Idle, false) => State::Idle,
@@ -456,11 +456,7 @@ mod tests {
     }
 
     fn a(epoch: u64, index: u32, replicas: u32) -> Assignment {
-        Assignment {
-            epoch,
-            index,
-            replicas,
-        }
+        Assignment::modulo(epoch, index, replicas)
     }
 
     fn all_marked(e: u64) -> BTreeMap<u32, u64> {

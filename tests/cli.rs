@@ -255,6 +255,7 @@ async fn status_names_every_member_and_an_owner_for_every_partition() {
             "skew",
             "lease_margin",
             "indexing",
+            "assignor",
             "drain_timeout",
             "ordered"
         ])

@@ -887,6 +887,14 @@ async fn invalid_consumer_settings_are_refused_by_name_before_redis() {
         ("max_entry_bytes", |b| b.max_entry_bytes(0)),
         ("max_entry_bytes", |b| b.max_entry_bytes(1023)),
         ("interval", |b| b.interval(Duration::ZERO)),
+        ("weight", |b| b.weight(0)),
+        ("weight", |b| b.weight(1001)),
+        // Weights mean nothing to the modulo filter.
+        ("weight", |b| b.weight(2)),
+        ("assignor", |b| {
+            b.assignor(peerq::Assignor::Rendezvous)
+                .indexing(peerq::Indexing::Incr)
+        }),
         ("wait_for_replicas", |b| b.wait_for_replicas(0, 10 * MS)),
         ("wait_for_replicas", |b| b.wait_for_replicas(1, MS / 2)),
         // More than a tenth of the interval: a round could miss its window.

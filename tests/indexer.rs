@@ -14,7 +14,7 @@ use deadpool_redis::Pool;
 use deadpool_redis::redis::AsyncCommands;
 use peerq::clock::{Clock, OffsetClock, SystemClock};
 use peerq::indexer::{FenceReason, Indexer, IndexerHandle, Standing};
-use peerq::{Error, Indexing};
+use peerq::{Assignment, Assignor, Error, Indexing};
 use support::{Proxy, RedisServer, unique_name};
 
 const MS: Duration = Duration::from_millis(1);
@@ -33,6 +33,7 @@ struct Fleet {
     interval: Duration,
     skew: Duration,
     indexing: Indexing,
+    assignor: Assignor,
     handles: BTreeMap<usize, IndexerHandle>,
     next: usize,
     log: Arc<Mutex<Vec<Event>>>,
@@ -45,6 +46,7 @@ impl Fleet {
             interval,
             skew: 20 * MS,
             indexing,
+            assignor: Assignor::Modulo,
             handles: BTreeMap::new(),
             next: 0,
             log: Arc::new(Mutex::new(Vec::new())),
@@ -69,9 +71,39 @@ impl Fleet {
             .skew(self.skew)
             .lease_margin(10 * MS)
             .indexing(self.indexing)
+            .assignor(self.assignor)
             .clock(clock)
             .build()
             .expect("valid settings")
+    }
+
+    /// Starts one more instance with `weight` (rendezvous).
+    async fn join_weighted(&mut self, url: &str, weight: u32) -> usize {
+        let indexer = Indexer::builder()
+            .name(&self.name)
+            .redis(url)
+            .interval(self.interval)
+            .skew(self.skew)
+            .lease_margin(10 * MS)
+            .assignor(self.assignor)
+            .weight(weight)
+            .build()
+            .expect("valid settings");
+        let handle = indexer.start().await.expect("indexer starts");
+        self.record(handle)
+    }
+
+    /// The assignments of the epochs in which every instance in `live` was
+    /// assigned: epoch -> instance -> assignment.
+    fn full_epochs(&self, live: &BTreeSet<usize>) -> BTreeMap<u64, BTreeMap<usize, Assignment>> {
+        let mut by_epoch: BTreeMap<u64, BTreeMap<usize, Assignment>> = BTreeMap::new();
+        for e in self.events() {
+            if let Standing::Assigned(a) = e.standing {
+                by_epoch.entry(a.epoch).or_default().insert(e.instance, a);
+            }
+        }
+        by_epoch.retain(|_, v| v.keys().copied().collect::<BTreeSet<_>>() == *live);
+        by_epoch
     }
 
     /// Records everything `handle` publishes.
@@ -463,7 +495,7 @@ async fn missed_round_then_rejoin(proxy_fault: fn(&Proxy), timed_out: bool) {
         },
         "nothing is emitted for the epoch after a missed round"
     );
-    match victim_events[2] {
+    match &victim_events[2] {
         Standing::Assigned(a) => assert_eq!(a.epoch, failed + 2),
         ref other => panic!("the victim must rejoin: {other:?}"),
     }
@@ -1090,7 +1122,7 @@ async fn an_instance_whose_loop_stalls_skips_the_late_round_and_rejoins() {
     };
     assert!(next > late);
     assert!(
-        matches!(after[missed + 1], Standing::Assigned(a) if a.epoch == next + 1),
+        matches!(&after[missed + 1], Standing::Assigned(a) if a.epoch == next + 1),
         "{after:?}"
     );
     for (&epoch, assigned) in &fleet.epochs() {
@@ -1254,4 +1286,125 @@ async fn ranked_a_lost_round_key_never_gives_one_index_twice() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn incr_a_lost_round_key_never_gives_one_index_twice() {
     a_lost_round_key_never_gives_one_index_twice(Indexing::Incr).await;
+}
+
+/// Each partition's owner in one epoch, by instance; asserts there is
+/// exactly one.
+fn owners_of(epoch: u64, assigned: &BTreeMap<usize, Assignment>, partitions: u32) -> Vec<usize> {
+    (0..partitions)
+        .map(|p| {
+            let owners: Vec<usize> = assigned
+                .iter()
+                .filter(|(_, a)| a.owns(p, partitions))
+                .map(|(i, _)| *i)
+                .collect();
+            assert_eq!(
+                owners.len(),
+                1,
+                "epoch {epoch}: partition {p} owned by {owners:?}"
+            );
+            owners[0]
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rendezvous_gives_each_partition_one_owner_by_weight_and_a_join_moves_only_to_the_newcomer()
+{
+    const P: u32 = 64;
+    let server = RedisServer::start();
+    let interval = 300 * MS;
+    let mut fleet = Fleet::new("rendezvous", Indexing::Ranked, interval);
+    fleet.assignor = Assignor::Rendezvous;
+    for weight in [1, 3, 1] {
+        fleet.join_weighted(&server.url(), weight).await;
+    }
+    fleet.run_epochs(2).await;
+    let three = BTreeSet::from([0, 1, 2]);
+    let before = fleet.full_epochs(&three);
+    let (&last_of_three, assigned) = before.iter().last().expect("an epoch of three");
+    let old = owners_of(last_of_three, assigned, P);
+    // Every instance computed its owners from the same list, weights
+    // included: weight 3 against 1 and 1 gives about 38 of 64 partitions
+    // against 13 (five standard deviations apart at least).
+    let share = |owners: &[usize], i: usize| owners.iter().filter(|&&o| o == i).count();
+    assert!(
+        share(&old, 1) > share(&old, 0) && share(&old, 1) > share(&old, 2),
+        "{old:?}"
+    );
+    assert!(
+        assigned
+            .values()
+            .all(|a| a.assignor() == Assignor::Rendezvous)
+    );
+
+    let newcomer = fleet.join(&server.url()).await;
+    let four = BTreeSet::from([0, 1, 2, newcomer]);
+    let deadline = Instant::now() + interval * 12;
+    while fleet.full_epochs(&four).len() < 2 {
+        assert!(
+            Instant::now() < deadline,
+            "no epoch of four: {:?}",
+            fleet.epochs()
+        );
+        tokio::time::sleep(interval / 4).await;
+    }
+    let after = fleet.full_epochs(&four);
+    for (&epoch, assigned) in &after {
+        owners_of(epoch, assigned, P);
+    }
+    let (&first_of_four, assigned) = after.iter().next().unwrap();
+    let new = owners_of(first_of_four, assigned, P);
+    let moved: Vec<u32> = (0..P)
+        .filter(|&p| old[p as usize] != new[p as usize])
+        .collect();
+    println!(
+        "rendezvous, weights 1/3/1 then one more of weight 1: {} of {P} partitions moved, all to the newcomer",
+        moved.len()
+    );
+    assert!(
+        moved.iter().all(|&p| new[p as usize] == newcomer),
+        "{old:?} -> {new:?}"
+    );
+    // Weight 1 of 6: about 11 partitions; 26 is five deviations above.
+    assert!(
+        !moved.is_empty() && moved.len() <= 26,
+        "{} moved",
+        moved.len()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_assignor_that_differs_from_the_service_is_refused_by_name() {
+    let server = RedisServer::start();
+    let name = unique_name("assignor");
+    let indexer = |assignor: Assignor| {
+        Indexer::builder()
+            .name(&name)
+            .redis(server.url())
+            .assignor(assignor)
+            .build()
+            .unwrap()
+    };
+    let first = indexer(Assignor::Modulo).start().await.unwrap();
+    let err = indexer(Assignor::Rendezvous).start().await.unwrap_err();
+    let msg = err.to_string();
+    assert!(
+        msg.contains("`assignor` is rendezvous here but modulo"),
+        "{msg}"
+    );
+    first.stop().await;
+    // Rendezvous reads member ids, which `Incr` rounds do not keep.
+    let err = Indexer::builder()
+        .name("ok")
+        .redis(server.url())
+        .indexing(Indexing::Incr)
+        .assignor(Assignor::Rendezvous)
+        .build()
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("invalid setting `assignor`"),
+        "{err}"
+    );
+    assert!(err.to_string().contains("ranked indexing"), "{err}");
 }

@@ -11,6 +11,8 @@
 //! consumer and starts there again must be explained by what that consumer
 //! printed about itself ([`restarts`]).
 
+#[path = "scenarios/moves.rs"]
+mod moves;
 #[path = "scenarios/pause.rs"]
 mod pause;
 #[path = "scenarios/restarts.rs"]
@@ -154,6 +156,8 @@ struct Fleet {
     work_ms: u64,
     /// The consumers' indexing: `ranked` or `incr`.
     indexing: &'static str,
+    /// The consumers' assignor: `modulo` or `rendezvous`.
+    assignor: &'static str,
 }
 
 impl Fleet {
@@ -170,6 +174,7 @@ impl Fleet {
             churn: Vec::new(),
             work_ms: WORK_MS,
             indexing: "ranked",
+            assignor: "modulo",
         }
     }
 
@@ -189,6 +194,7 @@ impl Fleet {
             .args(["--skew-ms", &SKEW_MS.to_string()])
             .args(["--work-ms", &self.work_ms.to_string()])
             .args(["--indexing", self.indexing])
+            .args(["--assignor", self.assignor])
             .args(["--print-tasks", "--print-events"])
             // Plain log lines, each starting with its time.
             .env("NO_COLOR", "1")
@@ -654,21 +660,28 @@ impl Rng {
 
 #[test]
 fn graceful_churn_runs_every_task_exactly_once() {
-    graceful_churn("ranked");
+    graceful_churn("ranked", "modulo");
 }
 
 /// The seed's indexing, where indices may also swap while membership is
 /// stable: every swap moves partitions through the same handover.
 #[test]
 fn graceful_churn_with_incr_indexing_runs_every_task_exactly_once() {
-    graceful_churn("incr");
+    graceful_churn("incr", "modulo");
 }
 
-fn graceful_churn(indexing: &'static str) {
+/// Rendezvous ownership moves fewer partitions through the same handover.
+#[test]
+fn graceful_churn_with_rendezvous_runs_every_task_exactly_once() {
+    graceful_churn("ranked", "rendezvous");
+}
+
+fn graceful_churn(indexing: &'static str, assignor: &'static str) {
     let _serial = serial();
     let mut rng = Rng::from_env();
     let mut fleet = Fleet::new("graceful", ServerOptions::default());
     fleet.indexing = indexing;
+    fleet.assignor = assignor;
     for _ in 0..3 {
         fleet.join();
     }
@@ -712,7 +725,7 @@ fn graceful_churn(indexing: &'static str) {
     let lines = fleet.lines();
     let rows = pauses(&fleet, &lines, end);
     print_pauses(
-        &format!("graceful churn (3 -> 6 -> 2 -> 5, {indexing})"),
+        &format!("graceful churn (3 -> 6 -> 2 -> 5, {indexing}, {assignor})"),
         &rows,
     );
     println!(
@@ -742,20 +755,27 @@ fn wait_child(mut proc: Proc, within: Duration) -> Proc {
 
 #[test]
 fn crash_churn_runs_every_task_and_only_tasks_in_flight_on_a_killed_instance_twice() {
-    crash_churn("ranked");
+    crash_churn("ranked", "modulo");
 }
 
 #[test]
 fn crash_churn_with_incr_indexing_runs_every_task_and_only_tasks_in_flight_on_a_killed_instance_twice()
  {
-    crash_churn("incr");
+    crash_churn("incr", "modulo");
 }
 
-fn crash_churn(indexing: &'static str) {
+#[test]
+fn crash_churn_with_rendezvous_runs_every_task_and_only_tasks_in_flight_on_a_killed_instance_twice()
+{
+    crash_churn("ranked", "rendezvous");
+}
+
+fn crash_churn(indexing: &'static str, assignor: &'static str) {
     let _serial = serial();
     let mut rng = Rng::from_env();
     let mut fleet = Fleet::new("crash", ServerOptions::default());
     fleet.indexing = indexing;
+    fleet.assignor = assignor;
     for _ in 0..4 {
         fleet.join();
     }
@@ -843,7 +863,7 @@ fn crash_churn(indexing: &'static str) {
     );
     let rows = pauses(&fleet, &lines, end);
     print_pauses(
-        &format!("crash churn (4 instances, 3 SIGKILLs and replacements, {indexing})"),
+        &format!("crash churn (4 instances, 3 SIGKILLs and replacements, {indexing}, {assignor})"),
         &rows,
     );
     println!(

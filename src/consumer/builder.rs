@@ -18,6 +18,7 @@ use super::event::PartitionEvent;
 use super::runner::Runner;
 use super::runtime;
 use super::settings::ConsumerSettings;
+use crate::assignment::Assignor;
 use crate::clock::{Clock, SystemClock};
 use crate::codec::{Bincode, Codec};
 use crate::config::{IndexerSettings, Indexing, ServiceName};
@@ -175,6 +176,23 @@ impl<T, S, C: Codec> ConsumerBuilder<T, S, C> {
     /// The indexing mode (default [`Indexing::Ranked`]). Service-wide.
     pub fn indexing(mut self, indexing: Indexing) -> Self {
         self.indexer.indexing = indexing;
+        self
+    }
+
+    /// Who owns which partition (default [`Assignor::Modulo`]). Service-wide:
+    /// [`Assignor::Rendezvous`] moves about `P / N` partitions per join or
+    /// leave instead of most of them, and needs [`Indexing::Ranked`].
+    pub fn assignor(mut self, assignor: Assignor) -> Self {
+        self.indexer.assignor = assignor;
+        self
+    }
+
+    /// This instance's weight, 1 to 1000 (default 1): under
+    /// [`Assignor::Rendezvous`] instances own partitions in proportion to
+    /// their weights (give a machine with twice the cores weight 2). Each
+    /// instance's own; the others read it from the round's member list.
+    pub fn weight(mut self, weight: u32) -> Self {
+        self.indexer.weight = weight;
         self
     }
 

@@ -175,7 +175,7 @@ fn readiness(seen: Option<&Seen>, timing: &Timing, now: Duration) -> Result<Assi
         Some(Standing::Fenced { reason, .. }) => Err(format!("fenced: {reason}")),
         Some(Standing::Left { .. }) => Err("left".into()),
         Some(Standing::Assigned(a)) => match timing.lease_for(a.epoch, now) {
-            Some(_) => Ok(*a),
+            Some(_) => Ok(a.clone()),
             None => Err("lease expired".into()),
         },
     }
@@ -351,12 +351,8 @@ mod tests {
         let timing = crate::timing::tests::timing();
         let start = crate::timing::tests::start;
         let at = Instant::now();
-        let a = Assignment {
-            epoch: 100,
-            index: 2,
-            replicas: 3,
-        };
-        let assigned = seen(Standing::Assigned(a), at);
+        let a = Assignment::modulo(100, 2, 3);
+        let assigned = seen(Standing::Assigned(a.clone()), at);
         let lease_end = timing.lease_end(100);
         let ready = |s: &Option<Seen>, now| readiness(s.as_ref(), &timing, now);
         assert_eq!(ready(&assigned, start(100) + 100 * MS), Ok(a));

@@ -442,7 +442,7 @@ impl Fetcher {
         let batch = Batch {
             shared: self.shared.clone(),
             partition: self.partition,
-            assignment: *self.assignment.borrow(),
+            place: self.assignment.borrow().place(),
             lease: self.lease.clone(),
             ownership: self.ownership.clone(),
             held: self.held.clone(),

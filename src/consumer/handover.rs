@@ -121,7 +121,7 @@ impl Handover {
     /// The indexer published a new standing.
     pub(super) fn standing(&mut self, standing: &Standing) {
         match standing {
-            Standing::Assigned(a) => self.assigned(*a),
+            Standing::Assigned(a) => self.assigned(a.clone()),
             Standing::Fenced { epoch, reason } => {
                 // Rule 6: a failed round stops fetching at once, without
                 // waiting for the lease or a slow Redis error.
@@ -155,7 +155,7 @@ impl Handover {
             self.leased = false;
         }
         let partitions = self.shared.settings.partitions;
-        let idle = a.owned_partitions(partitions).next().is_none();
+        let idle = a.owned_partitions(partitions).is_empty();
         if idle && !self.idle {
             info!(service = %self.shared.name, index = a.index, replicas = a.replicas, partitions,
                   "more instances than partitions: this instance idles");
@@ -164,9 +164,9 @@ impl Handover {
         let first = self.assignment.is_none();
         let assignment = self
             .assignment
-            .get_or_insert_with(|| watch::Sender::new(a))
+            .get_or_insert_with(|| watch::Sender::new(a.clone()))
             .clone();
-        let effects = self.machine.assigned(a, now);
+        let effects = self.machine.assigned(a.clone(), now);
         self.apply(effects);
         // Only now, with the released partitions stopped: a task their
         // workers fetched before runs under the assignment that owned its

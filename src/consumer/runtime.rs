@@ -104,7 +104,7 @@ where
     let fields = settings.meta_fields(runner.codec());
     let timing = Timing::new(&indexer, settings.drain_timeout);
     let leave_timeout = settings.leave_timeout(indexer.interval);
-    let presence = Arc::new(Presence::new(clock.clone()));
+    let presence = Arc::new(Presence::new(clock.clone(), indexer.weight));
     // The rounds' thread claims an index only while this runtime runs.
     let liveness = Liveness::new();
     let beating = AbortOnDrop(tokio::spawn(

@@ -100,10 +100,8 @@ impl Startup<'_> {
             Indexer::builder()
                 .name(self.name.as_str())
                 .backend(self.conn.backend().clone())
-                .interval(self.indexer.interval)
-                .skew(self.indexer.skew)
-                .lease_margin(self.indexer.lease_margin)
-                .indexing(self.indexer.indexing)
+                // All of them at once, so that none is left at its default.
+                .settings(self.indexer.clone())
                 .clock(self.clock.clone())
                 .instance_id(self.id.clone())
                 .presence(self.presence.clone())

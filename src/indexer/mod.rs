@@ -29,7 +29,7 @@ use deadpool_redis::Pool;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use crate::assignment::Assignment;
+use crate::assignment::{Assignment, Assignor};
 use crate::clock::{Clock, SystemClock};
 use crate::config::{IndexerSettings, Indexing, ServiceName};
 use crate::connection::{Backend, Given, Tls};
@@ -73,7 +73,7 @@ impl Standing {
     /// The assignment, if the instance holds one.
     pub fn assignment(&self) -> Option<Assignment> {
         match self {
-            Standing::Assigned(a) => Some(*a),
+            Standing::Assigned(a) => Some(a.clone()),
             _ => None,
         }
     }
@@ -248,6 +248,25 @@ impl IndexerBuilder {
     /// The indexing mode (default [`Indexing::Ranked`]). Service-wide.
     pub fn indexing(mut self, indexing: Indexing) -> Self {
         self.settings.indexing = indexing;
+        self
+    }
+
+    /// Who owns which partition (default [`Assignor::Modulo`]). Service-wide.
+    pub fn assignor(mut self, assignor: Assignor) -> Self {
+        self.settings.assignor = assignor;
+        self
+    }
+
+    /// This instance's weight under [`Assignor::Rendezvous`], 1 to 1000
+    /// (default 1).
+    pub fn weight(mut self, weight: u32) -> Self {
+        self.settings.weight = weight;
+        self
+    }
+
+    /// Every setting at once (a consumer's own indexer).
+    pub(crate) fn settings(mut self, settings: IndexerSettings) -> Self {
+        self.settings = settings;
         self
     }
 

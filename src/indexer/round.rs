@@ -12,7 +12,7 @@ use tracing::{debug, error, info, warn};
 use super::liveness::Liveness;
 use super::schedule::{Plan, Schedule};
 use super::{FenceReason, Standing};
-use crate::assignment::Assignment;
+use crate::assignment::{Assignment, Assignor, Member, Members};
 use crate::clock::{Clock, signed_secs};
 use crate::config::{IndexerSettings, Indexing, ServiceName};
 use crate::connection::{Backend, Conn, SharedConnection};
@@ -45,6 +45,8 @@ struct RoundReply {
     /// The previous round's `(index, replicas)` for this instance, when it
     /// was read; `None` inside where the key does not hold this instance.
     prev: Option<(Option<u64>, Option<u64>)>,
+    /// The previous round's member names, in rank order (rendezvous only).
+    members: Vec<String>,
     /// Redis's clock when the script ran.
     redis_now: Duration,
 }
@@ -84,6 +86,9 @@ pub(super) struct RoundLoop {
     /// none for an interval.
     liveness: Option<Arc<Liveness>>,
     silent: bool,
+    /// Rendezvous: the last epoch's members, kept while the list stays the
+    /// same, so the owners are computed once per membership change.
+    members: Option<Arc<Members>>,
 }
 
 impl RoundLoop {
@@ -110,6 +115,7 @@ impl RoundLoop {
             presence: None,
             liveness: None,
             silent: false,
+            members: None,
         }
     }
 
@@ -251,7 +257,7 @@ impl RoundLoop {
             Written::NotAsked => {}
         }
         Ok(match reply.prev {
-            Some((index, replicas)) => self.assignment(number, index, replicas),
+            Some((index, replicas)) => self.assignment(number, index, replicas, reply.members),
             None if *self.tx.borrow() == Standing::Joining => Standing::Joining,
             None => Standing::Fenced {
                 epoch: number,
@@ -310,18 +316,20 @@ impl RoundLoop {
             0
         };
         let read_prev = if prev.is_some() { "1" } else { "0" };
+        let rendezvous = self.settings.assignor == Assignor::Rendezvous;
         let mut values = match self.settings.indexing {
             Indexing::Ranked => {
                 let values: Vec<Value> = ROUND_RANKED
                     .key(keys::round(&self.name, number))
                     .key(keys::round(&self.name, number - 1))
-                    .arg(self.id.as_str())
+                    .arg(Member::name(self.id.as_str(), self.settings.weight))
                     // The score is the offset: the rank is the order in which
                     // instances act, decided by the offsets, not by the network.
                     .arg(self.schedule.offset().as_micros() as u64)
                     .arg(ttl)
                     .arg(write_by)
                     .arg(read_prev)
+                    .arg(if rendezvous { "1" } else { "0" })
                     .invoke_async(conn)
                     .await?;
                 values.into_iter()
@@ -382,6 +390,10 @@ impl RoundLoop {
             }
         };
         let redis_now: u64 = parse(&mut values)?;
+        let members: Vec<String> = match self.settings.indexing {
+            Indexing::Ranked => parse(&mut values)?,
+            Indexing::Incr => Vec::new(),
+        };
         let written = match written {
             1 => Written::Yes(written_value),
             0 => Written::NotAsked,
@@ -392,6 +404,7 @@ impl RoundLoop {
         Ok(RoundReply {
             written,
             prev,
+            members,
             redis_now: Duration::from_micros(redis_now),
         })
     }
@@ -451,12 +464,42 @@ impl RoundLoop {
         })
     }
 
-    /// The standing for epoch `number` from the previous round's index and
-    /// count: an assignment only if `1 <= index <= replicas`.
-    fn assignment(&self, number: u64, index: Option<u64>, replicas: Option<u64>) -> Standing {
+    /// The standing for epoch `number` from the previous round's index,
+    /// count and (rendezvous) members: an assignment only if
+    /// `1 <= index <= replicas` and, under rendezvous, the list holds this
+    /// instance and as many members as the count says.
+    fn assignment(
+        &mut self,
+        number: u64,
+        index: Option<u64>,
+        replicas: Option<u64>,
+        names: Vec<String>,
+    ) -> Standing {
         let (index, replicas) = (index.unwrap_or(0), replicas.unwrap_or(0));
         if let Some(a) = checked_assignment(number, index, replicas) {
-            return Standing::Assigned(a);
+            if self.settings.assignor == Assignor::Modulo {
+                return Standing::Assigned(a);
+            }
+            let members = self.members_of(&names);
+            let me = members.position(self.id.as_str());
+            if let Some(me) = me.filter(|_| members.list().len() as u64 == replicas) {
+                let a = Assignment::rendezvous(number, a.index, a.replicas, members, me);
+                return Standing::Assigned(a);
+            }
+            // Never a guess: without this instance in a full list the
+            // epoch's owners are unknown here, so the epoch is missed.
+            error!(
+                service = %self.name,
+                instance = %self.id,
+                epoch = number,
+                listed = names.len(),
+                replicas,
+                "round key's member list does not hold this instance or disagrees with its count"
+            );
+            return Standing::Fenced {
+                epoch: number,
+                reason: FenceReason::Inconsistent { index, replicas },
+            };
         }
         // The previous round's key is gone or no longer holds this instance:
         // something outside the protocol changed it.
@@ -474,6 +517,20 @@ impl RoundLoop {
         }
     }
 
+    /// The members named by `names`: the last epoch's, when the list is the
+    /// same (their owners are computed already).
+    fn members_of(&mut self, names: &[String]) -> Arc<Members> {
+        let members = Members::from_names(names);
+        match &self.members {
+            Some(last) if **last == members => last.clone(),
+            _ => {
+                let members = Arc::new(members);
+                self.members = Some(members.clone());
+                members
+            }
+        }
+    }
+
     /// Publishes a round's standing, logging every change.
     fn publish(&self, standing: Standing) {
         let service = self.name.to_string();
@@ -487,7 +544,7 @@ impl RoundLoop {
             .increment(1);
         let a = standing.assignment();
         metrics::gauge!(m::INDEX, "service" => service.clone())
-            .set(a.map_or(0.0, |a| f64::from(a.index)));
+            .set(a.as_ref().map_or(0.0, |a| f64::from(a.index)));
         metrics::gauge!(m::REPLICAS, "service" => service)
             .set(a.map_or(0.0, |a| f64::from(a.replicas)));
 
@@ -513,14 +570,10 @@ impl RoundLoop {
     }
 }
 
-/// The assignment for `epoch`, if `1 <= index <= replicas`.
+/// The (modulo) assignment for `epoch`, if `1 <= index <= replicas`.
 fn checked_assignment(epoch: u64, index: u64, replicas: u64) -> Option<Assignment> {
     let (index, replicas) = (u32::try_from(index).ok()?, u32::try_from(replicas).ok()?);
-    (1 <= index && index <= replicas).then_some(Assignment {
-        epoch,
-        index,
-        replicas,
-    })
+    (1 <= index && index <= replicas).then(|| Assignment::modulo(epoch, index, replicas))
 }
 
 /// Parses the next value of a script's reply.

@@ -1,13 +1,15 @@
 -- One indexer round in Ranked mode (docs/design.md §2): write this round, read the previous.
 -- KEYS[1] = {N}:<number>       this round's sorted set
 -- KEYS[2] = {N}:<number - 1>   the previous round's
--- ARGV[1] = instance id         ARGV[2] = score (the instance's offset)
+-- ARGV[1] = member name ('<instance id>@<weight>')   ARGV[2] = score (the instance's offset)
 -- ARGV[3] = key TTL in ms
 -- ARGV[4] = the latest Redis time (µs since the epoch) at which the write may
 --           land, or 0 to write nothing (a leaving instance)
 -- ARGV[5] = '1' to read this instance's rank and the count of the previous round
--- Returns {written, rank or nil, count, redis time in µs}; written is 1, 0 (not
--- asked) or -1 (refused: too late).
+-- ARGV[6] = '1' to read the previous round's members too (rendezvous ownership)
+-- Returns {written, rank or nil, count, redis time in µs, members}; written is
+-- 1, 0 (not asked) or -1 (refused: too late); members is the previous round's
+-- member names in rank order, or empty when not asked.
 --
 -- The write is refused by Redis's own clock, not only by the client's: a
 -- request delayed in the network (a partition that heals, TCP retransmits)
@@ -26,9 +28,14 @@ if write_by > 0 then
     written = -1
   end
 end
-local rank, count = false, 0
+local rank, count, members = false, 0, {}
 if ARGV[5] == '1' then
   rank = redis.call('ZRANK', KEYS[2], ARGV[1])
   count = redis.call('ZCARD', KEYS[2])
+  -- Read with the rank and the count: every instance reads one final list
+  -- (the round's writes closed before anyone reads it).
+  if ARGV[6] == '1' and rank then
+    members = redis.call('ZRANGE', KEYS[2], 0, -1)
+  end
 end
-return {written, rank, count, now}
+return {written, rank, count, now, members}

@@ -170,7 +170,7 @@ impl Batch {
                 attempt: entry.attempt,
                 partition: self.partition,
                 enqueued_at: UNIX_EPOCH + entry.enqueued_at,
-                assignment: self.assignment,
+                place: self.place,
                 fencing_token: self.ownership.store.token(),
                 standing: standing.clone(),
                 finished: finished.clone(),
@@ -188,7 +188,7 @@ impl Batch {
                 task_id = %entry.id,
                 partition = self.partition,
                 attempt = entry.attempt,
-                epoch = self.assignment.epoch,
+                epoch = self.place.epoch,
                 token = self.ownership.store.token()
             );
             if order.attempts_in_redis() && entry.attempt > counted {

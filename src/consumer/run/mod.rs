@@ -38,7 +38,7 @@ use super::room::Room;
 use super::settle::Settle;
 use super::shared::Shared;
 use super::store::Fetched;
-use crate::assignment::Assignment;
+use crate::assignment::Place;
 use crate::handler::Standing;
 
 /// Where a batch's entries come from.
@@ -60,7 +60,7 @@ pub(crate) struct Batch {
     pub(crate) shared: Arc<Shared>,
     pub(crate) partition: u32,
     /// The assignment in force when the entries were fetched.
-    pub(crate) assignment: Assignment,
+    pub(crate) place: Place,
     pub(crate) lease: Lease,
     /// The partition as this worker owns it. Its `stop` is the partition's
     /// release: an entry not started by then is handed back. Its `cancel`

@@ -1,0 +1,199 @@
+//! An instance's place in its service for one epoch, and the partitions that
+//! place owns (docs/design.md §3 and §9): by the modulo filter, or by
+//! rendezvous over the epoch's members ([`rendezvous`]).
+
+mod rendezvous;
+
+use std::fmt;
+use std::sync::Arc;
+
+pub use rendezvous::{DEFAULT_WEIGHT, MAX_WEIGHT, hash64};
+pub(crate) use rendezvous::{Member, Members};
+
+/// An assignment's numbers without its owners: what a task's context
+/// tells (copied per task, where the owners would cost a reference count).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Place {
+    pub(crate) epoch: u64,
+    pub(crate) index: u32,
+    pub(crate) replicas: u32,
+}
+
+/// Who owns which partition in an epoch: a service-wide setting, recorded
+/// in `{N}:meta` (every instance must compute the same owners).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Assignor {
+    /// Partition `p` belongs to the instance with `index - 1 == p % replicas`.
+    /// Needs nothing but the index and the count, works with either
+    /// indexing, and moves most partitions at every membership change.
+    #[default]
+    Modulo,
+    /// Partition `p` belongs to the epoch's member with the highest
+    /// [`hash64`]`(p, id)` score (weighted by
+    /// [`ConsumerBuilder::weight`](crate::consumer::ConsumerBuilder::weight)): about
+    /// `P / N` partitions move per join or leave. Needs `Ranked` indexing,
+    /// whose rounds name their members.
+    Rendezvous,
+}
+
+impl Assignor {
+    /// The name recorded in `{N}:meta` and taken on command lines.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Assignor::Modulo => "modulo",
+            Assignor::Rendezvous => "rendezvous",
+        }
+    }
+}
+
+impl fmt::Display for Assignor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for Assignor {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "modulo" => Ok(Assignor::Modulo),
+            "rendezvous" => Ok(Assignor::Rendezvous),
+            other => Err(format!("unknown assignor {other:?}: modulo or rendezvous")),
+        }
+    }
+}
+
+/// What the peer indexer tells an instance for one epoch: it is instance
+/// number `index` of `replicas`, and which partitions it owns.
+///
+/// Always `1 <= index <= replicas`, and within one epoch the live instances'
+/// indices are exactly `1..=replicas`, each once. Every instance assigned
+/// for one epoch computes the same owner for each partition.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Assignment {
+    /// The round number the assignment was formed in: epoch `E` is formed by
+    /// the rounds of the interval starting at `(E - 1) * I`.
+    pub epoch: u64,
+    /// This instance's index, from 1.
+    pub index: u32,
+    /// How many instances took part in the round the index came from.
+    pub replicas: u32,
+    owner: Owner,
+}
+
+/// How an assignment decides ownership.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum Owner {
+    Modulo,
+    /// This instance is member `me` of the epoch's `members`.
+    Rendezvous {
+        members: Arc<Members>,
+        me: usize,
+    },
+}
+
+impl Assignment {
+    /// A modulo assignment: instance `index` of `replicas` in `epoch`.
+    pub fn modulo(epoch: u64, index: u32, replicas: u32) -> Assignment {
+        Assignment {
+            epoch,
+            index,
+            replicas,
+            owner: Owner::Modulo,
+        }
+    }
+
+    /// A rendezvous assignment: member `me` of the epoch's `members`, with
+    /// its index and the count from the same ranked set.
+    pub(crate) fn rendezvous(
+        epoch: u64,
+        index: u32,
+        replicas: u32,
+        members: Arc<Members>,
+        me: usize,
+    ) -> Assignment {
+        Assignment {
+            epoch,
+            index,
+            replicas,
+            owner: Owner::Rendezvous { members, me },
+        }
+    }
+
+    /// The assignor that formed this assignment.
+    pub fn assignor(&self) -> Assignor {
+        match self.owner {
+            Owner::Modulo => Assignor::Modulo,
+            Owner::Rendezvous { .. } => Assignor::Rendezvous,
+        }
+    }
+
+    /// Whether this assignment owns `partition` of `partitions`.
+    pub fn owns(&self, partition: u32, partitions: u32) -> bool {
+        match &self.owner {
+            Owner::Modulo => partition % self.replicas == self.index - 1,
+            Owner::Rendezvous { members, me } => members.owner(partition, partitions) == Some(*me),
+        }
+    }
+
+    /// The partitions of `0..partitions` this assignment owns, ascending.
+    pub fn owned_partitions(&self, partitions: u32) -> Vec<u32> {
+        match &self.owner {
+            Owner::Modulo => (self.index - 1..partitions)
+                .step_by(self.replicas as usize)
+                .collect(),
+            Owner::Rendezvous { .. } => (0..partitions)
+                .filter(|&p| self.owns(p, partitions))
+                .collect(),
+        }
+    }
+
+    /// The epoch, index and replicas.
+    pub(crate) fn place(&self) -> Place {
+        Place {
+            epoch: self.epoch,
+            index: self.index,
+            replicas: self.replicas,
+        }
+    }
+}
+
+impl fmt::Display for Assignment {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{} (epoch {})", self.index, self.replicas, self.epoch)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn modulo_filter_example() {
+        let a = Assignment::modulo(1, 2, 3);
+        assert_eq!(a.owned_partitions(10), vec![1, 4, 7]);
+        assert!(a.owns(4, 10) && !a.owns(5, 10));
+    }
+
+    proptest! {
+        /// Every partition has exactly one owner among indices 1..=replicas,
+        /// and `owned_partitions` lists exactly the ones `owns` accepts.
+        #[test]
+        fn each_partition_has_exactly_one_owner(replicas in 1u32..100, partitions in 1u32..300) {
+            let mut owners = vec![0u32; partitions as usize];
+            for index in 1..=replicas {
+                let a = Assignment::modulo(7, index, replicas);
+                let listed: Vec<u32> = a.owned_partitions(partitions);
+                let by_filter: Vec<u32> = (0..partitions).filter(|&p| a.owns(p, partitions)).collect();
+                prop_assert_eq!(&listed, &by_filter);
+                for p in listed {
+                    owners[p as usize] += 1;
+                }
+            }
+            prop_assert!(owners.iter().all(|&n| n == 1));
+        }
+    }
+}

@@ -1,0 +1,84 @@
+//! How many partitions one membership change moves, by assignor: `N`
+//! consumers, one more joins, then that one leaves again (P = 64, the
+//! README's table). Rendezvous moves about `P / (N + 1)` each way, only to
+//! and from the instance that came and went; modulo moves most of them.
+
+use super::*;
+
+/// The partitions moved by the join and by the leave of one consumer
+/// beside `n` others, and the pauses of the moved partitions.
+fn one_in_one_out(
+    n: usize,
+    assignor: &'static str,
+) -> (usize, usize, Vec<(String, Vec<Duration>)>) {
+    let mut fleet = Fleet::new("moves", ServerOptions::default());
+    fleet.assignor = assignor;
+    for _ in 0..n {
+        fleet.join();
+    }
+    // First assignments come one to two intervals after start, then the
+    // acquires: settled well within three intervals.
+    std::thread::sleep(Duration::from_millis(3 * INTERVAL_MS));
+    let newcomer = fleet.join();
+    std::thread::sleep(Duration::from_millis(3 * INTERVAL_MS));
+    fleet.leave(newcomer);
+    fleet.wait_exit(newcomer, Duration::from_secs(20));
+    std::thread::sleep(Duration::from_millis(2 * INTERVAL_MS));
+    let end = now_us();
+    fleet.stop_all();
+    let lines = fleet.lines();
+    let rows = pauses(&fleet, &lines, end);
+    let moved = |label: String| {
+        rows.iter()
+            .filter(|(event, _)| *event == label)
+            .map(|(_, pauses)| pauses.len())
+            .sum::<usize>()
+    };
+    let joined = moved(format!("join c{newcomer}"));
+    let left = moved(format!("leave c{newcomer}"));
+    print_pauses(
+        &format!("{n} -> {} -> {n} instances, {assignor}", n + 1),
+        &rows,
+    );
+    (joined, left, rows)
+}
+
+/// The most partitions one member of `n` may win under rendezvous: `P / n`
+/// and five standard deviations of the binomial count, plus 2.
+fn bound(n: usize) -> usize {
+    let p = f64::from(PARTITIONS);
+    let q = 1.0 / n as f64;
+    (p * q + 5.0 * (p * q * (1.0 - q)).sqrt() + 2.0) as usize
+}
+
+#[test]
+fn rendezvous_moves_about_p_over_n_per_join_and_leave_where_modulo_moves_most() {
+    let _serial = serial();
+    let mut table = Vec::new();
+    for n in [3, 10] {
+        for assignor in ["modulo", "rendezvous"] {
+            let (joined, left, rows) = one_in_one_out(n, assignor);
+            table.push((n, assignor, joined, left));
+            if assignor == "rendezvous" {
+                // Only the newcomer's partitions move, each way.
+                assert!(
+                    joined > 0 && joined <= bound(n + 1),
+                    "{n}: join moved {joined}"
+                );
+                assert!(left <= bound(n + 1), "{n}: leave moved {left}");
+                assert_eq!(joined, left, "{n}: the leaver gives back what it took");
+                for kind in ["join", "leave"] {
+                    let max = max_pause(&rows, kind).expect("partitions moved");
+                    assert!(max <= Duration::from_secs(3), "a {kind} paused for {max:?}");
+                }
+            }
+        }
+    }
+    println!("| instances | assignor | moved by the join | moved by the leave |");
+    for (n, assignor, joined, left) in table {
+        println!(
+            "| {n} -> {} -> {n} | {assignor} | {joined} of {PARTITIONS} | {left} of {PARTITIONS} |",
+            n + 1
+        );
+    }
+}
