@@ -13,8 +13,8 @@
 //! | `payload` | the encoded task |
 //!
 //! It also decides whether a consumer can run an entry at all
-//! ([`Entry::read`], [`Entry::decode`]): an entry too large, malformed or
-//! not decodable is [`Unrunnable`], and its `reason()` is the dead letter's.
+//! (`Entry::read`, `Entry::decode`): an entry too large, malformed or not
+//! decodable is `Unrunnable`, and its `reason()` is the dead letter's.
 
 use std::fmt;
 use std::sync::Arc;

@@ -1,6 +1,6 @@
 //! An instance's place in its service for one epoch, and the partitions that
 //! place owns (docs/design.md §3 and §9): by the modulo filter, or by
-//! rendezvous over the epoch's members ([`rendezvous`]).
+//! rendezvous over the epoch's members ([`Assignor::Rendezvous`]).
 
 mod rendezvous;
 
