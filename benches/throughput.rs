@@ -5,6 +5,9 @@
 //! markdown tables (copied into BENCHMARKS.md). `PEERQ_BENCH_TASKS` sets the
 //! number of tasks (default 200,000). The latency run and the second consume
 //! run have a metrics recorder installed; everything before has none.
+//! `PEERQ_BENCH_CONCURRENCY` (default 256) and `PEERQ_BENCH_BATCH` (default
+//! 100, the raw consumers' read count) set peerq's consumer's concurrency
+//! and batch, to try other settings against the same baselines.
 //!
 //! Two raw baselines (issue 26), both in [`raw`]:
 //!
@@ -533,13 +536,13 @@ async fn peerq_consume(
         .name(name)
         .redis(server.url())
         .concurrency(
-            std::env::var("XC")
+            std::env::var("PEERQ_BENCH_CONCURRENCY")
                 .ok()
                 .and_then(|v| v.parse().ok())
                 .unwrap_or(256),
         )
         .batch(
-            std::env::var("XB")
+            std::env::var("PEERQ_BENCH_BATCH")
                 .ok()
                 .and_then(|v| v.parse().ok())
                 .unwrap_or(READ_COUNT),

@@ -15,8 +15,8 @@
 //! handler starts and one when it succeeded (before the task is acked):
 //! `start seq=<seq> partition=<p> epoch=<e> token=<t> attempt=<a> at=<µs>` and
 //! `handled seq=<seq> id=<task id> partition=<p> index=<i> replicas=<r> epoch=<e> token=<t> attempt=<a> checked_at=<µs> at=<µs>`
-//! (`at`: microseconds since the Unix epoch; `checked_at`: when
-//! `TaskContext::still_owned` last passed, right before the line is printed). With `--print-events` it prints
+//! (`at`: microseconds since the Unix epoch; `checked_at`: right before the
+//! `TaskContext::still_owned` check that passed, before the line is printed). With `--print-events` it prints
 //! its partitions' changes, `event partition=<p> change=started|stopped|drained token=<t> at=<µs>`,
 //! and its standing, `standing kind=assigned epoch=<e> index=<i> replicas=<r> at=<µs>`
 //! or `standing kind=fenced|left epoch=<e> at=<µs>`. Without either, one
@@ -199,11 +199,13 @@ impl Handler for SendMail {
         }
         // Right before the effect (printing `handled`): may this instance
         // still act? After a freeze longer than the lease it may not, and
-        // the partition's next owner runs the task.
+        // the partition's next owner runs the task. The time is taken just
+        // before the check: a freeze that lands between a check that passed
+        // and the clock read would otherwise date the check after it.
+        let checked_at = micros(SystemTime::now());
         if !cx.still_owned() {
             return Err(HandlerError::msg("no longer the partition's owner"));
         }
-        let checked_at = micros(SystemTime::now());
         if self.print {
             say(&format!(
                 "handled seq={} id={} partition={} index={} replicas={} epoch={} token={} attempt={} checked_at={checked_at} at={}",

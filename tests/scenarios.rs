@@ -78,8 +78,10 @@ struct Line {
     attempt: u32,
     /// Microseconds since the Unix epoch.
     at: u128,
-    /// On `handled` lines: when the handler's `still_owned` check passed,
-    /// right before it printed the line (its effect).
+    /// On `handled` lines: right before the handler's `still_owned` check
+    /// that passed, before it printed the line (its effect). Taken before
+    /// the check, so that a freeze between the check and the clock read
+    /// cannot date a check that passed before the freeze after it.
     checked_at: u128,
 }
 

@@ -200,6 +200,8 @@ pub struct Settings {
     pub lease_margin: Option<String>,
     /// The indexing mode: `ranked` or `incr`.
     pub indexing: Option<String>,
+    /// The assignor: `modulo` or `rendezvous`.
+    pub assignor: Option<String>,
     /// The drain timeout.
     pub drain_timeout: Option<String>,
     /// Whether partitions run one task at a time, in order.
@@ -217,6 +219,7 @@ impl Settings {
             skew: text("skew"),
             lease_margin: text("lease_margin"),
             indexing: text("indexing"),
+            assignor: text("assignor"),
             drain_timeout: text("drain_timeout"),
             ordered: meta.get("ordered").and_then(|o| o.parse().ok()),
         }

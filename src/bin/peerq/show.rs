@@ -63,6 +63,7 @@ pub(crate) fn status(status: &Status) -> String {
         ("skew", &s.skew),
         ("lease_margin", &s.lease_margin),
         ("indexing", &s.indexing),
+        ("assignor", &s.assignor),
         ("drain_timeout", &s.drain_timeout),
     ] {
         settings.push(format!("{name} {}", value.as_deref().unwrap_or("-")));
