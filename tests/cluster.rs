@@ -3,16 +3,19 @@
 //! in a slot of their own, so a service's partitions spread over every
 //! master; consumers follow a slot that moves while tasks flow; the CLI,
 //! the dashboard and the dead letters read a service spread over them.
+//! Failovers (`cluster/failover.rs`) and TLS (`cluster/tls.rs`) each take
+//! a cluster of their own.
 
 #[path = "cluster/failover.rs"]
 mod failover;
 mod support;
+#[path = "cluster/tls.rs"]
+mod tls;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use deadpool_redis::redis;
 use peerq::producer::{Options, Producer};
 use peerq::{Consumer, Handler, HandlerError, TaskContext};
 use serde::{Deserialize, Serialize};
@@ -201,17 +204,18 @@ fn flow(
     })
 }
 
-/// The node (port) that holds `key` now, asked of every master.
-fn holder(cluster: &RedisCluster, key: &str) -> Option<u16> {
-    cluster.masters().into_iter().find_map(|master| {
-        let client = redis::Client::open(master.url.as_str()).unwrap();
-        let mut conn = client.get_connection().unwrap();
-        let exists: bool = redis::cmd("EXISTS")
-            .arg(key)
-            .query(&mut conn)
-            .unwrap_or(false);
-        exists.then_some(master.port)
-    })
+/// Each of the 64 partitions' streams of service `name` is on the master
+/// of its slot, and they are on all three masters.
+fn assert_partitions_on_every_master(cluster: &RedisCluster, name: &str) {
+    let streams: Vec<String> = (0..64).map(|p| format!("{{{name}/{p}}}:stream")).collect();
+    let masters = cluster.masters_of_keys(&streams);
+    let mut holders = BTreeSet::new();
+    for ((stream, holder), master) in streams.iter().zip(cluster.holders(&streams)).zip(masters) {
+        let port = holder.unwrap_or_else(|| panic!("{stream} is on no master"));
+        assert_eq!(port, master.port, "{stream}");
+        holders.insert(port);
+    }
+    assert_eq!(holders.len(), 3, "partitions only on {holders:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -238,15 +242,7 @@ async fn three_consumers_on_three_masters_run_every_task_once() {
     wait_all_ran(&record, &instances, count).await;
     record.assert_each_once(count);
 
-    // The partitions' streams are on every master.
-    let mut holders = BTreeSet::new();
-    for p in 0..64 {
-        let stream = format!("{{{name}/{p}}}:stream");
-        let port = holder(cluster, &stream).unwrap_or_else(|| panic!("{stream} is on no master"));
-        assert_eq!(port, cluster.master_of_key(&stream).port, "{stream}");
-        holders.insert(port);
-    }
-    assert_eq!(holders.len(), 3, "partitions only on {holders:?}");
+    assert_partitions_on_every_master(cluster, &name);
     for instance in instances {
         instance.shutdown().await;
     }
@@ -279,7 +275,7 @@ async fn slots_that_move_while_tasks_flow_lose_nothing_and_run_nothing_twice() {
         migration.finish();
         assert_eq!(cluster.master_of_slot(slot).id, to.id);
         assert_eq!(
-            holder(cluster, &stream),
+            cluster.holder(&stream),
             Some(to.port),
             "{stream} did not move"
         );
@@ -295,18 +291,26 @@ async fn slots_that_move_while_tasks_flow_lose_nothing_and_run_nothing_twice() {
 
 /// Runs the `peerq` CLI on the cluster: `--redis <masters> --cluster args…`.
 fn peerq(cluster: &RedisCluster, args: &[&str]) -> serde_json::Value {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_peerq"))
+    let out = peerq_output(cluster, args);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "peerq {args:?}: {stderr}");
+    serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}"))
+}
+
+/// What [`peerq`] runs, and its output whether it succeeded or not.
+fn peerq_output(cluster: &RedisCluster, args: &[&str]) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_peerq"))
         .env_remove("PEERQ_REDIS_URL")
+        .env_remove("PEERQ_TLS_CA")
+        .env_remove("PEERQ_TLS_CERT")
+        .env_remove("PEERQ_TLS_KEY")
         .arg("--redis")
         .arg(cluster.seed_urls().join(","))
         .arg("--cluster")
         .args(args)
         .output()
-        .expect("run peerq");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "peerq {args:?}: {stderr}");
-    serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}"))
+        .expect("run peerq")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

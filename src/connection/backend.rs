@@ -196,12 +196,29 @@ fn not_a_url(setting: &'static str, url: &str, e: impl fmt::Display) -> Error {
 
 impl Cluster {
     fn new(seeds: &[String], tls: Option<Tls>) -> Result<Cluster> {
+        #[cfg(not(feature = "tls"))]
+        if tls.is_some() {
+            return Err(super::tls::unavailable());
+        }
         let mut infos = Vec::with_capacity(seeds.len());
         for url in seeds {
             let info = url
                 .as_str()
                 .into_connection_info()
                 .map_err(|e| not_a_url("redis_cluster", url, e))?;
+            // With certificates, redis-rs's Cluster client speaks TLS to
+            // every node whatever the seed URLs say, while `node` follows
+            // the first seed: a `redis://` seed would give plain
+            // connections beside TLS ones. Refused, as for one server.
+            if tls.is_some() && !matches!(info.addr(), ConnectionAddr::TcpTls { .. }) {
+                return Err(Error::invalid(
+                    "tls",
+                    format!(
+                        "TLS settings go with rediss:// seed URLs; `{}` is not one",
+                        redact(url)
+                    ),
+                ));
+            }
             infos.push(info);
         }
         let Some(seed) = infos.first().cloned() else {
@@ -214,11 +231,9 @@ impl Cluster {
         // that timed out again (a second `XADD`, say), while the overall
         // timeout bounds a command with its retries and then fails it.
         let builder = ClusterClientBuilder::new(infos);
+        #[cfg(feature = "tls")]
         let builder = match &tls {
-            #[cfg(feature = "tls")]
             Some(tls) => builder.certs(tls.certificates()?),
-            #[cfg(not(feature = "tls"))]
-            Some(_) => return Err(super::tls::unavailable()),
             None => builder,
         };
         let client = builder

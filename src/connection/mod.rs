@@ -65,6 +65,26 @@ mod tests {
     }
 
     #[test]
+    fn tls_settings_with_a_plain_seed_node_are_refused_without_its_password() {
+        let given = Given {
+            cluster: Some(vec![
+                "rediss://:s3cret@127.0.0.1:7000/".to_owned(),
+                "redis://:s3cret@127.0.0.1:7001/".to_owned(),
+            ]),
+            tls: Some(Tls::new()),
+            ..Given::default()
+        };
+        let msg = given.backend().unwrap_err().to_string();
+        assert!(msg.contains("invalid setting `tls`"), "{msg}");
+        #[cfg(feature = "tls")]
+        assert!(
+            msg.contains("rediss:// seed URLs; `redis://:***@127.0.0.1:7001/`"),
+            "{msg}"
+        );
+        assert!(!msg.contains("s3cret"), "{msg}");
+    }
+
+    #[test]
     fn only_redis_errors_name_the_redis() {
         let refused = Error::Pool(deadpool_redis::PoolError::Backend(
             std::io::Error::from(std::io::ErrorKind::ConnectionRefused).into(),

@@ -263,6 +263,21 @@ impl DeadLetters {
         DeadLetters::connect_to(given, name).await
     }
 
+    /// [`connect_cluster`](Self::connect_cluster) over TLS with these
+    /// settings (every seed URL `rediss://`).
+    pub async fn connect_cluster_with_tls<U: Into<String>>(
+        urls: impl IntoIterator<Item = U>,
+        name: &str,
+        tls: crate::Tls,
+    ) -> Result<Self> {
+        let given = Given {
+            cluster: Some(urls.into_iter().map(Into::into).collect()),
+            tls: Some(tls),
+            ..Given::default()
+        };
+        DeadLetters::connect_to(given, name).await
+    }
+
     async fn connect_to(given: Given, name: &str) -> Result<Self> {
         let name = ServiceName::new(name)?;
         let redis = given.target();

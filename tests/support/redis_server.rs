@@ -102,11 +102,13 @@ impl RedisServer {
     /// Starts one node of a [`RedisCluster`](super::RedisCluster): with
     /// `aof`, AOF with `appendfsync always` (else no persistence),
     /// `--cluster-enabled yes`, a 2 s node timeout and
-    /// `nodes.conf` in its dir, on a port whose bus port is free too. The
-    /// node answers PING but belongs to no cluster yet.
-    pub(super) fn start_cluster_node(aof: bool) -> RedisServer {
+    /// `nodes.conf` in its dir, on a port whose bus port is free too; with
+    /// `tls`, TLS only, between the nodes too. The node answers PING but
+    /// belongs to no cluster yet.
+    pub(super) fn start_cluster_node(aof: bool, tls: Option<ServerTls>) -> RedisServer {
         let opts = ServerOptions {
             aof,
+            tls,
             ..ServerOptions::default()
         };
         RedisServer::start_fresh(opts, true)
@@ -374,6 +376,9 @@ impl RedisServer {
             // its identity and epoch again and rejoins as itself.
             cmd.args(["--cluster-enabled", "yes", "--cluster-node-timeout", "2000"])
                 .args(["--cluster-config-file", "nodes.conf"]);
+            if let Some(tls) = &self.opts.tls {
+                cmd.args(tls.cluster_args());
+            }
         }
         let child = cmd
             .stdin(Stdio::null())

@@ -10,7 +10,7 @@
 //! It does not own any peerq type; it only makes `rediss://` servers and
 //! clients that tests then use as they use plain ones.
 
-use std::ffi::OsString;
+use std::ffi::{OsStr, OsString};
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
@@ -147,17 +147,41 @@ impl ServerTls {
         } else {
             "no"
         };
-        let mut args: Vec<OsString> = Vec::new();
-        let mut push = |name: &str, value: &dyn AsRef<std::ffi::OsStr>| {
-            args.push(name.into());
-            args.push(value.as_ref().to_owned());
-        };
-        push("--port", &"0");
-        push("--tls-port", &port.to_string());
-        push("--tls-cert-file", &served.cert);
-        push("--tls-key-file", &served.key);
-        push("--tls-ca-cert-file", &self.pki.ca_cert);
-        push("--tls-auth-clients", &auth);
+        let port = port.to_string();
+        flags(&[
+            ("--port", "0".as_ref()),
+            ("--tls-port", port.as_ref()),
+            ("--tls-cert-file", served.cert.as_ref()),
+            ("--tls-key-file", served.key.as_ref()),
+            ("--tls-ca-cert-file", self.pki.ca_cert.as_ref()),
+            ("--tls-auth-clients", auth.as_ref()),
+        ])
+    }
+
+    /// The arguments that make a cluster node speak TLS to the other
+    /// nodes too: the cluster bus and replication (and so `CLUSTER SLOTS`
+    /// names the TLS ports). A node presents the test client certificate
+    /// to the others: by default it would present its server certificate,
+    /// made for server authentication only, which a node requiring client
+    /// certificates refuses (the cluster never forms).
+    pub(super) fn cluster_args(&self) -> Vec<OsString> {
+        flags(&[
+            ("--tls-cluster", "yes".as_ref()),
+            ("--tls-replication", "yes".as_ref()),
+            ("--tls-client-cert-file", self.pki.client.cert.as_ref()),
+            ("--tls-client-key-file", self.pki.client.key.as_ref()),
+        ])
+    }
+
+    /// The `redis-cli` arguments that reach a server of these settings:
+    /// TLS, trusting the test CA, presenting the test client certificate.
+    pub(super) fn cli_args(&self) -> Vec<OsString> {
+        let mut args = vec![OsString::from("--tls")];
+        args.extend(flags(&[
+            ("--cacert", self.pki.ca_cert.as_ref()),
+            ("--cert", self.pki.client.cert.as_ref()),
+            ("--key", self.pki.client.key.as_ref()),
+        ]));
         args
     }
 
@@ -183,6 +207,14 @@ impl ServerTls {
         let certs = TestPki::certificates(&self.pki.ca_cert, Some(&self.pki.client));
         redis::Client::build_with_tls(url, certs).expect("TLS client config is valid")
     }
+}
+
+/// `(name, value)` pairs as command-line arguments, `name value` each.
+fn flags(pairs: &[(&str, &OsStr)]) -> Vec<OsString> {
+    pairs
+        .iter()
+        .flat_map(|(name, value)| [OsString::from(name), value.to_os_string()])
+        .collect()
 }
 
 /// What a certificate is for: its extended key usage.

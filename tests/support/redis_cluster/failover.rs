@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use deadpool_redis::redis;
 
 use super::topology::info_field;
-use super::{NodeInfo, POLL_INTERVAL, RedisCluster, SETTLE_TIMEOUT, node_query};
+use super::{NodeInfo, POLL_INTERVAL, RedisCluster, SETTLE_TIMEOUT};
 
 /// How often `failover` sends `CLUSTER FAILOVER` again while the replica
 /// has not taken over: a manual failover that times out is not retried by
@@ -32,13 +32,13 @@ impl RedisCluster {
         loop {
             if last_sent.is_none_or(|sent| sent.elapsed() >= FAILOVER_RETRY) {
                 if let Err(err) =
-                    node_query::<()>(replica.port, redis::cmd("CLUSTER").arg("FAILOVER"))
+                    self.node_query::<()>(replica.port, redis::cmd("CLUSTER").arg("FAILOVER"))
                 {
                     self.fail(&format!("CLUSTER FAILOVER: {err}"));
                 }
                 last_sent = Some(Instant::now());
             }
-            if role(replica.port).as_deref() == Ok("master") && self.check_settled().is_ok() {
+            if self.role(replica.port).as_deref() == Ok("master") && self.check_settled().is_ok() {
                 return;
             }
             if Instant::now() >= deadline {
@@ -46,7 +46,7 @@ impl RedisCluster {
                 self.fail(&format!(
                     "replica {} did not take over within {SETTLE_TIMEOUT:?} (role {:?}; {reason})",
                     replica.port,
-                    role(replica.port)
+                    self.role(replica.port)
                 ));
             }
             thread::sleep(POLL_INTERVAL);
@@ -108,12 +108,13 @@ impl RedisCluster {
     /// `master_repl_offset` with each replica's own `slave_repl_offset`
     /// (which, unlike the master's view, does not lag by the 1 s ack).
     pub fn wait_replicated(&self, master: &NodeInfo) {
-        let target = replication_offset(master.port, "master_repl_offset")
+        let target = self
+            .replication_offset(master.port, "master_repl_offset")
             .unwrap_or_else(|err| self.fail(&err));
         let deadline = Instant::now() + REPLICATION_TIMEOUT;
         for replica in self.replicas_of(master) {
             loop {
-                let offset = replication_offset(replica.port, "slave_repl_offset");
+                let offset = self.replication_offset(replica.port, "slave_repl_offset");
                 if offset.as_ref().is_ok_and(|&offset| offset >= target) {
                     break;
                 }
@@ -135,20 +136,20 @@ impl RedisCluster {
             self.wait_replicated(&master);
         }
     }
-}
 
-/// `role` from `INFO replication`: `master` or `slave`.
-fn role(port: u16) -> Result<String, String> {
-    let info: String = node_query(port, redis::cmd("INFO").arg("replication"))?;
-    info_field(&info, "role")
-        .map(str::to_owned)
-        .ok_or_else(|| format!("node {port}: no role in INFO"))
-}
+    /// `role` from `INFO replication`: `master` or `slave`.
+    fn role(&self, port: u16) -> Result<String, String> {
+        let info: String = self.node_query(port, redis::cmd("INFO").arg("replication"))?;
+        info_field(&info, "role")
+            .map(str::to_owned)
+            .ok_or_else(|| format!("node {port}: no role in INFO"))
+    }
 
-/// A numeric `field` of `INFO replication`.
-fn replication_offset(port: u16, field: &str) -> Result<u64, String> {
-    let info: String = node_query(port, redis::cmd("INFO").arg("replication"))?;
-    info_field(&info, field)
-        .and_then(|value| value.parse().ok())
-        .ok_or_else(|| format!("node {port}: no {field} in INFO replication"))
+    /// A numeric `field` of `INFO replication`.
+    fn replication_offset(&self, port: u16, field: &str) -> Result<u64, String> {
+        let info: String = self.node_query(port, redis::cmd("INFO").arg("replication"))?;
+        info_field(&info, field)
+            .and_then(|value| value.parse().ok())
+            .ok_or_else(|| format!("node {port}: no {field} in INFO replication"))
+    }
 }

@@ -13,7 +13,7 @@ use std::sync::{MutexGuard, PoisonError};
 
 use deadpool_redis::redis;
 
-use super::{NodeInfo, RedisCluster, SETTLE_TIMEOUT, node_query};
+use super::{NodeInfo, RedisCluster, SETTLE_TIMEOUT};
 
 /// Keys moved per `MIGRATE` by [`Migration::finish`].
 const BATCH: usize = 100;
@@ -60,8 +60,9 @@ impl RedisCluster {
             .clone();
         // Target first: once the source answers -ASK, the target must
         // already accept ASKING for the slot.
-        let opened = node_query::<()>(to.port, &importing)
-            .and_then(|()| node_query::<()>(source.port, &migrating));
+        let opened = self
+            .node_query::<()>(to.port, &importing)
+            .and_then(|()| self.node_query::<()>(source.port, &migrating));
         if let Err(err) = opened {
             self.fail(&format!("open migration of slot {slot}: {err}"));
         }
@@ -126,7 +127,7 @@ impl Migration<'_> {
     }
 
     fn try_step(&mut self, max_keys: usize) -> Result<bool, String> {
-        let keys: Vec<Vec<u8>> = node_query(
+        let keys: Vec<Vec<u8>> = self.cluster.node_query(
             self.source.port,
             redis::cmd("CLUSTER")
                 .arg("GETKEYSINSLOT")
@@ -134,7 +135,7 @@ impl Migration<'_> {
                 .arg(max_keys),
         )?;
         if !keys.is_empty() {
-            let () = node_query(
+            let () = self.cluster.node_query(
                 self.source.port,
                 redis::cmd("MIGRATE")
                     .arg("127.0.0.1")
@@ -146,7 +147,7 @@ impl Migration<'_> {
                     .arg(&keys),
             )?;
         }
-        let left: usize = node_query(
+        let left: usize = self.cluster.node_query(
             self.source.port,
             redis::cmd("CLUSTER").arg("COUNTKEYSINSLOT").arg(self.slot),
         )?;
@@ -163,12 +164,12 @@ impl Migration<'_> {
             .clone();
         // The target first: it bumps its config epoch, so its claim wins
         // when gossip meets the source's old one.
-        node_query::<()>(self.target.port, &assign)?;
-        node_query::<()>(self.source.port, &assign)?;
+        self.cluster.node_query::<()>(self.target.port, &assign)?;
+        self.cluster.node_query::<()>(self.source.port, &assign)?;
         for line in self.cluster.try_lines()? {
             let other = line.id != self.target.id && line.id != self.source.id;
             if line.master && !line.failed && other {
-                node_query::<()>(line.port, &assign)?;
+                self.cluster.node_query::<()>(line.port, &assign)?;
             }
         }
         self.cluster.try_settle(SETTLE_TIMEOUT).map_err(|reason| {

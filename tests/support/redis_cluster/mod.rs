@@ -5,15 +5,18 @@
 //!
 //! Every node is a [`RedisServer`] (its own dir, AOF with `appendfsync
 //! always`, killed on drop), so a cluster is torn down like a single
-//! server. It owns no client logic beyond a small `MOVED`/`ASK`-following
-//! [`query`](RedisCluster::query) for checks; peerq's own cluster client is
-//! what the tests test.
+//! server. A cluster may speak only TLS
+//! ([`start_tls`](RedisCluster::start_tls)); the harness's own connections
+//! then do too. It owns no client logic beyond a small
+//! `MOVED`/`ASK`-following [`query`](RedisCluster::query) for checks;
+//! peerq's own cluster client is what the tests test.
 //!
 //! Each operation waits until the cluster has settled — `cluster_state:ok`
 //! on every live node, every live node reporting the same slot owners and
 //! roles, every slot served, every replica's link up — and panics with the
 //! nodes' log tails if it does not within its bound.
 
+mod control;
 mod failover;
 mod migration;
 mod routed;
@@ -28,8 +31,8 @@ use std::time::{Duration, Instant};
 
 use deadpool_redis::redis;
 
-use super::RedisServer;
-use topology::{NodeLine, info_field, parse_nodes, settled_view};
+use super::{RedisServer, ServerTls};
+use topology::{NodeLine, info_field, settled_view};
 
 pub use migration::Migration;
 pub use slots::{SLOTS, slot_of};
@@ -51,9 +54,9 @@ const CONTROL_TIMEOUT: Duration = Duration::from_secs(10);
 pub struct NodeInfo {
     /// The node's 40-character cluster id; it survives restarts.
     pub id: String,
-    /// Its client port on `127.0.0.1`.
+    /// Its client port on `127.0.0.1` (its TLS port on a TLS cluster).
     pub port: u16,
-    /// `redis://127.0.0.1:<port>/`.
+    /// `redis://127.0.0.1:<port>/` (`rediss://` on a TLS cluster).
     pub url: String,
     /// Pid of its `redis-server`, 0 while it is down.
     pub pid: u32,
@@ -95,6 +98,32 @@ impl RedisCluster {
     /// `aof` (benchmarks compare with a single server that persists
     /// nothing).
     pub fn start_with(masters: usize, replicas_per_master: usize, aof: bool) -> RedisCluster {
+        RedisCluster::start_nodes(masters, replicas_per_master, aof, None)
+    }
+
+    /// [`start`](Self::start) without persistence, every node speaking
+    /// only TLS with `tls`'s certificates: no plain port at all
+    /// (`--port 0`), and TLS between the nodes too (`--tls-cluster yes`,
+    /// so `CLUSTER SLOTS` names their TLS ports; `--tls-replication yes`).
+    /// The nodes present the test client certificate to each other, since
+    /// a node that requires client certificates refuses a server
+    /// certificate. Node URLs are `rediss://`; clients must trust the
+    /// test CA (and present a client certificate, with
+    /// `require_client_cert`).
+    pub fn start_tls(masters: usize, replicas_per_master: usize, tls: ServerTls) -> RedisCluster {
+        assert!(
+            !tls.wrong_host,
+            "cluster nodes are reached at 127.0.0.1, which a wrong-host certificate does not name"
+        );
+        RedisCluster::start_nodes(masters, replicas_per_master, false, Some(tls))
+    }
+
+    fn start_nodes(
+        masters: usize,
+        replicas_per_master: usize,
+        aof: bool,
+        tls: Option<ServerTls>,
+    ) -> RedisCluster {
         assert!(
             masters >= 3,
             "a Redis Cluster needs at least 3 masters, not {masters}"
@@ -102,7 +131,7 @@ impl RedisCluster {
         let count = masters * (1 + replicas_per_master);
         // If anything below panics, dropping `nodes` kills what was started.
         let nodes = (0..count)
-            .map(|_| RedisServer::start_cluster_node(aof))
+            .map(|_| RedisServer::start_cluster_node(aof, tls))
             .collect();
         let cluster = RedisCluster {
             nodes,
@@ -170,12 +199,7 @@ impl RedisCluster {
 
     /// The master serving `slot` now. Panics if none does.
     pub fn master_of_slot(&self, slot: u16) -> NodeInfo {
-        let lines = self.lines();
-        let line = lines
-            .iter()
-            .find(|line| line.master && line.serves(slot))
-            .unwrap_or_else(|| panic!("no master serves slot {slot}: {lines:?}"));
-        self.info(line)
+        self.masters_of_slots(&[slot]).remove(0)
     }
 
     /// The master serving `key`'s slot now.
@@ -183,11 +207,34 @@ impl RedisCluster {
         self.master_of_slot(slot_of(key))
     }
 
+    /// The master serving each key's slot now, from one read of the
+    /// topology (a connection per read costs a TLS handshake on a TLS
+    /// cluster). Panics if no master serves one.
+    pub fn masters_of_keys(&self, keys: &[String]) -> Vec<NodeInfo> {
+        let slots: Vec<u16> = keys.iter().map(|key| slot_of(key)).collect();
+        self.masters_of_slots(&slots)
+    }
+
+    fn masters_of_slots(&self, slots: &[u16]) -> Vec<NodeInfo> {
+        let lines = self.lines();
+        slots
+            .iter()
+            .map(|&slot| {
+                let line = lines
+                    .iter()
+                    .find(|line| line.master && line.serves(slot))
+                    .unwrap_or_else(|| panic!("no master serves slot {slot}: {lines:?}"));
+                self.info(line)
+            })
+            .collect()
+    }
+
     /// `FLUSHALL` on every master (replicas follow). Only for a cluster the
     /// test owns; see [`shared`](Self::shared).
     pub fn flush_all(&self) {
         for master in self.masters() {
-            let () = node_query(master.port, &redis::cmd("FLUSHALL"))
+            let () = self
+                .node_query(master.port, &redis::cmd("FLUSHALL"))
                 .unwrap_or_else(|err| self.fail(&err));
         }
     }
@@ -199,6 +246,9 @@ impl RedisCluster {
         let log_path = self.nodes[0].dir().join("cluster-create.log");
         let log = File::create(&log_path).expect("create cluster-create.log");
         let mut cmd = Command::new("redis-cli");
+        if let Some(tls) = self.nodes[0].tls() {
+            cmd.args(tls.cli_args());
+        }
         cmd.args(["--cluster", "create"]);
         for node in &self.nodes {
             cmd.arg(format!("127.0.0.1:{}", node.port()));
@@ -261,12 +311,12 @@ impl RedisCluster {
         let mut first = None;
         for node in self.live() {
             let port = node.port();
-            let info: String = node_query(port, redis::cmd("CLUSTER").arg("INFO"))?;
+            let info: String = self.node_query(port, redis::cmd("CLUSTER").arg("INFO"))?;
             let state = info_field(&info, "cluster_state");
             if state != Some("ok") {
                 return Err(format!("node {port}: cluster_state {state:?}"));
             }
-            let lines = node_lines(port)?;
+            let lines = self.node_lines(port)?;
             let view = settled_view(&lines, self.nodes.len())
                 .map_err(|reason| format!("node {port}: {reason}"))?;
             match &first {
@@ -278,7 +328,8 @@ impl RedisCluster {
                 }
                 Some(_) => {}
             }
-            let replication: String = node_query(port, redis::cmd("INFO").arg("replication"))?;
+            let replication: String =
+                self.node_query(port, redis::cmd("INFO").arg("replication"))?;
             if info_field(&replication, "role") == Some("slave") {
                 let link = info_field(&replication, "master_link_status");
                 if link != Some("up") {
@@ -300,7 +351,7 @@ impl RedisCluster {
     fn try_lines(&self) -> Result<Vec<NodeLine>, String> {
         let mut last_err = "no node is running".to_owned();
         for node in self.live() {
-            match node_lines(node.port()) {
+            match self.node_lines(node.port()) {
                 Ok(lines) => return Ok(lines),
                 Err(err) => last_err = err,
             }
@@ -323,16 +374,12 @@ impl RedisCluster {
 
     /// `line` with its pid and URL filled in.
     fn info(&self, line: &NodeLine) -> NodeInfo {
-        let pid = self
-            .nodes
-            .iter()
-            .find(|node| node.port() == line.port)
-            .map_or(0, RedisServer::pid);
+        let node = self.nodes.iter().find(|node| node.port() == line.port);
         NodeInfo {
             id: line.id.clone(),
             port: line.port,
-            url: node_url(line.port),
-            pid,
+            url: node.map_or_else(|| control::plain_url(line.port), RedisServer::url),
+            pid: node.map_or(0, RedisServer::pid),
         }
     }
 
@@ -345,35 +392,4 @@ impl RedisCluster {
         }
         panic!("{message}\nnode logs:\n{logs}");
     }
-}
-
-/// `redis://127.0.0.1:<port>/`.
-fn node_url(port: u16) -> String {
-    format!("redis://127.0.0.1:{port}/")
-}
-
-/// `CLUSTER NODES` of the node on `port`, parsed.
-fn node_lines(port: u16) -> Result<Vec<NodeLine>, String> {
-    let text: String = node_query(port, redis::cmd("CLUSTER").arg("NODES"))?;
-    parse_nodes(&text).map_err(|err| format!("node {port}: {err}"))
-}
-
-/// Runs `cmd` on the node on `port` over a fresh control connection.
-fn node_query<T: redis::FromRedisValue>(port: u16, cmd: &redis::Cmd) -> Result<T, String> {
-    let url = node_url(port);
-    let describe = || {
-        let args: Vec<String> = cmd
-            .args_iter()
-            .take(3)
-            .map(|arg| match arg {
-                redis::Arg::Simple(bytes) => String::from_utf8_lossy(bytes).into_owned(),
-                _ => "?".to_owned(),
-            })
-            .collect();
-        args.join(" ")
-    };
-    let mut con = super::connect(&url, CONTROL_TIMEOUT)
-        .map_err(|err| format!("connect to node {port}: {err}"))?;
-    super::retry_interrupted(|| cmd.query(&mut con))
-        .map_err(|err| format!("{} on node {port}: {err}", describe()))
 }

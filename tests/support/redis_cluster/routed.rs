@@ -4,8 +4,8 @@
 
 use deadpool_redis::redis;
 
-use super::super::{connect, retry_interrupted};
-use super::{CONTROL_TIMEOUT, RedisCluster, node_url};
+use super::super::retry_interrupted;
+use super::RedisCluster;
 
 /// Redirects followed before giving up: a settled cluster needs one
 /// (`MOVED`), a slot in migration two (`ASK`, then the answer).
@@ -27,7 +27,7 @@ impl RedisCluster {
             .expect("a node of the cluster is running");
         let mut asking = false;
         for _ in 0..MAX_REDIRECTS {
-            let mut con = connect(&node_url(port), CONTROL_TIMEOUT)?;
+            let mut con = self.node_connection(port)?;
             if asking {
                 let () = retry_interrupted(|| redis::cmd("ASKING").query(&mut con))?;
             }
