@@ -980,8 +980,12 @@ fn a_stalled_instance_neither_fetches_nor_acks_with_its_stale_assignment() {
             handled[seq]
                 .iter()
                 .any(|l| mine(l) && l.checked_at > 0 && l.checked_at < stopped),
-            "seq {seq}'s effect shows twice, and no check of it passed before the freeze: {:?}",
-            handled[seq]
+            "seq {seq}'s effect shows twice, and no check of it passed before the freeze (frozen {stopped}..{resumed}): {:?}; its starts: {:?}",
+            handled[seq],
+            lines
+                .iter()
+                .filter(|l| l.seq == *seq && l.what == What::Start)
+                .collect::<Vec<_>>()
         );
     }
     // Running when it froze (started, no effect yet), and whose effect
