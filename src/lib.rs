@@ -85,6 +85,7 @@
 //! | `due` | the due index `{N}:due`: notices that a partition's delayed set got a task from someone other than its owner |
 //! | [`pause`] | pausing a service: the `{N}:paused` key the consumers' gate reads |
 //! | [`periodic`] | periodic jobs (interval or cron), triggered once per due time by a claim; their schedules in `{N}:periodic` |
+//! | `postgres` | feature `postgres`: peerq's tables (`migrations/`, `migrate`), the transactional `Outbox` and its `Relay` (its own Layout table) |
 //! | `presence` | what an instance tells operators each round: its `{N}:members` record and per-minute counts |
 //! | [`retry`] | the backoff between a failed task's attempts, and the pauses of the internal retry loops |
 //! | [`handler`] | the `Handler` trait, `TaskContext`, the tower adapter |
@@ -117,6 +118,8 @@ pub mod metrics;
 pub mod partition;
 pub mod pause;
 pub mod periodic;
+#[cfg(feature = "postgres")]
+pub mod postgres;
 mod presence;
 pub mod producer;
 pub mod retry;
