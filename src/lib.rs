@@ -145,9 +145,9 @@ pub use producer::{Options, Producer};
 pub use retry::Backoff;
 
 /// The README's Rust snippets, compiled as doc tests (those that need a
-/// Redis are `no_run`). Only with the `http` and `dashboard` features,
-/// which two of them use: `scripts/test` (and CI) runs
+/// Redis are `no_run`). Only with the `http`, `dashboard` and `postgres`
+/// features, which three of them use: `scripts/test` (and CI) runs
 /// `cargo test --all-features`.
-#[cfg(all(doctest, feature = "http", feature = "dashboard"))]
+#[cfg(all(doctest, feature = "http", feature = "dashboard", feature = "postgres"))]
 #[doc = include_str!("../README.md")]
 mod readme {}

@@ -26,7 +26,7 @@ use peerq::postgres::{Outbox, Relay};
 use peerq::{Consumer, Handler, HandlerError, Options, TaskContext};
 use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
-use support::{PostgresServer, RedisServer, ServerOptions, unique_name, wait_until};
+use support::{PostgresServer, RedisServer, ServerOptions, TestDatabase, unique_name, wait_until};
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -98,11 +98,16 @@ impl World {
     }
 
     async fn with(prefix: &str, options: ServerOptions) -> World {
-        support::init_tracing();
-        let redis = tokio::task::spawn_blocking(move || RedisServer::start_with(options))
+        let db = tokio::task::spawn_blocking(|| PostgresServer::shared().database())
             .await
             .unwrap();
-        let db = tokio::task::spawn_blocking(|| PostgresServer::shared().database())
+        World::on(prefix, options, db).await
+    }
+
+    /// On database `db`, and a Redis started with `options`.
+    async fn on(prefix: &str, options: ServerOptions, db: TestDatabase) -> World {
+        support::init_tracing();
+        let redis = tokio::task::spawn_blocking(move || RedisServer::start_with(options))
             .await
             .unwrap();
         let pool = PgPool::connect_with(db.options()).await.unwrap();
@@ -368,7 +373,10 @@ async fn per_key_order_holds_through_several_relays() {
 async fn a_poison_row_is_dead_lettered_and_the_rows_behind_it_flow() {
     let world = World::new("outbox-poison").await;
     let record = Record::default();
-    let consumer = world.consumer(&record, |b| b.outbox_relay(world.pool.clone()));
+    // Ordered: the runs are recorded in the rows' order.
+    let consumer = world.consumer(&record, |b| {
+        b.ordered(true).outbox_relay(world.pool.clone())
+    });
     let key = Options::new().key("user-9");
     let before = world.commit(&mail("user-9", 1), key.clone()).await;
     // The service's codec is bincode: a JSON row cannot run.
@@ -497,4 +505,50 @@ async fn a_relay_carries_on_after_redis_comes_back() {
     .await;
     assert_eq!(record.counts().get(&second), Some(&1));
     consumer.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_relay_carries_on_after_postgres_comes_back() {
+    if std::env::var_os(support::POSTGRES_URL_ENV).is_some() {
+        // A given server is not ours to restart.
+        return;
+    }
+    // A server of its own, to restart.
+    let mut server = tokio::task::spawn_blocking(PostgresServer::start)
+        .await
+        .unwrap();
+    let world = World::on(
+        "outbox-pg-away",
+        ServerOptions::default(),
+        server.database(),
+    )
+    .await;
+    let record = Record::default();
+    let consumer = world.consumer(&record, |b| b.outbox_relay(world.pool.clone()));
+    let first = world.commit(&mail("a", 1), Options::new()).await;
+    wait_until(Duration::from_secs(30), "the first task", || {
+        record.counts().contains_key(&first)
+    })
+    .await;
+    // Postgres away for three seconds: the relay's connections, its
+    // listener's too, break.
+    server = tokio::task::spawn_blocking(move || {
+        server.restart_after(Duration::from_secs(3));
+        server
+    })
+    .await
+    .unwrap();
+    let second = world.commit(&mail("a", 2), Options::new()).await;
+    wait_until(
+        Duration::from_secs(60),
+        "a task committed once postgres was back",
+        || record.counts().contains_key(&second),
+    )
+    .await;
+    assert_eq!(record.counts().get(&second), Some(&1));
+    consumer.stop().await;
+    drop(world);
+    tokio::task::spawn_blocking(move || drop(server))
+        .await
+        .unwrap();
 }

@@ -73,8 +73,11 @@ pub struct DeadLetter {
     pub task_id: Option<TaskId>,
     /// Why: `failed` (its last attempt), `permanent` (the handler said so),
     /// `decode` (the payload does not decode), `malformed` (the entry
-    /// lacks the format's fields) or `too_large` (the entry is larger than
-    /// the consumer's `max_entry_bytes`; kept as it was, undecoded).
+    /// lacks the format's fields), `too_large` (the entry is larger than
+    /// the consumer's `max_entry_bytes`; kept as it was, undecoded) or
+    /// `relay` (an outbox row of another codec, or over the relay's
+    /// `max_payload`: it never reached a stream, so its `stream_id` is
+    /// empty).
     pub reason: String,
     /// The last error.
     pub error: String,

@@ -65,13 +65,7 @@ const LOCK: i64 = 0x4fcc_48f8_ac18_7d38;
 /// another name is refused with [`Error::Migration`]; versions this peerq
 /// does not know (a newer peerq applied them) are left alone.
 pub async fn migrate(pool: &PgPool) -> Result<Vec<Migration>> {
-    let mut conn = pool.acquire().await?.detach();
-    let applied = apply(&mut conn).await;
-    // Closing ends the session and with it the lock, also after an error.
-    let closed = conn.close().await;
-    let applied = applied?;
-    closed?;
-    Ok(applied)
+    run(pool.acquire().await?.detach()).await
 }
 
 /// [`migrate`] on the database at `url` (`postgres://user:password@host/db`),
@@ -83,17 +77,21 @@ pub async fn migrate_url(url: &str) -> Result<Vec<Migration>> {
         url: crate::connection::redact(url),
         source,
     };
-    let pool = sqlx::postgres::PgPoolOptions::new()
-        .max_connections(1)
-        .connect(url)
-        .await
-        .map_err(at)?;
-    let applied = migrate(&pool).await;
-    pool.close().await;
-    applied.map_err(|e| match e {
+    let conn = PgConnection::connect(url).await.map_err(at)?;
+    run(conn).await.map_err(|e| match e {
         Error::Postgres(source) => at(source),
         other => other,
     })
+}
+
+/// Applies them on `conn`, then closes it: closing ends the session and
+/// with it the lock, also after an error.
+async fn run(mut conn: PgConnection) -> Result<Vec<Migration>> {
+    let applied = apply(&mut conn).await;
+    let closed = conn.close().await;
+    let applied = applied?;
+    closed?;
+    Ok(applied)
 }
 
 /// The run, on `conn`, under the lock.

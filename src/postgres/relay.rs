@@ -249,8 +249,11 @@ impl<C: Codec> Relay<C> {
         self.run_until(crate::consumer::shutdown_signal()).await
     }
 
-    /// Runs until `signal` resolves. A claim underway then finishes first
-    /// (its rows are enqueued and deleted, or rolled back).
+    /// Runs until `signal` resolves. A claim underway is then dropped: its
+    /// transaction rolls back and its rows stay for the next relay, to
+    /// which the rows it sent already are no-ops. (Waiting for it could
+    /// hold a stopping consumer for as long as an unreachable database
+    /// takes to time out.)
     ///
     /// Its Redis and Postgres need not be up: it connects, and claims,
     /// with a pause after each failure (100 ms doubling to 30 s), logging
@@ -262,7 +265,10 @@ impl<C: Codec> Relay<C> {
         tokio::pin!(signal);
         let mut pauses = PAUSES;
         let producer = loop {
-            let connected = self.settings.producer.clone().connect().await;
+            let connected = tokio::select! {
+                _ = &mut signal => return Ok(()),
+                connected = self.settings.producer.clone().connect() => connected,
+            };
             match connected {
                 Ok(producer) => break producer,
                 Err(e) => {
@@ -280,7 +286,10 @@ impl<C: Codec> Relay<C> {
         loop {
             // A pass goes on while a lane gives full batches; a failure
             // pauses it.
-            let passed = self.pass(&producer).await;
+            let passed = tokio::select! {
+                _ = &mut signal => break,
+                passed = self.pass(&producer) => passed,
+            };
             let more = match passed {
                 Ok(more) => {
                     pauses.reset();
@@ -296,9 +305,6 @@ impl<C: Codec> Relay<C> {
                 }
             };
             if more {
-                if futures_util::FutureExt::now_or_never(&mut signal).is_some() {
-                    break;
-                }
                 continue;
             }
             tokio::select! {

@@ -127,7 +127,7 @@ pub(crate) enum Dead {
         #[command(flatten)]
         named: Named,
         /// Only letters with this reason: failed, permanent, decode,
-        /// malformed, too_large.
+        /// malformed, too_large, relay.
         #[arg(long)]
         reason: Option<String>,
         /// Which first.

@@ -3,7 +3,9 @@
 //! (its socket in that dir too), run as an unprivileged user when the
 //! tests run as root (`initdb` and `postgres` refuse root), and a fresh
 //! database per test ([`PostgresServer::database`]), so the tests of one
-//! binary share one server ([`PostgresServer::shared`]).
+//! binary share one server ([`PostgresServer::shared`]). A server of a
+//! test's own can be taken away and brought back
+//! ([`PostgresServer::restart_after`]).
 //!
 //! With `PEERQ_TEST_POSTGRES_URL` set (a URL of a server where that user
 //! may `CREATE DATABASE`), [`shared`](PostgresServer::shared) uses that
@@ -16,10 +18,8 @@
 //! [`reaper`](super::reaper) when the test process exits.
 
 use std::fs::{self, File};
-use std::os::unix::fs::MetadataExt;
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::thread;
@@ -30,6 +30,9 @@ use sqlx::{ConnectOptions, Connection, Executor};
 
 use super::reaper;
 use super::redis_server::{fresh_dir, signal};
+use binaries::{Runner, bin_dir};
+
+mod binaries;
 
 /// The environment variable naming a server to use instead of one of our own.
 pub const URL_ENV: &str = "PEERQ_TEST_POSTGRES_URL";
@@ -38,13 +41,11 @@ const READY_TIMEOUT: Duration = Duration::from_secs(30);
 const POLL_INTERVAL: Duration = Duration::from_millis(50);
 /// Fresh ports to try when another process takes ours first.
 const PORT_ATTEMPTS: usize = 5;
+/// Tries to bind the same port again on restart, in case the kernel is slow
+/// to release it.
+const SAME_PORT_ATTEMPTS: usize = 20;
 /// The user an own server's clients connect as (trust authentication).
 const SUPERUSER: &str = "postgres";
-
-const NOT_FOUND: &str = "PostgreSQL's initdb was not found under /usr/lib/postgresql/*/bin: \
-    install it (Debian/Ubuntu: `sudo apt-get install -y postgresql`), run `scripts/test`, \
-    which installs it, or set PEERQ_TEST_POSTGRES_URL to a server the tests may create \
-    databases on";
 
 /// A PostgreSQL server the tests use: one of our own, or the one
 /// `PEERQ_TEST_POSTGRES_URL` names.
@@ -64,6 +65,8 @@ struct Own {
     dir: PathBuf,
     port: u16,
     child: Child,
+    /// Who runs it.
+    user: Runner,
 }
 
 /// A database of its own for one test, on a [`PostgresServer`].
@@ -145,61 +148,67 @@ impl PostgresServer {
         );
         for _ in 0..PORT_ATTEMPTS {
             let port = free_port();
-            let child = user
-                .command(bin.join("postgres"))
-                .arg("-D")
-                .arg(&data)
-                .arg("-k")
-                .arg(&dir)
-                .args(["-p", &port.to_string(), "-c", "listen_addresses=127.0.0.1"])
-                // Durability is not what these servers are for.
-                .args(["-c", "fsync=off", "-c", "synchronous_commit=off"])
-                .args(["-c", "full_page_writes=off", "-c", "max_connections=300"])
-                // Its dynamic shared memory in its dir, removed with it.
-                .args(["-c", "dynamic_shared_memory_type=mmap"])
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(log(&dir, "postgres.log"))
-                .spawn()
-                .unwrap_or_else(|e| panic!("spawn postgres: {e}"));
-            reaper::adopt_quit_pid(child.id());
             let mut server = PostgresServer {
                 base: format!("postgres://{SUPERUSER}@127.0.0.1:{port}"),
                 query: String::new(),
                 own: Some(Own {
+                    child: spawn(user, &dir, port),
                     dir: dir.clone(),
                     port,
-                    child,
+                    user,
                 }),
             };
-            match server.wait_ready(&data) {
+            match server.wait_ready() {
                 Ok(()) => return server,
-                Err(Exited)
-                    if tail(&dir.join("postgres.log")).contains("Address already in use") =>
-                {
+                Err(Exited::AddrInUse) => {
                     server.stop();
-                    let _ = fs::remove_file(dir.join("postgres.log"));
                     // Without its process, `Drop` leaves the dir to the next try.
                     server.own = None;
                 }
-                Err(Exited) => panic!(
-                    "postgres exited at start; log:\n{}",
-                    tail(&dir.join("postgres.log"))
-                ),
+                Err(Exited::Failed(log)) => panic!("postgres exited at start; log:\n{log}"),
             }
         }
         panic!("postgres found no free port in {PORT_ATTEMPTS} attempts");
     }
 
+    /// Shuts our own server down at once (as [`Drop`] does), stays down
+    /// for `down` (clients are refused), and starts it again on the same
+    /// port and data: what was committed is there again (Postgres recovers
+    /// it from its WAL).
+    pub fn restart_after(&mut self, down: Duration) {
+        self.stop();
+        thread::sleep(down);
+        for _ in 0..SAME_PORT_ATTEMPTS {
+            let own = self.own.as_mut().expect("our own server");
+            own.child = spawn(own.user, &own.dir, own.port);
+            match self.wait_ready() {
+                Ok(()) => return,
+                Err(Exited::AddrInUse) => thread::sleep(Duration::from_millis(100)),
+                Err(Exited::Failed(log)) => panic!("postgres exited at restart; log:\n{log}"),
+            }
+        }
+        panic!("postgres could not bind its port again");
+    }
+
     /// Waits until the server answers as ours (its data directory), or
     /// its process exited.
-    fn wait_ready(&mut self, data: &Path) -> Result<(), Exited> {
+    fn wait_ready(&mut self) -> Result<(), Exited> {
         let deadline = Instant::now() + READY_TIMEOUT;
-        let want = data.to_string_lossy().into_owned();
+        let own = self.own.as_mut().expect("our own server");
+        let want = own.dir.join("data").to_string_lossy().into_owned();
+        let log = own.dir.join("postgres.log");
+        // What this process adds to the log comes after this.
+        let from = fs::metadata(&log).map_or(0, |m| m.len() as usize);
         loop {
             let own = self.own.as_mut().expect("our own server");
             if let Ok(Some(_)) = own.child.try_wait() {
-                return Err(Exited);
+                let text = fs::read(&log).unwrap_or_default();
+                let said = String::from_utf8_lossy(&text[from.min(text.len())..]).into_owned();
+                reaper::release_pid(own.child.id());
+                if said.contains("Address already in use") {
+                    return Err(Exited::AddrInUse);
+                }
+                return Err(Exited::Failed(said));
             }
             let url = self.url_of("postgres");
             if let Ok(answered) =
@@ -266,7 +275,11 @@ impl PostgresServer {
             return;
         };
         let pid = own.child.id();
-        signal(pid, "QUIT");
+        // A process already reaped is not signalled: its pid may be
+        // another's by now.
+        if matches!(own.child.try_wait(), Ok(None)) {
+            signal(pid, "QUIT");
+        }
         let deadline = Instant::now() + READY_TIMEOUT;
         while !matches!(own.child.try_wait(), Ok(Some(_)) | Err(_)) {
             if Instant::now() >= deadline {
@@ -290,80 +303,36 @@ impl Drop for PostgresServer {
     }
 }
 
-/// A server process that exited while we waited for it.
-struct Exited;
-
-/// Who runs `initdb` and `postgres`: this process's user, or, for root
-/// (whom they refuse), the `postgres` user (else `nobody`).
-#[derive(Debug, Clone, Copy)]
-enum Runner {
-    Me,
-    User { uid: u32, gid: u32 },
+/// How a server process exited while we waited for it.
+enum Exited {
+    /// Another process holds the port.
+    AddrInUse,
+    /// Anything else, with what it logged.
+    Failed(String),
 }
 
-impl Runner {
-    fn for_this_process() -> Runner {
-        let root = fs::metadata("/proc/self")
-            .map(|m| m.uid() == 0)
-            .unwrap_or(false);
-        if !root {
-            return Runner::Me;
-        }
-        let passwd = fs::read_to_string("/etc/passwd").unwrap_or_default();
-        ["postgres", "nobody"]
-            .iter()
-            .find_map(|name| {
-                passwd.lines().find_map(|line| {
-                    let fields: Vec<&str> = line.split(':').collect();
-                    if fields.len() < 4 || fields[0] != *name {
-                        return None;
-                    }
-                    Some(Runner::User {
-                        uid: fields[2].parse().ok()?,
-                        gid: fields[3].parse().ok()?,
-                    })
-                })
-            })
-            .expect("running as root, and neither a `postgres` nor a `nobody` user exists")
-    }
-
-    /// Gives `dir` to the user.
-    fn own(self, dir: &Path) {
-        if let Runner::User { uid, gid } = self {
-            std::os::unix::fs::chown(dir, Some(uid), Some(gid))
-                .unwrap_or_else(|e| panic!("chown {}: {e}", dir.display()));
-        }
-    }
-
-    fn command(self, program: PathBuf) -> Command {
-        let mut cmd = Command::new(program);
-        if let Runner::User { uid, gid } = self {
-            cmd.uid(uid).gid(gid);
-        }
-        cmd
-    }
-}
-
-/// The newest `/usr/lib/postgresql/<version>/bin` with an `initdb`.
-fn bin_dir() -> PathBuf {
-    static FOUND: OnceLock<Option<PathBuf>> = OnceLock::new();
-    FOUND
-        .get_or_init(|| {
-            let mut versions: Vec<(u32, PathBuf)> = fs::read_dir("/usr/lib/postgresql")
-                .into_iter()
-                .flatten()
-                .flatten()
-                .filter_map(|entry| {
-                    let version = entry.file_name().to_str()?.parse().ok()?;
-                    let bin = entry.path().join("bin");
-                    bin.join("initdb").exists().then_some((version, bin))
-                })
-                .collect();
-            versions.sort();
-            versions.pop().map(|(_, bin)| bin)
-        })
-        .clone()
-        .unwrap_or_else(|| panic!("{NOT_FOUND}"))
+/// Starts `postgres` as `user` on `dir`'s data at `port`, its socket in
+/// `dir`, its log appended to `dir/postgres.log`.
+fn spawn(user: Runner, dir: &Path, port: u16) -> Child {
+    let child = user
+        .command(bin_dir().join("postgres"))
+        .arg("-D")
+        .arg(dir.join("data"))
+        .arg("-k")
+        .arg(dir)
+        .args(["-p", &port.to_string(), "-c", "listen_addresses=127.0.0.1"])
+        // Durability is not what these servers are for.
+        .args(["-c", "fsync=off", "-c", "synchronous_commit=off"])
+        .args(["-c", "full_page_writes=off", "-c", "max_connections=300"])
+        // Its dynamic shared memory in its dir, removed with it.
+        .args(["-c", "dynamic_shared_memory_type=mmap"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(log(dir, "postgres.log"))
+        .spawn()
+        .unwrap_or_else(|e| panic!("spawn postgres: {e}"));
+    reaper::adopt_quit_pid(child.id());
+    child
 }
 
 /// A file in `dir` for a process's output (appended to).
