@@ -144,6 +144,14 @@ impl World {
         Instance { stop, task }
     }
 
+    /// A consumer with its own relay, once a first task went through both.
+    async fn relaying(&self, record: &Record) -> Instance {
+        let consumer = self.consumer(record, |b| b.outbox_relay(self.pool.clone()));
+        let first = self.commit(&mail("first", 0), Options::new()).await;
+        ran_once(record, &first, "the first task").await;
+        consumer
+    }
+
     /// A relay of the service alone, with `tune` applied.
     fn relay(
         &self,
@@ -204,6 +212,15 @@ async fn each_ran_once(world: &World, record: &Record, ids: &[String]) {
     }
     assert_eq!(counts.len(), ids.len(), "{counts:?}");
     assert_eq!(world.outbox_rows().await, 0, "relayed rows are deleted");
+}
+
+/// Waits until task `id` ran (`what` it is), and checks it ran once.
+async fn ran_once(record: &Record, id: &str, what: &str) {
+    wait_until(Duration::from_secs(60), what, || {
+        record.counts().contains_key(id)
+    })
+    .await;
+    assert_eq!(record.counts().get(id), Some(&1), "{what}");
 }
 
 fn mail(key: &str, seq: u64) -> Mail {
@@ -478,12 +495,7 @@ async fn a_relay_carries_on_after_redis_comes_back() {
     };
     let world = World::with("outbox-redis-away", aof).await;
     let record = Record::default();
-    let consumer = world.consumer(&record, |b| b.outbox_relay(world.pool.clone()));
-    let first = world.commit(&mail("a", 1), Options::new()).await;
-    wait_until(Duration::from_secs(30), "the first task", || {
-        record.counts().contains_key(&first)
-    })
-    .await;
+    let consumer = world.relaying(&record).await;
     // Redis away for three seconds; a row committed meanwhile waits in
     // the outbox, and the relay sends it once Redis is back.
     let World {
@@ -497,13 +509,7 @@ async fn a_relay_carries_on_after_redis_comes_back() {
     tokio::time::sleep(Duration::from_millis(500)).await;
     let second = commit(&pool, &name, &mail("a", 2), Options::new()).await;
     let _redis = restarting.await.unwrap();
-    wait_until(
-        Duration::from_secs(60),
-        "the task committed while redis was away",
-        || record.counts().contains_key(&second),
-    )
-    .await;
-    assert_eq!(record.counts().get(&second), Some(&1));
+    ran_once(&record, &second, "the task committed while redis was away").await;
     consumer.stop().await;
 }
 
@@ -524,12 +530,7 @@ async fn a_relay_carries_on_after_postgres_comes_back() {
     )
     .await;
     let record = Record::default();
-    let consumer = world.consumer(&record, |b| b.outbox_relay(world.pool.clone()));
-    let first = world.commit(&mail("a", 1), Options::new()).await;
-    wait_until(Duration::from_secs(30), "the first task", || {
-        record.counts().contains_key(&first)
-    })
-    .await;
+    let consumer = world.relaying(&record).await;
     // Postgres away for three seconds: the relay's connections, its
     // listener's too, break.
     server = tokio::task::spawn_blocking(move || {
@@ -539,13 +540,7 @@ async fn a_relay_carries_on_after_postgres_comes_back() {
     .await
     .unwrap();
     let second = world.commit(&mail("a", 2), Options::new()).await;
-    wait_until(
-        Duration::from_secs(60),
-        "a task committed once postgres was back",
-        || record.counts().contains_key(&second),
-    )
-    .await;
-    assert_eq!(record.counts().get(&second), Some(&1));
+    ran_once(&record, &second, "a task committed once postgres was back").await;
     consumer.stop().await;
     drop(world);
     tokio::task::spawn_blocking(move || drop(server))
