@@ -547,3 +547,55 @@ async fn a_relay_carries_on_after_postgres_comes_back() {
         .await
         .unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_cannot_be_relayed_is_refused_before_anything_is_written() {
+    let world = World::new("outbox-refused").await;
+    let mut tx = world.pool.begin().await.unwrap();
+    let bad_name = Outbox::enqueue(&mut tx, "mail:sender", &mail("a", 1), Options::new()).await;
+    assert!(
+        matches!(
+            bad_name,
+            Err(peerq::Error::InvalidSetting {
+                setting: "name",
+                ..
+            })
+        ),
+        "{bad_name:?}"
+    );
+    let huge = Mail {
+        key: "x".repeat(2 * 1024 * 1024),
+        seq: 1,
+    };
+    let too_large = Outbox::enqueue(&mut tx, &world.name, &huge, Options::new()).await;
+    assert!(
+        matches!(too_large, Err(peerq::Error::PayloadTooLarge { limit, .. }) if limit == 1024 * 1024),
+        "{too_large:?}"
+    );
+    tx.commit().await.unwrap();
+    assert_eq!(world.outbox_rows().await, 0);
+
+    // A relay's settings, each refused by name.
+    let refused = |relay: peerq::Result<Relay>| match relay {
+        Err(peerq::Error::InvalidSetting { setting, .. }) => setting,
+        other => panic!("not refused: {other:?}"),
+    };
+    let relay = || {
+        Relay::builder()
+            .postgres(world.pool.clone())
+            .name(&world.name)
+    };
+    assert_eq!(refused(relay().batch(0).build()), "batch");
+    assert_eq!(refused(relay().batch(10_001).build()), "batch");
+    let poll = Duration::from_millis(1);
+    assert_eq!(
+        refused(relay().poll_interval(poll).build()),
+        "poll_interval"
+    );
+    assert_eq!(
+        refused(Relay::builder().name(&world.name).build()),
+        "postgres"
+    );
+    let unnamed = Relay::builder().postgres(world.pool.clone()).build();
+    assert_eq!(refused(unnamed), "name");
+}
