@@ -282,6 +282,25 @@ async fn migrations_apply_once_even_from_four_processes_at_once() {
             "peerq_outbox"
         ]
     );
+
+    // A database whose history names a version otherwise is refused.
+    let other = tokio::task::spawn_blocking(|| PostgresServer::shared().database())
+        .await
+        .unwrap();
+    let pool = PgPool::connect_with(other.options()).await.unwrap();
+    sqlx::raw_sql(
+        "CREATE TABLE peerq_migrations (version int PRIMARY KEY, name text NOT NULL, \
+         applied_at timestamptz NOT NULL DEFAULT now()); \
+         INSERT INTO peerq_migrations (version, name) VALUES (1, 'orders')",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let refused = peerq::postgres::migrate(&pool).await.unwrap_err();
+    assert!(
+        matches!(&refused, peerq::Error::Migration(m) if m.contains("version 1 as `orders`")),
+        "{refused}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
