@@ -107,6 +107,30 @@ pub enum Error {
         /// What failed.
         source: Box<Error>,
     },
+
+    /// A PostgreSQL command failed (feature `postgres`): the outbox, its
+    /// relay or the migrations.
+    #[cfg(feature = "postgres")]
+    #[error("postgres: {0}")]
+    Postgres(#[from] sqlx::Error),
+
+    /// The PostgreSQL database at `url` cannot be used (feature
+    /// `postgres`): it could not be reached, refused this client, or a
+    /// statement failed.
+    #[cfg(feature = "postgres")]
+    #[error("cannot use postgres at {url}: {source}")]
+    PostgresAt {
+        /// The URL without its password.
+        url: String,
+        /// What failed.
+        source: sqlx::Error,
+    },
+
+    /// peerq's migrations cannot be applied to this database as it is
+    /// (feature `postgres`): say, a version recorded under another name.
+    #[cfg(feature = "postgres")]
+    #[error("peerq migrations: {0}")]
+    Migration(String),
 }
 
 impl Error {
@@ -133,6 +157,10 @@ impl Error {
             // A replica that is down or catching up; it may confirm later.
             Error::NotReplicated { .. } => true,
             Error::Connect { source, .. } => source.is_transient(),
+            #[cfg(feature = "postgres")]
+            Error::Postgres(e) | Error::PostgresAt { source: e, .. } => {
+                crate::postgres::is_transient(e)
+            }
             _ => false,
         }
     }

@@ -85,6 +85,7 @@
 //! | `due` | the due index `{N}:due`: notices that a partition's delayed set got a task from someone other than its owner |
 //! | [`pause`] | pausing a service: the `{N}:paused` key the consumers' gate reads |
 //! | [`periodic`] | periodic jobs (interval or cron), triggered once per due time by a claim; their schedules in `{N}:periodic` |
+//! | `postgres` | feature `postgres`: peerq's tables (`migrations/`, `migrate`), the transactional `Outbox` and its `Relay` (its own Layout table) |
 //! | `presence` | what an instance tells operators each round: its `{N}:members` record and per-minute counts |
 //! | [`retry`] | the backoff between a failed task's attempts, and the pauses of the internal retry loops |
 //! | [`handler`] | the `Handler` trait, `TaskContext`, the tower adapter |
@@ -117,6 +118,8 @@ pub mod metrics;
 pub mod partition;
 pub mod pause;
 pub mod periodic;
+#[cfg(feature = "postgres")]
+pub mod postgres;
 mod presence;
 pub mod producer;
 pub mod retry;
@@ -142,9 +145,9 @@ pub use producer::{Options, Producer};
 pub use retry::Backoff;
 
 /// The README's Rust snippets, compiled as doc tests (those that need a
-/// Redis are `no_run`). Only with the `http` and `dashboard` features,
-/// which two of them use: `scripts/test` (and CI) runs
+/// Redis are `no_run`). Only with the `http`, `dashboard` and `postgres`
+/// features, which three of them use: `scripts/test` (and CI) runs
 /// `cargo test --all-features`.
-#[cfg(all(doctest, feature = "http", feature = "dashboard"))]
+#[cfg(all(doctest, feature = "http", feature = "dashboard", feature = "postgres"))]
 #[doc = include_str!("../README.md")]
 mod readme {}

@@ -6,8 +6,11 @@
 //! `resume` write and remove `{N}:paused`, the `--json` output has its
 //! documented fields, and the failures (an unknown service, an unreachable
 //! Redis, a wrong password, a usage error) exit 1 or 2 with one line that
-//! never holds the password.
+//! never holds the password. `migrate`, which needs a PostgreSQL instead:
+//! `cli/migrate.rs`.
 
+#[path = "cli/migrate.rs"]
+mod migrate;
 mod support;
 
 use std::collections::BTreeSet;

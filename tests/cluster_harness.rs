@@ -8,7 +8,6 @@ mod support;
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpStream;
-use std::process::{Command, Stdio};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -455,25 +454,12 @@ const CHILD_ENV: &str = "PEERQ_CLUSTER_HARNESS_CHILD";
 
 #[test]
 fn shared_cluster_dies_with_a_killed_test_process() {
-    let mut child = support::Proc(
-        Command::new(std::env::current_exe().unwrap())
-            .args(["--exact", "child_holding_the_shared_cluster", "--nocapture"])
-            .env(CHILD_ENV, "1")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
+    let (mut child, line) = support::child_test(
+        "child_holding_the_shared_cluster",
+        (CHILD_ENV, "1"),
+        "pids ",
     );
-    let stdout = child.0.stdout.take().unwrap();
-    let line = BufReader::new(stdout)
-        .lines()
-        .map(Result::unwrap)
-        .find(|line| line.starts_with("pids "))
-        .expect("the child prints its nodes' pids");
-    let pids: Vec<u32> = line["pids ".len()..]
-        .split(',')
-        .map(|p| p.parse().unwrap())
-        .collect();
+    let pids: Vec<u32> = line.split(',').map(|p| p.parse().unwrap()).collect();
     assert_eq!(pids.len(), 3);
     assert!(pids.iter().all(|&pid| running(pid)));
 

@@ -53,6 +53,9 @@ pub struct ConsumerBuilder<T, S, C> {
     clock: Arc<dyn Clock>,
     /// Where to serve the HTTP endpoint (set only with the `http` feature).
     http: Option<SocketAddr>,
+    /// The outbox's database, for a relay in the instance.
+    #[cfg(feature = "postgres")]
+    outbox: Option<sqlx::PgPool>,
     task: PhantomData<fn() -> (T, C)>,
 }
 
@@ -82,6 +85,8 @@ impl ConsumerBuilder<(), (), Bincode> {
             periodic_errors: Vec::new(),
             clock: Arc::new(SystemClock),
             http: None,
+            #[cfg(feature = "postgres")]
+            outbox: None,
             task: PhantomData,
         }
     }
@@ -344,6 +349,20 @@ impl<T, S, C: Codec> ConsumerBuilder<T, S, C> {
         self
     }
 
+    /// Runs an outbox relay in the instance (feature `postgres`): it moves
+    /// the rows that [`Outbox::enqueue`](crate::postgres::Outbox::enqueue)
+    /// wrote for this service into `pool`'s `peerq_outbox` to the
+    /// instance's Redis, with its codec and partitions, and stops with the
+    /// instance. Every instance may run one: the relays share the lanes
+    /// without a leader (see [`Relay`](crate::postgres::Relay), which also
+    /// runs alone). It takes one of the pool's connections for good and
+    /// another while it claims rows.
+    #[cfg(feature = "postgres")]
+    pub fn outbox_relay(mut self, pool: sqlx::PgPool) -> Self {
+        self.outbox = Some(pool);
+        self
+    }
+
     /// The codec (default [`Bincode`]). Service-wide.
     pub fn codec<D: Codec>(self, _codec: D) -> ConsumerBuilder<T, S, D> {
         self.map_service(|service| service)
@@ -363,6 +382,8 @@ impl<T, S, C: Codec> ConsumerBuilder<T, S, C> {
             periodic_errors: self.periodic_errors,
             clock: self.clock,
             http: self.http,
+            #[cfg(feature = "postgres")]
+            outbox: self.outbox,
             task: PhantomData,
         }
     }
@@ -475,10 +496,30 @@ where
             crate::timing::Timing::new(&self.indexer, self.settings.drain_timeout),
         )
         .await?;
+        #[cfg(feature = "postgres")]
+        let relay = self
+            .outbox
+            .map(|pool| {
+                crate::postgres::Relay::builder()
+                    .postgres(pool)
+                    .name(name.as_str())
+                    .codec(C::default())
+                    .backend(backend.clone(), self.settings.partitions)
+                    .build()
+            })
+            .transpose()?;
         let id = InstanceId::generate();
         // Everything the instance logs, in every task it spawns, is within
         // this span.
         let span = tracing::info_span!("peerq", service = %name, instance = %id);
+        // The relay runs beside the instance, and stops with it.
+        #[cfg(feature = "postgres")]
+        let stop_relay = tokio_util::sync::CancellationToken::new();
+        #[cfg(feature = "postgres")]
+        let relaying = relay.map(|relay| {
+            let stop = stop_relay.clone().cancelled_owned();
+            tokio::spawn(relay.run_until(stop).instrument(span.clone()))
+        });
         // Boxed: the runtime's future is deeply nested, and the compiler's
         // query depth limit (128) counts that nesting inside the caller's
         // own future: unboxed, a plain `async fn main` calling `run()` may
@@ -505,6 +546,14 @@ where
         .await;
         #[cfg(feature = "http")]
         http.stop().await;
+        #[cfg(feature = "postgres")]
+        {
+            stop_relay.cancel();
+            if let Some(relaying) = relaying {
+                // It only ever returns `Ok` once stopped.
+                let _ = relaying.await;
+            }
+        }
         result
     }
 }

@@ -58,7 +58,7 @@ pub(super) struct Parts {
 }
 
 /// Resolves on SIGTERM or ctrl-c.
-pub(super) async fn shutdown_signal() {
+pub(crate) async fn shutdown_signal() {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{SignalKind, signal};

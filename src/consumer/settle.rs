@@ -6,7 +6,7 @@
 //! newer owner, Redis refuses it, the entry stays pending for that owner,
 //! and this worker drops the partition's work.
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use tracing::{error, warn};
 
@@ -14,7 +14,7 @@ use super::acker::{Ack, Replies};
 use super::ownership::Ownership;
 use super::shared::Shared;
 use super::store::{Fields, Moved, To};
-use crate::dead_letters::added;
+use crate::dead_letters;
 use crate::handler::Disposition;
 use crate::task::Entry;
 
@@ -184,15 +184,8 @@ impl Settle<'_> {
             error,
             "entry moved to the dead letters"
         );
-        let mut fields: Fields = fields.into_iter().map(|(k, v)| (k.into(), v)).collect();
-        let now = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap_or_default();
-        fields.push((added::REASON.into(), reason.into()));
-        fields.push((added::ERROR.into(), error.into()));
-        fields.push((added::STREAM_ID.into(), id.as_bytes().to_vec()));
-        let dead_at = now.as_millis().to_string().into_bytes();
-        fields.push((added::DEAD_AT.into(), dead_at));
+        let fields: Fields = fields.into_iter().map(|(k, v)| (k.into(), v)).collect();
+        let fields = dead_letters::letter(fields, reason, error, Some(id));
         let moved = self
             .ownership
             .store

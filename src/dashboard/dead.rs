@@ -58,6 +58,7 @@ pub(crate) async fn list(
         "decode",
         "malformed",
         "too_large",
+        "relay",
     ];
     Ok(page(
         &frame,

@@ -42,6 +42,25 @@ pub(crate) mod added {
     pub(crate) const ALL: [&str; 4] = [REASON, ERROR, STREAM_ID, DEAD_AT];
 }
 
+/// The dead letter of an entry: its `fields` with the reason, the last
+/// error, the id it had in its partition stream (none for a task that
+/// never reached one, such as an outbox row) and the time, now.
+pub(crate) fn letter(
+    mut fields: Vec<(String, Vec<u8>)>,
+    reason: &str,
+    error: &str,
+    stream_id: Option<&str>,
+) -> Vec<(String, Vec<u8>)> {
+    fields.push((added::REASON.into(), reason.into()));
+    fields.push((added::ERROR.into(), error.into()));
+    if let Some(id) = stream_id {
+        fields.push((added::STREAM_ID.into(), id.into()));
+    }
+    let dead_at = crate::task::now_ms().to_string().into_bytes();
+    fields.push((added::DEAD_AT.into(), dead_at));
+    fields
+}
+
 /// One dead letter.
 #[derive(Debug, Clone)]
 #[non_exhaustive]
@@ -54,8 +73,11 @@ pub struct DeadLetter {
     pub task_id: Option<TaskId>,
     /// Why: `failed` (its last attempt), `permanent` (the handler said so),
     /// `decode` (the payload does not decode), `malformed` (the entry
-    /// lacks the format's fields) or `too_large` (the entry is larger than
-    /// the consumer's `max_entry_bytes`; kept as it was, undecoded).
+    /// lacks the format's fields), `too_large` (the entry is larger than
+    /// the consumer's `max_entry_bytes`; kept as it was, undecoded) or
+    /// `relay` (an outbox row of another codec, or over the relay's
+    /// `max_payload`: it never reached a stream, so its `stream_id` is
+    /// empty).
     pub reason: String,
     /// The last error.
     pub error: String,

@@ -140,7 +140,7 @@ impl Query {
     }
 
     /// Only letters with this reason (`failed`, `permanent`, `decode`,
-    /// `malformed`, `too_large`).
+    /// `malformed`, `too_large`, `relay`).
     pub fn reason(mut self, reason: impl Into<String>) -> Self {
         self.reason = Some(reason.into());
         self

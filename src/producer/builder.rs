@@ -18,6 +18,7 @@ use crate::{keys, meta};
 
 /// Builds a [`Producer`].
 #[must_use]
+#[derive(Clone)]
 pub struct ProducerBuilder<C> {
     name: Option<String>,
     redis: Given,

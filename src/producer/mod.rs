@@ -9,12 +9,16 @@
 //! - `options`: how one task is enqueued ([`Options`]);
 //! - `send`: one task, a plain `XADD` or the enqueue script;
 //! - `batch`: many tasks without options;
+//! - `stored`: what the outbox relay sends: a stored task under its own
+//!   id, or its dead letter (feature `postgres`);
 //! - `builder`: the settings, checked against the service's `{N}:meta`.
 
 mod batch;
 mod builder;
 mod options;
 mod send;
+#[cfg(feature = "postgres")]
+mod stored;
 
 use std::fmt;
 use std::time::Duration;
@@ -30,6 +34,8 @@ use crate::task::{Entry, TaskId};
 
 pub use builder::ProducerBuilder;
 pub use options::Options;
+#[cfg(feature = "postgres")]
+pub(crate) use stored::Stored;
 
 /// Default largest encoded payload a producer accepts.
 pub const DEFAULT_MAX_PAYLOAD: usize = 1024 * 1024;

@@ -7,10 +7,10 @@ use std::time::{Duration, SystemTime};
 #[derive(Debug, Clone, Default)]
 #[must_use]
 pub struct Options {
-    pub(super) key: Option<String>,
-    pub(super) idempotency_key: Option<String>,
-    pub(super) delay: Option<Duration>,
-    pub(super) at: Option<SystemTime>,
+    pub(crate) key: Option<String>,
+    pub(crate) idempotency_key: Option<String>,
+    pub(crate) delay: Option<Duration>,
+    pub(crate) at: Option<SystemTime>,
 }
 
 impl Options {
@@ -71,5 +71,50 @@ impl Options {
     /// Whether the task goes through the enqueue script.
     pub(super) fn scripted(&self) -> bool {
         self.idempotency_key.is_some() || self.delay.is_some() || self.at.is_some()
+    }
+
+    /// The key that places the task, when it is not its id: the partition
+    /// key, else the idempotency key, so a repeat of an idempotency key
+    /// lands in the partition that holds the key's record.
+    pub(crate) fn partition_key(&self) -> Option<&str> {
+        self.key.as_deref().or(self.idempotency_key.as_deref())
+    }
+
+    /// How long after `now` the task may run: its delay, or the time from
+    /// `now` to its `at`; `None` when it may run at once. (The outbox stores
+    /// a delay.)
+    #[cfg(feature = "postgres")]
+    pub(crate) fn delay_after(&self, now: SystemTime) -> Option<Duration> {
+        let delay = match (self.delay, self.at) {
+            (Some(delay), _) => delay,
+            (None, Some(at)) => at.duration_since(now).unwrap_or_default(),
+            (None, None) => return None,
+        };
+        (!delay.is_zero()).then_some(delay)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_key_or_the_idempotency_key_places_the_task() {
+        assert_eq!(Options::new().partition_key(), None);
+        let once = Options::new().idempotency_key("order-1");
+        assert_eq!(once.partition_key(), Some("order-1"));
+        assert_eq!(once.key("user-42").partition_key(), Some("user-42"));
+    }
+
+    #[cfg(feature = "postgres")]
+    #[test]
+    fn a_delay_or_a_time_is_a_delay_from_now_and_the_past_is_none() {
+        let now = SystemTime::now();
+        let s = Duration::from_secs;
+        assert_eq!(Options::new().delay_after(now), None);
+        assert_eq!(Options::new().delay(s(5)).delay_after(now), Some(s(5)));
+        assert_eq!(Options::new().at(now + s(7)).delay_after(now), Some(s(7)));
+        assert_eq!(Options::new().at(now - s(7)).delay_after(now), None);
+        assert_eq!(Options::new().delay(Duration::ZERO).delay_after(now), None);
     }
 }

@@ -1,8 +1,9 @@
 //! One task's enqueue: a plain `XADD`, or the enqueue script when the task
-//! has an idempotency key or a delay.
+//! has an idempotency key, a delay or (sent by the outbox relay) a dedup
+//! record of its own.
 
 use std::sync::LazyLock;
-use std::time::UNIX_EPOCH;
+use std::time::{Duration, UNIX_EPOCH};
 
 use deadpool_redis::redis;
 use serde::Serialize;
@@ -12,7 +13,7 @@ use super::{Options, Producer};
 use crate::codec::Codec;
 use crate::error::Result;
 use crate::keys;
-use crate::task::TaskId;
+use crate::task::{Entry, TaskId};
 
 static ENQUEUE: LazyLock<redis::Script> =
     LazyLock::new(|| redis::Script::new(include_str!("../scripts/enqueue.lua")));
@@ -25,24 +26,33 @@ impl<C: Codec> Producer<C> {
         task: T,
         options: Options,
     ) -> Result<(TaskId, bool)> {
-        // Without a partition key, the idempotency key places the task, so
-        // a repeat lands in the partition that holds the key's record.
-        let key = options
-            .key
-            .clone()
-            .or_else(|| options.idempotency_key.clone());
-        let entry = self.entry(&task, key)?;
+        let entry = self.entry(&task, options.partition_key().map(str::to_owned))?;
+        self.send_entry(entry, &options, None).await
+    }
+
+    /// Enqueues `entry` with `options` (its delay, its idempotency key);
+    /// with `once`, also at most once per that dedup record (a name under
+    /// `{N/p}:dedup:`, and how long it is kept). Its id, and whether it is
+    /// new: `false` when either record named an earlier task, whose id it
+    /// returns.
+    pub(super) async fn send_entry(
+        &self,
+        entry: Entry,
+        options: &Options,
+        once: Option<(&str, Duration)>,
+    ) -> Result<(TaskId, bool)> {
         let id = entry.id.clone();
         let p = self.partition_of(&entry);
         let stream = keys::stream(&self.name, p);
-        if options.scripted() {
-            // The dedup record and the delayed set live in the task's
+        if options.scripted() || once.is_some() {
+            // The dedup records and the delayed set live in the task's
             // partition, so one script checks, delays and adds.
             let dedup = options.idempotency_key.as_deref().unwrap_or_default();
             let ttl = match options.idempotency_key {
                 Some(_) => self.idempotency_ttl.as_millis() as u64,
                 None => 0,
             };
+            let (once_key, once_ttl) = once.unwrap_or_default();
             let at = options
                 .at
                 .map(|at| {
@@ -57,10 +67,12 @@ impl<C: Codec> Producer<C> {
             script
                 .key(keys::delayed(&self.name, p))
                 .key(keys::dedup(&self.name, p, dedup))
+                .key(keys::dedup(&self.name, p, once_key))
                 .arg(ttl)
                 .arg(id.as_str())
                 .arg(at)
-                .arg(delay);
+                .arg(delay)
+                .arg(once_ttl.as_millis() as u64);
             for (k, v) in entry.fields() {
                 script.arg(k).arg(v);
             }

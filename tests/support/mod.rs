@@ -1,7 +1,8 @@
 //! Test harness shared by the integration tests: private `redis-server`
 //! processes on free ports ([`RedisServer`]), over TLS if asked
 //! ([`ServerTls`], with a [`TestPki`] made at run time), and private Redis
-//! Clusters of them ([`RedisCluster`]), a TCP proxy that can cut, blackhole, hold or
+//! Clusters of them ([`RedisCluster`]), private PostgreSQL servers with a
+//! fresh database per test ([`PostgresServer`], feature `postgres`), a TCP proxy that can cut, blackhole, hold or
 //! delay (jitter) its clients' links to Redis ([`Proxy`]), unique service
 //! names, a metrics recorder that keeps its values ([`recorder`]), a
 //! headless Chromium through ChromeDriver ([`ChromeDriver`], for the
@@ -22,6 +23,8 @@
 #![allow(unreachable_pub)]
 
 mod browser;
+#[cfg(feature = "postgres")]
+mod postgres;
 mod process;
 mod proxy;
 mod reaper;
@@ -42,8 +45,11 @@ use deadpool_redis::redis;
 // would see its re-export as an unused import.
 #[allow(unused_imports)]
 pub use browser::ChromeDriver;
+#[cfg(feature = "postgres")]
 #[allow(unused_imports)]
-pub use process::{Proc, example_binary, signal};
+pub use postgres::{PostgresServer, TestDatabase, URL_ENV as POSTGRES_URL_ENV};
+#[allow(unused_imports)]
+pub use process::{Proc, child_test, example_binary, signal};
 #[allow(unused_imports)]
 pub use proxy::Proxy;
 #[allow(unused_imports)]

@@ -1,4 +1,5 @@
-//! Kills the test process's `redis-server`s and removes their dirs once the
+//! Kills the test process's `redis-server`s (and `postgres` servers) and
+//! removes their dirs once the
 //! test process is gone, however it ends: normal exit with servers kept in
 //! a `static` (which Rust never drops, such as
 //! [`RedisCluster::shared`](super::RedisCluster::shared)), a panic that
@@ -20,15 +21,22 @@ use std::path::Path;
 use std::process::{ChildStdin, Command, Stdio};
 use std::sync::{Mutex, PoisonError};
 
-/// Keeps sets of live pids and dirs; at end of input SIGCONTs and SIGKILLs
-/// the pids, gives them a moment to die, then removes the dirs. A dir
-/// holding a quote is skipped rather than quoted for the shell.
+/// Keeps sets of live pids and dirs; at end of input SIGQUITs the pids
+/// that asked for it (Postgres's immediate shutdown, which ends its
+/// backends and frees its shared memory) and gives them a second, then
+/// SIGCONTs and SIGKILLs every pid, gives them a moment to die, and removes
+/// the dirs. A dir holding a quote is skipped rather than quoted for the
+/// shell.
 const PROGRAM: &str = r#"
 $1 == "+pid" { pids[$2] = 1; next }
-$1 == "-pid" { delete pids[$2]; next }
+$1 == "+qpid" { pids[$2] = 1; quits[$2] = 1; next }
+$1 == "-pid" { delete pids[$2]; delete quits[$2]; next }
 $1 == "+dir" { dirs[substr($0, 6)] = 1; next }
 $1 == "-dir" { delete dirs[substr($0, 6)]; next }
 END {
+    quit = 0
+    for (p in quits) { system("kill -QUIT " p " 2>/dev/null"); quit = 1 }
+    if (quit) system("sleep 1")
     killed = 0
     for (p in pids) { system("kill -CONT " p " 2>/dev/null; kill -KILL " p " 2>/dev/null"); killed = 1 }
     if (killed) system("sleep 0.2")
@@ -43,6 +51,12 @@ static REAPER: Mutex<Option<Option<ChildStdin>>> = Mutex::new(None);
 /// Registers a `redis-server` pid to kill if the test process dies first.
 pub(super) fn adopt_pid(pid: u32) {
     send(&format!("+pid {pid}"));
+}
+
+/// Registers a `postgres` server's pid to shut down (SIGQUIT, then SIGKILL)
+/// if the test process dies first.
+pub(super) fn adopt_quit_pid(pid: u32) {
+    send(&format!("+qpid {pid}"));
 }
 
 /// Forgets a pid the harness has reaped itself.

@@ -88,6 +88,10 @@ pub(crate) enum Command {
     },
     /// Resumes a paused service.
     Resume(Named),
+    /// Applies peerq's PostgreSQL migrations (the outbox's and inbox's
+    /// tables) that the database lacks; needs no Redis. Safe to run twice,
+    /// and from several places at once.
+    Migrate(Migrate),
     /// Serves the web dashboard until ctrl-c or SIGTERM. Basic auth from
     /// PEERQ_DASHBOARD_BASIC_AUTH (`user:password`) or a bearer token from
     /// PEERQ_DASHBOARD_TOKEN; open without either.
@@ -101,6 +105,21 @@ pub(crate) enum Command {
     },
 }
 
+/// `migrate`'s arguments.
+#[derive(Args)]
+pub(crate) struct Migrate {
+    /// The database: postgres://[user[:password]@]host[:port]/database.
+    #[arg(
+        long,
+        env = "PEERQ_POSTGRES_URL",
+        hide_env_values = true,
+        value_name = "URL"
+    )]
+    pub(crate) postgres: String,
+    #[command(flatten)]
+    pub(crate) output: Output,
+}
+
 #[derive(Subcommand)]
 pub(crate) enum Dead {
     /// A page of dead letters.
@@ -108,7 +127,7 @@ pub(crate) enum Dead {
         #[command(flatten)]
         named: Named,
         /// Only letters with this reason: failed, permanent, decode,
-        /// malformed, too_large.
+        /// malformed, too_large, relay.
         #[arg(long)]
         reason: Option<String>,
         /// Which first.

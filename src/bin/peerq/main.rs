@@ -14,6 +14,7 @@
 //! peerq pause --name N [--by WHO] [--json]
 //! peerq resume --name N [--json]
 //! peerq dashboard [--listen 127.0.0.1:8080] [--read-only]
+//! peerq migrate --postgres URL [--json]
 //! ```
 //!
 //! The Redis is `--redis URL` or the environment's `PEERQ_REDIS_URL`; with
@@ -21,12 +22,14 @@
 //! comma-separated node URLs `--redis` gives. For a `rediss://` URL,
 //! `--tls-ca FILE` trusts that CA instead of the system's, and
 //! `--tls-cert FILE --tls-key FILE` present a client certificate.
-//! Tables go to stdout; with `--json`, JSON whose field names are stable
+//! `migrate` needs no Redis: its database is `--postgres URL` or the
+//! environment's `PEERQ_POSTGRES_URL`. Tables go to stdout; with `--json`, JSON whose field names are stable
 //! (the README lists them). `enqueue` prints the task's id. Exit codes: 0
 //! on success, 1 on failure (one line on stderr naming what is wrong,
 //! never a password), 2 on a usage error.
 
 mod args;
+mod migrate;
 mod show;
 mod table;
 
@@ -42,6 +45,13 @@ use serde::Serialize;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a tokio runtime starts");
+    if let Command::Migrate(args) = &cli.command {
+        return finish(runtime.block_on(migrate::run(args)));
+    }
     let Some(url) = cli.redis else {
         Cli::command()
             .error(
@@ -50,12 +60,14 @@ fn main() -> ExitCode {
             )
             .exit();
     };
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("a tokio runtime starts");
     let tls = tls(cli.tls_ca, cli.tls_cert.zip(cli.tls_key));
-    let (out, code) = match runtime.block_on(run(&url, cli.cluster, tls, cli.command)) {
+    finish(runtime.block_on(run(&url, cli.cluster, tls, cli.command)))
+}
+
+/// Prints a command's output, or its error as one line on stderr; the
+/// exit code.
+fn finish(result: Result<String, String>) -> ExitCode {
+    let (out, code) = match result {
         Ok(text) => (text, ExitCode::SUCCESS),
         Err(message) => {
             // One line, whatever the error's sources said.
@@ -216,6 +228,7 @@ async fn run(
             named.output.show(&paused, || show::paused(&paused))
         }
         Command::Dashboard { listen, read_only } => dashboard(admin, listen, read_only).await,
+        Command::Migrate(_) => unreachable!("`main` runs it without a Redis"),
         Command::Resume(named) => {
             let service = service(&admin, &named.name).await?;
             let resumed = Resumed {

@@ -1,0 +1,117 @@
+//! PostgreSQL (feature `postgres`, docs/design.md §10): peerq's tables, and
+//! enqueueing in the caller's transaction through an outbox.
+//!
+//! A service that inserts an order and then enqueues its confirmation mail
+//! loses the mail when it crashes in between, or sends one for an order
+//! that rolled back. [`Outbox::enqueue`] writes the task into
+//! `peerq_outbox` in the caller's own transaction instead, so it commits or
+//! rolls back with the order; a [`Relay`] (alone, or in each consumer given
+//! a pool with `ConsumerBuilder::outbox_relay`) moves committed rows to the
+//! service's Redis, each once under the task id the outbox gave it.
+//!
+//! ## Layout
+//!
+//! | module | owns |
+//! |---|---|
+//! | `migrate` | `migrations/*.sql`, embedded, applied once each under an advisory lock; `peerq_migrations` |
+//! | `outbox` | [`Outbox`]: a task's row, written in the caller's transaction |
+//! | `relay` | [`Relay`]: its builder and its loop (wake, pass over the lanes, back off) |
+//! | `lane` | one lane's claim in one transaction: lock, select, relay each row, delete, commit |
+//! | `verdict` | what the relay does with a row (enqueue or dead-letter), free of I/O |
+//!
+//! What stays in Redis's modules: the enqueue itself is the producer's
+//! (`producer::stored`), under the row's task id with the dedup record
+//! `outbox:<task id>`, so a row relayed twice (a relay killed after the
+//! `XADD`, before its delete committed) is enqueued once.
+
+mod lane;
+mod migrate;
+mod outbox;
+mod relay;
+mod verdict;
+
+pub use migrate::{MIGRATIONS, Migration, migrate, migrate_url};
+pub use outbox::Outbox;
+pub use relay::{DEFAULT_POLL_INTERVAL, DEFAULT_RELAY_BATCH, Relay, RelayBuilder};
+
+use crate::partition::fnv1a64;
+
+/// The number of lanes of each service's outbox rows. A relay works on one
+/// lane at a time, holding its advisory lock, so rows of one lane leave in
+/// the order of their ids; 16 lets 16 relays work at once.
+pub const LANES: u32 = 16;
+
+/// The lane of a row whose partition key (its `key`, else its idempotency
+/// key, else its task id) is `key`: `fnv1a64(key) % 16`, the hash that
+/// places tasks in partitions (see [`crate::partition`]), so a writer in
+/// another language computes the same.
+pub fn lane_of(key: &str) -> u32 {
+    (fnv1a64(key.as_bytes()) % u64::from(LANES)) as u32
+}
+
+/// The first key of the relays' advisory locks of `service`
+/// (`pg_try_advisory_xact_lock(<this>, lane)`): the low 32 bits of
+/// `fnv1a64(service)`. Two services whose names collide here only share
+/// their lanes' locks (a relay then waits for the other's lane), never
+/// their rows.
+pub(crate) fn service_lock(service: &str) -> i32 {
+    fnv1a64(service.as_bytes()) as u32 as i32
+}
+
+/// Whether trying again later may succeed: the database cannot be reached,
+/// restarts, is out of connections, or ended this session's transaction
+/// (a timeout, a deadlock, a conflict). A missing table, a refused
+/// password or a closed pool are final.
+pub(crate) fn is_transient(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut | sqlx::Error::WorkerCrashed => true,
+        sqlx::Error::Database(db) => db.code().is_some_and(|code| {
+            // 08: connection exceptions; 53: out of resources (too many
+            // connections); 57P01-03: shut down or starting; 40: the
+            // transaction was rolled back (a deadlock, a serialization
+            // failure); 55P03: a lock not available in time; 57014: a
+            // statement timeout; 25P03: the idle-in-transaction timeout.
+            code.starts_with("08")
+                || code.starts_with("53")
+                || code.starts_with("40")
+                || matches!(
+                    &*code,
+                    "57P01" | "57P02" | "57P03" | "55P03" | "57014" | "25P03"
+                )
+        }),
+        _ => false,
+    }
+}
+
+/// The futures users spawn are `Send` (sqlx's executors make that easy to
+/// lose: a borrow of a connection across an `.await` in a generic call).
+#[allow(dead_code, unreachable_code, clippy::diverging_sub_expression)]
+fn futures_are_send(pool: &sqlx::PgPool, conn: &mut sqlx::PgConnection) {
+    fn send<T: Send>(_: T) {}
+    send(migrate(pool));
+    send(migrate_url(""));
+    send(Outbox::enqueue(conn, "", &(), crate::Options::new()));
+    send(Relay::builder().build().unwrap().run_until(async {}));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lanes_are_pinned_to_the_partition_hash() {
+        // fnv1a64("user-42") = 0x32c6d7a54d35dacb (see `partition`); changing
+        // these moves rows of one key between lanes while relays run.
+        assert_eq!(lane_of("user-42"), 0xb);
+        assert_eq!(lane_of("foobar"), 0x8);
+        for i in 0..1000 {
+            assert!(lane_of(&format!("k{i}")) < LANES);
+        }
+    }
+
+    #[test]
+    fn the_service_lock_is_the_low_half_of_the_hash() {
+        assert_eq!(service_lock("user-42"), 0x4d35dacb);
+        assert_eq!(service_lock("foobar"), 0xf73967e8u32 as i32);
+    }
+}
