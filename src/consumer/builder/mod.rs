@@ -1,32 +1,30 @@
 //! The consumer's builder: settings, the handler service, its layers.
+//! Where Redis is ([`redis`]), the settings shared with the peer indexer
+//! ([`indexing`]) and the run ([`run`]) have rooms of their own.
+
+mod indexing;
+mod redis;
+mod run;
 
 use std::fmt;
-use std::future::Future;
 use std::marker::PhantomData;
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use std::sync::Arc;
 
-use deadpool_redis::Pool;
-use serde::de::DeserializeOwned;
 use tokio::sync::{broadcast, watch};
 use tower::{Layer, Service};
-use tracing::Instrument;
 
 use super::event::PartitionEvent;
-use super::runner::Runner;
-use super::runtime;
 use super::settings::ConsumerSettings;
-use crate::assignment::Assignor;
 use crate::clock::{Clock, SystemClock};
 use crate::codec::{Bincode, Codec};
-use crate::config::{IndexerSettings, Indexing, ServiceName};
-use crate::connection::{Given, Tls, Wait};
+use crate::config::{IndexerSettings, ServiceName};
+use crate::connection::Given;
 use crate::error::{Error, Result};
-use crate::handler::{BoxError, Handler, HandlerService, Task};
+use crate::handler::{Handler, HandlerService, Task};
 use crate::indexer::Standing;
-use crate::instance::InstanceId;
 use crate::periodic::{Periodic, Registered};
 use crate::retry::Backoff;
 
@@ -111,93 +109,6 @@ impl<T, S, C: Codec> ConsumerBuilder<T, S, C> {
     /// The service name (required): instances with one name split one queue.
     pub fn name(mut self, name: impl Into<String>) -> Self {
         self.name = Some(name.into());
-        self
-    }
-
-    /// Connect to Redis at `url` (`redis://`, `rediss://`, with user and password).
-    pub fn redis(mut self, url: impl Into<String>) -> Self {
-        self.redis.url = Some(url.into());
-        self
-    }
-
-    /// Use this pool for the instance's non-blocking commands (takes
-    /// precedence over [`redis`](Self::redis)). Blocking reads always get
-    /// connections of their own, to the same server.
-    pub fn pool(mut self, pool: Pool) -> Self {
-        self.redis.pool = Some(pool);
-        self
-    }
-
-    /// Connect to the Redis Cluster with these seed nodes (URLs of some of
-    /// its nodes; the others are found from them). Each partition's keys
-    /// are in a slot of their own, so the partitions spread over every
-    /// master; the service's own keys are on the master of `{name}`'s
-    /// slot. Each idle partition waits for new entries on a connection of
-    /// its own to the master of its slot.
-    pub fn redis_cluster<U: Into<String>>(mut self, urls: impl IntoIterator<Item = U>) -> Self {
-        self.redis.cluster = Some(urls.into_iter().map(Into::into).collect());
-        self
-    }
-
-    /// TLS settings for a `rediss://` URL (or a Cluster's): the CA to
-    /// trust instead of the system's, a client certificate (see [`Tls`]).
-    /// Needs peerq's `tls` feature.
-    pub fn tls(mut self, tls: Tls) -> Self {
-        self.redis.tls = Some(tls);
-        self
-    }
-
-    /// After the writes a failover must not lose (owner records, release
-    /// marks, round writes, acks), wait until `replicas` replicas of
-    /// their master have them (`WAIT`), at most `timeout` (at most a tenth
-    /// of the interval): a write they did not confirm counts as failed
-    /// (the round is missed, the acks are sent again). Without it (the
-    /// default) a failover can lose such a write: a task may then run
-    /// twice, or two instances read different counts for a round
-    /// (docs/design.md §8).
-    pub fn wait_for_replicas(mut self, replicas: u32, timeout: Duration) -> Self {
-        self.redis.wait = Some(Wait { replicas, timeout });
-        self
-    }
-
-    /// The indexer's round interval `I` (default 1 s). Service-wide.
-    pub fn interval(mut self, interval: Duration) -> Self {
-        self.indexer.interval = interval;
-        self
-    }
-
-    /// The tolerated clock skew `S` (default 50 ms). Service-wide.
-    pub fn skew(mut self, skew: Duration) -> Self {
-        self.indexer.skew = skew;
-        self
-    }
-
-    /// The lease margin (default 20 ms). Service-wide.
-    pub fn lease_margin(mut self, margin: Duration) -> Self {
-        self.indexer.lease_margin = margin;
-        self
-    }
-
-    /// The indexing mode (default [`Indexing::Ranked`]). Service-wide.
-    pub fn indexing(mut self, indexing: Indexing) -> Self {
-        self.indexer.indexing = indexing;
-        self
-    }
-
-    /// Who owns which partition (default [`Assignor::Modulo`]). Service-wide:
-    /// [`Assignor::Rendezvous`] moves about `P / N` partitions per join or
-    /// leave instead of most of them, and needs [`Indexing::Ranked`].
-    pub fn assignor(mut self, assignor: Assignor) -> Self {
-        self.indexer.assignor = assignor;
-        self
-    }
-
-    /// This instance's weight, 1 to 1000 (default 1): under
-    /// [`Assignor::Rendezvous`] instances own partitions in proportion to
-    /// their weights (give a machine with twice the cores weight 2). Each
-    /// instance's own; the others read it from the round's member list.
-    pub fn weight(mut self, weight: u32) -> Self {
-        self.indexer.weight = weight;
         self
     }
 
@@ -439,121 +350,5 @@ impl<T, S, C: Codec> ConsumerBuilder<T, S, C> {
             ));
         }
         Ok(name)
-    }
-}
-
-impl<T, S, C> ConsumerBuilder<T, S, C>
-where
-    T: DeserializeOwned + Send + 'static,
-    S: Service<Task<T>, Response = ()> + Clone + Send + Sync + 'static,
-    S::Error: Into<BoxError>,
-    S::Future: Send,
-    C: Codec,
-{
-    /// Validates the settings and runs until SIGTERM or ctrl-c, then leaves
-    /// gracefully (docs/design.md §4 rule 7): it stops writing rounds, serves
-    /// until the first round without it, then releases its partitions with
-    /// marks, so the others take them over without waiting for a deadline.
-    /// A second signal, or the [`leave_timeout`](Self::leave_timeout),
-    /// leaves at once: running tasks are cancelled and enqueued again.
-    ///
-    /// Redis need not be up yet: while it cannot be reached (connection
-    /// refused, a timeout, a name that does not resolve yet, Redis loading
-    /// its data), the start is tried again with backoff (200 ms doubling to
-    /// 10 s), with one warning per try, and a signal during that wait ends
-    /// the run with `Ok`. It returns an error only for what retrying cannot
-    /// fix: an invalid setting ([`Error::InvalidSetting`]), settings that
-    /// differ from the service's `{N}:meta` ([`Error::SettingsMismatch`]),
-    /// a `maxmemory-policy` that may evict keys (see
-    /// [`allow_eviction`](Self::allow_eviction)), or a Redis that refuses
-    /// this client, such as a wrong password or an ACL ([`Error::Connect`],
-    /// naming the URL without its password).
-    pub async fn run(self) -> Result<()> {
-        self.start(runtime::shutdown_signal(), runtime::shutdown_signal)
-            .await
-    }
-
-    /// Like [`run`](Self::run), but leaves gracefully when `signal`
-    /// resolves (and at once after the leave timeout).
-    pub async fn run_until(self, signal: impl Future<Output = ()> + Send) -> Result<()> {
-        self.start(signal, std::future::pending).await
-    }
-
-    async fn start<F: Future<Output = ()> + Send>(
-        self,
-        signal: impl Future<Output = ()> + Send,
-        again: impl FnOnce() -> F + Send,
-    ) -> Result<()> {
-        crate::logs::hint_if_unseen();
-        let name = self.validate()?;
-        let redis = self.redis.target();
-        let backend = self.redis.backend()?;
-        #[cfg(feature = "http")]
-        let http = super::endpoint::Endpoint::start(
-            self.http,
-            self.standing.subscribe(),
-            self.clock.clone(),
-            crate::timing::Timing::new(&self.indexer, self.settings.drain_timeout),
-        )
-        .await?;
-        #[cfg(feature = "postgres")]
-        let relay = self
-            .outbox
-            .map(|pool| {
-                crate::postgres::Relay::builder()
-                    .postgres(pool)
-                    .name(name.as_str())
-                    .codec(C::default())
-                    .backend(backend.clone(), self.settings.partitions)
-                    .build()
-            })
-            .transpose()?;
-        let id = InstanceId::generate();
-        // Everything the instance logs, in every task it spawns, is within
-        // this span.
-        let span = tracing::info_span!("peerq", service = %name, instance = %id);
-        // The relay runs beside the instance, and stops with it.
-        #[cfg(feature = "postgres")]
-        let stop_relay = tokio_util::sync::CancellationToken::new();
-        #[cfg(feature = "postgres")]
-        let relaying = relay.map(|relay| {
-            let stop = stop_relay.clone().cancelled_owned();
-            tokio::spawn(relay.run_until(stop).instrument(span.clone()))
-        });
-        // Boxed: the runtime's future is deeply nested, and the compiler's
-        // query depth limit (128) counts that nesting inside the caller's
-        // own future: unboxed, a plain `async fn main` calling `run()` may
-        // fail to compile ("queries overflow the depth limit").
-        let result = Box::pin(
-            runtime::run(
-                runtime::Parts {
-                    name,
-                    id,
-                    redis,
-                    backend,
-                    indexer: self.indexer,
-                    settings: self.settings,
-                    runner: Runner::new::<T, S, C>(self.service),
-                    standing: self.standing,
-                    events: self.events,
-                    clock: self.clock,
-                },
-                signal,
-                again,
-            )
-            .instrument(span),
-        )
-        .await;
-        #[cfg(feature = "http")]
-        http.stop().await;
-        #[cfg(feature = "postgres")]
-        {
-            stop_relay.cancel();
-            if let Some(relaying) = relaying {
-                // It only ever returns `Ok` once stopped.
-                let _ = relaying.await;
-            }
-        }
-        result
     }
 }

@@ -1,0 +1,132 @@
+//! Running a built consumer: validation, then the runtime until a stop.
+
+use std::future::Future;
+
+use serde::de::DeserializeOwned;
+use tower::Service;
+
+use tracing::Instrument;
+
+use super::ConsumerBuilder;
+use crate::codec::Codec;
+use crate::consumer::runner::Runner;
+use crate::consumer::runtime;
+use crate::error::Result;
+use crate::handler::{BoxError, Task};
+use crate::instance::InstanceId;
+
+impl<T, S, C> ConsumerBuilder<T, S, C>
+where
+    T: DeserializeOwned + Send + 'static,
+    S: Service<Task<T>, Response = ()> + Clone + Send + Sync + 'static,
+    S::Error: Into<BoxError>,
+    S::Future: Send,
+    C: Codec,
+{
+    /// Validates the settings and runs until SIGTERM or ctrl-c, then leaves
+    /// gracefully (docs/design.md §4 rule 7): it stops writing rounds, serves
+    /// until the first round without it, then releases its partitions with
+    /// marks, so the others take them over without waiting for a deadline.
+    /// A second signal, or the [`leave_timeout`](Self::leave_timeout),
+    /// leaves at once: running tasks are cancelled and enqueued again.
+    ///
+    /// Redis need not be up yet: while it cannot be reached (connection
+    /// refused, a timeout, a name that does not resolve yet, Redis loading
+    /// its data), the start is tried again with backoff (200 ms doubling to
+    /// 10 s), with one warning per try, and a signal during that wait ends
+    /// the run with `Ok`. It returns an error only for what retrying cannot
+    /// fix: an invalid setting ([`Error::InvalidSetting`](crate::Error::InvalidSetting)), settings that
+    /// differ from the service's `{N}:meta` ([`Error::SettingsMismatch`](crate::Error::SettingsMismatch)),
+    /// a `maxmemory-policy` that may evict keys (see
+    /// [`allow_eviction`](Self::allow_eviction)), or a Redis that refuses
+    /// this client, such as a wrong password or an ACL ([`Error::Connect`](crate::Error::Connect),
+    /// naming the URL without its password).
+    pub async fn run(self) -> Result<()> {
+        self.start(runtime::shutdown_signal(), runtime::shutdown_signal)
+            .await
+    }
+
+    /// Like [`run`](Self::run), but leaves gracefully when `signal`
+    /// resolves (and at once after the leave timeout).
+    pub async fn run_until(self, signal: impl Future<Output = ()> + Send) -> Result<()> {
+        self.start(signal, std::future::pending).await
+    }
+
+    async fn start<F: Future<Output = ()> + Send>(
+        self,
+        signal: impl Future<Output = ()> + Send,
+        again: impl FnOnce() -> F + Send,
+    ) -> Result<()> {
+        crate::logs::hint_if_unseen();
+        let name = self.validate()?;
+        let redis = self.redis.target();
+        let backend = self.redis.backend()?;
+        #[cfg(feature = "http")]
+        let http = crate::consumer::endpoint::Endpoint::start(
+            self.http,
+            self.standing.subscribe(),
+            self.clock.clone(),
+            crate::timing::Timing::new(&self.indexer, self.settings.drain_timeout),
+        )
+        .await?;
+        #[cfg(feature = "postgres")]
+        let relay = self
+            .outbox
+            .map(|pool| {
+                crate::postgres::Relay::builder()
+                    .postgres(pool)
+                    .name(name.as_str())
+                    .codec(C::default())
+                    .backend(backend.clone(), self.settings.partitions)
+                    .build()
+            })
+            .transpose()?;
+        let id = InstanceId::generate();
+        // Everything the instance logs, in every task it spawns, is within
+        // this span.
+        let span = tracing::info_span!("peerq", service = %name, instance = %id);
+        // The relay runs beside the instance, and stops with it.
+        #[cfg(feature = "postgres")]
+        let stop_relay = tokio_util::sync::CancellationToken::new();
+        #[cfg(feature = "postgres")]
+        let relaying = relay.map(|relay| {
+            let stop = stop_relay.clone().cancelled_owned();
+            tokio::spawn(relay.run_until(stop).instrument(span.clone()))
+        });
+        // Boxed: the runtime's future is deeply nested, and the compiler's
+        // query depth limit (128) counts that nesting inside the caller's
+        // own future: unboxed, a plain `async fn main` calling `run()` may
+        // fail to compile ("queries overflow the depth limit").
+        let result = Box::pin(
+            runtime::run(
+                runtime::Parts {
+                    name,
+                    id,
+                    redis,
+                    backend,
+                    indexer: self.indexer,
+                    settings: self.settings,
+                    runner: Runner::new::<T, S, C>(self.service),
+                    standing: self.standing,
+                    events: self.events,
+                    clock: self.clock,
+                },
+                signal,
+                again,
+            )
+            .instrument(span),
+        )
+        .await;
+        #[cfg(feature = "http")]
+        http.stop().await;
+        #[cfg(feature = "postgres")]
+        {
+            stop_relay.cancel();
+            if let Some(relaying) = relaying {
+                // It only ever returns `Ok` once stopped.
+                let _ = relaying.await;
+            }
+        }
+        result
+    }
+}
