@@ -1002,10 +1002,27 @@ fn a_stalled_instance_neither_fetches_nor_acks_with_its_stale_assignment() {
             })
         })
         .count();
-    assert!(
-        held_back > 0,
-        "the freeze caught no task before its effect; the test shows nothing"
-    );
+    if held_back == 0 {
+        // What the stalled instance was doing then, to tell why.
+        let notes = fleet.notes.lock().unwrap().clone();
+        let around: Vec<String> = notes
+            .iter()
+            .filter(|n| n.consumer == stalled && n.at + 2_000_000 >= stopped && n.at <= resumed)
+            .map(|n| n.text.clone())
+            .take(60)
+            .collect();
+        let last_start = lines
+            .iter()
+            .filter(|l| mine(l) && l.what == What::Start && l.at < stopped)
+            .map(|l| l.at)
+            .max();
+        panic!(
+            "the freeze caught no task before its effect; the test shows nothing: {} started there before the freeze (the last at {last_start:?}, frozen {stopped}..{resumed}), {} in flight; what it printed in the 2 s before:\n{}",
+            started_before.len(),
+            in_flight.len(),
+            around.join("\n")
+        );
+    }
     println!(
         "tasks in flight at the freeze whose effect still_owned held back after it: {held_back}; effects printed after the resume, checked before the freeze: {}",
         late_effects.len()
