@@ -59,6 +59,13 @@ pub enum Disposition {
     RetryAfter(Duration),
     /// Never retried: moved to the dead letters at once.
     Permanent,
+    /// Not a failure of the task: a fence where the handler writes (such as
+    /// the [Postgres inbox](crate::postgres)'s) holds a newer fencing token
+    /// for the partition, so a newer owner has it. As when Redis refuses
+    /// one of peerq's own writes, this instance drops the partition's work:
+    /// the task is neither acked nor retried here, no attempt is spent, and
+    /// the partition's owner runs it.
+    Stale,
 }
 
 impl HandlerError {
@@ -94,6 +101,15 @@ impl HandlerError {
     /// Do not retry: the task goes to the dead letters at once.
     pub fn permanent(mut self) -> Self {
         self.disposition = Disposition::Permanent;
+        self
+    }
+
+    /// This instance is no longer the partition's owner: a fence where the
+    /// handler writes holds a newer [fencing token](TaskContext::fencing_token).
+    /// The partition's work is dropped here and its owner runs the task
+    /// ([`Disposition::Stale`]).
+    pub fn stale(mut self) -> Self {
+        self.disposition = Disposition::Stale;
         self
     }
 
@@ -201,20 +217,35 @@ pub(crate) trait Standing: fmt::Debug + Send + Sync {
     fn cancel(&self) -> &CancellationToken;
     /// The lease holds now and the partition was not fenced.
     fn holds(&self) -> bool;
+    /// The service's name.
+    fn service(&self) -> &str;
+    /// The indexer's round interval: a lease lasts about one and a half.
+    fn interval(&self) -> Duration;
 }
 
 /// A task outside a consumer (a unit test of a handler): cancelled only
 /// by its token, and always held otherwise.
 #[derive(Debug)]
-struct Alone(CancellationToken);
+struct Alone {
+    cancel: CancellationToken,
+    service: String,
+}
 
 impl Standing for Alone {
     fn cancel(&self) -> &CancellationToken {
-        &self.0
+        &self.cancel
     }
 
     fn holds(&self) -> bool {
         true
+    }
+
+    fn service(&self) -> &str {
+        &self.service
+    }
+
+    fn interval(&self) -> Duration {
+        crate::config::DEFAULT_INTERVAL
     }
 }
 
@@ -234,9 +265,36 @@ impl TaskContext {
             enqueued_at: SystemTime::now(),
             place: Assignment::modulo(1, 1, 1).place(),
             fencing_token: 1,
-            standing: Arc::new(Alone(cancel)),
+            standing: Arc::new(Alone {
+                cancel,
+                service: "test".to_owned(),
+            }),
             finished: Arc::default(),
         }
+    }
+
+    /// For tests: this context in service `service` (a context made by
+    /// [`for_test`](Self::for_test) is in service `"test"`).
+    pub fn with_service(mut self, service: &str) -> Self {
+        self.standing = Arc::new(Alone {
+            cancel: self.standing.cancel().clone(),
+            service: service.to_owned(),
+        });
+        self
+    }
+
+    /// For tests: this context in `partition`, owned with `fencing_token`
+    /// (a context made by [`for_test`](Self::for_test) is in partition 0
+    /// with token 1), as a handler sees it after a handover.
+    ///
+    /// ```
+    /// let cx = peerq::TaskContext::for_test("t", Default::default()).with_partition(3, 42);
+    /// assert_eq!((cx.partition(), cx.fencing_token()), (3, 42));
+    /// ```
+    pub fn with_partition(mut self, partition: u32, fencing_token: u64) -> Self {
+        self.partition = partition;
+        self.fencing_token = fencing_token;
+        self
     }
 
     /// The task's id.
@@ -312,6 +370,18 @@ impl TaskContext {
     /// ```
     pub fn fencing_token(&self) -> u64 {
         self.fencing_token
+    }
+
+    /// The name of the service the task belongs to (`"test"` in a context
+    /// made by [`for_test`](Self::for_test)).
+    pub fn service(&self) -> &str {
+        self.standing.service()
+    }
+
+    /// The indexer's round interval: a lease lasts about one and a half.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(crate) fn interval(&self) -> Duration {
+        self.standing.interval()
     }
 
     /// Whether the task is being cancelled (drain timeout, lapsed lease or

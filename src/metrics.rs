@@ -20,8 +20,8 @@ pub const OWNED_PARTITIONS: &str = "peerq_owned_partitions";
 
 /// Counter of task runs and what became of them, labelled `service` and
 /// `outcome`: handler runs by how they ended (`ok`, `failed`: an error or
-/// a panic, `cancelled`: at a drain timeout, a lapsed lease or a fence; it
-/// runs again), and failed or unreadable tasks by where they went
+/// a panic, `cancelled`: at a drain timeout, a lapsed lease or a fence,
+/// Redis's or the handler's (`Disposition::Stale`); it runs again), and failed or unreadable tasks by where they went
 /// (`retried`: enqueued for another attempt, `dead`: moved to the dead
 /// letters).
 pub const TASKS_TOTAL: &str = "peerq_tasks_total";

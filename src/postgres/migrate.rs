@@ -38,6 +38,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "inbox",
         sql: include_str!("../../migrations/0002_inbox.sql"),
     },
+    Migration {
+        version: 3,
+        name: "inbox_done_at",
+        sql: include_str!("../../migrations/0003_inbox_done_at.sql"),
+    },
 ];
 
 /// The key of the advisory lock a run holds: `fnv1a64("peerq_migrations")`

@@ -24,14 +24,19 @@
 //! `outbox:<task id>`, so a row relayed twice (a relay killed after the
 //! `XADD`, before its delete committed) is enqueued once.
 
+mod inbox;
 mod lane;
 mod migrate;
 mod outbox;
+mod prune;
 mod relay;
 mod verdict;
 
+pub use inbox::{Inbox, Once};
 pub use migrate::{MIGRATIONS, Migration, migrate, migrate_url};
 pub use outbox::Outbox;
+pub use prune::{DEFAULT_INBOX_RETENTION, PRUNE_BATCH};
+pub(crate) use prune::{prune_until, validate_retention};
 pub use relay::{DEFAULT_POLL_INTERVAL, DEFAULT_RELAY_BATCH, Relay, RelayBuilder};
 
 use crate::partition::fnv1a64;
@@ -92,6 +97,15 @@ fn futures_are_send(pool: &sqlx::PgPool, conn: &mut sqlx::PgConnection) {
     send(migrate_url(""));
     send(Outbox::enqueue(conn, "", &(), crate::Options::new()));
     send(Relay::builder().build().unwrap().run_until(async {}));
+    let cx = crate::TaskContext::for_test("", Default::default());
+    send(Inbox::run_once(
+        pool,
+        &cx,
+        async |tx: &mut sqlx::PgConnection| {
+            sqlx::query("").execute(&mut *tx).await?;
+            Ok(())
+        },
+    ));
 }
 
 #[cfg(test)]

@@ -3,6 +3,8 @@
 //! ([`indexing`]) and the run ([`run`]) have rooms of their own.
 
 mod indexing;
+#[cfg(feature = "postgres")]
+mod postgres;
 mod redis;
 mod run;
 
@@ -51,9 +53,9 @@ pub struct ConsumerBuilder<T, S, C> {
     clock: Arc<dyn Clock>,
     /// Where to serve the HTTP endpoint (set only with the `http` feature).
     http: Option<SocketAddr>,
-    /// The outbox's database, for a relay in the instance.
+    /// The outbox's and the inbox's databases.
     #[cfg(feature = "postgres")]
-    outbox: Option<sqlx::PgPool>,
+    postgres: postgres::PostgresParts,
     task: PhantomData<fn() -> (T, C)>,
 }
 
@@ -84,7 +86,7 @@ impl ConsumerBuilder<(), (), Bincode> {
             clock: Arc::new(SystemClock),
             http: None,
             #[cfg(feature = "postgres")]
-            outbox: None,
+            postgres: postgres::PostgresParts::default(),
             task: PhantomData,
         }
     }
@@ -260,20 +262,6 @@ impl<T, S, C: Codec> ConsumerBuilder<T, S, C> {
         self
     }
 
-    /// Runs an outbox relay in the instance (feature `postgres`): it moves
-    /// the rows that [`Outbox::enqueue`](crate::postgres::Outbox::enqueue)
-    /// wrote for this service into `pool`'s `peerq_outbox` to the
-    /// instance's Redis, with its codec and partitions, and stops with the
-    /// instance. Every instance may run one: the relays share the lanes
-    /// without a leader (see [`Relay`](crate::postgres::Relay), which also
-    /// runs alone). It takes one of the pool's connections for good and
-    /// another while it claims rows.
-    #[cfg(feature = "postgres")]
-    pub fn outbox_relay(mut self, pool: sqlx::PgPool) -> Self {
-        self.outbox = Some(pool);
-        self
-    }
-
     /// The codec (default [`Bincode`]). Service-wide.
     pub fn codec<D: Codec>(self, _codec: D) -> ConsumerBuilder<T, S, D> {
         self.map_service(|service| service)
@@ -294,7 +282,7 @@ impl<T, S, C: Codec> ConsumerBuilder<T, S, C> {
             clock: self.clock,
             http: self.http,
             #[cfg(feature = "postgres")]
-            outbox: self.outbox,
+            postgres: self.postgres,
             task: PhantomData,
         }
     }
@@ -336,6 +324,8 @@ impl<T, S, C: Codec> ConsumerBuilder<T, S, C> {
             return Err(Error::invalid("periodic", e.clone()));
         }
         self.settings.validate(&self.indexer)?;
+        #[cfg(feature = "postgres")]
+        self.postgres.validate()?;
         if let Some(wait) = self.redis.wait
             && wait.timeout > self.indexer.interval / 10
         {

@@ -69,30 +69,16 @@ where
             crate::timing::Timing::new(&self.indexer, self.settings.drain_timeout),
         )
         .await?;
-        #[cfg(feature = "postgres")]
-        let relay = self
-            .outbox
-            .map(|pool| {
-                crate::postgres::Relay::builder()
-                    .postgres(pool)
-                    .name(name.as_str())
-                    .codec(C::default())
-                    .backend(backend.clone(), self.settings.partitions)
-                    .build()
-            })
-            .transpose()?;
         let id = InstanceId::generate();
         // Everything the instance logs, in every task it spawns, is within
         // this span.
         let span = tracing::info_span!("peerq", service = %name, instance = %id);
-        // The relay runs beside the instance, and stops with it.
+        // The outbox relay and the inbox's pruning run beside the
+        // instance, and stop with it.
         #[cfg(feature = "postgres")]
-        let stop_relay = tokio_util::sync::CancellationToken::new();
-        #[cfg(feature = "postgres")]
-        let relaying = relay.map(|relay| {
-            let stop = stop_relay.clone().cancelled_owned();
-            tokio::spawn(relay.run_until(stop).instrument(span.clone()))
-        });
+        let sidecars =
+            self.postgres
+                .start::<C>(&name, &backend, self.settings.partitions, &span)?;
         // Boxed: the runtime's future is deeply nested, and the compiler's
         // query depth limit (128) counts that nesting inside the caller's
         // own future: unboxed, a plain `async fn main` calling `run()` may
@@ -120,13 +106,7 @@ where
         #[cfg(feature = "http")]
         http.stop().await;
         #[cfg(feature = "postgres")]
-        {
-            stop_relay.cancel();
-            if let Some(relaying) = relaying {
-                // It only ever returns `Ok` once stopped.
-                let _ = relaying.await;
-            }
-        }
+        sidecars.stop().await;
         result
     }
 }

@@ -215,6 +215,15 @@ impl Batch {
                     return Executed::Done(Box::pin(retry.instrument(span)).await);
                 }
             };
+            if disposition == Disposition::Stale {
+                // A fence where the handler writes knows a newer owner:
+                // as a refused ack, the partition's work is dropped here
+                // and the entry stays pending for that owner, no attempt
+                // spent.
+                warn!(parent: &span, error, "the handler's fence refused this owner");
+                self.ownership.fenced("the handler's fence");
+                return Executed::Done(false);
+            }
             if !order.retries_in_place() {
                 let failed = settle.failed(id, &entry, &error, disposition);
                 return Executed::Done(Box::pin(failed.instrument(span)).await);
@@ -310,6 +319,8 @@ impl Batch {
         drop(running);
         metrics.ended(match outcome {
             Outcome::Succeeded => Ended::Ok,
+            // Not a failure of the task: it runs again on the new owner.
+            Outcome::Failed(_, Disposition::Stale) => Ended::Cancelled,
             Outcome::Failed(..) => Ended::Failed,
             Outcome::Cancelled => Ended::Cancelled,
         });

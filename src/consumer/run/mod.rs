@@ -92,6 +92,7 @@ impl Batch {
     /// speed behind it).
     pub(crate) async fn run(self, entries: Vec<Fetched>) -> bool {
         let standing: Arc<dyn Standing> = Arc::new(TaskStanding {
+            shared: self.shared.clone(),
             lease: self.lease.clone(),
             ownership: self.ownership.clone(),
         });
@@ -220,10 +221,20 @@ impl Drop for Slots<'_> {
 /// What a task's [`TaskContext::still_owned`](crate::TaskContext::still_owned)
 /// consults: the partition's cancellation, fence and drain, and the lease.
 /// One per batch, shared by its tasks' contexts.
-#[derive(Debug)]
 struct TaskStanding {
+    shared: Arc<Shared>,
     lease: Lease,
     ownership: Arc<Ownership>,
+}
+
+impl std::fmt::Debug for TaskStanding {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TaskStanding")
+            .field("service", &self.shared.name.as_str())
+            .field("lease", &self.lease)
+            .field("ownership", &self.ownership)
+            .finish()
+    }
 }
 
 impl Standing for TaskStanding {
@@ -233,5 +244,13 @@ impl Standing for TaskStanding {
 
     fn holds(&self) -> bool {
         self.ownership.holds(&self.lease)
+    }
+
+    fn service(&self) -> &str {
+        self.shared.name.as_str()
+    }
+
+    fn interval(&self) -> std::time::Duration {
+        self.shared.interval
     }
 }
