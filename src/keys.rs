@@ -11,6 +11,12 @@ pub(crate) fn round(name: &ServiceName, number: u64) -> String {
     format!("{{{name}}}:{number}")
 }
 
+/// Rendezvous: whether round `number`'s member list equals round
+/// `number - 1`'s, compared once by its first reader.
+pub(crate) fn round_same(name: &ServiceName, number: u64) -> String {
+    format!("{{{name}}}:{number}:same")
+}
+
 /// `Incr` mode: who took which value from round `number`'s counter.
 pub(crate) fn round_takers(name: &ServiceName, number: u64) -> String {
     format!("{{{name}}}:{number}:by")

@@ -1337,6 +1337,17 @@ async fn rendezvous_gives_each_partition_one_owner_by_weight_and_a_join_moves_on
             .values()
             .all(|a| a.assignor() == Assignor::Rendezvous)
     );
+    // A stable list is compared once per round in Redis, not sent again.
+    let mut conn = server.client().get_connection().unwrap();
+    let same: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("{{{}}}:*:same", fleet.name))
+        .query(&mut conn)
+        .unwrap();
+    let unchanged = same
+        .iter()
+        .filter(|k| redis::cmd("GET").arg(k).query::<String>(&mut conn).unwrap() == "1")
+        .count();
+    assert!(unchanged >= 1, "{same:?}");
 
     let newcomer = fleet.join(&server.url()).await;
     let four = BTreeSet::from([0, 1, 2, newcomer]);

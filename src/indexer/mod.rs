@@ -16,6 +16,7 @@
 //! [`Standing`]: consumers always want the newest standing, and one that
 //! falls behind sees an epoch gap and fences itself, which is the safe side.
 
+mod listed;
 mod liveness;
 mod round;
 mod schedule;

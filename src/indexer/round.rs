@@ -9,10 +9,11 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
+use super::listed::{Listed, Read};
 use super::liveness::Liveness;
 use super::schedule::{Plan, Schedule};
 use super::{FenceReason, Standing};
-use crate::assignment::{Assignment, Assignor, Member, Members};
+use crate::assignment::{Assignment, Assignor, Member};
 use crate::clock::{Clock, signed_secs};
 use crate::config::{IndexerSettings, Indexing, ServiceName};
 use crate::connection::{Backend, Conn, SharedConnection};
@@ -45,8 +46,8 @@ struct RoundReply {
     /// The previous round's `(index, replicas)` for this instance, when it
     /// was read; `None` inside where the key does not hold this instance.
     prev: Option<(Option<u64>, Option<u64>)>,
-    /// The previous round's member names, in rank order (rendezvous only).
-    members: Vec<String>,
+    /// The previous round's member names (rendezvous only).
+    members: Read,
     /// Redis's clock when the script ran.
     redis_now: Duration,
 }
@@ -86,9 +87,8 @@ pub(super) struct RoundLoop {
     /// none for an interval.
     liveness: Option<Arc<Liveness>>,
     silent: bool,
-    /// Rendezvous: the last epoch's members, kept while the list stays the
-    /// same, so the owners are computed once per membership change.
-    members: Option<Arc<Members>>,
+    /// Rendezvous: the last round's members this instance read.
+    listed: Listed,
 }
 
 impl RoundLoop {
@@ -115,7 +115,7 @@ impl RoundLoop {
             presence: None,
             liveness: None,
             silent: false,
-            members: None,
+            listed: Listed::default(),
         }
     }
 
@@ -322,6 +322,8 @@ impl RoundLoop {
                 let values: Vec<Value> = ROUND_RANKED
                     .key(keys::round(&self.name, number))
                     .key(keys::round(&self.name, number - 1))
+                    .key(keys::round(&self.name, number.saturating_sub(2)))
+                    .key(keys::round_same(&self.name, number - 1))
                     .arg(Member::name(self.id.as_str(), self.settings.weight))
                     // The score is the offset: the rank is the order in which
                     // instances act, decided by the offsets, not by the network.
@@ -330,6 +332,11 @@ impl RoundLoop {
                     .arg(write_by)
                     .arg(read_prev)
                     .arg(if rendezvous { "1" } else { "0" })
+                    .arg(if self.listed.holds_before(number) {
+                        "1"
+                    } else {
+                        "0"
+                    })
                     .invoke_async(conn)
                     .await?;
                 values.into_iter()
@@ -390,9 +397,17 @@ impl RoundLoop {
             }
         };
         let redis_now: u64 = parse(&mut values)?;
-        let members: Vec<String> = match self.settings.indexing {
-            Indexing::Ranked => parse(&mut values)?,
-            Indexing::Incr => Vec::new(),
+        let members = match self.settings.indexing {
+            Indexing::Ranked => {
+                let names: Vec<String> = parse(&mut values)?;
+                let unchanged: i64 = parse(&mut values)?;
+                if unchanged == 1 {
+                    Read::Unchanged
+                } else {
+                    Read::Names(names)
+                }
+            }
+            Indexing::Incr => Read::Names(Vec::new()),
         };
         let written = match written {
             1 => Written::Yes(written_value),
@@ -473,16 +488,18 @@ impl RoundLoop {
         number: u64,
         index: Option<u64>,
         replicas: Option<u64>,
-        names: Vec<String>,
+        read: Read,
     ) -> Standing {
         let (index, replicas) = (index.unwrap_or(0), replicas.unwrap_or(0));
         if let Some(a) = checked_assignment(number, index, replicas) {
             if self.settings.assignor == Assignor::Modulo {
                 return Standing::Assigned(a);
             }
-            let members = self.members_of(&names);
-            let me = members.position(self.id.as_str());
-            if let Some(me) = me.filter(|_| members.list().len() as u64 == replicas) {
+            let members = self.listed.members(number, read);
+            let listed = members.as_ref().map_or(0, |m| m.list().len());
+            if let Some(members) = members.filter(|_| listed as u64 == replicas)
+                && let Some(me) = members.position(self.id.as_str())
+            {
                 let a = Assignment::rendezvous(number, a.index, a.replicas, members, me);
                 return Standing::Assigned(a);
             }
@@ -492,7 +509,7 @@ impl RoundLoop {
                 service = %self.name,
                 instance = %self.id,
                 epoch = number,
-                listed = names.len(),
+                listed,
                 replicas,
                 "round key's member list does not hold this instance or disagrees with its count"
             );
@@ -514,20 +531,6 @@ impl RoundLoop {
         Standing::Fenced {
             epoch: number,
             reason: FenceReason::Inconsistent { index, replicas },
-        }
-    }
-
-    /// The members named by `names`: the last epoch's, when the list is the
-    /// same (their owners are computed already).
-    fn members_of(&mut self, names: &[String]) -> Arc<Members> {
-        let members = Members::from_names(names);
-        match &self.members {
-            Some(last) if **last == members => last.clone(),
-            _ => {
-                let members = Arc::new(members);
-                self.members = Some(members.clone());
-                members
-            }
         }
     }
 

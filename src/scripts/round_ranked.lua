@@ -7,9 +7,21 @@
 --           land, or 0 to write nothing (a leaving instance)
 -- ARGV[5] = '1' to read this instance's rank and the count of the previous round
 -- ARGV[6] = '1' to read the previous round's members too (rendezvous ownership)
--- Returns {written, rank or nil, count, redis time in µs, members}; written is
--- 1, 0 (not asked) or -1 (refused: too late); members is the previous round's
--- member names in rank order, or empty when not asked.
+-- ARGV[7] = '1' when the caller holds the member list of the round before the
+--           previous one (KEYS[3]): the list is then sent only if it changed
+-- KEYS[3] = {N}:<number - 2>   (rendezvous) the round before the previous
+-- KEYS[4] = {N}:<number - 1>:same   (rendezvous) whether the previous round's
+--           list equals the one before: compared once, by its first reader
+-- Returns {written, rank or nil, count, redis time in µs, members, unchanged};
+-- written is 1, 0 (not asked) or -1 (refused: too late); members is the
+-- previous round's member names in rank order, or empty when not asked or
+-- unchanged; unchanged is 1 when the caller's list (ARGV[7]) still holds.
+--
+-- Why the comparison: with a thousand instances, every instance reading every
+-- member in every round is a million names a second for Redis to send and
+-- the instances to parse (rounds failed on their timeout at 1,000, see
+-- BENCHMARKS.md); a membership is stable most of the time, and both lists are
+-- final once read (their rounds' writes have closed).
 --
 -- The write is refused by Redis's own clock, not only by the client's: a
 -- request delayed in the network (a partition that heals, TCP retransmits)
@@ -28,14 +40,40 @@ if write_by > 0 then
     written = -1
   end
 end
-local rank, count, members = false, 0, {}
+local function same_lists(a, b)
+  if #a ~= #b then
+    return false
+  end
+  for i = 1, #a do
+    if a[i] ~= b[i] then
+      return false
+    end
+  end
+  return true
+end
+
+local rank, count, members, unchanged = false, 0, {}, 0
 if ARGV[5] == '1' then
   rank = redis.call('ZRANK', KEYS[2], ARGV[1])
   count = redis.call('ZCARD', KEYS[2])
   -- Read with the rank and the count: every instance reads one final list
   -- (the round's writes closed before anyone reads it).
   if ARGV[6] == '1' and rank then
-    members = redis.call('ZRANGE', KEYS[2], 0, -1)
+    if ARGV[7] == '1' then
+      local same = redis.call('GET', KEYS[4])
+      if not same then
+        members = redis.call('ZRANGE', KEYS[2], 0, -1)
+        same = same_lists(members, redis.call('ZRANGE', KEYS[3], 0, -1)) and '1' or '0'
+        redis.call('SET', KEYS[4], same, 'PX', ARGV[3])
+      end
+      if same == '1' then
+        members, unchanged = {}, 1
+      elseif #members == 0 then
+        members = redis.call('ZRANGE', KEYS[2], 0, -1)
+      end
+    else
+      members = redis.call('ZRANGE', KEYS[2], 0, -1)
+    end
   end
 end
-return {written, rank, count, now, members}
+return {written, rank, count, now, members, unchanged}

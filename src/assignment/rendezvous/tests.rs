@@ -63,6 +63,29 @@ fn hash64_is_the_documented_function() {
     assert_eq!(hash64(17, "host-42-deadbeef"), 0xa4fd_70df_9598_b23f);
 }
 
+/// The concatenation as the documentation says it, built the plain way.
+fn plain_hash64(partition: u32, id: &str) -> u64 {
+    xxhash_rust::xxh3::xxh3_64(format!("{partition}\0{id}").as_bytes())
+}
+
+#[test]
+fn hash64_hashes_the_same_bytes_for_every_partition_and_id_length() {
+    let long = "x".repeat(200);
+    for id in [
+        "",
+        "a",
+        "inst",
+        "host-42-deadbeef",
+        &"y".repeat(53),
+        &"z".repeat(54),
+        &long,
+    ] {
+        for p in [0, 9, 10, 99, 1023, 1_000_000, u32::MAX] {
+            assert_eq!(hash64(p, id), plain_hash64(p, id), "{p} {id:?}");
+        }
+    }
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(64))]
 
