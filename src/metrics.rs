@@ -58,8 +58,8 @@ pub const PAUSED: &str = "peerq_paused";
 
 /// Counter of [`MajorityIds`](crate::ids::MajorityIds) attempts, labelled
 /// `key` (the sequence) and `outcome`: `issued` (a majority took the ID),
-/// `lost` (another caller's ID won on a server: the proposed ID is burned)
-/// or `unavailable` (too few servers could vote). Attempts per issued ID
+/// `lost` (another caller won the ID, or a higher one won first: then it is
+/// a gap) or `unavailable` (too few servers could vote). Attempts per issued ID
 /// is the cost of contention.
 pub const IDS_ATTEMPTS_TOTAL: &str = "peerq_ids_attempts_total";
 

@@ -60,8 +60,9 @@ use votes::{ReadDecision, ReadTally, Write, WriteDecision, WriteTally, majority}
 /// # let _ = number; Ok(()) }
 /// ```
 ///
-/// IDs are unique and each caller's increase, but they have gaps: an
-/// attempt that loses to a concurrent caller burns the ID it proposed.
+/// IDs are unique and each caller's increase, but they may have gaps: an
+/// ID that a minority of servers took while a concurrent caller's higher
+/// one won is never issued.
 #[derive(Debug, Clone)]
 pub struct MajorityIds {
     inner: Arc<Inner>,

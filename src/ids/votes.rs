@@ -201,7 +201,8 @@ pub(super) enum Write {
 pub(super) enum WriteDecision {
     /// A majority took it: the ID is the caller's.
     Issued,
-    /// It can no longer reach a majority: the ID is burned.
+    /// It can no longer reach a majority: the ID is another caller's, or
+    /// nobody's (a gap).
     Lost,
 }
 
