@@ -301,6 +301,26 @@ async fn a_server_that_may_lose_writes_is_refused_at_build_naming_it() {
     };
     let msg = refused(all()).await;
     assert!(msg.contains("appendonly no"), "{msg}");
+    // A wrong password is no durability question: refused as such.
+    let wrong = MajorityIds::builder()
+        .servers(
+            urls(&servers)
+                .into_iter()
+                .chain([loose.url().replace("s3cret", "wrong")]),
+        )
+        .key(unique_name("ids"))
+        .build()
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        wrong.starts_with(&format!(
+            "cannot use redis at redis://:***@127.0.0.1:{}/",
+            loose.port()
+        )),
+        "{wrong}"
+    );
+    assert!(wrong.contains("check the user and password"), "{wrong}");
     // Accepted when the caller says so.
     let ids = all().allow_unsafe_durability().build().await.unwrap();
     ids.init(1).await.unwrap();

@@ -120,8 +120,10 @@ impl MajorityIds {
             self.inner.backoff,
             tokio::time::sleep_until(deadline),
             || self.attempt(deadline),
-            |e, _| {
+            |e, wait| {
                 failures += 1;
+                tracing::debug!(key = %self.inner.key, attempt = failures, cause = %e, ?wait,
+                    "ids attempt failed");
                 if let Error::Ids(e) = e {
                     last = Some(e.clone());
                 }
@@ -131,8 +133,14 @@ impl MajorityIds {
         let made = failures + 1;
         match issued {
             Ok(Some(id)) => Ok(id),
+            // The deadline is only looked at after a failed attempt, whose
+            // error (always an `IdsError`) is `last`.
             Ok(None) => Err(last
-                .expect("a deadline reached after a failed attempt")
+                .unwrap_or_else(|| IdsError::Contended {
+                    key: self.inner.key.clone(),
+                    attempts: 0,
+                    elapsed: Duration::ZERO,
+                })
                 .after(failures, started.elapsed())
                 .into()),
             Err(Error::Ids(e)) => Err(e.after(made, started.elapsed()).into()),
