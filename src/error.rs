@@ -108,6 +108,11 @@ pub enum Error {
         source: Box<Error>,
     },
 
+    /// [`MajorityIds`](crate::ids::MajorityIds) gave no ID, refused a
+    /// server, or refused a repair; the message names the servers.
+    #[error(transparent)]
+    Ids(#[from] crate::ids::IdsError),
+
     /// A PostgreSQL command failed (feature `postgres`): the outbox, its
     /// relay or the migrations.
     #[cfg(feature = "postgres")]
@@ -157,6 +162,7 @@ impl Error {
             // A replica that is down or catching up; it may confirm later.
             Error::NotReplicated { .. } => true,
             Error::Connect { source, .. } => source.is_transient(),
+            Error::Ids(e) => e.is_transient(),
             #[cfg(feature = "postgres")]
             Error::Postgres(e) | Error::PostgresAt { source: e, .. } => {
                 crate::postgres::is_transient(e)

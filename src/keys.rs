@@ -117,6 +117,14 @@ pub(crate) fn dead(name: &ServiceName, p: u32) -> String {
     format!("{{{name}/{p}}}:dead")
 }
 
+/// One sequence of [`MajorityIds`](crate::ids::MajorityIds) on each of
+/// its servers: the highest ID the server has taken, as a decimal string
+/// (docs/design.md §13). Not a service key: the servers are independent,
+/// so there is no slot to share.
+pub(crate) fn ids(key: &str) -> String {
+    format!("peerq:ids:{key}")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -74,6 +74,7 @@
 //! | `logs` | the one stderr line of a consumer started without a tracing subscriber |
 //! | [`clock`] | the wall clock behind a trait, so tests can skew it |
 //! | [`instance`] | the unique id of a running instance |
+//! | [`ids`] | `MajorityIds`: unique, increasing IDs over a majority of independent Redis servers (invoice numbers), apart from the queues |
 //! | [`indexer`] | the peer indexer: round schedule, rounds, the instance's standing |
 //! | [`assignment`] | `(index, replicas)`, the assignors (modulo, rendezvous) and the partitions an assignment owns |
 //! | [`partition`] | which partition a key goes to (FNV-1a 64 modulo `P`) |
@@ -109,6 +110,7 @@ pub mod dead_letters;
 mod due;
 pub mod error;
 pub mod handler;
+pub mod ids;
 pub mod indexer;
 pub mod instance;
 mod keys;

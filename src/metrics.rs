@@ -56,6 +56,13 @@ pub const ENQUEUE_ERRORS_TOTAL: &str = "peerq_enqueue_errors_total";
 /// exists, as this instance last read it), else 0.
 pub const PAUSED: &str = "peerq_paused";
 
+/// Counter of [`MajorityIds`](crate::ids::MajorityIds) attempts, labelled
+/// `key` (the sequence) and `outcome`: `issued` (a majority took the ID),
+/// `lost` (another caller won the ID, or a higher one won first: then it is
+/// a gap) or `unavailable` (too few servers could vote). Attempts per issued ID
+/// is the cost of contention.
+pub const IDS_ATTEMPTS_TOTAL: &str = "peerq_ids_attempts_total";
+
 /// Registers the descriptions of every metric with the installed recorder.
 pub fn describe() {
     metrics::describe_counter!(ROUNDS_TOTAL, "indexer rounds by outcome");
@@ -112,4 +119,8 @@ pub fn describe() {
     );
     metrics::describe_counter!(ENQUEUED_TOTAL, "tasks enqueued by producers");
     metrics::describe_counter!(ENQUEUE_ERRORS_TOTAL, "failed enqueue calls");
+    metrics::describe_counter!(
+        IDS_ATTEMPTS_TOTAL,
+        "MajorityIds attempts by outcome: issued, lost, unavailable"
+    );
 }

@@ -7,8 +7,11 @@
 //! documented fields, and the failures (an unknown service, an unreachable
 //! Redis, a wrong password, a usage error) exit 1 or 2 with one line that
 //! never holds the password. `migrate`, which needs a PostgreSQL instead:
-//! `cli/migrate.rs`.
+//! `cli/migrate.rs`; `ids`, which needs three servers of its own:
+//! `cli/ids.rs`.
 
+#[path = "cli/ids.rs"]
+mod ids;
 #[path = "cli/migrate.rs"]
 mod migrate;
 mod support;

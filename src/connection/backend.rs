@@ -183,7 +183,7 @@ impl Given {
     }
 }
 
-fn not_a_url(setting: &'static str, url: &str, e: impl fmt::Display) -> Error {
+pub(super) fn not_a_url(setting: &'static str, url: &str, e: impl fmt::Display) -> Error {
     Error::invalid(
         setting,
         format!(

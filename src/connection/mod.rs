@@ -23,7 +23,9 @@ pub(crate) use redact::redact;
 pub(crate) use shared::SharedConnection;
 pub use tls::Tls;
 
-use crate::error::Error;
+use deadpool_redis::redis::{Client, RedisError};
+
+use crate::error::{Error, Result};
 
 /// How long a command on a shared connection may wait for its reply. The
 /// client's default (500 ms) turns a large pipelined batch into an error
@@ -44,6 +46,29 @@ pub(crate) fn at(target: &str, e: Error) -> Error {
     Error::Connect {
         url: target.to_owned(),
         source: Box::new(source),
+    }
+}
+
+/// Whether the connection that returned `error` may be broken and must be
+/// replaced; an error reply from Redis (a BUSYGROUP, a script error)
+/// leaves it usable.
+pub(crate) fn is_broken(error: &RedisError) -> bool {
+    error.is_io_error()
+        || error.is_connection_dropped()
+        || error.is_timeout()
+        || error.is_unrecoverable_error()
+}
+
+/// A redis-rs client for the one server at `url`, with `tls` if given; a
+/// URL that does not parse is an invalid `setting`, shown without its
+/// password.
+pub(crate) fn client(url: &str, tls: Option<&Tls>, setting: &'static str) -> Result<Client> {
+    match tls {
+        #[cfg(feature = "tls")]
+        Some(tls) => tls::client(url, tls),
+        #[cfg(not(feature = "tls"))]
+        Some(_) => Err(tls::unavailable()),
+        None => Client::open(url).map_err(|e| backend::not_a_url(setting, url, e)),
     }
 }
 

@@ -224,11 +224,7 @@ impl SharedConnection {
     /// Replaces the connection after `error` if it may be broken; an error
     /// reply from Redis (a BUSYGROUP, a script error) leaves it in use.
     pub(crate) fn reset_after(&self, error: &RedisError) {
-        if error.is_io_error()
-            || error.is_connection_dropped()
-            || error.is_timeout()
-            || error.is_unrecoverable_error()
-        {
+        if super::is_broken(error) {
             self.reset();
         }
     }

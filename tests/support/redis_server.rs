@@ -317,6 +317,28 @@ impl RedisServer {
         self.relaunch();
     }
 
+    /// Crash and stay down: SIGKILL, and no new process until
+    /// [`start_again`](Self::start_again). Clients see refused connections.
+    pub fn stop(&mut self) {
+        self.kill();
+    }
+
+    /// Starts a stopped server again on the same port and dir, with what
+    /// its AOF kept (everything acknowledged, with [`ServerOptions::aof`]).
+    pub fn start_again(&mut self) {
+        self.relaunch();
+    }
+
+    /// Crash and come back empty: SIGKILL, its data files deleted (AOF
+    /// and `dump.rdb`), a new process on the same port: a server whose
+    /// disk was lost, or replaced.
+    pub fn kill_and_restart_empty(&mut self) {
+        self.kill();
+        let _ = fs::remove_dir_all(self.dir.join("appendonlydir"));
+        let _ = fs::remove_file(self.dir.join("dump.rdb"));
+        self.relaunch();
+    }
+
     /// Freezes the server with SIGSTOP: it stops answering, but its
     /// connections stay open and new TCP connects still complete (the
     /// kernel accepts into the backlog).

@@ -92,6 +92,13 @@ pub(crate) enum Command {
     /// tables) that the database lacks; needs no Redis. Safe to run twice,
     /// and from several places at once.
     Migrate(Migrate),
+    /// Monotonic IDs over a majority of Redis servers (MajorityIds): each
+    /// server's copy of a sequence, a repair, a new sequence. Needs no
+    /// --redis: the servers are --servers.
+    Ids {
+        #[command(subcommand)]
+        command: Ids,
+    },
     /// Serves the web dashboard until ctrl-c or SIGTERM. Basic auth from
     /// PEERQ_DASHBOARD_BASIC_AUTH (`user:password`) or a bearer token from
     /// PEERQ_DASHBOARD_TOKEN; open without either.
@@ -116,6 +123,50 @@ pub(crate) struct Migrate {
         value_name = "URL"
     )]
     pub(crate) postgres: String,
+    #[command(flatten)]
+    pub(crate) output: Output,
+}
+
+#[derive(Subcommand)]
+pub(crate) enum Ids {
+    /// Each server's copy of the sequence: holds N, needs repair,
+    /// unreachable, refused.
+    Status(Sequence),
+    /// Sets the servers that lost the sequence (key missing) to the highest
+    /// value a majority of the servers hold; refused with fewer holders.
+    Repair(Sequence),
+    /// Creates a new sequence on every server: all must answer, none may
+    /// hold it.
+    Init {
+        #[command(flatten)]
+        sequence: Sequence,
+        /// The first ID it gives.
+        #[arg(long, default_value_t = 1)]
+        first: u64,
+    },
+}
+
+// The servers and the sequence of an `ids` command.
+#[derive(Args)]
+pub(crate) struct Sequence {
+    /// The servers: comma-separated redis:// or rediss:// URLs, each of an
+    /// independent Redis.
+    #[arg(
+        long,
+        env = "PEERQ_IDS_SERVERS",
+        hide_env_values = true,
+        value_delimiter = ',',
+        required = true,
+        value_name = "URLS"
+    )]
+    pub(crate) servers: Vec<String>,
+    /// The sequence's name (its key is peerq:ids:<key>).
+    #[arg(long)]
+    pub(crate) key: String,
+    /// Use servers without appendonly yes and appendfsync always, or whose
+    /// settings the user may not read.
+    #[arg(long)]
+    pub(crate) allow_unsafe_durability: bool,
     #[command(flatten)]
     pub(crate) output: Output,
 }

@@ -15,6 +15,8 @@
 //! peerq resume --name N [--json]
 //! peerq dashboard [--listen 127.0.0.1:8080] [--read-only]
 //! peerq migrate --postgres URL [--json]
+//! peerq ids status|repair --servers URL,URL,URL --key K [--json]
+//! peerq ids init --servers URL,URL,URL --key K [--first 1] [--json]
 //! ```
 //!
 //! The Redis is `--redis URL` or the environment's `PEERQ_REDIS_URL`; with
@@ -23,12 +25,14 @@
 //! `--tls-ca FILE` trusts that CA instead of the system's, and
 //! `--tls-cert FILE --tls-key FILE` present a client certificate.
 //! `migrate` needs no Redis: its database is `--postgres URL` or the
-//! environment's `PEERQ_POSTGRES_URL`. Tables go to stdout; with `--json`, JSON whose field names are stable
+//! environment's `PEERQ_POSTGRES_URL`; `ids` neither: its servers are
+//! `--servers` or `PEERQ_IDS_SERVERS`. Tables go to stdout; with `--json`, JSON whose field names are stable
 //! (the README lists them). `enqueue` prints the task's id. Exit codes: 0
 //! on success, 1 on failure (one line on stderr naming what is wrong,
 //! never a password), 2 on a usage error.
 
 mod args;
+mod ids;
 mod migrate;
 mod show;
 mod table;
@@ -51,6 +55,10 @@ fn main() -> ExitCode {
         .expect("a tokio runtime starts");
     if let Command::Migrate(args) = &cli.command {
         return finish(runtime.block_on(migrate::run(args)));
+    }
+    if let Command::Ids { command } = cli.command {
+        let tls = tls(cli.tls_ca, cli.tls_cert.zip(cli.tls_key));
+        return finish(runtime.block_on(ids::run(command, tls)));
     }
     let Some(url) = cli.redis else {
         Cli::command()
@@ -228,7 +236,9 @@ async fn run(
             named.output.show(&paused, || show::paused(&paused))
         }
         Command::Dashboard { listen, read_only } => dashboard(admin, listen, read_only).await,
-        Command::Migrate(_) => unreachable!("`main` runs it without a Redis"),
+        Command::Migrate(_) | Command::Ids { .. } => {
+            unreachable!("`main` runs it without a Redis")
+        }
         Command::Resume(named) => {
             let service = service(&admin, &named.name).await?;
             let resumed = Resumed {
