@@ -58,6 +58,21 @@ fn now_us() -> u128 {
         .as_micros()
 }
 
+/// Whether every thread of process `pid` is stopped (state `T` in
+/// `/proc/<pid>/task/*/stat`, the letter after the command's parenthesis).
+fn stopped(pid: u32) -> bool {
+    let Ok(threads) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return false;
+    };
+    threads.map_while(Result::ok).all(|thread| {
+        std::fs::read_to_string(thread.path().join("stat")).is_ok_and(|stat| {
+            stat.rsplit_once(')')
+                .and_then(|(_, rest)| rest.split_whitespace().next())
+                == Some("T")
+        })
+    })
+}
+
 /// What a consumer printed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum What {
@@ -276,9 +291,23 @@ impl Fleet {
         let _ = proc.0.wait();
     }
 
-    fn stall(&mut self, id: usize) {
-        signal(self.pid(id), "STOP");
-        self.churn.push((now_us(), Churn::Stall(id)));
+    /// SIGSTOP; returns when the consumer had stopped, read once every
+    /// thread of it has. Not when `kill` returns: a thread running on
+    /// another core stops only when the kernel gets to it, and on a loaded
+    /// machine one passed a handler's `still_owned` check and printed its
+    /// effect 0.3 ms after that (a false "no check passed before the
+    /// freeze").
+    fn stall(&mut self, id: usize) -> u128 {
+        let pid = self.pid(id);
+        signal(pid, "STOP");
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !stopped(pid) {
+            assert!(Instant::now() < deadline, "consumer {id} did not stop");
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        let at = now_us();
+        self.churn.push((at, Churn::Stall(id)));
+        at
     }
 
     fn resume(&mut self, id: usize) {
@@ -892,8 +921,7 @@ fn a_stalled_instance_neither_fetches_nor_acks_with_its_stale_assignment() {
     let (producer, _) = fleet.produce(count, 1000);
     std::thread::sleep(Duration::from_secs(3));
     let stalled = 1;
-    fleet.stall(stalled);
-    let stopped = now_us();
+    let stopped = fleet.stall(stalled);
     std::thread::sleep(Duration::from_millis(3 * INTERVAL_MS));
     fleet.resume(stalled);
     let resumed = now_us();

@@ -146,10 +146,8 @@ impl Handover {
 
     fn assigned(&mut self, a: Assignment) {
         let now = self.lease.now();
-        if let Some(lease_end) = self.timing.lease_for(a.epoch, now) {
-            self.lease.grant(lease_end);
-            self.leased = true;
-        } else {
+        let lease_end = self.timing.lease_for(a.epoch, now);
+        if lease_end.is_none() {
             warn!(service = %self.shared.name, epoch = a.epoch, "assignment arrived after its lease");
             self.lease.revoke();
             self.leased = false;
@@ -168,6 +166,15 @@ impl Handover {
             .clone();
         let effects = self.machine.assigned(a.clone(), now);
         self.apply(effects);
+        // The lease only now, with the partitions this assignment stops
+        // stopped (a fence after a skipped epoch stops them all): granted
+        // first, a task their workers fetched before the stall and that
+        // waited for a lease would start with the old token, beside the
+        // partition's new owner (seen once in the stall scenario).
+        if let Some(lease_end) = lease_end {
+            self.lease.grant(lease_end);
+            self.leased = true;
+        }
         // Only now, with the released partitions stopped: a task their
         // workers fetched before runs under the assignment that owned its
         // partition (one started after the stop is handed back instead).

@@ -34,6 +34,7 @@
 
 mod per_partition;
 mod read;
+mod wait;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -50,6 +51,7 @@ use super::room::Room;
 use super::store::{BlockingReads, Fetched, PartitionStore};
 use crate::connection::{Backend, SharedConnection};
 use crate::retry::Pauses;
+use wait::Blocked;
 
 /// How much earlier than the lease the blocking read must end (the read
 /// reaches Redis one trip after the lease was checked; about a round's
@@ -63,16 +65,6 @@ const PAUSES: Pauses = Pauses::new(Duration::from_millis(50), Duration::from_sec
 /// unblock that overtook its read (sent on another connection) finds
 /// nothing blocked.
 const UNBLOCK_AGAIN: Duration = Duration::from_millis(2);
-
-/// How long a read may block by the lease: it must end `READ_MARGIN`
-/// before the lease does, and block at least 1 ms (0 would block forever).
-fn by_lease(lease: &Lease) -> Option<Duration> {
-    let left = lease.left()?.checked_sub(READ_MARGIN)?;
-    (left >= MIN_BLOCK).then_some(left)
-}
-
-/// The shortest read worth sending: `BLOCK 0` waits forever.
-const MIN_BLOCK: Duration = Duration::from_millis(1);
 
 /// What the idle read hands a partition's fetch loop.
 #[derive(Debug)]
@@ -215,16 +207,19 @@ impl IdleReader {
             // A fetch loop that ended without leaving (aborted at the drain
             // timeout) reads nothing any more.
             self.members.retain(|_, m| !m.mailbox.is_closed());
-            let Some(wait) = self.ready() else {
-                if self.partition.is_some() && self.members.is_empty() {
-                    // Its partition may have gone to another instance.
-                    connected = None;
+            let wait = match self.ready() {
+                Ok(wait) => wait,
+                Err(blocked) => {
+                    if blocked == Blocked::NoMember && self.partition.is_some() {
+                        // Its partition may have gone to another instance.
+                        connected = None;
+                    }
+                    // Nothing to read for, or not now: wait for a change.
+                    if !self.wait_for_change(blocked).await {
+                        return;
+                    }
+                    continue;
                 }
-                // Nothing to read for, or not now: wait for a change.
-                if !self.wait_for_change().await {
-                    return;
-                }
-                continue;
             };
             let reader = match &mut connected {
                 Some(reader) => reader,
@@ -281,44 +276,6 @@ impl IdleReader {
             .map_or(0, |member| member.store.slot());
         let s = &self.setup;
         BlockingReads::connect(&s.backend, &s.conn, slot, s.block).await
-    }
-
-    /// How long the next read may block, if one may start now: some
-    /// partition waits, the gate is open, the instance has room, and the
-    /// lease holds for longer than the margin.
-    fn ready(&self) -> Option<Duration> {
-        let s = &self.setup;
-        if self.members.is_empty() || !s.gate.is_open() || s.room.available() == 0 {
-            return None;
-        }
-        Some(by_lease(&s.lease)?.min(s.block))
-    }
-
-    /// Waits until a read may become possible: a request, the gate, the
-    /// lease, room, or the lease margin passing. False once every handle is
-    /// gone.
-    async fn wait_for_change(&mut self) -> bool {
-        let waiting = !self.members.is_empty();
-        let (gate, lease) = (self.setup.gate.clone(), self.setup.lease.clone());
-        let room = self.setup.room.clone();
-        // The very test `ready` made: with a looser one, a lease 20–21 ms
-        // from its end let neither a read start nor this wait end (no
-        // branch but the requests, and none came): the idle read stopped
-        // for good, once in six benchmark runs.
-        let lease_ok = by_lease(&lease).is_some();
-        tokio::select! {
-            request = self.requests.recv() => match request {
-                Some(request) => {
-                    self.apply(request);
-                    true
-                }
-                None => false,
-            },
-            _ = gate.opened(), if waiting && !gate.is_open() => true,
-            _ = lease.held(), if waiting && !lease.valid() => true,
-            _ = tokio::time::sleep(READ_MARGIN), if waiting && lease.valid() && !lease_ok => true,
-            _ = room.free(), if waiting && room.available() == 0 => true,
-        }
     }
 
     /// Hands each partition its entries; one that got a full read, or is
@@ -390,25 +347,4 @@ impl IdleReader {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::clock::{Clock, SystemClock};
-
-    #[test]
-    fn a_lease_too_short_to_read_in_still_lets_the_wait_end() {
-        // 20.5 ms left: too little for a read that must end 20 ms before
-        // the lease and block at least 1 ms. `wait_for_change` then sleeps
-        // for the margin (its lease is valid, `by_lease` says no), rather
-        // than wait for a request that may never come.
-        let lease = Lease::new(Arc::new(SystemClock));
-        lease.grant(SystemClock.now() + Duration::from_micros(20_500));
-        assert!(by_lease(&lease).is_none());
-        assert!(lease.valid());
-        lease.grant(SystemClock.now() + Duration::from_millis(500));
-        let wait = by_lease(&lease).expect("time to read");
-        assert!(
-            wait <= Duration::from_millis(480) && wait >= MIN_BLOCK,
-            "{wait:?}"
-        );
-    }
-}
+mod tests;

@@ -115,6 +115,12 @@ impl Batch {
                 _ = self.lease.held(), if gate.is_open() => {}
             }
         }
+        // A wake by the gate may find the lease valid without passing the
+        // select again: a partition released meanwhile (a fence after a
+        // skipped epoch, then the next lease) must not start the task.
+        if stop.is_cancelled() {
+            return None;
+        }
         Some(permit)
     }
 
