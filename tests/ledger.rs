@@ -1,0 +1,374 @@
+//! The `ledger` example as separate processes, through chaos: while 20,000
+//! transfers flow from the producer's outbox to the consumers' inbox, the
+//! test SIGKILLs consumers and starts new ones, freezes consumers (SIGSTOP)
+//! past their lease and resumes them, and SIGKILLs the producer once and
+//! starts it again. When the queue is drained, `ledger_entries` holds
+//! exactly one row per `ledger_requests` row, although some handlers ran
+//! twice: the inbox, not a unique index (there is none), kept each booking
+//! single.
+//!
+//! What it does to the processes comes from an RNG with a fixed seed,
+//! printed at the start; `PEERQ_LEDGER_SEED=<n>` replays another.
+
+mod support;
+
+use std::fs::{self, File};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use sqlx::PgPool;
+use support::{PostgresServer, Proc, RedisServer, example_binary, signal, unique_name};
+
+/// The transfers requested.
+const COUNT: i64 = 20_000;
+/// Transfers per second from the producer: about 50 s of flow.
+const RATE: u64 = 400;
+/// The consumers' timing: a lease of 600 ms, drains under half an interval.
+const INTERVAL_MS: u64 = 400;
+const DRAIN_MS: u64 = 150;
+/// Each transfer's work before it is booked: runs are in flight when a
+/// consumer is killed or frozen.
+const WORK_MS: u64 = 20;
+/// The seed when `PEERQ_LEDGER_SEED` is not set.
+const SEED: u64 = 20_2611;
+/// Consumers running at the start, and at most.
+const START_CONSUMERS: usize = 3;
+const MAX_CONSUMERS: usize = 5;
+/// Consumers neither frozen nor killed that the chaos always leaves.
+const MIN_RUNNING: usize = 2;
+/// How long the whole run may take before the test gives up.
+const DEADLINE: Duration = Duration::from_secs(240);
+
+/// The ledger demo's processes, and where they write their logs.
+struct Demo {
+    bin: PathBuf,
+    redis: String,
+    postgres: String,
+    name: String,
+    logs: PathBuf,
+    /// Processes started so far (each log's number).
+    started: usize,
+}
+
+impl Demo {
+    fn spawn(&mut self, args: &[&str]) -> Proc {
+        let log = self.logs.join(format!("{}-{}.log", args[0], self.started));
+        self.started += 1;
+        let child = Command::new(&self.bin)
+            .args(args)
+            .args(["--redis", &self.redis, "--postgres", &self.postgres])
+            .args(["--name", &self.name])
+            .stdout(Stdio::null())
+            .stderr(File::create(log).unwrap())
+            .spawn()
+            .expect("start the ledger example");
+        Proc(child)
+    }
+
+    fn consumer(&mut self) -> Proc {
+        let (work, interval, drain) = (
+            WORK_MS.to_string(),
+            INTERVAL_MS.to_string(),
+            DRAIN_MS.to_string(),
+        );
+        self.spawn(&[
+            "consume",
+            "--work-ms",
+            &work,
+            "--interval-ms",
+            &interval,
+            "--drain-ms",
+            &drain,
+        ])
+    }
+
+    fn producer(&mut self) -> Proc {
+        let (count, rate) = (COUNT.to_string(), RATE.to_string());
+        self.spawn(&["produce", "--count", &count, "--rate", &rate])
+    }
+}
+
+/// A consumer process, and until when it is frozen.
+struct Consumer {
+    proc: Proc,
+    frozen_until: Option<Instant>,
+}
+
+/// What the chaos did, to print.
+#[derive(Debug, Default)]
+struct Done {
+    kills: usize,
+    freezes: usize,
+    joins: usize,
+    /// Requests committed when the producer was killed.
+    requested_at_kill: i64,
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_transfer_is_booked_once_through_kills_and_freezes() {
+    support::init_tracing();
+    let seed = std::env::var("PEERQ_LEDGER_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(SEED);
+    println!("seed {seed} (PEERQ_LEDGER_SEED={seed} replays this run)");
+    let mut rng = StdRng::seed_from_u64(seed);
+    let (redis, db) =
+        tokio::task::spawn_blocking(|| (RedisServer::start(), PostgresServer::shared().database()))
+            .await
+            .unwrap();
+    let pool = PgPool::connect_with(db.options()).await.unwrap();
+    let name = unique_name("ledger");
+    let logs = std::env::temp_dir().join(format!("peerq-{name}"));
+    fs::create_dir_all(&logs).unwrap();
+    println!("the processes' logs: {}", logs.display());
+    let mut demo = Demo {
+        bin: example_binary("ledger"),
+        redis: redis.url(),
+        postgres: db.url.clone(),
+        name,
+        logs: logs.clone(),
+        started: 0,
+    };
+    let began = Instant::now();
+
+    let mut consumers: Vec<Consumer> = (0..START_CONSUMERS)
+        .map(|_| Consumer {
+            proc: demo.consumer(),
+            frozen_until: None,
+        })
+        .collect();
+    let mut producer = demo.producer();
+    let kill_producer_at = Duration::from_millis(rng.random_range(8_000..20_000));
+    let mut producer_killed = false;
+    let mut done = Done::default();
+    let mut next_churn = Instant::now() + Duration::from_secs(2);
+    loop {
+        assert!(
+            began.elapsed() < DEADLINE,
+            "the transfers did not flow in time"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let now = Instant::now();
+        for c in &mut consumers {
+            if c.frozen_until.is_some_and(|until| until <= now) {
+                signal(c.proc.0.id(), "CONT");
+                c.frozen_until = None;
+            }
+        }
+        if !producer_killed && began.elapsed() >= kill_producer_at {
+            producer.0.kill().unwrap();
+            producer.0.wait().unwrap();
+            producer_killed = true;
+            done.requested_at_kill = requests(&pool).await;
+            println!(
+                "{:>5.1}s producer killed at {} requests",
+                began.elapsed().as_secs_f64(),
+                done.requested_at_kill
+            );
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            producer = demo.producer();
+        } else if let Some(status) = producer.0.try_wait().unwrap() {
+            assert!(status.success(), "the producer failed: {status}");
+            if producer_killed {
+                break;
+            }
+            panic!("the producer finished before it was killed");
+        }
+        if now < next_churn {
+            continue;
+        }
+        next_churn = now + Duration::from_millis(rng.random_range(1_000..2_500));
+        churn(&mut rng, &mut demo, &mut consumers, &mut done, began);
+    }
+    println!(
+        "{:>5.1}s producer done; resuming the frozen consumers",
+        began.elapsed().as_secs_f64()
+    );
+    for c in &mut consumers {
+        if c.frozen_until.take().is_some() {
+            signal(c.proc.0.id(), "CONT");
+        }
+    }
+
+    // Drained: every request booked, then every consumer stopped, so no
+    // late run can add a row after the count.
+    let drained = Instant::now();
+    loop {
+        let booked = count(&pool, "SELECT count(DISTINCT seq) FROM ledger_entries").await;
+        if booked == COUNT {
+            break;
+        }
+        assert!(
+            drained.elapsed() < Duration::from_secs(90),
+            "only {booked} of {COUNT} transfers were booked; logs in {}",
+            logs.display()
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    println!(
+        "{:>5.1}s all {COUNT} transfers booked; stopping the consumers",
+        began.elapsed().as_secs_f64()
+    );
+    tokio::task::spawn_blocking(move || stop_all(consumers))
+        .await
+        .unwrap();
+
+    check(&pool, &done, &logs).await;
+    println!("took {:.1}s", began.elapsed().as_secs_f64());
+    let _ = fs::remove_dir_all(&logs);
+}
+
+/// One chaos step: kill a consumer and start another, freeze one past its
+/// lease, or start one more, always leaving [`MIN_RUNNING`] running.
+fn churn(
+    rng: &mut StdRng,
+    demo: &mut Demo,
+    consumers: &mut Vec<Consumer>,
+    done: &mut Done,
+    began: Instant,
+) {
+    let running: Vec<usize> = (0..consumers.len())
+        .filter(|&i| consumers[i].frozen_until.is_none())
+        .collect();
+    let at = began.elapsed().as_secs_f64();
+    let action = rng.random_range(0..10);
+    if running.len() > MIN_RUNNING && action < 4 {
+        let i = running[rng.random_range(0..running.len())];
+        let mut gone = consumers.swap_remove(i);
+        gone.proc.0.kill().unwrap();
+        gone.proc.0.wait().unwrap();
+        done.kills += 1;
+        consumers.push(Consumer {
+            proc: demo.consumer(),
+            frozen_until: None,
+        });
+        println!("{at:>5.1}s killed a consumer, started another");
+    } else if running.len() > MIN_RUNNING && action < 8 {
+        let i = running[rng.random_range(0..running.len())];
+        // Three to six intervals: well past the lease of 1.5.
+        let frozen = Duration::from_millis(INTERVAL_MS * rng.random_range(3..=6));
+        signal(consumers[i].proc.0.id(), "STOP");
+        consumers[i].frozen_until = Some(Instant::now() + frozen);
+        done.freezes += 1;
+        println!("{at:>5.1}s froze a consumer for {frozen:?}");
+    } else if consumers.len() < MAX_CONSUMERS {
+        consumers.push(Consumer {
+            proc: demo.consumer(),
+            frozen_until: None,
+        });
+        done.joins += 1;
+        println!("{at:>5.1}s started a consumer");
+    }
+}
+
+/// SIGTERM to each consumer, then waits for each to exit (SIGKILL after a
+/// bound: a graceful leave takes one to two intervals).
+fn stop_all(consumers: Vec<Consumer>) {
+    for c in &consumers {
+        signal(c.proc.0.id(), "TERM");
+    }
+    for mut c in consumers {
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while c.proc.0.try_wait().unwrap().is_none() {
+            assert!(Instant::now() < deadline, "a consumer did not stop");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+async fn requests(pool: &PgPool) -> i64 {
+    count(pool, "SELECT count(*) FROM ledger_requests").await
+}
+
+/// The one number `sql` returns.
+async fn count(pool: &PgPool, sql: &str) -> i64 {
+    sqlx::query_scalar(sql).fetch_one(pool).await.unwrap()
+}
+
+/// The `(what, how many)` rows `sql` returns.
+async fn tally<T>(pool: &PgPool, sql: &str) -> Vec<(T, i64)>
+where
+    T: Send + Unpin + for<'r> sqlx::Decode<'r, sqlx::Postgres> + sqlx::Type<sqlx::Postgres>,
+{
+    sqlx::query_as(sql).fetch_all(pool).await.unwrap()
+}
+
+/// The seqs `sql` returns (it says how many), for a message.
+async fn seqs(pool: &PgPool, sql: &str) -> Vec<i64> {
+    sqlx::query_scalar(sql).fetch_all(pool).await.unwrap()
+}
+
+/// What the user would check: one entry per request, none twice, none
+/// without a request; and that handlers did run twice.
+async fn check(pool: &PgPool, done: &Done, logs: &Path) {
+    let requested = requests(pool).await;
+    let (low, high): (i64, i64) = sqlx::query_as("SELECT min(seq), max(seq) FROM ledger_requests")
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    assert_eq!(
+        (requested, low, high),
+        (COUNT, 0, COUNT - 1),
+        "the requests"
+    );
+    assert!(
+        (1..COUNT).contains(&done.requested_at_kill),
+        "the producer was killed with {} requests, not in the middle",
+        done.requested_at_kill
+    );
+    let twice = seqs(
+        pool,
+        "SELECT seq FROM ledger_entries GROUP BY seq HAVING count(*) > 1 ORDER BY seq LIMIT 20",
+    )
+    .await;
+    let orphans = seqs(
+        pool,
+        "SELECT seq FROM ledger_entries EXCEPT SELECT seq FROM ledger_requests ORDER BY seq LIMIT 20",
+    )
+    .await;
+    let missing = seqs(
+        pool,
+        "SELECT seq FROM ledger_requests EXCEPT SELECT seq FROM ledger_entries ORDER BY seq LIMIT 20",
+    )
+    .await;
+    let entries = count(pool, "SELECT count(*) FROM ledger_entries").await;
+    let runs = count(pool, "SELECT count(*) FROM ledger_runs").await;
+    let ran_twice = count(
+        pool,
+        "SELECT count(*) FROM (SELECT seq FROM ledger_runs GROUP BY seq HAVING count(*) > 1) s",
+    )
+    .await;
+    let refusals: Vec<(String, i64)> = tally(
+        pool,
+        "SELECT why, count(*) FROM ledger_refusals GROUP BY why ORDER BY why",
+    )
+    .await;
+    let attempts: Vec<(i32, i64)> = tally(
+        pool,
+        "SELECT attempt, count(*) FROM ledger_runs GROUP BY attempt ORDER BY attempt",
+    )
+    .await;
+    let left = count(pool, "SELECT count(*) FROM peerq_outbox").await;
+    println!(
+        "{done:?}\nrequests {requested}, entries {entries}, handler runs {runs}, \
+         transfers whose handler ran more than once {ran_twice}, refusals {refusals:?}, \
+         runs by attempt {attempts:?}"
+    );
+    assert_eq!(twice, Vec::<i64>::new(), "transfers booked twice");
+    assert_eq!(orphans, Vec::<i64>::new(), "entries without a request");
+    assert_eq!(missing, Vec::<i64>::new(), "requests never booked");
+    assert_eq!(entries, COUNT);
+    assert_eq!(left, 0, "outbox rows never relayed");
+    // Runs again that wrote nothing: the inbox did the work, not luck.
+    let refused: i64 = refusals.iter().map(|(_, n)| n).sum();
+    assert!(
+        ran_twice > 0 && refused > 0,
+        "no handler ran twice, or none was refused: the chaos did not test the inbox \
+         (logs in {})",
+        logs.display()
+    );
+}
