@@ -9,6 +9,9 @@
 //!
 //! What it does to the processes comes from an RNG with a fixed seed,
 //! printed at the start; `PEERQ_LEDGER_SEED=<n>` replays another.
+//!
+//! Beside it, a bug the chaos found, shown alone: a run dropped while its
+//! inbox transaction begins leaves no transaction open on the pool.
 
 mod support;
 
@@ -17,10 +20,14 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use peerq::TaskContext;
+use peerq::postgres::Inbox;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use sqlx::PgPool;
+use sqlx::postgres::PgPoolOptions;
 use support::{PostgresServer, Proc, RedisServer, example_binary, signal, unique_name};
+use tokio_util::sync::CancellationToken;
 
 /// The transfers requested.
 const COUNT: i64 = 20_000;
@@ -370,5 +377,78 @@ async fn check(pool: &PgPool, done: &Done, logs: &Path) {
         "no handler ran twice, or none was refused: the chaos did not test the inbox \
          (logs in {})",
         logs.display()
+    );
+}
+
+/// What the chaos above showed in the consumers' logs (Postgres's warning
+/// `there is already a transaction in progress`): a handler dropped while
+/// its inbox transaction's `BEGIN` was on the wire left the pool's
+/// connection inside a transaction (sqlx's `begin` is not cancel-safe),
+/// and the next autocommit write on that connection was never committed.
+/// The backend is frozen while the run is dropped, so its `BEGIN` runs
+/// after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_dropped_while_its_transaction_begins_leaves_no_transaction_open() {
+    support::init_tracing();
+    // A server of its own: the test freezes one of its processes.
+    let (_server, db) = tokio::task::spawn_blocking(|| {
+        let server = PostgresServer::start();
+        let db = server.database();
+        (server, db)
+    })
+    .await
+    .unwrap();
+    let direct = PgPool::connect_with(db.options()).await.unwrap();
+    peerq::postgres::migrate(&direct).await.unwrap();
+    sqlx::query("CREATE TABLE marks (n int NOT NULL)")
+        .execute(&direct)
+        .await
+        .unwrap();
+    // One connection, handed out without a ping: the next borrower gets
+    // the one the dropped run had.
+    let pool = PgPoolOptions::new()
+        .max_connections(1)
+        .test_before_acquire(false)
+        .connect_with(db.options())
+        .await
+        .unwrap();
+    let backend: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    // A backend too slow to answer (a loaded machine's, in the chaos test).
+    let backend = backend as u32;
+    signal(backend, "STOP");
+    let run = tokio::spawn({
+        let pool = pool.clone();
+        async move {
+            let cx = TaskContext::for_test("t-1", CancellationToken::new()).with_service("marks");
+            Inbox::run_once(&pool, &cx, async |tx| {
+                sqlx::query("INSERT INTO marks (n) VALUES (1)")
+                    .execute(&mut *tx)
+                    .await?;
+                Ok(())
+            })
+            .await
+        }
+    });
+    // Its `BEGIN` is sent, unanswered; peerq drops a handler the same way.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    run.abort();
+    assert!(run.await.unwrap_err().is_cancelled());
+    signal(backend, "CONT");
+
+    sqlx::query("INSERT INTO marks (n) VALUES (2)")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let marks: Vec<i32> = sqlx::query_scalar("SELECT n FROM marks ORDER BY n")
+        .fetch_all(&direct)
+        .await
+        .unwrap();
+    assert_eq!(
+        marks,
+        [2],
+        "the autocommit write after the dropped run is committed, the run's is not"
     );
 }
