@@ -20,6 +20,9 @@
 //! with [`Inbox::run_once`]: one `ledger_entries` row, committed with the
 //! task's inbox row. `--work-ms` is how long each transfer takes before it
 //! is booked (a sleep, standing for work done before the writes).
+//! A transfer has 20 runs before it goes to the dead letters, and is tried
+//! again after 100 ms doubling to 2 s: cancelled runs count, and the
+//! errors a booking meets are short-lived.
 //!
 //! Both apply peerq's migrations and create the demo's tables when they
 //! are missing (one demo per database: the tables do not name the service):
@@ -52,7 +55,7 @@ use clap::{Parser, Subcommand};
 use futures_util::{TryStreamExt, stream};
 use peerq::handler::Disposition;
 use peerq::postgres::{Inbox, Once, Outbox};
-use peerq::{Consumer, Handler, HandlerError, Options, TaskContext};
+use peerq::{Backoff, Consumer, Handler, HandlerError, Options, TaskContext};
 use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
@@ -115,6 +118,17 @@ struct Transfer {
     seq: i64,
     cents: i64,
 }
+
+/// A transfer's runs before it goes to the dead letters. Cancelled runs
+/// count too (a handover's drain, a lapsed lease): while consumers crash
+/// and freeze, a transfer can be cancelled several times and then meet
+/// one error, so the default of 5 would dead-letter transfers that the
+/// next run books.
+const MAX_ATTEMPTS: u32 = 20;
+/// The errors a booking meets are short-lived (Postgres ended a session
+/// that idled in its transaction, a lock on the fence was not granted in
+/// time): try again soon, not after the default's minutes.
+const BACKOFF: Backoff = Backoff::exponential(Duration::from_millis(100), Duration::from_secs(2));
 
 /// Transactions a producer has open at once.
 const IN_FLIGHT: usize = 8;
@@ -346,6 +360,8 @@ async fn consume(
         .redis(&at.redis)
         .interval(interval)
         .drain_timeout(drain)
+        .max_attempts(MAX_ATTEMPTS)
+        .backoff(BACKOFF)
         .handler(book)
         .outbox_relay(pool.clone())
         .inbox(pool)
