@@ -200,38 +200,19 @@ impl Inbox {
 }
 
 impl Fence<'_> {
-    /// A transaction with the fence's timeouts, begun on a task of its own.
-    ///
-    /// sqlx's `begin` is not cancel-safe on Postgres (sqlx issue 4393, in
-    /// 0.8.6): dropped after sending `BEGIN` and before its reply, it
-    /// leaves the pooled connection inside a transaction nothing ends, and
-    /// the next borrower's statements run in it (an autocommit write
-    /// there is lost when that transaction rolls back). peerq drops a
-    /// handler that ignores its cancellation, so the `BEGIN` runs where
-    /// the handler's drop cannot reach it: a transaction begun for a
-    /// dropped handler is dropped whole, and sqlx rolls it back.
+    /// A transaction with the fence's timeouts (begun where the handler's
+    /// drop cannot cut its `BEGIN` short: [`super::begin`]).
     async fn begin(&self, pool: &PgPool) -> sqlx::Result<Transaction<'static, Postgres>> {
-        let pool = pool.clone();
-        let lock = format!("{}ms", self.lock.as_millis());
-        let idle = format!("{}ms", self.idle.as_millis());
-        let begun = tokio::spawn(async move {
-            let mut tx = pool.begin().await?;
-            sqlx::query(
-                "SELECT set_config('lock_timeout', $1, true), \
-                 set_config('idle_in_transaction_session_timeout', $2, true)",
-            )
-            .bind(lock)
-            .bind(idle)
-            .execute(&mut *tx)
-            .await?;
-            Ok(tx)
-        });
-        match begun.await {
-            Ok(tx) => tx,
-            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
-            // The runtime is shutting down.
-            Err(_) => Err(sqlx::Error::WorkerCrashed),
-        }
+        let mut tx = super::begin(pool).await?;
+        sqlx::query(
+            "SELECT set_config('lock_timeout', $1, true), \
+             set_config('idle_in_transaction_session_timeout', $2, true)",
+        )
+        .bind(format!("{}ms", self.lock.as_millis()))
+        .bind(format!("{}ms", self.idle.as_millis()))
+        .execute(&mut *tx)
+        .await?;
+        Ok(tx)
     }
 
     /// Reads the fence with `FOR SHARE` and, at this owner's token, inserts

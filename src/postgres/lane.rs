@@ -69,7 +69,8 @@ pub(crate) async fn claim<C: Codec>(
     batch: usize,
     after_send: Option<&AfterSend>,
 ) -> Result<Claimed> {
-    let mut tx = pool.begin().await?;
+    // Not `pool.begin()`: a relay that stops drops its claim (`super::begin`).
+    let mut tx = super::begin(pool).await?;
     let locked: bool = sqlx::query(
         "SELECT set_config('idle_in_transaction_session_timeout', $1, true), \
                 pg_try_advisory_xact_lock($2, $3)",

@@ -39,6 +39,8 @@ pub use prune::{DEFAULT_INBOX_RETENTION, PRUNE_BATCH};
 pub(crate) use prune::{prune_until, validate_retention};
 pub use relay::{DEFAULT_POLL_INTERVAL, DEFAULT_RELAY_BATCH, Relay, RelayBuilder};
 
+use sqlx::{PgPool, Postgres, Transaction};
+
 use crate::partition::fnv1a64;
 
 /// The number of lanes of each service's outbox rows. A relay works on one
@@ -61,6 +63,28 @@ pub fn lane_of(key: &str) -> u32 {
 /// their rows.
 pub(crate) fn service_lock(service: &str) -> i32 {
     fnv1a64(service.as_bytes()) as u32 as i32
+}
+
+/// A transaction of `pool`, begun on a task of its own.
+///
+/// sqlx's `begin` is not cancel-safe on Postgres (sqlx issue 4393, in
+/// 0.8.6): dropped after sending `BEGIN` and before its reply, it leaves
+/// the pooled connection inside a transaction nothing ends, and the next
+/// borrower's statements run in it (an autocommit write there is lost when
+/// that transaction rolls back). peerq drops a handler that ignores its
+/// cancellation, and a relay's claim when the relay stops, and the pool is
+/// the application's: so the `BEGIN` runs where such a drop cannot reach
+/// it, and a transaction begun for a dropped caller is dropped whole, which
+/// sqlx rolls back. Found by the ledger's crash test (60 "there is already
+/// a transaction in progress" in one run, 0 since).
+pub(crate) async fn begin(pool: &PgPool) -> sqlx::Result<Transaction<'static, Postgres>> {
+    let pool = pool.clone();
+    match tokio::spawn(async move { pool.begin().await }).await {
+        Ok(tx) => tx,
+        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+        // The runtime is shutting down.
+        Err(_) => Err(sqlx::Error::WorkerCrashed),
+    }
 }
 
 /// Whether trying again later may succeed: the database cannot be reached,
