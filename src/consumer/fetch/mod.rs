@@ -12,6 +12,8 @@
 //! After any read error it first re-reads its own pending entries (`0`),
 //! because a read that failed on the client may still have been delivered
 //! into its pending list.
+//!
+//! Its claims are in [`claims`], its side of the idle read in [`idle`].
 
 use std::future::Future;
 use std::sync::Arc;
@@ -33,6 +35,9 @@ use super::shared::Shared;
 use super::store::{self, Fetched};
 use crate::assignment::Assignment;
 use crate::retry::Pauses;
+
+mod claims;
+mod idle;
 
 /// The pauses between attempts to reach Redis again: 50 ms, doubling, at
 /// most 2 s; back to the first after a read that went through.
@@ -179,101 +184,11 @@ impl Fetcher {
         }
     }
 
-    /// In the idle read: waits for its delivery, a stop or the next claim;
-    /// false when stopped.
-    async fn wait_idle(&self, idle: &mut Idle, at: &mut Position) -> bool {
-        let delivery = tokio::select! {
-            biased;
-            _ = self.ownership.stop.cancelled() => return false,
-            delivery = idle.delivered.recv() => delivery,
-            // Concurrent partitions claim while they stay in the idle read.
-            _ = tokio::time::sleep_until(at.next_claim) => return true,
-        };
-        match delivery {
-            Some(Delivery::Entries { fetched, out }) => {
-                idle.joined &= !out;
-                self.dispatch(fetched, at).await
-            }
-            Some(Delivery::Failed) => {
-                idle.joined = false;
-                self.reread(at);
-                true
-            }
-            // Never: `idle` holds a sender.
-            None => false,
-        }
-    }
-
-    /// Leaves the idle read, if in it, and dispatches what it delivered
-    /// until then (after a stop, those are handed back); false when
-    /// stopped.
-    async fn leave_idle(&self, idle: &mut Idle, at: &mut Position) -> bool {
-        if !idle.joined {
-            return !self.ownership.stop.is_cancelled();
-        }
-        idle.joined = false;
-        let store = &self.ownership.store;
-        let leave = self.shared.idle.leave(store.partition(), store.token());
-        // The read ends by its block time at the latest.
-        let wait = self.shared.settings.block + Duration::from_secs(2);
-        if tokio::time::timeout(wait, leave).await.is_err() {
-            error!(
-                partition = self.partition,
-                "the idle read did not let the partition go; its entries stay pending until claimed"
-            );
-        }
-        while let Ok(delivery) = idle.delivered.try_recv() {
-            match delivery {
-                Delivery::Entries { fetched, .. } => {
-                    if !self.dispatch(fetched, at).await {
-                        return false;
-                    }
-                }
-                Delivery::Failed => self.reread(at),
-            }
-        }
-        !self.ownership.stop.is_cancelled()
-    }
-
     /// Re-reads this instance's pending list from the start before
     /// anything new.
     fn reread(&self, at: &mut Position) {
         at.pending_from = Some("0".to_owned());
         self.held.begin_reread();
-    }
-
-    /// Claims what others left pending; false when nothing new may be read
-    /// yet (the first claim of a partition run one task at a time failed:
-    /// what others still hold comes before anything new in the stream).
-    async fn claim_due(&self, at: &mut Position) -> bool {
-        let order = self.shared.order;
-        // After the claim on acquire: when the housekeeping's last look at
-        // the group (at least every `claim_idle`) saw nothing pending,
-        // nobody holds anything to take. What is delivered after that look
-        // is seen by the next one, long before it is `claim_idle` old.
-        if !at.claim_idle.is_zero() && self.ownership.store.pending_seen() == Some(0) {
-            at.next_claim = Instant::now() + self.shared.settings.claim_idle / 3;
-            return true;
-        }
-        match self.claim(at.claim_idle).await {
-            Ok(took_any) => {
-                at.claim_idle = self.shared.settings.claim_idle;
-                // One at a time: what was claimed is now in this instance's
-                // pending list; read it from there, in stream order, before
-                // anything new.
-                if took_any && order.one_at_a_time() {
-                    self.reread(at);
-                }
-            }
-            Err(e) => {
-                warn!(partition = self.partition, cause = %e, "claim failed");
-                if order.one_at_a_time() && at.claim_idle.is_zero() {
-                    return false;
-                }
-            }
-        }
-        at.next_claim = Instant::now() + self.shared.settings.claim_idle / 3;
-        true
     }
 
     /// Waits until the instance has room for a task, to run and to wait
@@ -391,47 +306,6 @@ impl Fetcher {
         );
         if let Err(e) = self.ownership.store.create_group().await {
             warn!(partition = self.partition, cause = %e, "could not create the consumer group");
-        }
-    }
-
-    /// Claims entries other consumers left pending for `idle` or longer
-    /// (a crashed or fenced instance, a failed ack) and runs them; true if
-    /// it took any.
-    async fn claim(&self, idle: Duration) -> crate::Result<bool> {
-        let mut took_any = false;
-        let store = &self.ownership.store;
-        let order = self.shared.order;
-        let batch = self.shared.settings.batch;
-        let mut start = "0-0".to_owned();
-        loop {
-            let claimed = store
-                .claim(idle, &start, batch, order.attempts_in_redis())
-                .await?;
-            let Some(claimed) = claimed else {
-                self.ownership.fenced("claiming");
-                return Ok(took_any);
-            };
-            took_any |= !claimed.entries.is_empty();
-            // One at a time: they run from this instance's pending list, in
-            // order, not enqueued again at the end.
-            if !order.one_at_a_time() {
-                let mut entries = claimed.entries;
-                self.held.take_all(&mut entries, |entry| &entry.id);
-                for entry in &entries {
-                    debug!(
-                        partition = self.partition,
-                        id = entry.id,
-                        "claimed a pending entry"
-                    );
-                }
-                if !entries.is_empty() {
-                    self.spawn_batch(entries, Source::Claimed);
-                }
-            }
-            if claimed.next == "0-0" {
-                return Ok(took_any);
-            }
-            start = claimed.next;
         }
     }
 
