@@ -3,7 +3,7 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use deadpool_redis::redis::streams::StreamId;
+use deadpool_redis::redis::{self, streams::StreamId};
 use serde::{Serialize, Serializer};
 
 use super::Cursor;
