@@ -17,7 +17,9 @@
 //!   own stream; for the consumer also on 1, 2, 4 and 8 shared multiplexed
 //!   connections, the designs a reader of many partitions could take.
 //!
-//! peerq's consume is timed from its first handler call to its last ack,
+//! peerq's consume runs `REPEATS` times too, interleaved with the raw
+//! ones (each on entries of its own, those of one enqueue run), and its
+//! median run counts; it is timed from its first handler call to its last ack,
 //! as the raw consumers ack theirs before they end; the time to its last
 //! handler call (the measure before issue 26) is printed too, with how
 //! many tasks were still unacked then.
@@ -174,6 +176,8 @@ async fn main() {
     // gave ratios from 0.4 to 1.2. The first runs' entries stay (peerq's
     // are consumed below); the others are deleted.
     let (mut raw_enqueues, mut peerq_enqueues) = (Vec::new(), Vec::new());
+    // Every peerq run's entries stay: each is consumed once below.
+    let mut peerq_names = Vec::new();
     for run in 0..REPEATS {
         let (raw_name, peerq_name) = match run {
             0 => (RAW_PER_STREAM.to_owned(), name.clone()),
@@ -191,21 +195,21 @@ async fn main() {
             }
         };
         peerq_enqueues.push(rate);
+        peerq_names.push(peerq_name);
         if run > 0 {
             raw::delete_streams(&mut conn, &raw_name).await;
-            raw::delete_streams(&mut conn, &peerq_name).await;
         }
     }
     let per_stream_enqueue = median_of(&raw_enqueues);
     let peerq_enqueue = median_of(&peerq_enqueues);
 
-    let raw_consumes = raw_consumes(&client, &mut conn, own, tasks).await;
+    let rss_before = meter::peak_rss();
+    let (raw_consumes, peerq_consumes) =
+        consumes(&server, &mut conn, own, &peerq_names, tasks).await;
+    let rss_after = meter::peak_rss();
     let serial_consume = median(&raw_consumes[&SERIAL]);
     let per_stream_consume = median(&raw_consumes[&64]);
-
-    let rss_before = meter::peak_rss();
-    let peerq_consume = peerq_consume(&server, &mut conn, &name, tasks).await;
-    let rss_after = meter::peak_rss();
+    let peerq_consume = median_peerq(&peerq_consumes);
     // The cost of metrics: the same again with a recorder installed (the
     // instance registers its handles at start, so only the second sees it).
     let metered = unique_name("bench-metered");
@@ -231,7 +235,13 @@ async fn main() {
     );
     let peerq = &peerq_consume.acked;
     println!(
-        "| consume to the last ack, 1 instance, no-op handler, reads of {READ_COUNT} ({tasks} prefilled; raw: median of {REPEATS}) | {:.0} tasks/s | {:.0} tasks/s | {:.0} tasks/s | {:.2} | {:.2} |",
+        "| consume to the last ack, 1 instance, no-op handler, reads of {READ_COUNT} ({tasks} prefilled; each a median of {REPEATS}, interleaved; peerq's runs {}) | {:.0} tasks/s | {:.0} tasks/s | {:.0} tasks/s | {:.2} | {:.2} |",
+        rates(
+            &peerq_consumes
+                .iter()
+                .map(|c| c.acked.rate)
+                .collect::<Vec<_>>()
+        ),
         serial_consume.rate,
         per_stream_consume.rate,
         peerq.rate,
@@ -348,21 +358,27 @@ async fn consume_only(server: &RedisServer, tasks: u64) {
     print_costs(&[("raw per stream", &per_stream), ("peerq", &peerq.acked)]);
 }
 
-/// Every raw consumer `REPEATS` times, interleaved (the serial one, then
-/// the per-stream loops on a connection each and on each of `SHARED`), by
-/// its connections (`SERIAL` for the serial one).
-async fn raw_consumes(
-    client: &deadpool_redis::redis::Client,
+/// Every raw consumer `REPEATS` times (the serial one, then the
+/// per-stream loops on a connection each and on each of `SHARED`), by its
+/// connections (`SERIAL` for the serial one), and peerq's consume of each
+/// of `peerq` (one per repeat), interleaved: a repeat runs each of them
+/// once, so what the machine does meanwhile falls on all alike.
+async fn consumes(
+    server: &RedisServer,
     conn: &mut MultiplexedConnection,
     own: Vec<MultiplexedConnection>,
+    peerq: &[String],
     tasks: u64,
-) -> BTreeMap<usize, Vec<Consumed>> {
+) -> (BTreeMap<usize, Vec<Consumed>>, Vec<PeerqConsumed>) {
+    let client = server.client();
+    let client = &client;
     let mut designs = vec![(SERIAL, Vec::new()), (64, own)];
     for k in SHARED {
         designs.push((k, raw::connect(client, k).await));
     }
     let mut runs: BTreeMap<usize, Vec<Consumed>> = BTreeMap::new();
-    for repeat in 0..REPEATS {
+    let mut peerq_runs = Vec::new();
+    for (repeat, name) in peerq.iter().enumerate() {
         for (k, conns) in &designs {
             // A group of its own: every run reads the very same entries.
             let group = format!("raw-{k}-{repeat}");
@@ -378,8 +394,16 @@ async fn raw_consumes(
                 .or_default()
                 .push(Consumed { rate, cost, tasks });
         }
+        peerq_runs.push(peerq_consume(server, conn, name, tasks).await);
     }
-    runs
+    (runs, peerq_runs)
+}
+
+/// peerq's run with the median rate (to the last ack).
+fn median_peerq(runs: &[PeerqConsumed]) -> &PeerqConsumed {
+    let mut sorted: Vec<&PeerqConsumed> = runs.iter().collect();
+    sorted.sort_by(|a, b| a.acked.rate.total_cmp(&b.acked.rate));
+    sorted[sorted.len() / 2]
 }
 
 /// The run with the median rate.
