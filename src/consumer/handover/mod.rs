@@ -6,42 +6,38 @@
 //! (drain, then cancel), write a mark.
 //!
 //! It never blocks on Redis: reading marks, draining and marking run in
-//! tasks whose results come back through [`Handover::next`].
+//! tasks whose results come back through [`Handover::next`]. The effects
+//! themselves are in [`effects`].
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use metrics::Histogram;
 use tokio::sync::{broadcast, mpsc, watch};
 use tokio::task::{Id, JoinSet};
 use tokio::time::Instant;
-use tracing::{Instrument, debug, error, info, warn};
+use tracing::{Instrument, error, info, warn};
 
 use super::event::{PartitionChange, PartitionEvent};
 use super::lease::Lease;
 use super::ownership::{Ownership, Report};
 use super::shared::Shared;
-use super::store::PartitionStore;
 use super::store::marks::{self, Mark};
 use super::worker::Worker;
 use crate::assignment::Assignment;
 use crate::error::Result;
 use crate::indexer::Standing;
 use crate::metrics as m;
-use crate::retry::Pauses;
-use crate::timing::{self, Timing};
-use crate::transition::{Effect, Partitions};
+use crate::timing::Timing;
+use crate::transition::Partitions;
+
+mod effects;
 
 /// How often pending acquires read `{N}:transition` for their marks.
 const POLL_EVERY: Duration = Duration::from_millis(10);
 /// After a failed read of the marks.
 const POLL_BACKOFF: Duration = Duration::from_millis(100);
-/// Tries of one mark write: a lost mark only makes the successor wait for
-/// its deadline.
-const MARK_ATTEMPTS: u32 = 5;
-/// The pauses between two tries of a mark write: 50 ms, doubling.
-const MARK_PAUSES: Pauses = Pauses::new(Duration::from_millis(50), Duration::MAX);
 
 /// What woke the driver.
 #[derive(Debug)]
@@ -308,124 +304,5 @@ impl Handover {
             async move { marks::marks(&shared.conn, &shared.name, &waiting).await }
                 .in_current_span(),
         );
-    }
-
-    fn apply(&mut self, effects: Vec<Effect>) {
-        for effect in effects {
-            match effect {
-                Effect::Start { partition, token } => self.start(partition, token),
-                Effect::Drain {
-                    partition,
-                    cancel_at,
-                } => self.release(partition, cancel_at),
-                Effect::Mark { partition, epoch } => self.mark(partition, epoch),
-            }
-        }
-        metrics::gauge!(m::OWNED_PARTITIONS, "service" => self.shared.name.to_string())
-            .set(self.workers.len() as f64);
-        self.shared.metrics.owned(self.workers.len());
-        self.poll_marks();
-    }
-
-    /// Rule 3: acquire `p` with `token` and start fetching it.
-    fn start(&mut self, p: u32, token: u64) {
-        let assignment = self
-            .assignment
-            .as_ref()
-            .expect("partitions start only after an assignment")
-            .subscribe();
-        let shared = &self.shared;
-        let store = PartitionStore::new(
-            shared.conn.clone(),
-            &shared.name,
-            p,
-            token,
-            &shared.id,
-            shared.settings.max_entry_bytes,
-        );
-        let worker = Worker::start(shared.clone(), store, assignment, self.lease.clone());
-        self.measure_pause(p, token);
-        debug!(partition = p, token, "partition started");
-        self.workers.insert(p, worker);
-        self.publish(p, PartitionChange::Started { token });
-    }
-
-    /// Records how long partition `p`, acquired in epoch `token`, paused:
-    /// since its release mark was written, or, when the acquire waited for
-    /// its deadline, since its epoch began.
-    fn measure_pause(&self, p: u32, token: u64) {
-        let since = match self.marks_read.get(&p) {
-            Some(Mark {
-                epoch,
-                at_ms: Some(at),
-            }) if *epoch >= token => Duration::from_millis(*at),
-            _ => timing::epoch_start(self.timing.interval, token),
-        };
-        let paused = self.lease.now().saturating_sub(since);
-        self.pause.record(paused.as_secs_f64());
-    }
-
-    /// Rule 1: stop fetching `p`, let its tasks run until `cancel_at` (the
-    /// instance's wall clock), then cancel them; report when drained.
-    fn release(&mut self, p: u32, cancel_at: Duration) {
-        let left = cancel_at.saturating_sub(self.lease.now());
-        let deadline = Instant::now() + left;
-        let worker = self.workers.remove(&p);
-        if let Some(worker) = &worker {
-            // Now, not when the drain task first runs: tasks fetched from
-            // here on are handed back, and none sees the next assignment.
-            worker.ownership().release(deadline);
-            self.draining.insert(p, worker.ownership().clone());
-        }
-        let drain = async move {
-            if let Some(worker) = worker {
-                worker.release(deadline).await;
-            }
-            p
-        };
-        let handle = self.drains.spawn(drain.in_current_span());
-        self.drain_ids.insert(handle.id(), p);
-        debug!(partition = p, cancel_in = ?left, "partition released; draining");
-        self.publish(p, PartitionChange::Stopped);
-    }
-
-    /// Rule 2: mark(p) := max(mark(p), epoch), retried a few times.
-    fn mark(&mut self, p: u32, epoch: u64) {
-        let shared = self.shared.clone();
-        let write = async move {
-            let mut pauses = MARK_PAUSES;
-            for attempt in 1..=MARK_ATTEMPTS {
-                match marks::mark(&shared.conn, &shared.name, p, epoch).await {
-                    Ok(_) => {
-                        debug!(partition = p, epoch, "marked released");
-                        return;
-                    }
-                    Err(e) => {
-                        warn!(partition = p, epoch, attempt, cause = %e, "cannot write the release mark");
-                        pauses.wait().await;
-                    }
-                }
-            }
-            error!(
-                partition = p,
-                epoch, "release mark not written; the next owner waits for its deadline"
-            );
-        };
-        self.marks.spawn(write.in_current_span());
-    }
-
-    fn publish(&self, partition: u32, change: PartitionChange) {
-        let name = match change {
-            PartitionChange::Started { .. } => "started",
-            PartitionChange::Stopped => "stopped",
-            PartitionChange::Drained => "drained",
-        };
-        metrics::counter!(m::PARTITION_CHANGES_TOTAL, "service" => self.shared.name.to_string(), "change" => name)
-            .increment(1);
-        let _ = self.events.send(PartitionEvent {
-            partition,
-            at: SystemTime::now(),
-            change,
-        });
     }
 }
