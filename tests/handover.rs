@@ -4,7 +4,7 @@
 //! instance cut from Redis stops within its lease, and a leave can be cut
 //! short.
 //!
-//! Each rule of the state machine has a unit test in `src/transition.rs`;
+//! Each rule of the state machine has a unit test in `src/transition/tests.rs`;
 //! these tests show the wired runtime keeps them.
 
 mod support;

@@ -1,0 +1,367 @@
+//! Drain-then-switch (docs/design.md §4): an explicit state machine per
+//! partition, free of I/O.
+//!
+//! The machine is told what happens — an assignment arrived, marks were
+//! read, time passed, a drain finished, the instance fenced itself or
+//! leaves — and answers with [`Effect`]s for the runtime to carry out (stop
+//! fetching and drain, write a mark, start fetching with a fencing token).
+//! Every rule of §4 that decides *when* is here, so each has a unit test on
+//! the machine alone; the runtime only does what it is told. The times the
+//! rules compute (deadlines, drain ends, lease ends) are
+//! [`Timing`](crate::timing::Timing)'s. All times are the instance's local
+//! wall clock (durations since the Unix epoch).
+//!
+//! Rules 6 (leases), 8 (fenced writes) and 9 (tokens at the side effects)
+//! act at the runtime's edges; the machine gives them the fencing token,
+//! and [`Timing::lease_for`](crate::timing::Timing::lease_for) the lease.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use tracing::{debug, warn};
+
+use crate::assignment::Assignment;
+use crate::timing::Timing;
+
+mod state;
+
+pub(crate) use state::{Effect, State};
+
+/// The state machines of all partitions of one instance.
+#[derive(Debug)]
+pub(crate) struct Partitions {
+    timing: Timing,
+    partitions: u32,
+    states: BTreeMap<u32, State>,
+    /// The epoch of the last assignment applied; `None` after a fence.
+    last_epoch: Option<u64>,
+}
+
+impl Partitions {
+    pub(crate) fn new(timing: Timing, partitions: u32) -> Self {
+        Partitions {
+            timing,
+            partitions,
+            states: BTreeMap::new(),
+            last_epoch: None,
+        }
+    }
+
+    /// The state of partition `p`.
+    pub(crate) fn state(&self, p: u32) -> State {
+        self.states.get(&p).copied().unwrap_or(State::Idle)
+    }
+
+    /// Partitions waiting for a mark (to poll `{N}:transition` for).
+    pub(crate) fn waiting(&self) -> Vec<u32> {
+        self.states
+            .iter()
+            .filter(|(_, s)| matches!(s, State::Acquiring { .. } | State::Moot { .. }))
+            .map(|(p, _)| *p)
+            .collect()
+    }
+
+    /// The earliest handover deadline of a pending acquire or moot wait.
+    pub(crate) fn next_deadline(&self) -> Option<Duration> {
+        self.states
+            .values()
+            .filter_map(|s| match s {
+                State::Acquiring { deadline, .. } | State::Moot { deadline, .. } => Some(*deadline),
+                _ => None,
+            })
+            .min()
+    }
+
+    /// Whether nothing is owned, pending or draining.
+    pub(crate) fn is_idle(&self) -> bool {
+        self.states.is_empty()
+    }
+
+    /// The fencing token of a partition this instance fetches.
+    #[cfg(test)]
+    pub(crate) fn token(&self, p: u32) -> Option<u64> {
+        match self.state(p) {
+            State::Owned { token, .. } => Some(token),
+            _ => None,
+        }
+    }
+
+    /// An assignment arrived at local time `now` (rules 1–5).
+    pub(crate) fn assigned(&mut self, a: Assignment, now: Duration) -> Vec<Effect> {
+        let e = a.epoch;
+        // The same epoch again (a repeated delivery) changes nothing.
+        if self.last_epoch == Some(e) {
+            return Vec::new();
+        }
+        // Rule 6: an assignment that arrives after its own lease vouches
+        // for nothing; behave as after a lapsed lease.
+        if self.timing.lease_for(e, now).is_none() {
+            return self.fence();
+        }
+        let mut effects = Vec::new();
+        // Rule 5: after a skipped epoch, nothing held before is trusted.
+        // Said like every other fence, so an operator (and the scenario
+        // tests) can tell this stop from a paused kept partition.
+        if let Some(last) = self.last_epoch.filter(|last| last + 1 != e) {
+            if !self.is_idle() {
+                warn!(
+                    last,
+                    epoch = e,
+                    "an epoch was skipped; fencing every partition"
+                );
+            }
+            effects.extend(self.fence());
+        }
+        // Rule 2: only the owner under E - 1 may mark E.
+        let continuous = self.last_epoch == Some(e.wrapping_sub(1));
+        self.last_epoch = Some(e);
+        let deadline = self.timing.deadline(e);
+        for p in 0..self.partitions {
+            let owns = a.owns(p, self.partitions);
+            let from = self.state(p);
+            let to = match (from, owns) {
+                (State::Idle, false) => State::Idle,
+                (State::Idle, true) => State::Acquiring { epoch: e, deadline },
+                // Kept partitions never pause.
+                (State::Owned { token, .. }, true) => State::Owned { token, epoch: e },
+                (
+                    State::Owned {
+                        epoch: owned_in, ..
+                    },
+                    false,
+                ) => self.release(p, e, now, continuous && owned_in + 1 == e, &mut effects),
+                // Rule 4: a pending acquire still owned keeps its epoch and
+                // deadline (restarting it starves a dead owner's partitions).
+                (acquiring @ State::Acquiring { .. }, true) => acquiring,
+                (State::Acquiring { epoch, deadline }, false) => State::Moot {
+                    epoch,
+                    deadline,
+                    new_epoch: e,
+                    then: None,
+                },
+                // A drain or a moot wait goes on; if the partition comes
+                // back, it is acquired anew (keeping the first such epoch)
+                // once that is over.
+                (waiting @ (State::Draining { then, .. } | State::Moot { then, .. }), owns) => {
+                    waiting.with_then(owns.then(|| then.unwrap_or((e, deadline))))
+                }
+            };
+            self.set(p, from, to);
+        }
+        effects.extend(self.settle(now, &BTreeMap::new()));
+        effects
+    }
+
+    /// Rule 8: Redis refused a fenced write on `p` owned with `token`:
+    /// another instance holds it now. Only `p` stops (cancelled now, no
+    /// mark: this instance's ownership is not vouched for); a later
+    /// assignment that still owns it acquires it anew through the deadline.
+    pub(crate) fn lost(&mut self, p: u32, token: u64) -> Vec<Effect> {
+        let from = self.state(p);
+        if !matches!(from, State::Owned { token: t, .. } if t == token) {
+            // Released or acquired anew since: the refusal is old news.
+            return Vec::new();
+        }
+        let mut effects = Vec::new();
+        let to = Self::stop_now(p, &mut effects);
+        self.set(p, from, to);
+        effects
+    }
+
+    /// Rule 5: a skipped epoch, a lapsed lease or a failed round. Everything
+    /// owned stops at once (cancelled now, no mark: its ownership is no
+    /// longer vouched for), pending acquires are dropped, and the next
+    /// assignment acquires anew through marks and deadlines.
+    pub(crate) fn fence(&mut self) -> Vec<Effect> {
+        let mut effects = Vec::new();
+        self.last_epoch = None;
+        for p in 0..self.partitions {
+            let from = self.state(p);
+            let to = match from {
+                State::Owned { .. } => Self::stop_now(p, &mut effects),
+                // Its release was vouched for before the fence: the mark
+                // it will write after the drain is still true.
+                draining @ State::Draining { .. } => draining.with_then(None),
+                State::Acquiring { .. } | State::Moot { .. } | State::Idle => State::Idle,
+            };
+            self.set(p, from, to);
+        }
+        effects
+    }
+
+    /// Rule 7: a graceful leave, at round `number`, the first without an
+    /// index. Everything owned is released for `number` with marks (if the
+    /// last assignment was `number - 1`), so successors need not wait for
+    /// the deadline; pending acquires become moot.
+    pub(crate) fn leave(&mut self, number: u64, now: Duration) -> Vec<Effect> {
+        let mut effects = Vec::new();
+        let continuous = self.last_epoch == Some(number.wrapping_sub(1));
+        self.last_epoch = None;
+        for p in 0..self.partitions {
+            let from = self.state(p);
+            let to = match from {
+                State::Owned {
+                    epoch: owned_in, ..
+                } => self.release(
+                    p,
+                    number,
+                    now,
+                    continuous && owned_in + 1 == number,
+                    &mut effects,
+                ),
+                // Rule 2: a pending acquire may only chain a mark if this
+                // instance was the owner under `number - 1`.
+                State::Acquiring { epoch, deadline } if continuous => State::Moot {
+                    epoch,
+                    deadline,
+                    new_epoch: number,
+                    then: None,
+                },
+                State::Acquiring { .. } => State::Idle,
+                waiting @ (State::Draining { .. } | State::Moot { .. }) => waiting.with_then(None),
+                State::Idle => State::Idle,
+            };
+            self.set(p, from, to);
+        }
+        effects.extend(self.settle(now, &BTreeMap::new()));
+        effects
+    }
+
+    /// Marks read from `{N}:transition` at local time `now` (rule 3).
+    pub(crate) fn marks(&mut self, marks: &BTreeMap<u32, u64>, now: Duration) -> Vec<Effect> {
+        self.settle(now, marks)
+    }
+
+    /// Time passed: deadlines (rule 3).
+    pub(crate) fn tick(&mut self, now: Duration) -> Vec<Effect> {
+        self.settle(now, &BTreeMap::new())
+    }
+
+    /// The runtime finished draining `p`: running tasks finished or were
+    /// cancelled and awaited, and what finished is acked (rule 1). Only
+    /// now is the mark written.
+    pub(crate) fn drained(&mut self, p: u32, now: Duration) -> Vec<Effect> {
+        let mut effects = Vec::new();
+        let from = self.state(p);
+        let State::Draining {
+            epoch, mark, then, ..
+        } = from
+        else {
+            return effects;
+        };
+        if mark {
+            effects.push(Effect::Mark {
+                partition: p,
+                epoch,
+            });
+        }
+        let to = match then {
+            Some((epoch, deadline)) => State::Acquiring { epoch, deadline },
+            None => State::Idle,
+        };
+        self.set(p, from, to);
+        effects.extend(self.settle(now, &BTreeMap::new()));
+        effects
+    }
+
+    /// Rule 1: releases owned `p` for epoch `e` (an assignment or a leave
+    /// that arrived at `now`); `mark`: whether its release is vouched for.
+    fn release(
+        &self,
+        p: u32,
+        e: u64,
+        now: Duration,
+        mark: bool,
+        effects: &mut Vec<Effect>,
+    ) -> State {
+        let until = self.timing.drain_end(e, now);
+        effects.push(Effect::Drain {
+            partition: p,
+            cancel_at: until,
+        });
+        State::Draining {
+            epoch: e,
+            until,
+            mark,
+            then: None,
+        }
+    }
+
+    /// Rules 5 and 8: stops owned `p` at once (cancelled now), no mark.
+    fn stop_now(p: u32, effects: &mut Vec<Effect>) -> State {
+        effects.push(Effect::Drain {
+            partition: p,
+            cancel_at: Duration::ZERO,
+        });
+        State::Draining {
+            epoch: 0,
+            until: Duration::ZERO,
+            mark: false,
+            then: None,
+        }
+    }
+
+    /// Whether any partition waits for a mark.
+    pub(crate) fn is_waiting(&self) -> bool {
+        self.states
+            .values()
+            .any(|s| matches!(s, State::Acquiring { .. } | State::Moot { .. }))
+    }
+
+    /// Completes the waits whose condition holds: mark(p) >= epoch, or the
+    /// deadline passed.
+    fn settle(&mut self, now: Duration, marks: &BTreeMap<u32, u64>) -> Vec<Effect> {
+        let mut effects = Vec::new();
+        // Twice: a finished moot wait can start an acquire that is done too.
+        for p in (0..self.partitions).chain(0..self.partitions) {
+            let from = self.state(p);
+            let done = |epoch: u64, deadline: Duration| {
+                now >= deadline || marks.get(&p).is_some_and(|m| *m >= epoch)
+            };
+            let to = match from {
+                State::Acquiring { epoch, deadline } if done(epoch, deadline) => {
+                    effects.push(Effect::Start {
+                        partition: p,
+                        token: epoch,
+                    });
+                    State::Owned {
+                        token: epoch,
+                        epoch: self.last_epoch.unwrap_or(epoch),
+                    }
+                }
+                State::Moot {
+                    epoch,
+                    deadline,
+                    new_epoch,
+                    then,
+                } if done(epoch, deadline) => {
+                    effects.push(Effect::Mark {
+                        partition: p,
+                        epoch: new_epoch,
+                    });
+                    match then {
+                        Some((epoch, deadline)) => State::Acquiring { epoch, deadline },
+                        None => State::Idle,
+                    }
+                }
+                other => other,
+            };
+            self.set(p, from, to);
+        }
+        effects
+    }
+
+    fn set(&mut self, p: u32, from: State, to: State) {
+        if from != to {
+            debug!(partition = p, ?from, ?to, "partition");
+        }
+        if to == State::Idle {
+            self.states.remove(&p);
+        } else {
+            self.states.insert(p, to);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;
