@@ -173,10 +173,10 @@ async fn main() {
     // The per-stream producer and peerq's, interleaved, `REPEATS` times
     // each, medians: one caller waiting on each batch suffers more from
     // whatever else the machine does than 64 loops do, so single runs
-    // gave ratios from 0.4 to 1.2. The first runs' entries stay (peerq's
-    // are consumed below); the others are deleted.
+    // gave ratios from 0.4 to 1.2. The raw producer's first run's entries
+    // stay (the raw consumers read them) and its others are deleted;
+    // every peerq run's stay, each consumed by one peerq consume below.
     let (mut raw_enqueues, mut peerq_enqueues) = (Vec::new(), Vec::new());
-    // Every peerq run's entries stay: each is consumed once below.
     let mut peerq_names = Vec::new();
     for run in 0..REPEATS {
         let (raw_name, peerq_name) = match run {
@@ -263,7 +263,7 @@ async fn main() {
         peerq_consume.ack_lag.as_secs_f64() * 1e3
     );
     println!(
-        "| the bench process's peak memory (RSS) before / after peerq's consume | {:.0} / {:.0} MiB |",
+        "| the bench process's peak memory (RSS) before / after the consume runs (raw and peerq, interleaved) | {:.0} / {:.0} MiB |",
         rss_before as f64 / (1 << 20) as f64,
         rss_after as f64 / (1 << 20) as f64
     );
