@@ -209,7 +209,7 @@ async fn main() {
     let rss_after = meter::peak_rss();
     let serial_consume = median(&raw_consumes[&SERIAL]);
     let per_stream_consume = median(&raw_consumes[&64]);
-    let peerq_consume = median_peerq(&peerq_consumes);
+    let peerq_consume = median_by(&peerq_consumes, |run| run.acked.rate);
     // The cost of metrics: the same again with a recorder installed (the
     // instance registers its handles at start, so only the second sees it).
     let metered = unique_name("bench-metered");
@@ -370,8 +370,7 @@ async fn consumes(
     peerq: &[String],
     tasks: u64,
 ) -> (BTreeMap<usize, Vec<Consumed>>, Vec<PeerqConsumed>) {
-    let client = server.client();
-    let client = &client;
+    let client = &server.client();
     let mut designs = vec![(SERIAL, Vec::new()), (64, own)];
     for k in SHARED {
         designs.push((k, raw::connect(client, k).await));
@@ -399,14 +398,6 @@ async fn consumes(
     (runs, peerq_runs)
 }
 
-/// peerq's run with the median rate (to the last ack).
-fn median_peerq(runs: &[PeerqConsumed]) -> &PeerqConsumed {
-    let mut sorted: Vec<&PeerqConsumed> = runs.iter().collect();
-    sorted.sort_by(|a, b| a.acked.rate.total_cmp(&b.acked.rate));
-    sorted[sorted.len() / 2]
-}
-
-/// The run with the median rate.
 /// The median of some rates.
 fn median_of(rates: &[f64]) -> f64 {
     let mut sorted = rates.to_vec();
@@ -420,9 +411,15 @@ fn rates(rates: &[f64]) -> String {
     each.join(" / ")
 }
 
+/// The run with the median rate.
 fn median(runs: &[Consumed]) -> &Consumed {
-    let mut sorted: Vec<&Consumed> = runs.iter().collect();
-    sorted.sort_by(|a, b| a.rate.total_cmp(&b.rate));
+    median_by(runs, |run| run.rate)
+}
+
+/// The run whose `rate` is the median.
+fn median_by<T>(runs: &[T], rate: impl Fn(&T) -> f64) -> &T {
+    let mut sorted: Vec<&T> = runs.iter().collect();
+    sorted.sort_by(|a, b| rate(a).total_cmp(&rate(b)));
     sorted[sorted.len() / 2]
 }
 

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use deadpool_redis::Pool;
 
-use super::Indexer;
 use super::schedule::Schedule;
+use super::{Indexer, Liveness};
 use crate::assignment::Assignor;
 use crate::clock::{Clock, SystemClock};
 use crate::config::{IndexerSettings, Indexing, ServiceName};
@@ -16,8 +16,6 @@ use crate::connection::{Backend, Given, Tls};
 use crate::error::Result;
 use crate::instance::InstanceId;
 use crate::presence::Presence;
-
-use super::Liveness;
 
 /// Builds an [`Indexer`].
 ///
