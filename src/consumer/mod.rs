@@ -31,6 +31,7 @@
 //! | `ownership` | a partition as a worker owns it: its store, stop and cancel tokens, fences |
 //! | `fetch` | step 1: acquire, claim, read, hand each entry to a task |
 //! | `idle_reads` | the one blocking read of the partitions read out |
+//! | `lanes` | the connections non-blocking reads go out on: two shared, two more while a backlog is read |
 //! | `run` | step 2: a read's entries in one task: wait for room, the pause gate and the lease, decode, call the handler, collect the acks |
 //! | `room` | room for tasks: running handlers (`concurrency`), and finished ones waiting for their acks |
 //! | `gate` | the pause gate: no handler starts while `{N}:paused` exists |
@@ -58,6 +59,7 @@ mod handover;
 mod held;
 mod housekeeping;
 mod idle_reads;
+mod lanes;
 mod lease;
 mod meters;
 mod ownership;

@@ -16,6 +16,7 @@ use super::event::PartitionEvent;
 use super::gate;
 use super::handover::Handover;
 use super::idle_reads::{self, IdleReads};
+use super::lanes::Lanes;
 use super::lease::Lease;
 use super::meters::{QueueGauges, TaskMetrics};
 use super::policy::Order;
@@ -152,12 +153,14 @@ where
         block: settings.block,
     });
     let reads = Arc::new(SharedConnection::new(conn.backend().clone()));
+    let lanes = Arc::new(Lanes::new(conn.clone(), reads));
+    let lanes_let_go = lanes.spawn_let_go();
     let (due, due_watcher) = DueWatch::spawn(name.clone(), conn.clone(), clock.clone());
     let shared = Arc::new(Shared {
         name: name.clone(),
         id: id.clone(),
         conn,
-        reads,
+        lanes,
         idle,
         runner,
         order,
@@ -250,6 +253,7 @@ where
     drop(jobs);
     drop(gate_watcher);
     drop(due_watcher);
+    drop(lanes_let_go);
     indexer.stop().await;
     drop(beating);
     drop(handover);

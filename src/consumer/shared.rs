@@ -12,6 +12,7 @@ use super::acker::Ack;
 use super::due_watch::DueWatch;
 use super::gate::Gate;
 use super::idle_reads::IdleReads;
+use super::lanes::Lanes;
 use super::meters::{QueueGauges, TaskMetrics};
 use super::ownership::Report;
 use super::policy::Order;
@@ -28,9 +29,9 @@ pub(crate) struct Shared {
     pub(crate) id: InstanceId,
     /// For everything that does not block.
     pub(crate) conn: Arc<SharedConnection>,
-    /// A second connection for the partitions' reads (half of them), so
-    /// two connections carry the reads in flight (see [`Shared::lane`]).
-    pub(crate) reads: Arc<SharedConnection>,
+    /// The connections the partitions' non-blocking reads go out on:
+    /// `conn`, a second shared one and, while a backlog is read, two more.
+    pub(crate) lanes: Arc<Lanes>,
     /// The one blocking read of the partitions read out.
     pub(crate) idle: IdleReads,
     /// The handler service with its layers and the codec.
@@ -55,19 +56,4 @@ pub(crate) struct Shared {
     /// The indexer's round interval: the queue gauges are refreshed at
     /// least this often.
     pub(crate) interval: Duration,
-}
-
-impl Shared {
-    /// The connection partition `p` reads on: the instance's two shared
-    /// connections take half the partitions each. Reads of many partitions
-    /// in flight at once on a few connections are as fast as a connection
-    /// per partition (BENCHMARKS.md, the raw floor); two, not more, keep an
-    /// instance at four connections with its idle read and its rounds.
-    pub(crate) fn lane(&self, p: u32) -> &SharedConnection {
-        if p.is_multiple_of(2) {
-            &self.conn
-        } else {
-            &self.reads
-        }
-    }
 }

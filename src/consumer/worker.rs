@@ -68,6 +68,7 @@ impl Worker {
             .in_current_span(),
         );
         let fetcher = Fetcher {
+            lane: shared.lanes.take(),
             shared,
             partition,
             assignment,

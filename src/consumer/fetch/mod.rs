@@ -66,6 +66,8 @@ struct Idle {
 pub(super) struct Fetcher {
     pub(super) shared: Arc<Shared>,
     pub(super) partition: u32,
+    /// The lane its reads go out on ([`super::lanes`]).
+    pub(super) lane: usize,
     pub(super) assignment: watch::Receiver<Assignment>,
     pub(super) lease: Lease,
     pub(super) ownership: Arc<Ownership>,
@@ -153,7 +155,7 @@ impl Fetcher {
             let from = at.pending_from.clone().unwrap_or_else(|| ">".to_owned());
             // Never blocking, so never cut short: a stop waits for its
             // answer, whose entries are this instance's to run or hand back.
-            let lane = self.shared.lane(self.partition);
+            let lane = self.shared.lanes.conn(self.lane);
             let fetched = match self.ownership.store.read(lane, &from, count).await {
                 Ok(fetched) => fetched,
                 Err(e) => {
