@@ -43,14 +43,14 @@ impl Settle<'_> {
         self.ownership.store.partition()
     }
 
-    /// Acks entry `id` (its task succeeded) in the acker's next batch; the
-    /// outcome comes back on `reply`, and goes to
+    /// Acks entries `ids` (their tasks succeeded) in the acker's next
+    /// batch; the outcome comes back on `reply`, and goes to
     /// [`acks_ended`](Self::acks_ended).
-    pub(crate) fn ack(&self, id: String, reply: &Replies) {
+    pub(crate) fn ack(&self, ids: Vec<String>, reply: &Replies) {
         let ack = Ack::new(
             self.ownership.store.clone(),
             self.ownership.stop.clone(),
-            id,
+            ids,
             reply.clone(),
         );
         // Refused only once the acker has stopped: the ack, dropped, tells

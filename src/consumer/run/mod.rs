@@ -26,8 +26,8 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
-use futures_util::StreamExt;
 use futures_util::stream::FuturesUnordered;
+use futures_util::{FutureExt, StreamExt};
 use tokio::sync::{SemaphorePermit, mpsc};
 
 use super::acker::Acked;
@@ -156,26 +156,37 @@ impl Batch {
                         }
                     }
                 }
-                Some(ran) = running.next(), if !running.is_empty() => match ran {
-                    Ran::Succeeded(id) => {
-                        settle.ack(id, reply.as_ref().expect("open while entries run"));
-                        slots.taken += 1;
+                Some(ran) = running.next(), if !running.is_empty() => {
+                    // Every entry that finished by now goes in one ack.
+                    let mut succeeded = Vec::new();
+                    let mut ran = Some(ran);
+                    while let Some(one) = ran.take().or_else(|| running.next().now_or_never().flatten()) {
+                        match one {
+                            Ran::Succeeded(id) => succeeded.push(id),
+                            Ran::Done(id, settled) => {
+                                all_settled &= settled;
+                                self.held.release(&id, settled);
+                            }
+                        }
                     }
-                    Ran::Done(id, settled) => {
-                        all_settled &= settled;
-                        self.held.release(&id, settled);
+                    if !succeeded.is_empty() {
+                        slots.taken += succeeded.len();
+                        settle.ack(succeeded, reply.as_ref().expect("open while entries run"));
                     }
-                },
+                }
                 n = replies.recv_many(&mut told, usize::MAX), if slots.taken > 0 => {
                     // Every ack tells once, also when dropped untold, so
                     // the channel does not end while acks are underway.
-                    let acked = told.iter().filter(|(_, a)| *a == Acked::Yes).count();
+                    let ids: usize = told.iter().map(|(ids, _)| ids.len()).sum();
+                    let landed = told.iter().filter(|(_, a)| *a == Acked::Yes);
+                    let acked: usize = landed.map(|(ids, _)| ids.len()).sum();
                     let fenced = told.iter().any(|(_, a)| *a == Acked::Fenced);
-                    all_settled &= acked == told.len();
-                    self.held
-                        .release_all(told.iter().map(|(id, a)| (id.as_str(), *a == Acked::Yes)));
+                    all_settled &= acked == ids;
+                    self.held.release_all(told.iter().flat_map(|(ids, a)| {
+                        ids.iter().map(move |id| (id.as_str(), *a == Acked::Yes))
+                    }));
                     told.clear();
-                    slots.give_back(n);
+                    slots.give_back(ids);
                     settle.acks_ended(acked, fenced);
                     if n == 0 {
                         break;
