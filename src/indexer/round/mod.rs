@@ -2,13 +2,12 @@
 //! and publishes the instance's [`Standing`].
 
 use std::sync::Arc;
-use std::time::Duration;
 
-use deadpool_redis::redis;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
+mod clock;
 mod script;
 
 use script::Written;
@@ -18,13 +17,13 @@ use super::liveness::Liveness;
 use super::schedule::{Plan, Schedule};
 use super::{FenceReason, Standing};
 use crate::assignment::{Assignment, Assignor};
-use crate::clock::{Clock, signed_secs};
+use crate::clock::Clock;
 use crate::config::{IndexerSettings, ServiceName};
 use crate::connection::{Backend, Conn, SharedConnection};
 use crate::error::{Error, Result};
 use crate::instance::InstanceId;
+use crate::metrics as m;
 use crate::presence::Presence;
-use crate::{keys, metrics as m};
 
 /// How long a round key lives, in intervals: it is written during one
 /// interval and read in the next round, at most 1.5 intervals later.
@@ -269,61 +268,6 @@ impl RoundLoop {
                 debug!(service = %self.name, "members record not removed in time; it goes stale")
             }
         }
-    }
-
-    /// Measures this instance's clock against Redis `TIME`, corrected by
-    /// half the round trip (at start; rounds measure with their script).
-    /// A clock beyond the skew is logged and fences the rounds that follow.
-    pub(super) async fn check_clock(&mut self) -> Result<()> {
-        let before = self.clock.now();
-        // The clock of the node with the service's keys, on a Cluster.
-        let time = redis::cmd("TIME");
-        let (secs, micros): (u64, u64) = self.conn.query_at(&time, &keys::meta(&self.name)).await?;
-        let after = self.clock.now();
-        let server = Duration::from_secs(secs) + Duration::from_micros(micros);
-        self.judge_clock(before, after, server);
-        Ok(())
-    }
-
-    /// Judges one clock measurement: local time read `before` and `after` a
-    /// request that Redis served at `server`. Returns the fence reason while
-    /// the offset exceeds the tolerated skew, and logs each change.
-    fn judge_clock(
-        &mut self,
-        before: Duration,
-        after: Duration,
-        server: Duration,
-    ) -> Option<FenceReason> {
-        let half_rtt = after.saturating_sub(before) / 2;
-        let offset = signed_secs(before + half_rtt, server);
-        metrics::gauge!(m::CLOCK_OFFSET_SECONDS, "service" => self.name.to_string()).set(offset);
-        let tolerated = self.settings.skew;
-        let offset_ms = (offset * 1e4).round() / 10.0;
-        // The estimate is off by up to half the round trip (a reply that
-        // waited for a busy runtime makes `after` late). Fence only on an
-        // offset beyond the skew whatever the error: a slow round must not
-        // look like a bad clock.
-        if offset.abs() - half_rtt.as_secs_f64() <= tolerated.as_secs_f64() {
-            if self.clock_fenced {
-                self.clock_fenced = false;
-                info!(service = %self.name, instance = %self.id, offset_ms, "clock back within the tolerated skew");
-            }
-            return None;
-        }
-        if !self.clock_fenced {
-            self.clock_fenced = true;
-            error!(
-                service = %self.name,
-                instance = %self.id,
-                offset_ms,
-                ?tolerated,
-                "clock offset against redis TIME exceeds the tolerated skew: fencing this instance until it is back within"
-            );
-        }
-        Some(FenceReason::ClockSkew {
-            offset_us: (offset * 1e6) as i64,
-            tolerated,
-        })
     }
 
     /// The standing for epoch `number` from the previous round's index,
