@@ -14,8 +14,9 @@
 //!
 //! A fetch loop takes the next lane in turn when it starts, not one chosen
 //! by its partition's number: an instance of `replicas` owns every
-//! `replicas`-th partition, and lanes by `p % lanes` left all of them on
-//! one lane whenever the two numbers shared a factor.
+//! `replicas`-th partition, and lanes by `p % lanes` would leave lanes
+//! unused whenever the two numbers share a factor (with 2 replicas, half
+//! of them).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
