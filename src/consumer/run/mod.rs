@@ -159,8 +159,8 @@ impl Batch {
                 Some(ran) = running.next(), if !running.is_empty() => {
                     // Every entry that finished by now goes in one ack.
                     let mut succeeded = Vec::new();
-                    let mut ran = Some(ran);
-                    while let Some(one) = ran.take().or_else(|| running.next().now_or_never().flatten()) {
+                    let mut next = Some(ran);
+                    while let Some(one) = next {
                         match one {
                             Ran::Succeeded(id) => succeeded.push(id),
                             Ran::Done(id, settled) => {
@@ -168,6 +168,8 @@ impl Batch {
                                 self.held.release(&id, settled);
                             }
                         }
+                        // The next one finished already, if any; no wait.
+                        next = running.next().now_or_never().flatten();
                     }
                     if !succeeded.is_empty() {
                         slots.taken += succeeded.len();
