@@ -38,8 +38,11 @@ const LOOK_EVERY: Duration = Duration::from_millis(500);
 /// The lanes of one instance.
 #[derive(Debug)]
 pub(crate) struct Lanes {
-    /// The instance's two shared connections: lanes 0 and 1.
-    shared: [Arc<SharedConnection>; 2],
+    /// Lane 0: the instance's shared connection (acks, scripts,
+    /// housekeeping).
+    conn: Arc<SharedConnection>,
+    /// Lane 1: a second shared connection, for reads only.
+    reads: SharedConnection,
     /// Lanes 2 and 3.
     busy: [Busy; LANES - 2],
     /// The lane the next fetch loop takes.
@@ -57,16 +60,17 @@ struct Busy {
 }
 
 impl Lanes {
-    /// Lanes 0 and 1 on `conn` and `reads`, the instance's shared
-    /// connections; the busy lanes to the same Redis, not connected yet.
-    pub(crate) fn new(conn: Arc<SharedConnection>, reads: Arc<SharedConnection>) -> Lanes {
+    /// Lane 0 on `conn`, the instance's shared connection; the other lanes
+    /// to the same Redis, each connected on its first read.
+    pub(crate) fn new(conn: Arc<SharedConnection>) -> Lanes {
         let busy = || Busy {
             conn: SharedConnection::new(conn.backend().clone()),
             last_read: AtomicU64::new(0),
         };
         Lanes {
+            reads: SharedConnection::new(conn.backend().clone()),
             busy: [busy(), busy()],
-            shared: [conn, reads],
+            conn,
             next: AtomicUsize::new(0),
             epoch: Instant::now(),
         }
@@ -80,7 +84,8 @@ impl Lanes {
     /// The connection of `lane`, for a read going out now.
     pub(crate) fn conn(&self, lane: usize) -> &SharedConnection {
         match lane % LANES {
-            shared @ 0..2 => &self.shared[shared],
+            0 => &self.conn,
+            1 => &self.reads,
             busy => {
                 let busy = &self.busy[busy - 2];
                 busy.last_read.store(self.now_ms(), Ordering::Relaxed);
@@ -149,8 +154,7 @@ mod tests {
             .await
             .unwrap();
         let conn = Arc::new(SharedConnection::new(server.pool()));
-        let reads = Arc::new(SharedConnection::new(server.pool()));
-        let lanes = Arc::new(Lanes::new(conn, reads));
+        let lanes = Arc::new(Lanes::new(conn));
         let _let_go = lanes.spawn_let_go();
         let ping = redis::cmd("PING");
         // Fetch loops take the lanes in turn, every one of them.

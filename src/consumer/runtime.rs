@@ -152,8 +152,7 @@ where
         batch: settings.batch,
         block: settings.block,
     });
-    let reads = Arc::new(SharedConnection::new(conn.backend().clone()));
-    let lanes = Arc::new(Lanes::new(conn.clone(), reads));
+    let lanes = Arc::new(Lanes::new(conn.clone()));
     let lanes_let_go = lanes.spawn_let_go();
     let (due, due_watcher) = DueWatch::spawn(name.clone(), conn.clone(), clock.clone());
     let shared = Arc::new(Shared {
