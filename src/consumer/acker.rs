@@ -37,10 +37,10 @@ use crate::config::ServiceName;
 use crate::connection::SharedConnection;
 use crate::retry::Pauses;
 
-/// Most acks sent in one pipeline. With `IN_FLIGHT`, it bounds the
-/// finished tasks waiting for acks ([`super::room::Room`]): at 1,024 (a
-/// bound of 4,096) a busy instance read about half the entries it asked
-/// for, at 4,096 full batches.
+/// Most ids acked in one pipeline (an [`Ack`] with more goes alone).
+/// With `IN_FLIGHT`, it bounds the finished tasks waiting for acks
+/// ([`super::room::Room`]): at 1,024 (a bound of 4,096) a busy instance
+/// read about half the entries it asked for, at 4,096 full batches.
 pub(crate) const MAX_BATCH: usize = 4096;
 /// Most pipelines of acks underway at once.
 pub(crate) const IN_FLIGHT: usize = 4;
