@@ -641,11 +641,7 @@ async fn pause_writes_the_key_and_resume_removes_it() {
         .connect()
         .await
         .unwrap();
-    let mut conn = server
-        .client()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap();
+    let mut conn = server.connection().await;
     let key = format!("{{{name}}}:paused");
 
     let paused = peerq(

@@ -106,11 +106,7 @@ async fn an_instance_holds_six_connections_busy_and_four_idle_and_every_idle_par
     let server = RedisServer::start();
     let url = server.url();
     let name = unique_name("idle");
-    let mut probe = server
-        .client()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap();
+    let mut probe = server.connection().await;
     // A backlog first, its producer gone before the instance starts, so
     // every other client is the instance's.
     const BACKLOG: u64 = 20_000;

@@ -145,11 +145,7 @@ async fn an_error_from_redis_is_returned_and_what_redis_applied_stays() {
 async fn enqueues_wait_for_a_replica_and_say_when_none_confirmed() {
     let master = RedisServer::start();
     let replica = RedisServer::start();
-    let mut conn = replica
-        .client()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap();
+    let mut conn = replica.connection().await;
     let () = redis::cmd("REPLICAOF")
         .arg("127.0.0.1")
         .arg(master.port())
@@ -191,11 +187,7 @@ async fn enqueues_wait_for_a_replica_and_say_when_none_confirmed() {
     let err = producer.enqueue_batch(&jobs(10)).await.unwrap_err();
     assert!(err.to_string().contains("reached 0 of 1 replicas"), "{err}");
     // Both landed on the master nonetheless.
-    let mut conn = master
-        .client()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap();
+    let mut conn = master.connection().await;
     let mut total = 0;
     for p in 0..DEFAULT_PARTITIONS {
         let len: u64 = conn.xlen(format!("{{{name}/{p}}}:stream")).await.unwrap();

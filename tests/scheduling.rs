@@ -162,11 +162,7 @@ async fn a_delayed_task_runs_when_due_by_its_notice_and_without_one_after_the_sl
     let producer = producer(&server.url(), &name).await;
     // Owned, and the first look at each delayed set done.
     tokio::time::sleep(Duration::from_millis(2500)).await;
-    let mut raw = server
-        .client()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap();
+    let mut raw = server.connection().await;
     // Due in 10 s: its notice is read only 2 s before, so removing it now
     // means the owner never hears of it.
     let lost_due = SystemTime::now() + Duration::from_secs(10);

@@ -228,6 +228,19 @@ impl RedisServer {
         }
     }
 
+    /// A multiplexed connection for a test's own commands (probes, checks),
+    /// with a response timeout of 30 s: the client's default of 0.5 s failed
+    /// a test's `CLIENT LIST` when the machine was loaded (two cores, other
+    /// tests and builds running), which says nothing about peerq.
+    pub async fn connection(&self) -> redis::aio::MultiplexedConnection {
+        let config =
+            redis::AsyncConnectionConfig::new().set_response_timeout(Some(Duration::from_secs(30)));
+        self.client()
+            .get_multiplexed_async_connection_with_config(&config)
+            .await
+            .expect("connect to the test's redis-server")
+    }
+
     /// A deadpool-redis pool on [`url`](Self::url), for the tokio runtime.
     /// Creating it connects nothing; it needs a runtime only when used.
     pub fn pool(&self) -> deadpool_redis::Pool {
