@@ -18,7 +18,7 @@ use peerq::handler::Task;
 use peerq::producer::{Options, Producer};
 use peerq::{Consumer, HandlerError};
 use serde::{Deserialize, Serialize};
-use support::{RedisServer, unique_name, wait_until};
+use support::{Proxy, RedisServer, unique_name, wait_until};
 use tokio_util::sync::CancellationToken;
 
 const P: u32 = 4;
@@ -275,4 +275,137 @@ async fn a_task_that_resumes_from_a_freeze_past_its_lease_is_no_longer_owned() {
     assert!(before, "owned while the lease holds");
     assert!(at >= resumed - 50 * MS, "checked after the freeze");
     assert!(!after, "a lease lapsed during the freeze is seen at once");
+}
+
+/// The blocked `XREADGROUP`s of a server's clients, by client id.
+async fn blocked_reads(conn: &mut redis::aio::MultiplexedConnection) -> Vec<u64> {
+    let list: String = redis::cmd("CLIENT")
+        .arg("LIST")
+        .query_async(conn)
+        .await
+        .unwrap();
+    list.lines()
+        .filter(|line| line.contains("cmd=xreadgroup") && line.contains("flags=b"))
+        .filter_map(|line| line.split(' ').find_map(|f| f.strip_prefix("id=")))
+        .map(|id| id.parse().unwrap())
+        .collect()
+}
+
+/// Blocking reads as Redis received them: (when one arrived, Unix seconds
+/// by Redis's clock, which is this machine's; its `BLOCK` in ms).
+type Received = Arc<Mutex<Vec<(f64, u64)>>>;
+
+/// Every blocking read Redis receives, as `MONITOR` shows them.
+fn watch_blocking_reads(monitor: redis::aio::Monitor) -> (Received, tokio::task::JoinHandle<()>) {
+    use futures_util::StreamExt;
+    let reads = Received::default();
+    let seen = reads.clone();
+    let task = tokio::spawn(async move {
+        let mut lines = monitor.into_on_message::<String>();
+        while let Some(line) = lines.next().await {
+            // 1700000000.123456 [0 127.0.0.1:5555] "XREADGROUP" ... "BLOCK" "980" ...
+            let words: Vec<&str> = line.split(' ').collect();
+            if words.get(3) != Some(&"\"XREADGROUP\"") {
+                continue;
+            }
+            let Some(at) = words.iter().position(|w| *w == "\"BLOCK\"") else {
+                continue;
+            };
+            let block = words[at + 1].trim_matches('"').parse().unwrap();
+            seen.lock()
+                .unwrap()
+                .push((words[0].parse().unwrap(), block));
+        }
+    });
+    (reads, task)
+}
+
+/// Rule 6 (docs/design.md §4): the idle read's `BLOCK` is bounded by the
+/// lease as the read is sent. Connecting its reader can take seconds (a
+/// slow network, a pool at its limit); a bound taken before connecting left
+/// the read blocked past the lease end (issue 36, item 3: 0.38 s past it
+/// here, with a 400 ms connect), where Redis would hand a frozen instance's read entries added
+/// after its successor took over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_read_sent_after_a_slow_connect_still_ends_before_the_lease() {
+    const I: Duration = Duration::from_secs(2);
+    const SLOW: Duration = Duration::from_millis(400);
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.port());
+    let name = unique_name("slow-connect");
+    let runs = Runs::default();
+    let monitor = redis::Client::open(server.url())
+        .unwrap()
+        .get_async_monitor()
+        .await
+        .unwrap();
+    let (reads, watching) = watch_blocking_reads(monitor);
+    // Each read's bound is the lease: a block of a minute never ends first.
+    let consumer = builder(&proxy.url(), &name)
+        .interval(I)
+        .block(Duration::from_secs(60))
+        .service(service("a", &runs));
+    let stop = CancellationToken::new();
+    let task = tokio::spawn(consumer.run_until(stop.clone().cancelled_owned()));
+    let mut admin = server.connection().await;
+    let started = Instant::now();
+    let first = loop {
+        let blocked = blocked_reads(&mut admin).await;
+        if !blocked.is_empty() {
+            break blocked;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "the idle read never blocked"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    // Its next connection takes 0.4 s to make (below the client's 0.5 s
+    // response timeout for its set-up commands); then its read is cut off,
+    // and it connects again.
+    proxy.slow_connects(SLOW);
+    let killed_at = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    let _: u64 = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("ID")
+        .arg(first[0])
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    // Two reads on the new connection at least (each ends with the lease).
+    wait_until(Duration::from_secs(30), "reads after the reconnect", || {
+        let reads = reads.lock().unwrap();
+        reads.iter().filter(|(at, _)| *at > killed_at + 1.0).count() >= 2
+    })
+    .await;
+    stop.cancel();
+    task.await.unwrap().unwrap();
+    watching.abort();
+
+    // A read that arrives at `at` is under an assignment of epoch
+    // `floor(at / I) + 1` at the newest, whose lease ends 1.5 I + the lease
+    // margin (20 ms) after the epoch's start.
+    let i = I.as_secs_f64();
+    let reads = reads.lock().unwrap().clone();
+    let late: Vec<String> = reads
+        .iter()
+        .filter_map(|&(at, block)| {
+            let lease_end = (at / i).floor() * i + 1.5 * i + 0.020;
+            let ends = at + block as f64 / 1000.0;
+            // Allows 50 ms for the trip to Redis beyond the read's margin.
+            (ends > lease_end + 0.050).then(|| {
+                format!(
+                    "sent at {at:.3}, blocking {block} ms: {:.3} s past the lease",
+                    ends - lease_end
+                )
+            })
+        })
+        .collect();
+    assert!(
+        late.is_empty(),
+        "idle reads blocked past the lease (the reconnect took {SLOW:?}): {late:?}"
+    );
 }

@@ -45,37 +45,47 @@ impl Instance {
     }
 }
 
-/// An ordered consumer that logs each run and takes 5 ms; the first
-/// attempt of seq `fail_seq` fails and is retried in place after 2 s
-/// (longer than an instance takes to see a pause).
-fn ordered(url: &str, name: &str, label: &'static str, runs: &Runs, fail_seq: u64) -> Instance {
-    support::init_tracing();
+/// A service that logs each run and takes 5 ms; the first attempt of seq
+/// `fail_seq` fails and is retried in place after 2 s (longer than an
+/// instance takes to see a pause).
+fn logging(label: &'static str, runs: &Runs, fail_seq: Option<u64>) -> JobService {
     let runs = runs.clone();
-    let service: JobService =
-        tower::util::BoxCloneSyncService::new(tower::service_fn(move |task: Task<Job>| {
-            let runs = runs.clone();
-            async move {
-                let (job, attempt) = (task.payload, task.cx.attempt());
-                runs.lock()
-                    .unwrap()
-                    .push((label, job.key, job.seq, attempt));
-                tokio::time::sleep(Duration::from_millis(5)).await;
-                if job.seq == fail_seq && attempt == 1 {
-                    let retry = Duration::from_secs(2);
-                    return Err(HandlerError::msg("first attempt fails").retry_after(retry));
-                }
-                Ok(())
+    tower::util::BoxCloneSyncService::new(tower::service_fn(move |task: Task<Job>| {
+        let runs = runs.clone();
+        async move {
+            let (job, attempt) = (task.payload, task.cx.attempt());
+            runs.lock()
+                .unwrap()
+                .push((label, job.key, job.seq, attempt));
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            if Some(job.seq) == fail_seq && attempt == 1 {
+                let retry = Duration::from_secs(2);
+                return Err(HandlerError::msg("first attempt fails").retry_after(retry));
             }
-        }));
-    let builder = Consumer::builder()
-        .name(name)
-        .redis(url)
-        .partitions(P)
-        .ordered(true)
-        .service(service);
+            Ok(())
+        }
+    }))
+}
+
+fn start(
+    builder: peerq::consumer::ConsumerBuilder<Job, JobService, peerq::codec::Bincode>,
+) -> Instance {
     let stop = CancellationToken::new();
     let task = tokio::spawn(builder.run_until(stop.clone().cancelled_owned()));
     Instance { stop, task }
+}
+
+/// An ordered consumer of `P` partitions, [`logging`] its runs.
+fn ordered(url: &str, name: &str, label: &'static str, runs: &Runs, fail_seq: u64) -> Instance {
+    support::init_tracing();
+    start(
+        Consumer::builder()
+            .name(name)
+            .redis(url)
+            .partitions(P)
+            .ordered(true)
+            .service(logging(label, runs, Some(fail_seq))),
+    )
 }
 
 async fn set_paused(server: &RedisServer, name: &str, paused: bool) {
@@ -181,4 +191,93 @@ async fn an_ordered_partition_keeps_its_order_across_a_pause_and_a_handover_whil
     let retried = runs.iter().filter(|r| r.2 == FAIL).nth(1).unwrap();
     assert!(retried.3 >= 2, "the retry is a later attempt: {retried:?}");
     assert_eq!(retried.0, "b", "the retry waited through the handover");
+}
+
+/// A consumer of one partition whose idle read blocks 4 s, with claims of
+/// what stays pending 600 ms: a pause longer than `claim_idle` begins while
+/// that read is open.
+fn one_partition(url: &str, name: &str, ordered: bool, runs: &Runs) -> Instance {
+    support::init_tracing();
+    start(
+        Consumer::builder()
+            .name(name)
+            .redis(url)
+            .partitions(1)
+            .ordered(ordered)
+            .interval(Duration::from_secs(5))
+            .block(Duration::from_secs(4))
+            .claim_idle(Duration::from_millis(600))
+            .service(logging("a", runs, None)),
+    )
+}
+
+/// Issue 36, item 1: an entry the idle read delivers after the pause began
+/// is held (kept fresh, known to the claims) from the moment the read
+/// returns, so the paused loop's claims of what stays idle for `claim_idle`
+/// never take it over: every task runs once, as attempt 1.
+async fn a_pause_longer_than_claim_idle_runs_each_task_once(ordered: bool) {
+    let server = RedisServer::start();
+    let name = unique_name(if ordered {
+        "long-pause-ordered"
+    } else {
+        "long-pause"
+    });
+    let runs: Runs = Arc::default();
+    let consumer = one_partition(&server.url(), &name, ordered, &runs);
+    let producer = Producer::builder()
+        .name(&name)
+        .redis(server.url())
+        .partitions(1)
+        .connect()
+        .await
+        .unwrap();
+    let enqueue = |seq: u64| {
+        let producer = &producer;
+        async move {
+            producer.enqueue(&Job { key: 0, seq }).await.unwrap();
+        }
+    };
+    enqueue(0).await;
+    // The first assignment comes one to two intervals (5 s) after start.
+    wait_until(Duration::from_secs(20), "seq 0 ran", || {
+        !runs.lock().unwrap().is_empty()
+    })
+    .await;
+    // The partition is read out and waits in the idle read (4 s blocks).
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    set_paused(&server, &name, true).await;
+    // The pause watcher reads the key every second.
+    tokio::time::sleep(Duration::from_millis(1300)).await;
+    enqueue(1).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    enqueue(2).await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let during: Vec<_> = runs.lock().unwrap()[1..].to_vec();
+    assert!(during.is_empty(), "ran while paused: {during:?}");
+    set_paused(&server, &name, false).await;
+    wait_until(Duration::from_secs(10), "seqs 1 and 2 ran", || {
+        let runs = runs.lock().unwrap();
+        [1, 2].iter().all(|seq| runs.iter().any(|r| r.2 == *seq))
+    })
+    .await;
+    // Time for a second run, if one were coming (claims every 200 ms).
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    consumer.leave().await;
+    let mut seen: Vec<(u64, u32)> = runs_of(&runs).iter().map(|r| (r.2, r.3)).collect();
+    seen.sort();
+    assert_eq!(
+        seen,
+        [(0, 1), (1, 1), (2, 1)],
+        "each task once, as attempt 1"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pause_longer_than_claim_idle_runs_each_concurrent_task_once() {
+    a_pause_longer_than_claim_idle_runs_each_task_once(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pause_longer_than_claim_idle_runs_each_ordered_task_once() {
+    a_pause_longer_than_claim_idle_runs_each_task_once(true).await;
 }

@@ -1,6 +1,12 @@
 //! The entries a worker holds in its partition: fetched, running, or
 //! finished and waiting for their ack to land.
 //!
+//! An entry is held from the moment the read that returned it returns
+//! (the worker's own read, the idle read's delivery, a claim) until it is
+//! acked, moved or let go left pending: whatever the gate, the lanes or
+//! the idle read's mailboxes do meanwhile, it is kept fresh and no claim
+//! of this worker takes it over (docs/design.md §3, held entries).
+//!
 //! They are skipped when an entry comes back from a read of the pending
 //! list or a claim, and kept fresh so nobody claims them. While the worker
 //! re-reads its own pending list (`0`, after a read error and at start), a
@@ -86,7 +92,8 @@ impl Held {
 
     /// Takes `id` to run it; false if it is running already, or finished
     /// during the re-read underway (a stale reply).
-    pub(crate) fn take(&self, id: &str) -> bool {
+    #[cfg(test)]
+    fn take(&self, id: &str) -> bool {
         self.lock().take(id)
     }
 

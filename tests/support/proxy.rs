@@ -17,7 +17,7 @@ use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::thread::{self, JoinHandle};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// How often a pump wakes without traffic, to deliver bytes held by `hold`
 /// once the proxy forwards again.
@@ -58,6 +58,9 @@ struct Conn {
     /// closed on `restore`, so the client reconnects instead of matching
     /// later replies to the wrong requests.
     tainted: bool,
+    /// While forwarding, its bytes are held until then (a slow connect,
+    /// [`Proxy::slow_connects`]).
+    opens_at: Option<Instant>,
 }
 
 impl Conn {
@@ -87,6 +90,9 @@ struct Shared {
     stop: AtomicBool,
     /// The most a chunk waits before it is forwarded, in µs (0: no jitter).
     jitter_us: AtomicU64,
+    /// How long a new connection's bytes are held after it is accepted, in
+    /// µs (0: not at all).
+    slow_connect_us: AtomicU64,
     /// Pump threads, joined on drop.
     pumps: Mutex<Vec<JoinHandle<()>>>,
 }
@@ -144,6 +150,7 @@ impl Proxy {
             }),
             stop: AtomicBool::new(false),
             jitter_us: AtomicU64::new(0),
+            slow_connect_us: AtomicU64::new(0),
             pumps: Mutex::new(Vec::new()),
         });
         let acceptor = {
@@ -209,6 +216,16 @@ impl Proxy {
     pub fn jitter(&self, max: Duration) {
         let us = u64::try_from(max.as_micros()).unwrap_or(u64::MAX);
         self.shared.jitter_us.store(us, Ordering::SeqCst);
+    }
+
+    /// Holds the bytes of each connection accepted from now on, both ways,
+    /// for `delay` after its accept, then forwards them: a connect (its
+    /// handshake, `HELLO`, `CLIENT ID`) that takes `delay` longer, while the
+    /// connections already open keep working. `Duration::ZERO` turns it
+    /// off. Independent of the other modes, which apply once it opens.
+    pub fn slow_connects(&self, delay: Duration) {
+        let us = u64::try_from(delay.as_micros()).unwrap_or(u64::MAX);
+        self.shared.slow_connect_us.store(us, Ordering::SeqCst);
     }
 
     /// Back to forwarding. Connections closed by `cut` stay closed, and
@@ -324,12 +341,15 @@ fn handle(client: TcpStream, target: SocketAddr, shared: &Arc<Shared>) {
     };
     let id = state.next_id;
     state.next_id += 1;
+    let slow = shared.slow_connect_us.load(Ordering::SeqCst);
+    let opens_at = (slow > 0).then(|| Instant::now() + Duration::from_micros(slow));
     state.conns.insert(
         id,
         Conn {
             client,
             upstream,
             tainted,
+            opens_at,
         },
     );
     drop(state);
@@ -372,6 +392,9 @@ fn pump(id: u64, mut from: TcpStream, mut to: Option<TcpStream>, shared: &Shared
                 // Closed by `cut` or by the other pump.
                 None => break,
                 Some(conn) if conn.tainted => Mode::Blackhole,
+                Some(conn) if mode == Mode::Forward && conn.opens_at > Some(Instant::now()) => {
+                    Mode::Hold
+                }
                 Some(conn) => {
                     if mode == Mode::Blackhole && n > 0 {
                         conn.tainted = true;

@@ -8,6 +8,7 @@ use tracing::error;
 
 use super::{Fetcher, Idle, Position};
 use crate::consumer::idle_reads::Delivery;
+use crate::consumer::run::Source;
 
 impl Fetcher {
     /// In the idle read: waits for its delivery, a stop or the next claim;
@@ -23,7 +24,7 @@ impl Fetcher {
         match delivery {
             Some(Delivery::Entries { fetched, out }) => {
                 idle.joined &= !out;
-                self.dispatch(fetched, at).await
+                self.dispatch(fetched, Source::New, at).await
             }
             Some(Delivery::Failed) => {
                 idle.joined = false;
@@ -56,7 +57,7 @@ impl Fetcher {
         while let Ok(delivery) = idle.delivered.try_recv() {
             match delivery {
                 Delivery::Entries { fetched, .. } => {
-                    if !self.dispatch(fetched, at).await {
+                    if !self.dispatch(fetched, Source::New, at).await {
                         return false;
                     }
                 }

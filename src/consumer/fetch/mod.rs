@@ -53,6 +53,27 @@ struct Position {
     next_claim: Instant,
 }
 
+impl Position {
+    /// Moves past a read's reply (all of it, before any entry is skipped
+    /// as held): where it came from, and whether it ended the re-read of
+    /// the pending list (an empty reply of the re-read).
+    fn advance(&mut self, fetched: &[Fetched]) -> (Source, bool) {
+        let Some(from) = &mut self.pending_from else {
+            return (Source::New, false);
+        };
+        match fetched.last() {
+            Some(last) => {
+                *from = last.id.clone();
+                (Source::Redelivered, false)
+            }
+            None => {
+                self.pending_from = None;
+                (Source::Redelivered, true)
+            }
+        }
+    }
+}
+
 /// The partition's place in the instance's idle read.
 struct Idle {
     /// In the idle read now.
@@ -156,7 +177,7 @@ impl Fetcher {
             // Never blocking, so never cut short: a stop waits for its
             // answer, whose entries are this instance's to run or hand back.
             let lane = self.shared.lanes.conn(self.lane);
-            let fetched = match self.ownership.store.read(lane, &from, count).await {
+            let mut fetched = match self.ownership.store.read(lane, &from, count).await {
                 Ok(fetched) => fetched,
                 Err(e) => {
                     warn!(partition = self.partition, cause = %e, "read failed; re-reading the pending list");
@@ -174,13 +195,22 @@ impl Fetcher {
             pauses.reset();
             // Read out: wait with the other idle partitions.
             let read_out = at.pending_from.is_none() && fetched.len() < count;
-            if !self.dispatch(fetched, at).await || self.ownership.stop.is_cancelled() {
+            let (source, reread_ended) = at.advance(&fetched);
+            // Held from here on (docs/design.md §3, held entries); one held
+            // already (a re-read's reply lists what runs) is not run again.
+            self.held.take_all(&mut fetched, |entry| &entry.id);
+            if reread_ended {
+                self.held.end_reread();
+            }
+            if !self.dispatch(fetched, source, at).await || self.ownership.stop.is_cancelled() {
                 return;
             }
             if read_out && at.pending_from.is_none() {
-                self.shared
-                    .idle
-                    .join(self.ownership.store.clone(), idle.mailbox.clone());
+                self.shared.idle.join(
+                    self.ownership.store.clone(),
+                    self.held.clone(),
+                    idle.mailbox.clone(),
+                );
                 idle.joined = true;
             }
         }
@@ -203,30 +233,12 @@ impl Fetcher {
         Some(self.shared.order.read_count(free, batch))
     }
 
-    /// Hands the fetched entries this worker does not hold yet to a task
-    /// that runs them; false when stopped.
-    async fn dispatch(&self, mut fetched: Vec<Fetched>, at: &mut Position) -> bool {
-        let source = match at.pending_from {
-            Some(_) => Source::Redelivered,
-            None => Source::New,
-        };
-        let mut reread_ended = false;
-        if let Some(from) = &mut at.pending_from {
-            match fetched.last() {
-                Some(last) => *from = last.id.clone(),
-                None => {
-                    at.pending_from = None;
-                    reread_ended = true;
-                }
-            }
-        }
+    /// Hands fetched entries, which this worker took into its [`Held`] as
+    /// their read returned, to a task that runs them; false when stopped.
+    async fn dispatch(&self, fetched: Vec<Fetched>, source: Source, at: &mut Position) -> bool {
         if self.shared.order.one_at_a_time() {
-            for entry in fetched {
-                // Not one this worker holds already, or finished during the
-                // re-read.
-                if !self.held.take(&entry.id) {
-                    continue;
-                }
+            let mut entries = fetched.into_iter();
+            while let Some(entry) = entries.next() {
                 // One at a time: the next read waits until this task is
                 // done; one left pending (no lease, a failed write) is read
                 // again before anything after it.
@@ -234,19 +246,17 @@ impl Fetcher {
                     None => return false,
                     Some(Ok(true)) => {}
                     Some(_) => {
+                        // The rest were never started: let them go, left
+                        // pending, so the re-read takes them again.
+                        self.held
+                            .release_all(entries.as_slice().iter().map(|e| (&*e.id, false)));
                         self.reread(at);
                         break;
                     }
                 }
             }
-        } else {
-            self.held.take_all(&mut fetched, |entry| &entry.id);
-            if !fetched.is_empty() {
-                self.spawn_batch(fetched, source);
-            }
-        }
-        if reread_ended {
-            self.held.end_reread();
+        } else if !fetched.is_empty() {
+            self.spawn_batch(fetched, source);
         }
         true
     }

@@ -45,6 +45,7 @@ use tokio_util::task::AbortOnDropHandle;
 use tracing::{Instrument, warn};
 
 use super::gate::Gate;
+use super::held::Held;
 use super::lease::Lease;
 use super::policy::Order;
 use super::room::Room;
@@ -69,8 +70,10 @@ const UNBLOCK_AGAIN: Duration = Duration::from_millis(2);
 /// What the idle read hands a partition's fetch loop.
 #[derive(Debug)]
 pub(crate) enum Delivery {
-    /// New entries read for the partition. `out`: the partition is no
-    /// longer in the idle read, and reads for itself now.
+    /// New entries read for the partition, taken into its [`Held`] already
+    /// (kept fresh, skipped by its claims) however long they wait in the
+    /// mailbox. `out`: the partition is no longer in the idle read, and
+    /// reads for itself now.
     Entries { fetched: Vec<Fetched>, out: bool },
     /// A read failed, maybe after Redis delivered entries nobody saw: the
     /// partition is out, and must re-read its own pending list.
@@ -80,6 +83,7 @@ pub(crate) enum Delivery {
 enum Request {
     Join {
         store: Arc<PartitionStore>,
+        held: Held,
         mailbox: mpsc::UnboundedSender<Delivery>,
     },
     Leave {
@@ -140,14 +144,19 @@ impl IdleReads {
         (IdleReads { requests }, AbortOnDropHandle::new(task))
     }
 
-    /// Puts the partition of `store` in the idle read; its new entries go
-    /// to `mailbox`.
+    /// Puts the partition of `store` in the idle read; its new entries are
+    /// taken into `held` as the read returns, and go to `mailbox`.
     pub(crate) fn join(
         &self,
         store: Arc<PartitionStore>,
+        held: Held,
         mailbox: mpsc::UnboundedSender<Delivery>,
     ) {
-        let _ = self.requests.send(Request::Join { store, mailbox });
+        let _ = self.requests.send(Request::Join {
+            store,
+            held,
+            mailbox,
+        });
     }
 
     /// Takes partition `partition` (owned with `token`) out of the idle
@@ -169,6 +178,9 @@ impl IdleReads {
 /// One partition in the idle read.
 struct Member {
     store: Arc<PartitionStore>,
+    /// The entries its worker holds: what the read delivers joins them
+    /// before it reaches the mailbox (docs/design.md §3, held entries).
+    held: Held,
     mailbox: mpsc::UnboundedSender<Delivery>,
 }
 
@@ -221,18 +233,23 @@ impl IdleReader {
                     continue;
                 }
             };
-            let reader = match &mut connected {
-                Some(reader) => reader,
-                None => match self.connect().await {
-                    Ok(reader) => connected.insert(reader),
+            let Some(reader) = &mut connected else {
+                match self.connect().await {
+                    // Look again before reading: connecting took up to its
+                    // timeout (5 s), and the read's bound by the lease,
+                    // the gate, the room and the members must be those of
+                    // the instant it is sent (rule 6: a read ends before
+                    // the lease; one bounded before connecting could stay
+                    // blocked past it and past the successor's deadline).
+                    Ok(reader) => connected = Some(reader),
                     Err(e) => {
                         warn!(cause = %e, "cannot connect the idle partitions' reader; retrying");
                         if !self.pause(&mut pauses).await {
                             return;
                         }
-                        continue;
                     }
-                },
+                }
+                continue;
             };
             let count = self
                 .setup
@@ -278,14 +295,21 @@ impl IdleReader {
         BlockingReads::connect(&s.backend, &s.conn, slot, s.block).await
     }
 
-    /// Hands each partition its entries; one that got a full read, or is
-    /// ordered, is taken out.
+    /// Hands each partition its entries, held by its worker from here on;
+    /// one that got a full read, or is ordered, is taken out.
     fn deliver(&mut self, delivered: Vec<(u32, Vec<Fetched>)>, count: usize) {
-        for (partition, fetched) in delivered {
+        for (partition, mut fetched) in delivered {
             let Some(member) = self.members.get(&partition) else {
                 continue;
             };
             let out = fetched.len() >= count || self.setup.order.one_at_a_time();
+            // Held before the mailbox: its worker may not look at the
+            // mailbox for a while (paused, waiting for room, claiming), and
+            // an entry nobody holds is neither kept fresh nor known to the
+            // claims, which would take it over (attempt 2) while this copy
+            // still waits to run (issue 36: a pause longer than
+            // `claim_idle` ran a task twice).
+            member.held.take_all(&mut fetched, |entry| &entry.id);
             let n = fetched.len();
             if member
                 .mailbox
@@ -308,9 +332,17 @@ impl IdleReader {
 
     fn apply(&mut self, request: Request) {
         match request {
-            Request::Join { store, mailbox } => {
-                self.members
-                    .insert(store.partition(), Member { store, mailbox });
+            Request::Join {
+                store,
+                held,
+                mailbox,
+            } => {
+                let member = Member {
+                    store,
+                    held,
+                    mailbox,
+                };
+                self.members.insert(member.store.partition(), member);
             }
             Request::Leave {
                 partition,

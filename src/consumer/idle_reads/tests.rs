@@ -79,6 +79,7 @@ impl OnePartition {
         let (mailbox, delivered) = mpsc::unbounded_channel();
         reader.apply(Request::Join {
             store: Arc::new(store),
+            held: Held::default(),
             mailbox,
         });
         OnePartition {
