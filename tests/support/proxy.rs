@@ -4,7 +4,10 @@
 //!
 //! It can also add network jitter ([`Proxy::jitter`]): each chunk it
 //! forwards waits a random time first, so requests of different clients can
-//! reach Redis in another order than they were sent.
+//! reach Redis in another order than they were sent. And it can hold its
+//! traffic from the first request that names something on
+//! ([`Proxy::hold_on`]), so a test can act at a known point of a client's
+//! work.
 //!
 //! Plain std threads: one accepts, two per connection pump bytes. Every open
 //! connection is kept in a registry, with clones of both sockets, so `cut`
@@ -79,6 +82,10 @@ struct State {
     /// being closed, so every pump thread's socket is eventually shut down.
     conns: HashMap<u64, Conn>,
     next_id: u64,
+    /// Bytes that switch the proxy to `Hold` when a client sends them.
+    hold_on: Option<Vec<u8>>,
+    /// Whether `hold_on` has switched it.
+    held: bool,
 }
 
 #[derive(Debug)]
@@ -141,6 +148,8 @@ impl Proxy {
                 mode: Mode::Forward,
                 conns: HashMap::new(),
                 next_id: 0,
+                hold_on: None,
+                held: false,
             }),
             stop: AtomicBool::new(false),
             jitter_us: AtomicU64::new(0),
@@ -200,6 +209,25 @@ impl Proxy {
         self.shared.state().mode = Mode::Hold;
     }
 
+    /// Forwards until a client sends a chunk that contains `pattern`, then
+    /// holds (as [`hold`](Self::hold)) from that chunk on, both ways, until
+    /// [`restore`](Self::restore): the request that names it has not
+    /// reached Redis yet. [`held`](Self::held) says once it happened. A
+    /// pattern split across two reads of the socket is not seen; a Redis
+    /// client writes each command whole, so a command name or key is not
+    /// split in practice.
+    pub fn hold_on(&self, pattern: &[u8]) {
+        let mut state = self.shared.state();
+        state.hold_on = Some(pattern.to_vec());
+        state.held = false;
+    }
+
+    /// Whether [`hold_on`](Self::hold_on)'s pattern has been sent, and the
+    /// proxy holds since.
+    pub fn held(&self) -> bool {
+        self.shared.state().held
+    }
+
     /// Delays every chunk forwarded from now on, either way, by a random
     /// time in `[0, max]`, drawn per chunk; `Duration::ZERO` turns it off.
     /// A connection's bytes stay in order (a chunk waits behind the one
@@ -218,6 +246,7 @@ impl Proxy {
     pub fn restore(&self) {
         let mut state = self.shared.state();
         state.mode = Mode::Forward;
+        state.hold_on = None;
         state.conns.retain(|_, conn| {
             if conn.tainted {
                 conn.close();
@@ -316,11 +345,11 @@ fn handle(client: TcpStream, target: SocketAddr, shared: &Arc<Shared>) {
                 return;
             };
             vec![
-                (client_read, Some(upstream_write)),
-                (upstream_read, Some(client_write)),
+                (client_read, Some(upstream_write), Side::Client),
+                (upstream_read, Some(client_write), Side::Server),
             ]
         }
-        None => vec![(client_read, None)],
+        None => vec![(client_read, None, Side::Client)],
     };
     let id = state.next_id;
     state.next_id += 1;
@@ -336,11 +365,11 @@ fn handle(client: TcpStream, target: SocketAddr, shared: &Arc<Shared>) {
 
     let mut handles = shared.pumps.lock().unwrap_or_else(PoisonError::into_inner);
     handles.retain(|handle| !handle.is_finished());
-    for (from, to) in pumps {
+    for (from, to, side) in pumps {
         let pump_shared = Arc::clone(shared);
         match thread::Builder::new()
             .name(format!("proxy-conn-{id}"))
-            .spawn(move || pump(id, from, to, &pump_shared))
+            .spawn(move || pump(id, from, to, side, &pump_shared))
         {
             Ok(handle) => handles.push(handle),
             Err(_) => shared.close(id),
@@ -348,11 +377,21 @@ fn handle(client: TcpStream, target: SocketAddr, shared: &Arc<Shared>) {
     }
 }
 
+/// Which side a pump reads from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Side {
+    /// The client: its requests.
+    Client,
+    /// Redis: its replies.
+    Server,
+}
+
 /// Copies `from` to `to` while the proxy forwards, drops the bytes while it
 /// blackholes (or when there is no `to`), and closes the whole connection
 /// when either side ends, as a TCP proxy would (during a hold, only once it
-/// is over).
-fn pump(id: u64, mut from: TcpStream, mut to: Option<TcpStream>, shared: &Shared) {
+/// is over). A client's chunk that holds `hold_on`'s pattern switches the
+/// proxy to `Hold` before it is forwarded.
+fn pump(id: u64, mut from: TcpStream, mut to: Option<TcpStream>, side: Side, shared: &Shared) {
     let mut buf = [0u8; 16 * 1024];
     // Bytes read during a hold, delivered once the proxy forwards again.
     let mut held: Vec<u8> = Vec::new();
@@ -367,6 +406,16 @@ fn pump(id: u64, mut from: TcpStream, mut to: Option<TcpStream>, shared: &Shared
         };
         let mode = {
             let mut state = shared.state();
+            let named = |pattern: &Vec<u8>| {
+                buf[..n]
+                    .windows(pattern.len().max(1))
+                    .any(|w| w == pattern.as_slice())
+            };
+            if side == Side::Client && n > 0 && state.hold_on.as_ref().is_some_and(named) {
+                state.hold_on = None;
+                state.held = true;
+                state.mode = Mode::Hold;
+            }
             let mode = state.mode;
             match state.conns.get_mut(&id) {
                 // Closed by `cut` or by the other pump.
