@@ -558,8 +558,8 @@ async fn replayed(conn: &mut deadpool_redis::Connection, name: &str, p: u32) -> 
 /// the action runs, with a `dead_at` an hour in the past (its consumer's
 /// clock runs behind), is not. Both of a search's matches (the scan) and of
 /// a reason (`replay_all`). The dashboard reaches Redis through a proxy
-/// that holds its first `XRANGE` (the action has begun, and read nothing
-/// yet) while the test adds the late letter.
+/// that holds its connection from its first `XRANGE` on (the action has
+/// begun, and read nothing yet) while the test adds the late letter.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bulk_replay_takes_the_letters_dead_when_it_began_whatever_their_clocks() {
     support::init_tracing();
@@ -608,7 +608,7 @@ async fn a_bulk_replay_takes_the_letters_dead_when_it_began_whatever_their_clock
         proxy.hold_on(b"XRANGE");
         let action = tokio::spawn(async move { post(addr, &path, &form).await });
         wait_until(Duration::from_secs(10), "the action's first read", || {
-            proxy.held()
+            proxy.held() > 0
         })
         .await;
         // While the action runs: a letter of a consumer whose clock runs an
