@@ -19,7 +19,6 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use chrono::{DateTime, Utc};
 use deadpool_redis::redis;
 
-use crate::codec::{Codec, EachCodec};
 use crate::config::ServiceName;
 use crate::connection::SharedConnection;
 use crate::error::{Error, Result};
@@ -182,40 +181,6 @@ fn aligned(every: Duration, t: SystemTime, ahead: u128) -> Option<SystemTime> {
     let every = every.as_millis().max(1);
     let ms = (t.duration_since(UNIX_EPOCH).ok()?.as_millis() / every + ahead) * every;
     Some(UNIX_EPOCH + Duration::from_millis(u64::try_from(ms).ok()?))
-}
-
-/// A job as the consumer's builder was given it: its task encoded with
-/// every codec, since the builder's codec may still change after it.
-#[derive(Debug)]
-pub(crate) struct GivenJob {
-    job: Periodic,
-    task: EachCodec,
-}
-
-impl GivenJob {
-    /// Job `job`, which enqueues `task`.
-    pub(crate) fn new<T: serde::Serialize>(job: Periodic, task: &T) -> Self {
-        GivenJob {
-            job,
-            task: EachCodec::of(task),
-        }
-    }
-
-    /// The job with its task encoded by `C`, the codec the consumer runs
-    /// with; an error naming the job when its task does not encode so.
-    pub(crate) fn registered<C: Codec>(&self) -> Result<Registered> {
-        match self.task.by::<C>() {
-            Ok(payload) => Ok(Registered {
-                job: self.job.clone(),
-                codec: C::NAME,
-                payload: payload.to_vec(),
-            }),
-            Err(e) => Err(Error::invalid(
-                "periodic",
-                format!("job `{}`: its task does not encode: {e}", self.job.name()),
-            )),
-        }
-    }
 }
 
 /// A registered job with its task's payload, ready to trigger.

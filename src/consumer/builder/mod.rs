@@ -1,8 +1,10 @@
 //! The consumer's builder: settings, the handler service, its layers.
 //! Where Redis is ([`redis`]), the settings shared with the peer indexer
-//! ([`indexing`]) and the run ([`run`]) have rooms of their own.
+//! ([`indexing`]), the periodic jobs it is given ([`periodic`]) and the run
+//! ([`run`]) have rooms of their own.
 
 mod indexing;
+mod periodic;
 #[cfg(feature = "postgres")]
 mod postgres;
 mod redis;
@@ -27,8 +29,9 @@ use crate::connection::Given;
 use crate::error::{Error, Result};
 use crate::handler::{Handler, HandlerService, Task};
 use crate::indexer::Standing;
-use crate::periodic::{GivenJob, Periodic};
+use crate::periodic::Periodic;
 use crate::retry::Backoff;
+use periodic::GivenJob;
 
 /// Partition events kept for a slow receiver before it misses some.
 const EVENTS_CAPACITY: usize = 16_384;
