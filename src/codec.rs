@@ -37,10 +37,54 @@ pub trait Codec: sealed::Sealed + Send + Sync + Clone + fmt::Debug + Default + '
     fn decode<T: DeserializeOwned>(&self, bytes: &[u8]) -> Result<T, CodecError>;
 }
 
+pub(crate) use sealed::EachCodec;
+
 mod sealed {
-    pub trait Sealed {}
-    impl Sealed for super::Bincode {}
-    impl Sealed for super::Json {}
+    use super::CodecError;
+
+    pub trait Sealed {
+        /// This codec's encoding among `each`'s: a new codec must say
+        /// where its own is, or the crate does not build.
+        fn chosen(each: &EachCodec) -> &Result<Vec<u8>, CodecError>;
+    }
+    impl Sealed for super::Bincode {
+        fn chosen(each: &EachCodec) -> &Result<Vec<u8>, CodecError> {
+            &each.bincode
+        }
+    }
+    impl Sealed for super::Json {
+        fn chosen(each: &EachCodec) -> &Result<Vec<u8>, CodecError> {
+            &each.json
+        }
+    }
+
+    /// A value encoded with every codec there is, for a value given before
+    /// the codec that encodes it is known: a periodic job's task, given to
+    /// the consumer's builder, whose codec may still change after it (the
+    /// codec is part of the builder's type). Which one is used is decided
+    /// when the consumer starts, by [`EachCodec::by`]. Public only as
+    /// the sealed trait is: nothing outside the crate can name it.
+    #[derive(Debug)]
+    pub struct EachCodec {
+        pub(super) bincode: Result<Vec<u8>, CodecError>,
+        pub(super) json: Result<Vec<u8>, CodecError>,
+    }
+}
+
+impl EachCodec {
+    /// `value`, encoded with every codec (an encoding may fail for one
+    /// codec and not another: a map with non-string keys is no JSON).
+    pub(crate) fn of<T: Serialize>(value: &T) -> Self {
+        EachCodec {
+            bincode: Bincode.encode(value),
+            json: Json.encode(value),
+        }
+    }
+
+    /// The value as codec `C` encodes it.
+    pub(crate) fn by<C: Codec>(&self) -> Result<&[u8], &CodecError> {
+        C::chosen(self).as_deref()
+    }
 }
 
 /// bincode 2 with serde, its standard configuration (variable-length
@@ -171,6 +215,27 @@ mod tests {
             prop_assert_eq!(round_trip(Bincode, &mail), mail.clone());
             prop_assert_eq!(round_trip(Json, &mail), mail);
         }
+    }
+
+    #[test]
+    fn each_codec_holds_what_each_codec_encodes() {
+        let mail = Mail {
+            to: "a@b".into(),
+            body: "hi".into(),
+            retries: 3,
+            tags: vec!["x".into()],
+        };
+        let each = EachCodec::of(&mail);
+        assert_eq!(
+            each.by::<Bincode>().unwrap(),
+            Bincode.encode(&mail).unwrap()
+        );
+        assert_eq!(each.by::<Json>().unwrap(), Json.encode(&mail).unwrap());
+        // A map with keys that are no strings is no JSON, but bincode.
+        let keyed = std::collections::BTreeMap::from([((1u8, 2u8), 3u8)]);
+        let each = EachCodec::of(&keyed);
+        assert!(each.by::<Bincode>().is_ok());
+        assert_eq!(each.by::<Json>().unwrap_err().codec, "json");
     }
 
     #[test]

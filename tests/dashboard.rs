@@ -23,6 +23,7 @@ use hyper_util::rt::TokioExecutor;
 use peerq::admin::Admin;
 use peerq::codec::Json;
 use peerq::dashboard::{self, Access, Options};
+use peerq::dead_letters::Query;
 use peerq::producer::Producer;
 use peerq::{Consumer, Handler, HandlerError, TaskContext};
 use serde::{Deserialize, Serialize};
@@ -430,29 +431,11 @@ async fn a_search_finds_a_letter_by_payload_text_and_says_how_far_it_read() {
 async fn a_scan_reads_every_letter_once_in_bounded_calls() {
     let server = RedisServer::start();
     let name = unique_name("dash-scan");
-    let _producer: Producer<Json> = Producer::builder()
-        .name(&name)
-        .redis(server.url())
-        .partitions(4)
-        .codec(Json)
-        .connect()
-        .await
-        .unwrap();
+    recorded(&server, &name, 4).await;
     let mut conn = server.pool().get().await.unwrap();
     let sizes = [600usize, 0, 3, 501];
     for (p, size) in sizes.iter().enumerate().filter(|(_, size)| **size > 0) {
-        let mut pipe = redis::pipe();
-        for i in 0..*size {
-            pipe.cmd("XADD")
-                .arg(format!("{{{name}/{p}}}:dead"))
-                .arg("*")
-                .arg("id")
-                .arg(format!("t-{p}-{i}"))
-                .arg("reason")
-                .arg("failed")
-                .ignore();
-        }
-        let () = pipe.query_async(&mut *conn).await.unwrap();
+        bare_letters(&mut conn, &name, p as u32, *size, "failed").await;
     }
     let dead = peerq::dead_letters::DeadLetters::connect(&server.url(), &name)
         .await
@@ -478,4 +461,195 @@ async fn a_scan_reads_every_letter_once_in_bounded_calls() {
     // 1,104 letters: three calls of up to 500, and one more when the last
     // call's budget ends exactly where a partition does.
     assert!(calls <= 4, "{calls} calls");
+}
+
+/// Records service `name` on `server` with `partitions` partitions, as its
+/// first producer does; no consumer runs.
+async fn recorded(server: &RedisServer, name: &str, partitions: u32) {
+    let _producer: Producer<Json> = Producer::builder()
+        .name(name)
+        .redis(server.url())
+        .partitions(partitions)
+        .codec(Json)
+        .connect()
+        .await
+        .unwrap();
+}
+
+/// Adds `count` dead letters of `reason` with nothing but a task id
+/// (`t-<p>-<i>`) to partition `p` of `name`, in one pipeline.
+async fn bare_letters(
+    conn: &mut deadpool_redis::Connection,
+    name: &str,
+    p: u32,
+    count: usize,
+    reason: &str,
+) {
+    let mut pipe = redis::pipe();
+    for i in 0..count {
+        pipe.cmd("XADD")
+            .arg(format!("{{{name}/{p}}}:dead"))
+            .arg("*")
+            .arg("id")
+            .arg(format!("t-{p}-{i}"))
+            .arg("reason")
+            .arg(reason)
+            .ignore();
+    }
+    let () = pipe.query_async(&mut **conn).await.unwrap();
+}
+
+/// Adds a dead letter of task `id` to partition `p` of `name`, as a
+/// consumer whose clock reads `dead_at_ms` would write it.
+async fn dead_letter(
+    conn: &mut deadpool_redis::Connection,
+    name: &str,
+    p: u32,
+    id: &str,
+    reason: &str,
+    dead_at_ms: u64,
+) {
+    let () = redis::cmd("XADD")
+        .arg(format!("{{{name}/{p}}}:dead"))
+        .arg("*")
+        .arg("id")
+        .arg(id)
+        .arg("attempt")
+        .arg("5")
+        .arg("enqueued_at")
+        .arg(dead_at_ms)
+        .arg("codec")
+        .arg("json")
+        .arg("payload")
+        .arg(format!(r#"{{"order":"{id}"}}"#))
+        .arg("reason")
+        .arg(reason)
+        .arg("error")
+        .arg(format!("warehouse closed for {id}"))
+        .arg("stream_id")
+        .arg("1-0")
+        .arg("dead_at")
+        .arg(dead_at_ms)
+        .query_async(&mut **conn)
+        .await
+        .unwrap();
+}
+
+/// The task ids in partition `p`'s stream of `name`: the replayed ones.
+async fn replayed(conn: &mut deadpool_redis::Connection, name: &str, p: u32) -> Vec<String> {
+    let reply: redis::streams::StreamRangeReply = redis::cmd("XRANGE")
+        .arg(format!("{{{name}/{p}}}:stream"))
+        .arg("-")
+        .arg("+")
+        .query_async(&mut **conn)
+        .await
+        .unwrap();
+    reply
+        .ids
+        .iter()
+        .map(|entry| entry.get::<String>("id").unwrap())
+        .collect()
+}
+
+/// A bulk replay acts on the letters that were dead when it began, told by
+/// their place in each partition's dead letters, not by clocks: a letter
+/// whose `dead_at` lies an hour in the dashboard's future (its consumer's
+/// clock runs ahead) but that was dead before is replayed; one added while
+/// the action runs, with a `dead_at` an hour in the past (its consumer's
+/// clock runs behind), is not. Both of a search's matches (the scan) and of
+/// a reason (`replay_all`). The dashboard reaches Redis through a proxy
+/// that holds its connection from its first `XRANGE` on (the action has
+/// begun, and read nothing yet) while the test adds the late letter.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bulk_replay_takes_the_letters_dead_when_it_began_whatever_their_clocks() {
+    support::init_tracing();
+    let server = RedisServer::start();
+    let proxy = support::Proxy::start(server.port());
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    let hour_ms = 3_600_000;
+    // A search's matches, then every letter of one reason.
+    for shape in ["reason=&q=skewed", "reason=failed&q="] {
+        let name = unique_name("dash-bound");
+        recorded(&server, &name, 2).await;
+        let mut conn = server.pool().get().await.unwrap();
+        // Partition 0: the letter of a consumer whose clock runs an hour
+        // ahead, behind it 1,200 letters the action passes over (of another
+        // reason, not matching the search), so it reads partition 0 in
+        // several calls; partition 1: a letter dead an hour ago.
+        dead_letter(
+            &mut conn,
+            &name,
+            0,
+            "skewed-ahead",
+            "failed",
+            now_ms + hour_ms,
+        )
+        .await;
+        bare_letters(&mut conn, &name, 0, 1_200, "decode").await;
+        dead_letter(
+            &mut conn,
+            &name,
+            1,
+            "skewed-before",
+            "failed",
+            now_ms - hour_ms,
+        )
+        .await;
+
+        let admin = Admin::connect(&proxy.url()).await.unwrap();
+        let addr = serve(dashboard::router(admin, Options::new())).await;
+        let page = get(addr, &format!("/services/{name}/dead")).await;
+        assert_eq!(page.status, 200, "{}", page.body);
+        let form = format!("csrf={}&action=replay&{shape}", token(&page.body));
+        let path = format!("/services/{name}/dead/matching");
+        proxy.hold_on(b"XRANGE");
+        let action = tokio::spawn(async move { post(addr, &path, &form).await });
+        wait_until(Duration::from_secs(10), "the action's first read", || {
+            proxy.held() > 0
+        })
+        .await;
+        // While the action runs: a letter of a consumer whose clock runs an
+        // hour behind.
+        dead_letter(
+            &mut conn,
+            &name,
+            1,
+            "skewed-during",
+            "failed",
+            now_ms - hour_ms,
+        )
+        .await;
+        proxy.restore();
+        let replied = action.await.unwrap();
+        assert_eq!(replied.status, 303, "{}", replied.body);
+
+        let mut runs = replayed(&mut conn, &name, 0).await;
+        runs.extend(replayed(&mut conn, &name, 1).await);
+        runs.sort();
+        assert_eq!(
+            runs,
+            ["skewed-ahead", "skewed-before"],
+            "{shape}: replayed what was dead when the action began, and nothing else"
+        );
+        let dead = peerq::dead_letters::DeadLetters::connect(&server.url(), &name)
+            .await
+            .unwrap();
+        let failed = dead.page(&Query::new(10).reason("failed")).await.unwrap();
+        let left: Vec<&str> = failed
+            .letters
+            .iter()
+            .map(|l| l.task_id.as_ref().unwrap().as_str())
+            .collect();
+        assert_eq!(left, ["skewed-during"], "{shape}");
+        let location = replied.location.unwrap();
+        let done = get(addr, &location).await;
+        assert!(
+            done.body.contains("Replayed 2 dead letters."),
+            "{shape}: {}",
+            done.body
+        );
+    }
 }

@@ -1,7 +1,9 @@
 //! An instance frozen past its lease (a GC pause, SIGSTOP, a VM stall),
 //! against a real redis-server: its open blocking reads end with its lease,
 //! so nothing enqueued after the next owner took over is delivered to it;
-//! and once it resumes, `TaskContext::still_owned` says no at once.
+//! once it resumes, `TaskContext::still_owned` says no at once; and a task
+//! that waited for the lease through a stall of the instance's loop does
+//! not start under the ownership the next assignment stops.
 //!
 //! The frozen instance runs on a runtime of its own thread, which the test
 //! blocks: the process goes on, only that instance stands still, as under a
@@ -143,6 +145,28 @@ async fn pending_under(server: &RedisServer, name: &str) -> BTreeMap<String, usi
     by_consumer
 }
 
+/// Waits until `partitions` partitions have started, at most 10 s apart
+/// (`what` says what is awaited).
+async fn until_started(
+    events: &mut tokio::sync::broadcast::Receiver<peerq::consumer::PartitionEvent>,
+    partitions: u32,
+    what: &str,
+) {
+    let mut started = std::collections::BTreeSet::new();
+    while started.len() < partitions as usize {
+        let event = tokio::time::timeout(Duration::from_secs(10), events.recv())
+            .await
+            .expect(what)
+            .unwrap();
+        if matches!(
+            event.change,
+            peerq::consumer::PartitionChange::Started { .. }
+        ) {
+            started.insert(event.partition);
+        }
+    }
+}
+
 /// A producer for the service `name` on `url`, with the tests' partitions.
 async fn producer(url: &str, name: &str) -> Producer {
     Producer::builder()
@@ -183,20 +207,8 @@ async fn a_frozen_owners_open_read_takes_nothing_enqueued_after_the_takeover() {
     let b = tokio::spawn(b.run_until(stop_b.clone().cancelled_owned()));
     // b takes every partition over at the handover deadline (a writes no
     // marks while frozen).
-    let mut started = std::collections::BTreeSet::new();
     let mut b_events = b_events;
-    while started.len() < P as usize {
-        let event = tokio::time::timeout(Duration::from_secs(10), b_events.recv())
-            .await
-            .expect("b takes every partition over")
-            .unwrap();
-        if matches!(
-            event.change,
-            peerq::consumer::PartitionChange::Started { .. }
-        ) {
-            started.insert(event.partition);
-        }
-    }
+    until_started(&mut b_events, P, "b takes every partition over").await;
     let took_over = frozen_at.elapsed();
     // Entries to every partition, while a is still frozen.
     for seq in 1..=16u64 {
@@ -407,5 +419,214 @@ async fn an_idle_read_sent_after_a_slow_connect_still_ends_before_the_lease() {
     assert!(
         late.is_empty(),
         "idle reads blocked past the lease (the reconnect took {SLOW:?}): {late:?}"
+    );
+}
+
+/// How long one of [`Stall`]'s clock calls takes on the instance's loop
+/// thread, while it is slow.
+const SLOW_CALL: Duration = Duration::from_millis(150);
+
+/// A stall of the thread that runs the instance's loop (its handover and
+/// standing), while its runtime's workers and its rounds' thread go on:
+/// the loop is frozen inside its stop signal's poll, then slow for a while
+/// (each of its clock reads takes [`SLOW_CALL`]), as a descheduled thread
+/// is.
+#[derive(Debug, Default)]
+struct Stall {
+    /// The thread the loop runs on (the one that `block_on`s the run).
+    loop_thread: std::sync::OnceLock<std::thread::ThreadId>,
+    /// How long to freeze at the loop's next poll of its signal.
+    freeze: Mutex<Option<Duration>>,
+    /// The signal's last waker, to poll it again at once.
+    waker: Mutex<Option<std::task::Waker>>,
+    /// When the freeze ended, and until when the loop thread's clock
+    /// reads are slow.
+    resumed: Mutex<Option<(Instant, Instant)>>,
+}
+
+impl Stall {
+    /// Freezes the loop thread for `d` from its next poll (at once), then
+    /// makes it slow for `slow`.
+    fn freeze(&self, d: Duration) {
+        *self.freeze.lock().unwrap() = Some(d);
+        if let Some(waker) = self.waker.lock().unwrap().take() {
+            waker.wake();
+        }
+    }
+
+    /// The stop signal the loop polls first on every turn: `stop`, or
+    /// never; it freezes the thread when asked.
+    fn signal(
+        self: &Arc<Self>,
+        stop: CancellationToken,
+        slow: Duration,
+    ) -> impl Future<Output = ()> + Send + use<> {
+        let stall = self.clone();
+        let hook = std::future::poll_fn(move |cx| {
+            if let Some(d) = stall.freeze.lock().unwrap().take() {
+                std::thread::sleep(d);
+                let now = Instant::now();
+                *stall.resumed.lock().unwrap() = Some((now, now + slow));
+            }
+            *stall.waker.lock().unwrap() = Some(cx.waker().clone());
+            std::task::Poll::<()>::Pending
+        });
+        async move {
+            tokio::select! {
+                _ = stop.cancelled() => {}
+                _ = hook => {}
+            }
+        }
+    }
+
+    /// When the freeze ended, once it did.
+    fn resumed(&self) -> Option<Instant> {
+        self.resumed.lock().unwrap().map(|(at, _)| at)
+    }
+}
+
+/// The system clock, read slowly on the stalled loop thread (the time of
+/// the call, returned late).
+#[derive(Debug)]
+struct StallClock(Arc<Stall>);
+
+impl peerq::clock::Clock for StallClock {
+    fn now(&self) -> Duration {
+        let now = peerq::clock::SystemClock.now();
+        let stall = &self.0;
+        let on_loop = stall.loop_thread.get() == Some(&std::thread::current().id());
+        let slow = stall
+            .resumed
+            .lock()
+            .unwrap()
+            .is_some_and(|(_, until)| Instant::now() < until);
+        if on_loop && slow {
+            std::thread::sleep(SLOW_CALL);
+        }
+        now
+    }
+}
+
+/// Rule 5 after a stall, with the lease granted only after the effects
+/// (commit f55b692): a task fetched before an instance's loop stalled past
+/// its lease, and waiting for the lease when the loop resumes, does not
+/// start under the ownership that the next assignment (after skipped
+/// epochs) stops; it runs under the one acquired anew.
+///
+/// One partition, `concurrency` 1. Task A runs (until `still_owned()` says
+/// the lease lapsed) and holds the only permit, so task B waits in the
+/// stream, the fetch loop behind A. The loop thread (handover and standing,
+/// on a multi-thread runtime's `block_on` thread) freezes for 2.6 s: the
+/// lease lapses, A ends, and the fetch loop waits for the lease, while the
+/// rounds' thread goes on publishing assignments. On resuming, the loop
+/// takes the newest assignment first (the runtime loop's `biased` order),
+/// which skips epochs: fence every partition (stop the fetch loop), then
+/// grant its lease. The thread is slow then (each clock read 150 ms), so a
+/// lease granted before the stop would leave the fetch loop, on a worker,
+/// at least 150 ms (the release's clock read) to read B and start it with
+/// A's token: it does, every time (tried by granting first).
+#[test]
+fn a_task_that_waited_out_a_stall_for_the_lease_does_not_start_under_the_stopped_ownership() {
+    let server = RedisServer::start();
+    let name = unique_name("frozen-grant");
+    // (seq, fencing token, when it started).
+    type Started = Arc<Mutex<Vec<(u64, u64, Instant)>>>;
+    let started: Started = Arc::default();
+    let s = started.clone();
+    let handler = tower::service_fn(move |task: Task<Job>| {
+        let started = s.clone();
+        async move {
+            let (seq, token) = (task.payload.seq, task.cx.fencing_token());
+            started.lock().unwrap().push((seq, token, Instant::now()));
+            if seq == 0 {
+                while task.cx.still_owned() {
+                    tokio::time::sleep(10 * MS).await;
+                }
+                task.cx.finished();
+            }
+            Ok::<(), HandlerError>(())
+        }
+    });
+    let stall = Arc::new(Stall::default());
+    let stop = CancellationToken::new();
+    let consumer = builder(&server.url(), &name)
+        .partitions(1)
+        .concurrency(1)
+        .clock(StallClock(stall.clone()))
+        .service(handler);
+    let mut events = consumer.partition_events();
+    let signal = stall.signal(stop.clone(), Duration::from_millis(1500));
+    let loop_stall = stall.clone();
+    let thread = std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        loop_stall
+            .loop_thread
+            .set(std::thread::current().id())
+            .unwrap();
+        rt.block_on(consumer.run_until(signal))
+    });
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    // Started: the service and its one partition are recorded.
+    rt.block_on(until_started(&mut events, 1, "the partition starts"));
+    let producer = rt.block_on(async { Producer::connect(&server.url(), &name).await.unwrap() });
+    rt.block_on(producer.enqueue(&Job { seq: 0 })).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while started.lock().unwrap().is_empty() {
+        assert!(Instant::now() < deadline, "task A never started");
+        std::thread::sleep(10 * MS);
+    }
+    rt.block_on(producer.enqueue(&Job { seq: 1 })).unwrap();
+    // Resume early in an epoch (epochs begin at whole seconds at I = 1 s),
+    // right after its assignment (offsets lie below I/2), so that the
+    // newest assignment's lease has most of an interval left through the
+    // slow clock reads.
+    let freeze = Duration::from_millis(2600);
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    let resume_at_ms = (now_ms + freeze.as_millis() as u64 + 500) / 1000 * 1000 + 1600;
+    std::thread::sleep(Duration::from_millis(
+        resume_at_ms - freeze.as_millis() as u64 - now_ms,
+    ));
+    stall.freeze(freeze);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let resumed = loop {
+        if let Some(at) = stall.resumed() {
+            break at;
+        }
+        assert!(Instant::now() < deadline, "the loop never froze");
+        std::thread::sleep(10 * MS);
+    };
+    while started.lock().unwrap().len() < 2 {
+        assert!(Instant::now() < deadline, "task B never ran");
+        std::thread::sleep(10 * MS);
+    }
+    // Time to run B again, if anything would (nothing to wait for: it
+    // must not happen).
+    std::thread::sleep(Duration::from_millis(500));
+    stop.cancel();
+    thread.join().unwrap().unwrap();
+    let started = started.lock().unwrap().clone();
+    println!(
+        "started (seq, token): {:?}",
+        started.iter().map(|s| (s.0, s.1)).collect::<Vec<_>>()
+    );
+    let token_a = started[0].1;
+    let b: Vec<_> = started.iter().filter(|s| s.0 == 1).collect();
+    assert_eq!(b.len(), 1, "B started once: {started:?}");
+    assert!(
+        b[0].2 >= resumed - Duration::from_millis(300),
+        "B started after the stall"
+    );
+    assert!(
+        b[0].1 > token_a,
+        "B started with token {}, that of the ownership the assignment after the stall \
+         stopped (A ran with {token_a}), not under the one acquired anew",
+        b[0].1
     );
 }

@@ -312,6 +312,44 @@ fn proxy_hold_delivers_requests_late_on_restore() {
     assert_eq!(get(&server.url(), "held").as_deref(), Some("late"));
 }
 
+#[test]
+fn proxy_hold_on_holds_only_the_connections_that_send_the_pattern() {
+    // Longer than a probe's: the connections must not time out for the
+    // load of a busy machine, only for the hold.
+    const WAIT: Duration = Duration::from_secs(1);
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.port());
+    let mut naming = connect(&proxy.url(), WAIT).expect("connect through proxy");
+    let mut other = connect(&proxy.url(), WAIT).expect("connect through proxy");
+    proxy.hold_on(b"held-");
+    assert_eq!(proxy.held(), 0);
+    assert_eq!(ping(&mut naming).expect("PING before the pattern"), "PONG");
+
+    let err = retry_interrupted(|| naming.set::<_, _, ()>("held-a", "late"))
+        .expect_err("the request that names it gets no reply");
+    assert!(err.is_timeout(), "expected a timeout, got {err}");
+    assert_eq!(proxy.held(), 1);
+    // Not sent on: and the other connection goes on.
+    assert_eq!(
+        ping(&mut other).expect("PING on the other connection"),
+        "PONG"
+    );
+    assert_eq!(get(&server.url(), "held-a"), None);
+    // A new connection that sends it is held too.
+    let mut again = connect(&proxy.url(), WAIT).expect("connect through proxy");
+    let err =
+        retry_interrupted(|| again.set::<_, _, ()>("held-b", "again")).expect_err("held again");
+    assert!(err.is_timeout(), "expected a timeout, got {err}");
+    assert_eq!(proxy.held(), 2);
+
+    proxy.restore();
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while get(&server.url(), "held-a").is_none() || get(&server.url(), "held-b").is_none() {
+        assert!(Instant::now() < deadline, "the held requests never arrived");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 /// Whether the server has a client with id `id`.
 fn has_client(url: &str, id: u64) -> bool {
     let mut con = connect(url, PROBE).expect("connect directly");

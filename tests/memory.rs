@@ -1,6 +1,8 @@
 //! Bounded memory with a large backlog: a consumer over 1,000,000 queued
 //! tasks with a slow handler holds about `concurrency` tasks plus one read
-//! per owned partition in memory, never the backlog.
+//! per owned partition in memory, never the backlog; and one whose acks
+//! cannot land stops reading at its bound of finished tasks waiting for
+//! their acks.
 //!
 //! The consumer is the example binary (`mail_sender consume`, 64
 //! partitions, concurrency 64, reads of at most 64 entries, each task
@@ -19,7 +21,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use deadpool_redis::redis::{self, AsyncCommands};
 use peerq::codec::{Bincode, Codec};
 use peerq::producer::Producer;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use support::{Proc, RedisServer, unique_name};
 
 const TASKS: u64 = 1_000_000;
@@ -41,7 +43,7 @@ const RUN: Duration = Duration::from_secs(10);
 const BOUND: u64 = 64 << 20;
 
 /// The example's task (`mail_sender`'s `Mail`), encoded the same way.
-#[derive(Serialize)]
+#[derive(Serialize, Deserialize)]
 struct Mail {
     seq: u64,
     to: String,
@@ -60,6 +62,39 @@ for i = 1, n do
 end
 return n
 ";
+
+/// Adds `total` entries of `mail` to service `name`'s first `partitions`
+/// partitions, spread evenly, by [`FILL`], one call per partition.
+async fn fill(server: &RedisServer, name: &str, partitions: u32, total: u64, mail: &Mail) {
+    let payload = Bincode.encode(mail).unwrap();
+    let now_ms = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis()
+        .to_string();
+    let fill = redis::Script::new(FILL);
+    // A connection of its own: a call fills ~15,000 entries, longer than
+    // the pool's response timeout on a loaded machine.
+    let config =
+        redis::AsyncConnectionConfig::new().set_response_timeout(Some(Duration::from_secs(60)));
+    let mut filler = server
+        .client()
+        .get_multiplexed_async_connection_with_config(&config)
+        .await
+        .unwrap();
+    for p in 0..u64::from(partitions) {
+        let n = total / u64::from(partitions) + u64::from(p < total % u64::from(partitions));
+        let _: u64 = fill
+            .key(format!("{{{name}/{p}}}:stream"))
+            .arg(n)
+            .arg(format!("fill-{p}-"))
+            .arg(&now_ms)
+            .arg(&payload)
+            .invoke_async(&mut filler)
+            .await
+            .unwrap();
+    }
+}
 
 /// A `VmRSS`/`VmHWM` line of `/proc/<pid>/status`, in bytes.
 fn status_bytes(pid: u32, field: &str) -> Option<u64> {
@@ -150,10 +185,11 @@ fn measure(server: &RedisServer, name: &str, run: Duration) -> Run {
     }
 }
 
-/// Entries delivered and not acked, over all partitions.
-async fn pending(conn: &mut deadpool_redis::Connection, name: &str) -> u64 {
+/// Entries delivered and not acked, over the first `partitions`
+/// partitions.
+async fn pending(conn: &mut deadpool_redis::Connection, name: &str, partitions: u32) -> u64 {
     let mut total = 0;
-    for p in 0..PARTITIONS {
+    for p in 0..partitions {
         let reply: redis::streams::StreamPendingReply = conn
             .xpending(format!("{{{name}/{p}}}:stream"), "peerq")
             .await
@@ -188,34 +224,7 @@ async fn a_consumer_over_a_million_task_backlog_holds_only_what_it_runs() {
     // The rest by script, one call per partition.
     let started = Instant::now();
     let rest = TASKS - THROUGH_PRODUCER;
-    let payload = Bincode.encode(&mail(0)).unwrap();
-    let now_ms = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_millis()
-        .to_string();
-    let fill = redis::Script::new(FILL);
-    // A connection of its own: a call fills ~15,000 entries, longer than
-    // the pool's response timeout on a loaded machine.
-    let config =
-        redis::AsyncConnectionConfig::new().set_response_timeout(Some(Duration::from_secs(60)));
-    let mut filler = server
-        .client()
-        .get_multiplexed_async_connection_with_config(&config)
-        .await
-        .unwrap();
-    for p in 0..u64::from(PARTITIONS) {
-        let n = rest / u64::from(PARTITIONS) + u64::from(p < rest % u64::from(PARTITIONS));
-        let _: u64 = fill
-            .key(format!("{{{name}/{p}}}:stream"))
-            .arg(n)
-            .arg(format!("fill-{p}-"))
-            .arg(&now_ms)
-            .arg(&payload)
-            .invoke_async(&mut filler)
-            .await
-            .unwrap();
-    }
+    fill(&server, &name, PARTITIONS, rest, &mail(0)).await;
     let script_time = started.elapsed();
     let mut queued = 0;
     for p in 0..PARTITIONS {
@@ -253,7 +262,7 @@ async fn a_consumer_over_a_million_task_backlog_holds_only_what_it_runs() {
         mib(growth),
     );
     // Read: handled, or still pending (fetched, running or not acked).
-    let read = busy.handled + pending(&mut conn, &name).await;
+    let read = busy.handled + pending(&mut conn, &name, PARTITIONS).await;
     eprintln!(
         "{} tasks handled, about {read} read, {} left unread",
         busy.handled,
@@ -270,4 +279,96 @@ async fn a_consumer_over_a_million_task_backlog_holds_only_what_it_runs() {
     assert!(busy.handled >= 1000, "only {} tasks handled", busy.handled);
     // … and read only about what it could run, not the backlog.
     assert!(read < 100_000, "{read} entries read");
+}
+
+/// Finished tasks whose acks have not landed that an instance keeps, at
+/// most: `Room::unacked_bound` (`IN_FLIGHT * MAX_BATCH` of the acker),
+/// the larger of that and `concurrency`.
+const UNACKED: u64 = 4 * 4096;
+
+/// Reads stop when acks stop landing (docs/design.md §3): a task takes its
+/// ack slot before it gives back its running permit, so once the finished
+/// tasks waiting for their acks fill their bound, the handlers' permits
+/// are held, and the reads stop, however much the partitions hold.
+///
+/// The instance reaches Redis through a proxy that holds every connection
+/// that sends the `fenced_ack` script's hash, from that request on: its
+/// acks never land (each try ends at the response timeout, and the next
+/// one, on a new connection, is held again; the acker gives up only after
+/// 8 tries, over a minute), while its reads on the connections that carry
+/// no ack go on, and so do its rounds. 8 partitions hold 40,000 tasks:
+/// 30,000 or more of them on partitions whose reads are not held. Then the
+/// acks land (the proxy lets go), and the instance reads and runs the rest.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_instance_whose_acks_cannot_land_stops_reading_at_its_bound() {
+    const P: u32 = 8;
+    const CONCURRENCY: usize = 4;
+    const TOTAL: u64 = 40_000;
+    support::init_tracing();
+    let server = RedisServer::start();
+    let name = unique_name("acks-stopped");
+    let mail = Mail {
+        seq: 0,
+        to: "user@example.com".into(),
+    };
+    fill(&server, &name, P, TOTAL, &mail).await;
+    let proxy = support::Proxy::start(server.port());
+    let fenced_ack = redis::Script::new(include_str!("../src/scripts/fenced_ack.lua"));
+    proxy.hold_on(fenced_ack.get_hash().as_bytes());
+    let runs = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let handler = {
+        let runs = runs.clone();
+        tower::service_fn(move |_: peerq::handler::Task<Mail>| {
+            runs.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            async { Ok::<(), peerq::HandlerError>(()) }
+        })
+    };
+    let stop = tokio_util::sync::CancellationToken::new();
+    let consumer = tokio::spawn(
+        peerq::Consumer::builder()
+            .name(&name)
+            .redis(proxy.url())
+            .partitions(P)
+            .concurrency(CONCURRENCY)
+            .service(handler)
+            .run_until(stop.clone().cancelled_owned()),
+    );
+    let ran = || runs.load(std::sync::atomic::Ordering::SeqCst);
+    support::wait_until(
+        Duration::from_secs(60),
+        "the bound of unacked tasks",
+        || ran() >= UNACKED,
+    )
+    .await;
+    assert!(proxy.held() > 0, "no ack was held");
+    let mut conn = server.pool().get().await.unwrap();
+    let read = pending(&mut conn, &name, P).await;
+    let reached = ran();
+    // Nothing more for 2 s: no new read, no new run (the acks' first tries
+    // end at the 10 s response timeout, and none is given up for a minute).
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let read_after = pending(&mut conn, &name, P).await;
+    println!(
+        "acks held: ran {reached} tasks and read {read} entries of {TOTAL}; \
+         2 s later {} and {read_after}",
+        ran()
+    );
+    assert_eq!(ran(), reached, "tasks ran after the bound");
+    assert_eq!(read_after, read, "entries were read after the bound");
+    assert!(
+        reached <= UNACKED + CONCURRENCY as u64,
+        "{reached} tasks ran: more than the {UNACKED} waiting for acks and the {CONCURRENCY} \
+         holding permits"
+    );
+    assert!(read < TOTAL / 2, "{read} of {TOTAL} entries read");
+    // The acks land: it reads and runs the rest.
+    proxy.restore();
+    support::wait_until(
+        Duration::from_secs(120),
+        "every task, once acks land",
+        || ran() >= TOTAL,
+    )
+    .await;
+    stop.cancel();
+    consumer.await.unwrap().unwrap();
 }

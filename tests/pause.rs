@@ -1,7 +1,9 @@
 //! Pausing a service (docs/design.md §7) with in-process consumers against
 //! a real redis-server: an ordered partition keeps its order across a pause
 //! and a handover made while paused; a retry in place waits for the
-//! resume. (Concurrent partitions, with processes that join and leave while
+//! resume; an instance whose pause watcher cannot read the pause key (an
+//! ACL taken away mid-run) keeps its last answer, paused or running.
+//! (Concurrent partitions, with processes that join and leave while
 //! paused: the `scenarios` binary.)
 
 mod support;
@@ -107,6 +109,17 @@ async fn set_paused(server: &RedisServer, name: &str, paused: bool) {
     }
 }
 
+/// A producer of service `name`, as the default user.
+async fn producer(server: &RedisServer, name: &str) -> Producer {
+    Producer::builder()
+        .name(name)
+        .redis(server.url())
+        .partitions(P)
+        .connect()
+        .await
+        .unwrap()
+}
+
 async fn enqueue(producer: &Producer, seqs: std::ops::Range<u64>) {
     for seq in seqs {
         let job = Job {
@@ -133,13 +146,7 @@ async fn an_ordered_partition_keeps_its_order_across_a_pause_and_a_handover_whil
     // Seq 30's first attempt fails: its retry in place is due while paused.
     const FAIL: u64 = 30;
     let a = ordered(&server.url(), &name, "a", &runs, FAIL);
-    let producer = Producer::builder()
-        .name(&name)
-        .redis(server.url())
-        .partitions(P)
-        .connect()
-        .await
-        .unwrap();
+    let producer = producer(&server, &name).await;
     enqueue(&producer, 0..31).await;
     wait_until(Duration::from_secs(15), "seq 30's first attempt", || {
         runs_of(&runs).iter().any(|r| r.2 == FAIL)
@@ -280,4 +287,138 @@ async fn a_pause_longer_than_claim_idle_runs_each_concurrent_task_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pause_longer_than_claim_idle_runs_each_ordered_task_once() {
     a_pause_longer_than_claim_idle_runs_each_task_once(true).await;
+}
+
+/// The user the consumers of the watcher tests log in as.
+const USER: &str = "watcher";
+const PASSWORD: &str = "w4tcher-pw";
+
+/// Gives [`USER`] every command on service `name`'s keys; with `paused`
+/// false, every key but `{name}:paused` (a glob for "anything else": Redis
+/// key patterns only allow), so the pause watcher's `GET` is refused and
+/// nothing else is.
+fn grant(server: &RedisServer, name: &str, paused: bool) {
+    let keys = if paused {
+        format!("~{{{name}}}:*")
+    } else {
+        [
+            "[^p]",
+            "p[^a]",
+            "pa[^u]",
+            "pau[^s]",
+            "paus[^e]",
+            "pause[^d]",
+            "paused?",
+        ]
+        .map(|head| format!("~{{{name}}}:{head}*"))
+        .join(" ")
+    };
+    server.acl_setuser(&format!(
+        "{USER} on >{PASSWORD} resetkeys ~{{{name}/*}}:* {keys} +@all"
+    ));
+}
+
+/// How many reads of `{name}:paused` Redis refused [`USER`] (its ACL log).
+async fn refused_reads(server: &RedisServer, name: &str) -> u64 {
+    let mut conn = server.pool().get().await.unwrap();
+    let log: Vec<std::collections::HashMap<String, redis::Value>> = redis::cmd("ACL")
+        .arg("LOG")
+        .arg(1000)
+        .query_async(&mut *conn)
+        .await
+        .unwrap();
+    let text = |entry: &std::collections::HashMap<String, redis::Value>, field: &str| {
+        redis::from_redis_value_ref::<String>(&entry[field]).unwrap()
+    };
+    log.iter()
+        .filter(|e| {
+            text(e, "username") == USER && text(e, "object") == format!("{{{name}}}:paused")
+        })
+        .map(|e| redis::from_redis_value_ref::<u64>(&e["count"]).unwrap())
+        .sum()
+}
+
+/// A consumer of service `name` logged in as [`USER`], that has run one
+/// task (so its pause watcher has had an answer), and its producer.
+async fn watched(server: &RedisServer, name: &str, runs: &Runs) -> (Instance, Producer) {
+    grant(server, name, true);
+    let a = ordered(&server.url_as(USER, PASSWORD), name, "a", runs, u64::MAX);
+    let producer = producer(server, name).await;
+    enqueue(&producer, 0..1).await;
+    wait_until(Duration::from_secs(15), "the first task", || {
+        !runs_of(runs).is_empty()
+    })
+    .await;
+    (a, producer)
+}
+
+/// The pause watcher keeps its last answer while Redis refuses its read: a
+/// paused service stays paused (docs/design.md §7). The read is refused by
+/// an ACL taken away mid-run, and Redis's ACL log shows the refusals.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_service_stays_paused_while_its_pause_key_cannot_be_read() {
+    let readings = support::recorder::install();
+    let server = RedisServer::start();
+    let name = unique_name("paused-unread");
+    let runs: Runs = Arc::default();
+    let (a, producer) = watched(&server, &name, &runs).await;
+    set_paused(&server, &name, true).await;
+    let paused = || readings.gauge("peerq_paused", &[("service", &name)]) == 1.0;
+    wait_until(
+        Duration::from_secs(10),
+        "the instance to see the pause",
+        paused,
+    )
+    .await;
+    grant(&server, &name, false);
+    let refused = || async { refused_reads(&server, &name).await };
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while refused().await == 0 {
+        assert!(std::time::Instant::now() < deadline, "no read was refused");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    enqueue(&producer, 1..2).await;
+    // Two more refused reads, a period apart: two more chances to change
+    // its mind.
+    let seen = refused().await;
+    while refused().await < seen + 2 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the watcher stopped reading"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let ran = runs_of(&runs);
+    assert_eq!(ran.len(), 1, "a task started while paused: {ran:?}");
+    assert!(paused(), "the gauge still says paused");
+    // Readable again and resumed: it runs.
+    grant(&server, &name, true);
+    set_paused(&server, &name, false).await;
+    wait_until(Duration::from_secs(10), "the task after the resume", || {
+        runs_of(&runs).len() == 2
+    })
+    .await;
+    a.leave().await;
+}
+
+/// The symmetric case: a running service keeps running while its pause
+/// key cannot be read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_running_service_keeps_running_while_its_pause_key_cannot_be_read() {
+    let server = RedisServer::start();
+    let name = unique_name("running-unread");
+    let runs: Runs = Arc::default();
+    let (a, producer) = watched(&server, &name, &runs).await;
+    grant(&server, &name, false);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while refused_reads(&server, &name).await == 0 {
+        assert!(std::time::Instant::now() < deadline, "no read was refused");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    enqueue(&producer, 1..4).await;
+    wait_until(Duration::from_secs(10), "the tasks enqueued after", || {
+        runs_of(&runs).len() == 4
+    })
+    .await;
+    a.leave().await;
 }

@@ -18,6 +18,7 @@ use serde::{Deserialize, Serialize};
 use support::{RedisServer, unique_name, wait_until};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
+use tower::util::BoxCloneSyncService;
 
 const MS: Duration = Duration::from_millis(1);
 const P: u32 = 8;
@@ -52,16 +53,11 @@ async fn producer(url: &str, name: &str) -> Producer {
 /// The ids of the periodic job's runs, with the time each ran.
 type Ticks = Arc<Mutex<Vec<(String, SystemTime)>>>;
 
-/// A consumer; with `ticks`, it also registers an every-second job.
-fn consumer_with(
-    url: &str,
-    name: &str,
-    runs: &Runs,
-    ticks: Option<&Ticks>,
-) -> (CancellationToken, JoinHandle<peerq::Result<()>>) {
-    support::init_tracing();
-    let (r, t) = (runs.clone(), ticks.cloned().unwrap_or_default());
-    let service = tower::service_fn(move |task: Task<Job>| {
+/// A handler service that records when each task ran: a periodic job's
+/// in `ticks`, any other in `runs`.
+fn recording(runs: &Runs, ticks: &Ticks) -> BoxCloneSyncService<Task<Job>, (), HandlerError> {
+    let (r, t) = (runs.clone(), ticks.clone());
+    BoxCloneSyncService::new(tower::service_fn(move |task: Task<Job>| {
         let (r, t) = (r.clone(), t.clone());
         async move {
             let id = task.cx.task_id().as_str().to_owned();
@@ -76,12 +72,22 @@ fn consumer_with(
             }
             Ok::<(), HandlerError>(())
         }
-    });
+    }))
+}
+
+/// A consumer; with `ticks`, it also registers an every-second job.
+fn consumer_with(
+    url: &str,
+    name: &str,
+    runs: &Runs,
+    ticks: Option<&Ticks>,
+) -> (CancellationToken, JoinHandle<peerq::Result<()>>) {
+    support::init_tracing();
     let mut builder = Consumer::builder()
         .name(name)
         .redis(url)
         .partitions(P)
-        .service(service);
+        .service(recording(runs, &ticks.cloned().unwrap_or_default()));
     if ticks.is_some() {
         let every_second = Periodic::cron("tick", "* * * * * *").unwrap();
         builder = builder.periodic(every_second, &Job { seq: u64::MAX });
@@ -531,5 +537,56 @@ async fn an_ordered_task_left_by_a_crashed_owner_runs_first_with_a_higher_attemp
         seen.lock().unwrap().clone(),
         vec![(0, 2), (1, 1), (2, 1)],
         "the crashed owner's task first, its attempt showing the earlier delivery"
+    );
+}
+
+/// A periodic job registered before the builder's codec is set runs with
+/// that codec: its task is encoded when the consumer starts, not when
+/// `periodic` is called (which encoded it with the default codec then, a
+/// task the JSON consumer dead-lettered as `decode` at every due time).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_periodic_task_given_before_the_codec_runs_with_that_codec() {
+    support::init_tracing();
+    let server = RedisServer::start();
+    let name = unique_name("periodic-codec");
+    let ticks: Ticks = Arc::default();
+    let builder = Consumer::builder()
+        .name(&name)
+        .redis(server.url())
+        .partitions(P)
+        .periodic(
+            Periodic::every("json-tick", Duration::from_millis(200)),
+            &Job { seq: 7 },
+        )
+        .codec(peerq::codec::Json)
+        .service(recording(&Runs::default(), &ticks));
+    let stop = CancellationToken::new();
+    let consumer = tokio::spawn(builder.run_until(stop.clone().cancelled_owned()));
+    let dead = loop {
+        match peerq::DeadLetters::connect(&server.url(), &name).await {
+            Ok(dead) => break dead,
+            // Not recorded yet: the consumer is starting.
+            Err(peerq::Error::UnknownService { .. }) => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => panic!("{e}"),
+        }
+    };
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while ticks.lock().unwrap().is_empty() {
+        if let Some(letter) = dead.list(1).await.unwrap().first() {
+            panic!(
+                "the periodic task was dead-lettered: {} ({})",
+                letter.reason, letter.error
+            );
+        }
+        assert!(Instant::now() < deadline, "the periodic task never ran");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    stop.cancel();
+    consumer.await.unwrap().unwrap();
+    assert!(
+        dead.list(1).await.unwrap().is_empty(),
+        "nothing dead-lettered"
     );
 }

@@ -290,3 +290,39 @@ async fn a_missing_name_says_to_call_name() {
         );
     }
 }
+
+/// A periodic task that the consumer's codec cannot encode is an invalid
+/// setting naming the job, whichever of `periodic` and `codec` came first
+/// (the task is encoded when the consumer starts, with the codec it runs
+/// with); no Redis is needed to find out.
+#[tokio::test]
+async fn a_periodic_task_its_codec_cannot_encode_is_an_invalid_setting() {
+    // Keys that are no strings: bincode encodes it, JSON does not.
+    let task = BTreeMap::from([((1u8, 2u8), 3u8)]);
+    let job = || peerq::Periodic::every("tuple-keys", Duration::from_secs(1));
+    let builder = || Consumer::builder().name("x").redis("redis://127.0.0.1:1/");
+    let handler = Runs::default();
+    let errors = [
+        builder()
+            .periodic(job(), &task)
+            .codec(peerq::codec::Json)
+            .handler(handler.clone())
+            .run_until(async {})
+            .await,
+        builder()
+            .codec(peerq::codec::Json)
+            .periodic(job(), &task)
+            .handler(handler.clone())
+            .run_until(async {})
+            .await,
+    ];
+    for result in errors {
+        let msg = result.unwrap_err().to_string();
+        assert!(
+            msg.starts_with(
+                "invalid setting `periodic`: job `tuple-keys`: its task does not encode: json:"
+            ),
+            "{msg}"
+        );
+    }
+}

@@ -6,7 +6,8 @@
 //! stops early the page says how far it got and links on from there. Its
 //! matches come in partition order. A bulk action on a search's matches
 //! reads at most [`BULK_CALLS`] calls (100,000 letters) per request and
-//! says when more may match.
+//! says when more may match, and only on the letters dead when it began
+//! (by their place in each partition's dead letters, not by any clock).
 
 use axum::Form;
 use axum::extract::{Path, State};
@@ -15,14 +16,14 @@ use serde::Deserialize;
 
 use super::layout::{Base, escape_segment, url_query};
 use super::{Failure, Shared};
-use crate::dead_letters::{Cursor, DeadLetter, DeadLetters, Order};
+use crate::dead_letters::{Act, Cursor, DeadLetter, DeadLetters, Order};
 
 /// Letters a search reads per call.
 pub(crate) const SEARCH_BATCH: usize = 500;
 /// Calls a search makes per request, at most.
 pub(crate) const SEARCH_CALLS: usize = 20;
 /// Calls a bulk action on a search's matches makes per request, at most
-/// (100,000 letters); it says when more remain.
+/// (of `BULK_BATCH` letters: 100,000); it says when more remain.
 const BULK_CALLS: usize = 200;
 
 /// The list's filter, from the URL.
@@ -179,42 +180,23 @@ pub(crate) async fn matching(
     ))
 }
 
-/// Replays or purges every letter `filter` matches, a call's matches at a
-/// time (their commands share the connection's pipeline), in at most
-/// [`BULK_CALLS`] calls; how many, and whether more may match. A letter
-/// that died (again) after the action began is left alone, so a replayed
-/// task that fails at once is not replayed over and over.
+/// Replays or purges every letter `filter` matches, in at most
+/// [`BULK_CALLS`] calls; how many, and whether more may match. Only the
+/// letters dead when the action began are acted on, by their position in
+/// each partition's dead letters as it began (`DeadLetters::act_on`), so
+/// a replayed task that fails again at once is not replayed over and over,
+/// whatever the consumers' and the dashboard's clocks say.
 async fn act_on_matches(
     dead: &DeadLetters,
     filter: &Filter,
     replay: bool,
 ) -> Result<(u64, bool), Failure> {
-    let began = std::time::SystemTime::now();
     let q = filter.q.to_lowercase();
-    let mut after = None;
-    let mut count = 0;
-    for _ in 0..BULK_CALLS {
-        let scan = dead.scan(after.as_ref(), SEARCH_BATCH).await?;
-        let matching = scan.letters.iter().filter(|letter| {
-            (filter.reason.is_empty() || letter.reason == filter.reason)
-                && matches(letter, &q)
-                && letter.dead_at <= began
-        });
-        let acted = futures_util::future::try_join_all(matching.map(|letter| async move {
-            if replay {
-                dead.replay(letter).await
-            } else {
-                dead.purge(letter).await
-            }
-        }))
-        .await?;
-        count += acted.into_iter().filter(|done| *done).count() as u64;
-        match scan.next {
-            Some(next) => after = Some(next),
-            None => return Ok((count, false)),
-        }
-    }
-    Ok((count, true))
+    let wanted = |letter: &DeadLetter| {
+        (filter.reason.is_empty() || letter.reason == filter.reason) && matches(letter, &q)
+    };
+    let act = if replay { Act::Replay } else { Act::Purge };
+    Ok(dead.act_on(wanted, act, BULK_CALLS).await?)
 }
 
 /// Back to the list, saying what was done.

@@ -10,10 +10,12 @@
 //! `XREVRANGE … COUNT`) in one pipelined round trip, and nothing of the
 //! partition streams the consumers read.
 
+mod bulk;
 mod letter;
 mod page;
 mod scan;
 
+pub(crate) use bulk::Act;
 pub use letter::DeadLetter;
 pub(crate) use letter::letter;
 pub use page::{Cursor, Order, Page, Query};
@@ -23,7 +25,6 @@ use std::fmt;
 use std::sync::{Arc, LazyLock};
 
 use deadpool_redis::redis;
-use futures_util::future::try_join_all;
 
 use crate::config::ServiceName;
 use crate::connection::{Given, SharedConnection};
@@ -236,59 +237,24 @@ impl DeadLetters {
         Ok(total)
     }
 
-    /// Replays every dead letter (with `reason`, if given), oldest first, a
-    /// page at a time; returns how many were replayed.
+    /// Replays every dead letter (with `reason`, if given) that was dead
+    /// when the call began, partition after partition, each oldest first,
+    /// 500 at a time; returns how many were replayed. A letter that dies
+    /// meanwhile (a replayed task that fails for good at once) is left
+    /// alone: the call ends at each partition's last letter as it began,
+    /// by position in Redis, whatever the clocks say.
     pub async fn replay_all(&self, reason: Option<&str>) -> Result<u64> {
-        self.each(reason, Act::Replay).await
+        let wanted = |letter: &DeadLetter| reason.is_none_or(|r| letter.reason == r);
+        let (done, _) = self.act_on(wanted, Act::Replay, usize::MAX).await?;
+        Ok(done)
     }
 
-    /// Removes every dead letter with `reason`, a page at a time; returns
-    /// how many (without a reason, [`purge_all`](Self::purge_all)).
+    /// Removes every dead letter with `reason` that was dead when the call
+    /// began, 500 at a time, as [`replay_all`](Self::replay_all) goes;
+    /// returns how many (without a reason, [`purge_all`](Self::purge_all)).
     pub async fn purge_reason(&self, reason: &str) -> Result<u64> {
-        self.each(Some(reason), Act::Purge).await
+        let wanted = |letter: &DeadLetter| letter.reason == reason;
+        let (done, _) = self.act_on(wanted, Act::Purge, usize::MAX).await?;
+        Ok(done)
     }
-
-    /// Does `act` to every dead letter with `reason`, oldest first, to a
-    /// page's letters at once (their commands share the connection's
-    /// pipeline); counts the letters it did it to.
-    async fn each(&self, reason: Option<&str>, act: Act) -> Result<u64> {
-        const PAGE: usize = 100;
-        let mut query = Query::new(PAGE);
-        if let Some(reason) = reason {
-            query = query.reason(reason);
-        }
-        // Letters that die again meanwhile (a replayed task that fails for
-        // good at once) come after the newest one now, and are left alone.
-        let Some(last) = self.newest().await? else {
-            return Ok(0);
-        };
-        let mut done = 0;
-        loop {
-            let mut batch = self.page(&query).await?;
-            let before = batch.letters.len();
-            batch.letters.retain(|letter| !page::beyond(letter, &last));
-            if batch.letters.len() < before {
-                batch.next = None;
-            }
-            let acted = try_join_all(batch.letters.iter().map(|letter| async move {
-                match act {
-                    Act::Replay => self.replay(letter).await,
-                    Act::Purge => self.purge(letter).await,
-                }
-            }))
-            .await?;
-            done += acted.into_iter().filter(|acted| *acted).count() as u64;
-            match batch.next {
-                Some(next) => query = query.after(next),
-                None => return Ok(done),
-            }
-        }
-    }
-}
-
-/// What [`DeadLetters::each`] does to each letter.
-#[derive(Debug, Clone, Copy)]
-enum Act {
-    Replay,
-    Purge,
 }

@@ -254,18 +254,6 @@ impl DeadLetters {
         letters.truncate(n);
         Ok((letters, fetched))
     }
-
-    /// The newest letter's position now, so a pass over all letters can
-    /// stop there (letters that die again meanwhile come after it).
-    pub(crate) async fn newest(&self) -> Result<Option<Cursor>> {
-        let (newest, _) = self.merged(Order::NewestFirst, None, 1).await?;
-        Ok(newest.first().map(DeadLetter::cursor))
-    }
-}
-
-/// Whether `letter` comes after `bound` (oldest first).
-pub(crate) fn beyond(letter: &DeadLetter, bound: &Cursor) -> bool {
-    letter.cursor().key() > bound.key()
 }
 
 #[cfg(test)]

@@ -7,9 +7,14 @@
 //! the call reads on from the cursor, partition after partition (`XRANGE …
 //! COUNT n`, pipelined), until it has asked for `count`. Letters come in
 //! partition order, then stream order.
+//!
+//! A bulk action ([`super::bulk`]) scans only to where each partition's
+//! letters ended when it began: its reads end there (`XRANGE … <end>`),
+//! and a partition that had none is skipped.
 
 use deadpool_redis::redis::{self, streams::StreamRangeReply};
 
+use super::bulk::Ends;
 use super::{Cursor, DeadLetter, DeadLetters};
 use crate::error::Result;
 use crate::keys;
@@ -28,6 +33,17 @@ impl DeadLetters {
     /// Reads up to `count` letters (at least 1) after `after` (from the
     /// first one without it), in partition order.
     pub async fn scan(&self, after: Option<&Cursor>, count: usize) -> Result<Scan> {
+        self.scan_to(after, count, None).await
+    }
+
+    /// [`scan`](Self::scan), reading each partition only to its end in
+    /// `ends` when given (none of a partition that had no letter).
+    pub(super) async fn scan_to(
+        &self,
+        after: Option<&Cursor>,
+        count: usize,
+        ends: Option<&Ends>,
+    ) -> Result<Scan> {
         let count = count.max(1);
         let first = after.map_or(0, |c| c.partition);
         if first >= self.partitions {
@@ -48,7 +64,12 @@ impl DeadLetters {
             if budget == 0 {
                 break;
             }
-            let ask = len.min(budget);
+            // Nothing to read where the action's bound says the partition
+            // had no letter.
+            let ask = match ends.map(|ends| ends.of(p)) {
+                Some(None) => 0,
+                _ => len.min(budget),
+            };
             if ask > 0 {
                 asks.push((p, ask));
                 budget -= ask;
@@ -60,11 +81,12 @@ impl DeadLetters {
                 Some(c) if c.partition == *p => format!("({}", c.id),
                 _ => "-".to_owned(),
             };
+            let end = ends.and_then(|ends| ends.of(*p)).unwrap_or("+");
             reads
                 .cmd("XRANGE")
                 .arg(keys::dead(&self.name, *p))
                 .arg(start)
-                .arg("+")
+                .arg(end)
                 .arg("COUNT")
                 .arg(*ask);
         }
@@ -80,7 +102,8 @@ impl DeadLetters {
         }
         // The budget ran out at the last partition asked: if it gave all
         // that was asked it may hold more; if less (the cursor was inside
-        // it), it is done and the next call starts at the one after.
+        // it, or its end came first), it is done and the next call starts
+        // at the one after.
         // Otherwise every partition was read to its end (as long as it was
         // when the lengths were read). Each call moves on, so a search
         // always ends.

@@ -4,7 +4,11 @@
 //!
 //! It can also add network jitter ([`Proxy::jitter`]): each chunk it
 //! forwards waits a random time first, so requests of different clients can
-//! reach Redis in another order than they were sent.
+//! reach Redis in another order than they were sent. And it can hold the
+//! connections that send something ([`Proxy::hold_on`]), from that request
+//! on: a test acts at a known point of a client's work, or takes Redis
+//! away from one kind of request (an instance's acks) while the client's
+//! other connections go on.
 //!
 //! Plain std threads: one accepts, two per connection pump bytes. Every open
 //! connection is kept in a registry, with clones of both sockets, so `cut`
@@ -53,6 +57,9 @@ struct Conn {
     /// `None` for a connection accepted during a blackhole: it never reaches
     /// the target.
     upstream: Option<TcpStream>,
+    /// Its client sent `hold_on`'s pattern: its bytes are held both ways
+    /// until `restore`, whatever the mode.
+    held: bool,
     /// Some bytes were dropped (or it never had an upstream), so the Redis
     /// protocol on it is out of step: a request went unanswered. It is
     /// closed on `restore`, so the client reconnects instead of matching
@@ -82,6 +89,10 @@ struct State {
     /// being closed, so every pump thread's socket is eventually shut down.
     conns: HashMap<u64, Conn>,
     next_id: u64,
+    /// Bytes that hold the connection whose client sends them.
+    hold_on: Option<Vec<u8>>,
+    /// Connections `hold_on` has held since it was set.
+    held: usize,
 }
 
 #[derive(Debug)]
@@ -147,6 +158,8 @@ impl Proxy {
                 mode: Mode::Forward,
                 conns: HashMap::new(),
                 next_id: 0,
+                hold_on: None,
+                held: 0,
             }),
             stop: AtomicBool::new(false),
             jitter_us: AtomicU64::new(0),
@@ -207,6 +220,26 @@ impl Proxy {
         self.shared.state().mode = Mode::Hold;
     }
 
+    /// Holds every connection whose client sends a chunk that contains
+    /// `pattern`, from that chunk on, both ways (as [`hold`](Self::hold)
+    /// does for all), until [`restore`](Self::restore): the request that
+    /// names it has not reached Redis. Other connections go on. A client
+    /// that gives up on a held connection and opens another is held again
+    /// as soon as it sends the pattern there. [`held`](Self::held) counts
+    /// the connections held. A pattern split across two reads of the
+    /// socket is not seen; a Redis client writes each command whole, so a
+    /// command name or a script's hash is not split in practice.
+    pub fn hold_on(&self, pattern: &[u8]) {
+        let mut state = self.shared.state();
+        state.hold_on = Some(pattern.to_vec());
+        state.held = 0;
+    }
+
+    /// How many connections [`hold_on`](Self::hold_on) has held.
+    pub fn held(&self) -> usize {
+        self.shared.state().held
+    }
+
     /// Delays every chunk forwarded from now on, either way, by a random
     /// time in `[0, max]`, drawn per chunk; `Duration::ZERO` turns it off.
     /// A connection's bytes stay in order (a chunk waits behind the one
@@ -235,6 +268,10 @@ impl Proxy {
     pub fn restore(&self) {
         let mut state = self.shared.state();
         state.mode = Mode::Forward;
+        state.hold_on = None;
+        for conn in state.conns.values_mut() {
+            conn.held = false;
+        }
         state.conns.retain(|_, conn| {
             if conn.tainted {
                 conn.close();
@@ -333,11 +370,11 @@ fn handle(client: TcpStream, target: SocketAddr, shared: &Arc<Shared>) {
                 return;
             };
             vec![
-                (client_read, Some(upstream_write)),
-                (upstream_read, Some(client_write)),
+                (client_read, Some(upstream_write), Side::Client),
+                (upstream_read, Some(client_write), Side::Server),
             ]
         }
-        None => vec![(client_read, None)],
+        None => vec![(client_read, None, Side::Client)],
     };
     let id = state.next_id;
     state.next_id += 1;
@@ -348,6 +385,7 @@ fn handle(client: TcpStream, target: SocketAddr, shared: &Arc<Shared>) {
         Conn {
             client,
             upstream,
+            held: false,
             tainted,
             opens_at,
         },
@@ -356,11 +394,11 @@ fn handle(client: TcpStream, target: SocketAddr, shared: &Arc<Shared>) {
 
     let mut handles = shared.pumps.lock().unwrap_or_else(PoisonError::into_inner);
     handles.retain(|handle| !handle.is_finished());
-    for (from, to) in pumps {
+    for (from, to, side) in pumps {
         let pump_shared = Arc::clone(shared);
         match thread::Builder::new()
             .name(format!("proxy-conn-{id}"))
-            .spawn(move || pump(id, from, to, &pump_shared))
+            .spawn(move || pump(id, from, to, side, &pump_shared))
         {
             Ok(handle) => handles.push(handle),
             Err(_) => shared.close(id),
@@ -368,11 +406,21 @@ fn handle(client: TcpStream, target: SocketAddr, shared: &Arc<Shared>) {
     }
 }
 
+/// Which side a pump reads from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Side {
+    /// The client: its requests.
+    Client,
+    /// Redis: its replies.
+    Server,
+}
+
 /// Copies `from` to `to` while the proxy forwards, drops the bytes while it
 /// blackholes (or when there is no `to`), and closes the whole connection
 /// when either side ends, as a TCP proxy would (during a hold, only once it
-/// is over).
-fn pump(id: u64, mut from: TcpStream, mut to: Option<TcpStream>, shared: &Shared) {
+/// is over). A client's chunk that holds `hold_on`'s pattern holds its
+/// connection before it is forwarded.
+fn pump(id: u64, mut from: TcpStream, mut to: Option<TcpStream>, side: Side, shared: &Shared) {
     let mut buf = [0u8; 16 * 1024];
     // Bytes read during a hold, delivered once the proxy forwards again.
     let mut held: Vec<u8> = Vec::new();
@@ -387,21 +435,35 @@ fn pump(id: u64, mut from: TcpStream, mut to: Option<TcpStream>, shared: &Shared
         };
         let mode = {
             let mut state = shared.state();
+            let named = side == Side::Client
+                && n > 0
+                && state.hold_on.as_ref().is_some_and(|pattern| {
+                    buf[..n]
+                        .windows(pattern.len().max(1))
+                        .any(|w| w == pattern.as_slice())
+                });
             let mode = state.mode;
-            match state.conns.get_mut(&id) {
+            let (mode, newly_held) = match state.conns.get_mut(&id) {
                 // Closed by `cut` or by the other pump.
                 None => break,
-                Some(conn) if conn.tainted => Mode::Blackhole,
+                Some(conn) if conn.tainted => (Mode::Blackhole, false),
                 Some(conn) if mode == Mode::Forward && conn.opens_at > Some(Instant::now()) => {
-                    Mode::Hold
+                    (Mode::Hold, false)
                 }
                 Some(conn) => {
                     if mode == Mode::Blackhole && n > 0 {
                         conn.tainted = true;
                     }
-                    mode
+                    let newly_held = named && !conn.held;
+                    conn.held |= named;
+                    match mode {
+                        Mode::Forward if conn.held => (Mode::Hold, newly_held),
+                        mode => (mode, newly_held),
+                    }
                 }
-            }
+            };
+            state.held += usize::from(newly_held);
+            mode
         };
         match mode {
             Mode::Hold => held.extend_from_slice(&buf[..n]),
@@ -442,6 +504,7 @@ fn close_after_hold(id: u64, to: Option<&mut TcpStream>, held: &[u8], shared: &S
                 // Closed by `cut`, by the other pump or by `Drop`.
                 None => break,
                 Some(conn) if conn.tainted => Mode::Blackhole,
+                Some(conn) if conn.held && state.mode == Mode::Forward => Mode::Hold,
                 Some(_) => state.mode,
             }
         };

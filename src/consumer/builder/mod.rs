@@ -1,8 +1,10 @@
 //! The consumer's builder: settings, the handler service, its layers.
 //! Where Redis is ([`redis`]), the settings shared with the peer indexer
-//! ([`indexing`]) and the run ([`run`]) have rooms of their own.
+//! ([`indexing`]), the periodic jobs it is given ([`periodic`]) and the run
+//! ([`run`]) have rooms of their own.
 
 mod indexing;
+mod periodic;
 #[cfg(feature = "postgres")]
 mod postgres;
 mod redis;
@@ -27,8 +29,9 @@ use crate::connection::Given;
 use crate::error::{Error, Result};
 use crate::handler::{Handler, HandlerService, Task};
 use crate::indexer::Standing;
-use crate::periodic::{Periodic, Registered};
+use crate::periodic::Periodic;
 use crate::retry::Backoff;
+use periodic::GivenJob;
 
 /// Partition events kept for a slow receiver before it misses some.
 const EVENTS_CAPACITY: usize = 16_384;
@@ -48,8 +51,10 @@ pub struct ConsumerBuilder<T, S, C> {
     standing: watch::Sender<Standing>,
     /// Where the runtime publishes partition events.
     events: broadcast::Sender<PartitionEvent>,
-    /// Periodic jobs whose task did not encode, for `validate`.
-    periodic_errors: Vec<String>,
+    /// Periodic jobs, their tasks encoded with every codec: the one the
+    /// consumer runs with is known only when it starts (`.codec` may
+    /// come after `.periodic`).
+    periodic: Vec<GivenJob>,
     clock: Arc<dyn Clock>,
     /// Where to serve the HTTP endpoint (set only with the `http` feature).
     http: Option<SocketAddr>,
@@ -82,7 +87,7 @@ impl ConsumerBuilder<(), (), Bincode> {
             service: (),
             standing: watch::Sender::new(Standing::Joining),
             events: broadcast::Sender::new(EVENTS_CAPACITY),
-            periodic_errors: Vec::new(),
+            periodic: Vec::new(),
             clock: Arc::new(SystemClock),
             http: None,
             #[cfg(feature = "postgres")]
@@ -178,7 +183,10 @@ impl<T, S, C: Codec> ConsumerBuilder<T, S, C> {
     }
 
     /// Registers a periodic job: at each of its due times, one instance of
-    /// the service enqueues `task` (encoded with the service's codec) into
+    /// the service enqueues `task` (encoded with the service's codec, the
+    /// one the consumer runs with, whether [`codec`](Self::codec) comes
+    /// before or after this call; one it does not encode with is an
+    /// [`Error::InvalidSetting`] naming `periodic` and the job) into
     /// the job's partition, once across the service. The handler gets it
     /// like any task, with the id `cron:<job>:<due ms>`.
     ///
@@ -190,17 +198,7 @@ impl<T, S, C: Codec> ConsumerBuilder<T, S, C> {
     /// # Ok(()) }
     /// ```
     pub fn periodic<P: serde::Serialize>(mut self, job: Periodic, task: &P) -> Self {
-        match C::default().encode(task) {
-            Ok(payload) => self.settings.periodic.push(Registered {
-                job,
-                codec: C::NAME,
-                payload,
-            }),
-            Err(e) => self.periodic_errors.push(format!(
-                "job `{}`: its task does not encode: {e}",
-                job.name()
-            )),
-        }
+        self.periodic.push(GivenJob::new(job, task));
         self
     }
 
@@ -278,7 +276,7 @@ impl<T, S, C: Codec> ConsumerBuilder<T, S, C> {
             service: f(self.service),
             standing: self.standing,
             events: self.events,
-            periodic_errors: self.periodic_errors,
+            periodic: self.periodic,
             clock: self.clock,
             http: self.http,
             #[cfg(feature = "postgres")]
@@ -317,12 +315,16 @@ impl<T, S, C: Codec> ConsumerBuilder<T, S, C> {
         self.map_service(|service| layer.layer(service))
     }
 
-    fn validate(&self) -> Result<ServiceName> {
+    /// Validates the settings, with the periodic jobs' tasks encoded by
+    /// the codec the builder has now: the one the consumer runs with.
+    fn validate(&mut self) -> Result<ServiceName> {
         let name = ServiceName::given(self.name.as_deref())?;
         self.indexer.validate()?;
-        if let Some(e) = self.periodic_errors.first() {
-            return Err(Error::invalid("periodic", e.clone()));
-        }
+        self.settings.periodic = self
+            .periodic
+            .iter()
+            .map(GivenJob::registered::<C>)
+            .collect::<Result<_>>()?;
         self.settings.validate(&self.indexer)?;
         #[cfg(feature = "postgres")]
         self.postgres.validate()?;

@@ -53,7 +53,7 @@ where
     }
 
     async fn start<F: Future<Output = ()> + Send>(
-        self,
+        mut self,
         signal: impl Future<Output = ()> + Send,
         again: impl FnOnce() -> F + Send,
     ) -> Result<()> {
