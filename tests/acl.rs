@@ -1,8 +1,8 @@
 //! peerq as a Redis ACL user with only the rights the README's rule gives
 //! (derived from every command and script in `src/`): a consumer, a
-//! producer and the CLI work; a user missing one right gets a one-line
-//! error naming the command and what to grant; a wrong password is an
-//! authentication error without the password in it.
+//! producer, the CLI and the outbox relay work; a user missing one right
+//! gets a one-line error naming the command and what to grant; a wrong
+//! password is an authentication error without the password in it.
 
 mod support;
 
@@ -197,4 +197,89 @@ fn cli(url: &str, args: &[&str]) -> String {
         String::from_utf8_lossy(&out.stderr)
     );
     String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The outbox relay (feature `postgres`) as the same user: it reads
+/// Redis's clock for its claims' deadlines, enqueues and dead-letters rows
+/// with its dedup records, and gives the records their expiry once the
+/// rows' delete committed (`PEXPIRE`), all within the rule.
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_outbox_relay_works_as_a_least_privilege_user() {
+    use deadpool_redis::redis;
+    use peerq::codec::Json;
+    use peerq::postgres::{Outbox, Relay};
+    use support::PostgresServer;
+
+    support::init_tracing();
+    let server = tokio::task::spawn_blocking(RedisServer::start)
+        .await
+        .unwrap();
+    let name = unique_name("acl-relay");
+    server.acl_setuser(&service_rule("mail", "s3cret-pw", &name));
+    let url = server.url_as("mail", "s3cret-pw");
+    let db = tokio::task::spawn_blocking(|| PostgresServer::shared().database())
+        .await
+        .unwrap();
+    let pool = sqlx::PgPool::connect_with(db.options()).await.unwrap();
+    peerq::postgres::migrate(&pool).await.unwrap();
+    let mut tx = pool.begin().await.unwrap();
+    let job = Outbox::enqueue(&mut tx, &name, &Job { seq: 1 }, Options::new())
+        .await
+        .unwrap()
+        .to_string();
+    // Another codec than the service's: dead-lettered, reason `relay`.
+    let poison = Outbox::enqueue_with_codec(&mut tx, &name, Json, &Job { seq: 2 }, Options::new())
+        .await
+        .unwrap()
+        .to_string();
+    tx.commit().await.unwrap();
+
+    let stop = CancellationToken::new();
+    let relay = Relay::builder()
+        .postgres(pool.clone())
+        .name(&name)
+        .redis(&url)
+        .test_timing(Duration::from_secs(20), Duration::from_secs(2))
+        .build()
+        .unwrap();
+    let relaying = tokio::spawn(relay.run_until(stop.clone().cancelled_owned()));
+    // Both records come and, the rows deleted, go after their grace.
+    let mut admin = server.pool().get().await.unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let mut seen = [false, false];
+    loop {
+        let mut gone = true;
+        for (i, id) in [&job, &poison].into_iter().enumerate() {
+            let pattern = format!("{{{name}/*}}:dedup:outbox:{id}");
+            let keys: Vec<String> = redis::cmd("KEYS")
+                .arg(&pattern)
+                .query_async(&mut admin)
+                .await
+                .unwrap();
+            seen[i] |= !keys.is_empty();
+            gone &= keys.is_empty();
+        }
+        let left: i64 = sqlx::query_scalar(
+            "SELECT (SELECT count(*) FROM peerq_outbox) + (SELECT count(*) FROM peerq_outbox_sent)",
+        )
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+        if seen == [true, true] && gone && left == 0 {
+            break;
+        }
+        assert!(!relaying.is_finished(), "the relay stopped");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out: records seen {seen:?}, all gone {gone}, rows and markers left {left}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let dead = peerq::DeadLetters::connect(&url, &name).await.unwrap();
+    let letters = dead.list(10).await.unwrap();
+    assert_eq!(letters.len(), 1, "{letters:?}");
+    assert_eq!(letters[0].reason, "relay");
+    stop.cancel();
+    relaying.await.unwrap().unwrap();
 }

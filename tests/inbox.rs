@@ -3,13 +3,16 @@
 //! nothing; an owner behind a newer fencing token is stale and writes
 //! nothing; a frozen owner's open transaction neither blocks its successor
 //! for long nor lets both commit; and, in a running consumer, a stale
-//! refusal drops the partition without spending an attempt, and old inbox
-//! rows are pruned.
+//! refusal drops the partition without spending an attempt, a fence held
+//! by an older owner busy in a statement is waited for without spending
+//! one, and old inbox rows are pruned.
 
 mod support;
 
 #[path = "inbox/consumer.rs"]
 mod consumer;
+#[path = "inbox/held.rs"]
+mod held;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -1,8 +1,10 @@
 //! The Postgres outbox (docs/design.md §10) against a real PostgreSQL and a
 //! real redis-server: migrations apply once however many run at once; a
 //! rolled-back transaction enqueues nothing and a committed one runs once;
-//! a relay killed between its `XADD`s and its delete, and three relays at
-//! once, still run each task once; per-key order holds through several
+//! a relay killed between its `XADD`s and its delete, a relay whose
+//! delete Postgres, away, could not commit for longer than the records'
+//! grace, a relay frozen before a send, and three relays at once, still
+//! run each task once; per-key order holds through several
 //! relays; a row no consumer could run is dead-lettered with reason
 //! `relay` and the rows behind it in its lane flow; and the commit →
 //! handler-start latency is measured.
@@ -13,6 +15,10 @@ mod support;
 mod killed;
 #[path = "outbox/latency.rs"]
 mod latency;
+#[path = "outbox/outage.rs"]
+mod outage;
+#[path = "outbox/stale.rs"]
+mod stale;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -284,7 +290,8 @@ async fn migrations_apply_once_even_from_four_processes_at_once() {
             "peerq_fences",
             "peerq_inbox",
             "peerq_migrations",
-            "peerq_outbox"
+            "peerq_outbox",
+            "peerq_outbox_sent"
         ]
     );
 
@@ -616,6 +623,9 @@ async fn what_cannot_be_relayed_is_refused_before_anything_is_written() {
         refused(relay().poll_interval(poll).build()),
         "poll_interval"
     );
+    for grace in [Duration::from_secs(59), Duration::from_secs(8 * 24 * 3600)] {
+        assert_eq!(refused(relay().record_grace(grace).build()), "record_grace");
+    }
     assert_eq!(
         refused(Relay::builder().name(&world.name).build()),
         "postgres"

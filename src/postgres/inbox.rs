@@ -12,17 +12,19 @@
 use std::time::Duration;
 
 use sqlx::{PgConnection, PgPool, Postgres, Transaction};
-use tracing::debug;
+use tokio::time::Instant;
+use tracing::{debug, warn};
 
 use super::prune;
 use crate::config::ServiceName;
 use crate::error::Result;
 use crate::handler::{HandlerError, TaskContext};
 
-/// How often [`Inbox::run_once`] tries to take the partition's fence when
-/// a lock on it is not granted in time (a frozen owner's open transaction
-/// holds it until Postgres ends that session).
-const FENCE_TRIES: u32 = 20;
+/// How long [`Inbox::run_once`] waits for the partition's fence, in
+/// intervals, before it warns (and again after as long): an older owner's
+/// idle transaction is ended by Postgres within one interval, so a longer
+/// wait is a transaction busy in a statement.
+const WARN_AFTER_INTERVALS: u32 = 4;
 
 /// Runs a handler's PostgreSQL writes exactly once per task.
 ///
@@ -107,11 +109,18 @@ impl Inbox {
     /// An error from `writes` rolls everything back and is the attempt's
     /// error (its disposition kept). The transaction has a `lock_timeout`
     /// of half the indexer's interval and an
-    /// `idle_in_transaction_session_timeout` of the interval, below the
-    /// lease, so a frozen owner's open transaction is ended by Postgres
-    /// before its successor needs the fence: `writes` should be database
-    /// work only, not a call to another service. After the commit the
-    /// task is [finished](TaskContext::finished).
+    /// `idle_in_transaction_session_timeout` of the interval, so a frozen
+    /// owner's open transaction, idle, is ended by Postgres within an
+    /// interval: `writes` should be database work only, not a call to
+    /// another service. Until an older owner's transaction ends (idle, by
+    /// that timeout; busy in a statement, when the statement ends), the
+    /// fence cannot move forward: this run waits for it, trying again
+    /// every half interval and warning after a few intervals, and spends
+    /// no attempt. If the run is interrupted meanwhile (a drain, a lost
+    /// lease: [`still_owned`](TaskContext::still_owned) turns false), it
+    /// returns an error the consumer counts as an interruption, not a
+    /// failure. After the commit the task is
+    /// [finished](TaskContext::finished).
     ///
     /// What it needs: the migrations applied ([`migrate`](super::migrate)),
     /// and the effect written in this database, on `tx`. Inbox rows are
@@ -135,17 +144,13 @@ impl Inbox {
             idle: interval,
         };
         let task_id = cx.task_id().as_str();
-        let mut tries = 0;
+        let mut waiting = Waiting::new(interval);
         let mut tx = loop {
             let mut tx = fence.begin(pool).await?;
             let claim = match fence.claim(&mut tx, task_id).await {
                 Ok(claim) => claim,
-                Err(e) if is_lock_timeout(&e) && tries < FENCE_TRIES => {
-                    tries += 1;
-                    debug!(
-                        partition = fence.partition,
-                        "the fence is locked; trying again"
-                    );
+                Err(e) if is_lock_timeout(&e) => {
+                    waiting.again(&fence, cx)?;
                     continue;
                 }
                 Err(e) => return Err(e.into()),
@@ -165,19 +170,15 @@ impl Inbox {
                     ))
                     .stale());
                 }
-                Claim::Behind if tries < FENCE_TRIES => {
-                    tx.rollback().await?;
-                    tries += 1;
-                    match fence.advance(pool).await {
-                        Err(e) if !is_lock_timeout(&e) => return Err(e.into()),
-                        _ => continue,
-                    }
-                }
                 Claim::Behind => {
-                    return Err(HandlerError::msg(format!(
-                        "cannot move partition {}'s fence forward to token {}",
-                        fence.partition, fence.token
-                    )));
+                    tx.rollback().await?;
+                    match fence.advance(pool).await {
+                        Ok(()) => {}
+                        // An older owner's transaction still holds the
+                        // fence `FOR SHARE`.
+                        Err(e) if is_lock_timeout(&e) => waiting.again(&fence, cx)?,
+                        Err(e) => return Err(e.into()),
+                    }
                 }
             }
         };
@@ -261,6 +262,57 @@ impl Fence<'_> {
         .execute(&mut *tx)
         .await?;
         tx.commit().await
+    }
+}
+
+/// A run's wait for a fence that another transaction holds.
+struct Waiting {
+    since: Instant,
+    /// When to warn next.
+    warn_at: Instant,
+    /// How long between warnings.
+    every: Duration,
+}
+
+impl Waiting {
+    fn new(interval: Duration) -> Self {
+        let every = interval * WARN_AFTER_INTERVALS;
+        let since = Instant::now();
+        Waiting {
+            since,
+            warn_at: since + every,
+            every,
+        }
+    }
+
+    /// A lock on the fence was not granted in time: the run tries again,
+    /// spending no attempt, while it may still act on the task; else the
+    /// error that ends it, which the consumer counts as an interruption
+    /// (the task runs again on the partition's owner).
+    fn again(&mut self, fence: &Fence<'_>, cx: &TaskContext) -> Result<(), HandlerError> {
+        let waited = self.since.elapsed();
+        if !cx.still_owned() {
+            return Err(HandlerError::msg(format!(
+                "interrupted after waiting {waited:?} for partition {}'s fence, held by an older \
+                 owner's open transaction",
+                fence.partition
+            )));
+        }
+        if Instant::now() >= self.warn_at {
+            self.warn_at = Instant::now() + self.every;
+            warn!(
+                partition = fence.partition,
+                token = fence.token,
+                ?waited,
+                "the partition's fence is held by another transaction, most likely an older owner's busy in a statement (its idle timeout ends only idle ones); the partition's tasks wait for it, spending no attempt"
+            );
+        } else {
+            debug!(
+                partition = fence.partition,
+                "the fence is locked; trying again"
+            );
+        }
+        Ok(())
     }
 }
 

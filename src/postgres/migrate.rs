@@ -43,6 +43,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "inbox_done_at",
         sql: include_str!("../../migrations/0003_inbox_done_at.sql"),
     },
+    Migration {
+        version: 4,
+        name: "outbox_sent",
+        sql: include_str!("../../migrations/0004_outbox_sent.sql"),
+    },
 ];
 
 /// The key of the advisory lock a run holds: `fnv1a64("peerq_migrations")`

@@ -16,14 +16,19 @@
 //! | `migrate` | `migrations/*.sql`, embedded, applied once each under an advisory lock; `peerq_migrations` |
 //! | `outbox` | [`Outbox`]: a task's row, written in the caller's transaction |
 //! | `relay` | [`Relay`]: its builder and its loop (wake, pass over the lanes, back off) |
-//! | `lane` | one lane's claim in one transaction: lock, select, relay each row, delete, commit |
+//! | `lane` | one lane's claim in one transaction: lock, select, relay each row, replace the rows by their markers, commit |
+//! | `forget` | after a claim's commit: its records' expiry, beside the next claims, and the sweep of markers left |
 //! | `verdict` | what the relay does with a row (enqueue or dead-letter), free of I/O |
 //!
 //! What stays in Redis's modules: the enqueue itself is the producer's
 //! (`producer::stored`), under the row's task id with the dedup record
 //! `outbox:<task id>`, so a row relayed twice (a relay killed after the
-//! `XADD`, before its delete committed) is enqueued once.
+//! `XADD`, before its delete committed, or a delete that Postgres, away,
+//! could not commit) is enqueued once. The record has no expiry until the
+//! row's delete has committed (`peerq_outbox_sent` says so), then the
+//! relay's grace.
 
+mod forget;
 mod inbox;
 mod lane;
 mod migrate;
@@ -37,7 +42,9 @@ pub use migrate::{MIGRATIONS, Migration, migrate, migrate_url};
 pub use outbox::Outbox;
 pub use prune::{DEFAULT_INBOX_RETENTION, PRUNE_BATCH};
 pub(crate) use prune::{prune_until, validate_retention};
-pub use relay::{DEFAULT_POLL_INTERVAL, DEFAULT_RELAY_BATCH, Relay, RelayBuilder};
+pub use relay::{
+    DEFAULT_POLL_INTERVAL, DEFAULT_RECORD_GRACE, DEFAULT_RELAY_BATCH, Relay, RelayBuilder,
+};
 
 use sqlx::{PgPool, Postgres, Transaction};
 

@@ -7,18 +7,22 @@
 //! a notification on `peerq_outbox` naming the service, or the poll
 //! interval, whichever comes first. Any failure (Postgres or Redis away) is
 //! logged and the pass tried again after a pause that doubles up to 30 s;
-//! the relay stops only when told to.
+//! the relay stops only when told to. At its start and then every minute, a
+//! pass first sweeps the markers of relayed rows whose records were not yet
+//! given their expiry (`lane::sweep`).
 
-use std::fmt;
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use deadpool_redis::Pool;
 use sqlx::PgPool;
 use sqlx::postgres::PgListener;
+use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
-use super::lane::{self, AfterSend, Claimed};
+use super::forget::Forgetting;
+use super::lane::{self, Claimed, Claiming};
 use crate::codec::{Bincode, Codec};
 use crate::config::ServiceName;
 use crate::connection::{Backend, Tls};
@@ -33,8 +37,13 @@ const CHANNEL: &str = "peerq_outbox";
 pub const DEFAULT_RELAY_BATCH: usize = 100;
 /// Default wait between passes when no notification comes.
 pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_secs(1);
+/// Default time a relayed row's dedup record is kept once the row's delete
+/// has committed.
+pub const DEFAULT_RECORD_GRACE: Duration = lane::GRACE;
 /// Pauses after a failed pass: 100 ms, doubling, at most 30 s.
 const PAUSES: Pauses = Pauses::new(Duration::from_millis(100), Duration::from_secs(30));
+/// How often a relay sweeps the markers a claim could not clear.
+const SWEEP_EVERY: Duration = Duration::from_secs(60);
 
 /// Moves a service's committed outbox rows to its Redis.
 ///
@@ -70,25 +79,19 @@ pub struct RelayBuilder<C: Codec> {
     pool: Option<PgPool>,
     name: Option<String>,
     settings: Settings<C>,
+    /// The timings came from [`test_timing`](Self::test_timing): not
+    /// checked.
+    test_timing: bool,
 }
 
 /// A relay's settings besides its database and name.
+#[derive(Debug)]
 struct Settings<C: Codec> {
     /// Its producer's: the Redis, the codec, the largest payload.
     producer: ProducerBuilder<C>,
-    batch: usize,
     poll_interval: Duration,
-    after_send: Option<AfterSend>,
-}
-
-impl<C: Codec> fmt::Debug for Settings<C> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Settings")
-            .field("producer", &self.producer)
-            .field("batch", &self.batch)
-            .field("poll_interval", &self.poll_interval)
-            .finish_non_exhaustive()
-    }
+    /// Its claims': the batch, the time to send, the records' grace.
+    claiming: Claiming,
 }
 
 impl Relay<Bincode> {
@@ -98,11 +101,16 @@ impl Relay<Bincode> {
         RelayBuilder {
             pool: None,
             name: None,
+            test_timing: false,
             settings: Settings {
                 producer: Producer::builder(),
-                batch: DEFAULT_RELAY_BATCH,
                 poll_interval: DEFAULT_POLL_INTERVAL,
-                after_send: None,
+                claiming: Claiming {
+                    batch: DEFAULT_RELAY_BATCH,
+                    sending: lane::SENDING,
+                    grace: lane::GRACE,
+                    ..Claiming::default()
+                },
             },
         }
     }
@@ -160,7 +168,7 @@ impl<C: Codec> RelayBuilder<C> {
 
     /// Rows claimed per lane and transaction (default 100; 1 to 10,000).
     pub fn batch(mut self, rows: usize) -> Self {
-        self.settings.batch = rows;
+        self.settings.claiming.batch = rows;
         self
     }
 
@@ -184,27 +192,58 @@ impl<C: Codec> RelayBuilder<C> {
     pub fn codec<D: Codec>(self, codec: D) -> RelayBuilder<D> {
         let Settings {
             producer,
-            batch,
             poll_interval,
-            after_send,
+            claiming,
         } = self.settings;
         RelayBuilder {
             pool: self.pool,
             name: self.name,
+            test_timing: self.test_timing,
             settings: Settings {
                 producer: producer.codec(codec),
-                batch,
                 poll_interval,
-                after_send,
+                claiming,
             },
         }
+    }
+
+    /// How long a relayed row's dedup record `{N/p}:dedup:outbox:<task
+    /// id>` is kept once the row's delete has committed (default 15 min;
+    /// 1 min to 7 days). Until then the record has no expiry, however long
+    /// Postgres is away. The grace covers a Postgres failover that loses
+    /// the delete's commit (asynchronous replication): relays that send
+    /// the row again within it enqueue it once. It costs Redis about 230
+    /// bytes per row relayed within the grace (docs/design.md §10): at
+    /// 1,000 rows a second, 15 minutes hold about 200 MB.
+    pub fn record_grace(mut self, grace: Duration) -> Self {
+        self.settings.claiming.grace = grace;
+        self
     }
 
     /// Calls `hook` with the task ids of a claim's rows once they are in
     /// Redis, before they are deleted: for tests that kill a relay there.
     #[doc(hidden)]
     pub fn after_send(mut self, hook: impl Fn(&[TaskId]) + Send + Sync + 'static) -> Self {
-        self.settings.after_send = Some(std::sync::Arc::new(hook));
+        self.settings.claiming.after_send = Some(std::sync::Arc::new(hook));
+        self
+    }
+
+    /// Calls `hook` with a row's task id right before it is sent: for
+    /// tests that freeze a relay there.
+    #[doc(hidden)]
+    pub fn before_send(mut self, hook: impl Fn(&TaskId) + Send + Sync + 'static) -> Self {
+        self.settings.claiming.before_send = Some(std::sync::Arc::new(hook));
+        self
+    }
+
+    /// A claim's time to send (20 s) and the records' grace, unchecked:
+    /// for tests that outlast them. A grace below the time to send lets a
+    /// relay frozen mid-claim send a row again.
+    #[doc(hidden)]
+    pub fn test_timing(mut self, sending: Duration, grace: Duration) -> Self {
+        self.settings.claiming.sending = sending;
+        self.settings.claiming.grace = grace;
+        self.test_timing = true;
         self
     }
 
@@ -218,10 +257,21 @@ impl<C: Codec> RelayBuilder<C> {
             )
         })?;
         let mut settings = self.settings;
-        if !(1..=10_000).contains(&settings.batch) {
+        let batch = settings.claiming.batch;
+        if !(1..=10_000).contains(&batch) {
             return Err(Error::invalid(
                 "batch",
-                format!("{} rows is out of range; use 1 to 10000", settings.batch),
+                format!("{batch} rows is out of range; use 1 to 10000"),
+            ));
+        }
+        let grace = Duration::from_secs(60)..=Duration::from_secs(7 * 24 * 3600);
+        if !self.test_timing && !grace.contains(&settings.claiming.grace) {
+            return Err(Error::invalid(
+                "record_grace",
+                format!(
+                    "{:?} is out of range; use 1 min to 7 days (default 15 min)",
+                    settings.claiming.grace
+                ),
             ));
         }
         let poll = Duration::from_millis(10)..=Duration::from_secs(3600);
@@ -283,12 +333,15 @@ impl<C: Codec> Relay<C> {
         pauses.reset();
         info!(service = %self.name, "outbox relay started");
         let mut listener = None;
+        let (name, grace) = (self.name.as_str(), self.settings.claiming.grace);
+        let forgetting = Forgetting::new(self.pool.clone(), Arc::new(producer), name, grace);
+        let mut next_sweep = Instant::now();
         loop {
             // A pass goes on while a lane gives full batches; a failure
             // pauses it.
             let passed = tokio::select! {
                 _ = &mut signal => break,
-                passed = self.pass(&producer) => passed,
+                passed = self.pass(&forgetting, &mut next_sweep) => passed,
             };
             let more = match passed {
                 Ok(more) => {
@@ -318,9 +371,24 @@ impl<C: Codec> Relay<C> {
     }
 
     /// One pass over the lanes that hold rows, from a random one on (so
-    /// relays that start together spread over the lanes); whether any lane
-    /// gave a full batch, so more may wait.
-    async fn pass(&self, producer: &Producer<C>) -> Result<bool> {
+    /// relays that start together spread over the lanes), after a sweep if
+    /// `next_sweep` has come; whether any lane gave a full batch, so more
+    /// may wait. Each claim's records start to expire beside the claims
+    /// after it (`forgetting`).
+    async fn pass(&self, forgetting: &Forgetting<C>, next_sweep: &mut Instant) -> Result<bool> {
+        if Instant::now() >= *next_sweep {
+            *next_sweep = Instant::now() + SWEEP_EVERY;
+            match forgetting.sweep().await {
+                Ok(0) => {}
+                Ok(swept) => {
+                    debug!(service = %self.name, swept, "relayed rows' dedup records left by earlier claims now expire")
+                }
+                // The pass says so if the database or Redis is away.
+                Err(e) => {
+                    debug!(service = %self.name, cause = %e, "cannot sweep the relayed rows' markers; trying again in a minute")
+                }
+            }
+        }
         let mut lanes = lane::busy_lanes(&self.pool, self.name.as_str()).await?;
         if lanes.is_empty() {
             return Ok(false);
@@ -328,17 +396,15 @@ impl<C: Codec> Relay<C> {
         let start = rand::random_range(0..lanes.len());
         lanes.rotate_left(start);
         let mut more = false;
+        let claiming = &self.settings.claiming;
         for lane in lanes {
-            let claimed = lane::claim(
-                &self.pool,
-                producer,
-                self.name.as_str(),
-                lane,
-                self.settings.batch,
-                self.settings.after_send.as_ref(),
-            )
-            .await?;
-            more |= claimed == Claimed::Moved(self.settings.batch);
+            let producer = forgetting.producer();
+            let claimed =
+                lane::claim(&self.pool, producer, self.name.as_str(), lane, claiming).await?;
+            if let Claimed::Moved(sent) = claimed {
+                more |= sent.len() == claiming.batch;
+                forgetting.start(sent);
+            }
         }
         Ok(more)
     }

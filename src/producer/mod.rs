@@ -35,7 +35,7 @@ use crate::task::{Entry, TaskId};
 pub use builder::ProducerBuilder;
 pub use options::Options;
 #[cfg(feature = "postgres")]
-pub(crate) use stored::Stored;
+pub(crate) use stored::{Sent, Stored};
 
 /// Default largest encoded payload a producer accepts.
 pub const DEFAULT_MAX_PAYLOAD: usize = 1024 * 1024;

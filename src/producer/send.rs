@@ -3,7 +3,7 @@
 //! record of its own.
 
 use std::sync::LazyLock;
-use std::time::{Duration, UNIX_EPOCH};
+use std::time::UNIX_EPOCH;
 
 use deadpool_redis::redis;
 use serde::Serialize;
@@ -27,20 +27,24 @@ impl<C: Codec> Producer<C> {
         options: Options,
     ) -> Result<(TaskId, bool)> {
         let entry = self.entry(&task, options.partition_key().map(str::to_owned))?;
-        self.send_entry(entry, &options, None).await
+        let sent = self.send_entry(entry, &options, None).await?;
+        // Only the outbox relay's record comes with a deadline.
+        Ok(sent.expect("without a deadline a send is never late"))
     }
 
     /// Enqueues `entry` with `options` (its delay, its idempotency key);
-    /// with `once`, also at most once per that dedup record (a name under
-    /// `{N/p}:dedup:`, and how long it is kept). Its id, and whether it is
-    /// new: `false` when either record named an earlier task, whose id it
-    /// returns.
+    /// with `once`, the outbox relay's send (docs/design.md §10): also at
+    /// most once per that dedup record (a name under `{N/p}:dedup:`, kept
+    /// without an expiry) and only until that deadline (Unix ms by Redis's
+    /// clock). Its id, and whether it is new: `false` when either record
+    /// named an earlier task, whose id it returns; `None` when the
+    /// deadline had passed and nothing was written.
     pub(super) async fn send_entry(
         &self,
         entry: Entry,
         options: &Options,
-        once: Option<(&str, Duration)>,
-    ) -> Result<(TaskId, bool)> {
+        once: Option<(&str, u64)>,
+    ) -> Result<Option<(TaskId, bool)>> {
         let id = entry.id.clone();
         let p = self.partition_of(&entry);
         let stream = keys::stream(&self.name, p);
@@ -52,7 +56,7 @@ impl<C: Codec> Producer<C> {
                 Some(_) => self.idempotency_ttl.as_millis() as u64,
                 None => 0,
             };
-            let (once_key, once_ttl) = once.unwrap_or_default();
+            let (once_key, until_ms) = once.unwrap_or_default();
             let at = options
                 .at
                 .map(|at| {
@@ -72,23 +76,26 @@ impl<C: Codec> Producer<C> {
                 .arg(id.as_str())
                 .arg(at)
                 .arg(delay)
-                .arg(once_ttl.as_millis() as u64);
+                .arg(until_ms);
             for (k, v) in entry.fields() {
                 script.arg(k).arg(v);
             }
             let (enqueued, due): (String, u64) = self.conn.invoke(&script).await?;
+            if enqueued.is_empty() {
+                return Ok(None);
+            }
             self.conn.replicated([stream.as_str()]).await?;
             if due > 0 {
                 self.notice(p, due).await;
             }
             let new = enqueued == id.as_str();
-            return Ok((TaskId::from(enqueued.as_str()), new));
+            return Ok(Some((TaskId::from(enqueued.as_str()), new)));
         }
         let mut cmd = redis::cmd("XADD");
         cmd.arg(&stream).arg("*").arg(entry.fields());
         self.conn.query::<()>(&cmd).await?;
         self.conn.replicated([stream.as_str()]).await?;
-        Ok((id, true))
+        Ok(Some((id, true)))
     }
 
     /// Tells the owner of partition `p`, through the due index, that a task

@@ -1,8 +1,9 @@
 //! What the outbox relay sends through the producer (docs/design.md §10): a
 //! task written to `peerq_outbox`, already encoded, under the id the outbox
-//! gave it and at most once per its dedup record `outbox:<task id>`; and
-//! the dead letter of a row that cannot be enqueued, at most once by the
-//! same record.
+//! gave it and at most once per its dedup record `outbox:<task id>`; the
+//! dead letter of a row that cannot be enqueued, at most once by the same
+//! record; both only until the relay's claim's deadline by Redis's clock;
+//! and, once the rows' delete has committed, the records' expiry.
 
 use std::sync::LazyLock;
 use std::time::Duration;
@@ -12,6 +13,7 @@ use deadpool_redis::redis;
 use super::{Options, Producer};
 use crate::codec::Codec;
 use crate::error::Result;
+use crate::partition::partition_of;
 use crate::task::{Entry, TaskId};
 use crate::{dead_letters, keys};
 
@@ -32,12 +34,23 @@ pub(crate) struct Stored {
     pub(crate) options: Options,
 }
 
-impl Stored {
-    /// Its dedup record's name under `{N/p}:dedup:`.
-    fn record(&self) -> String {
-        format!("outbox:{}", self.id)
-    }
+/// What became of a stored task's send.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Sent {
+    /// Enqueued (or dead-lettered) now.
+    Now,
+    /// Its dedup record was there: an earlier send did it.
+    Before,
+    /// The claim's deadline had passed by Redis's clock: nothing written.
+    Late,
+}
 
+/// A stored task's dedup record's name under `{N/p}:dedup:`.
+fn record(id: &TaskId) -> String {
+    format!("outbox:{id}")
+}
+
+impl Stored {
     /// Its first attempt's entry.
     fn entry(&self) -> Entry {
         Entry {
@@ -53,29 +66,35 @@ impl Stored {
 
 impl<C: Codec> Producer<C> {
     /// Enqueues `stored` under its own id, at most once per its dedup
-    /// record (kept for `ttl`) and its idempotency key; whether it is new.
-    pub(crate) async fn send_stored(&self, stored: &Stored, ttl: Duration) -> Result<bool> {
-        let record = stored.record();
+    /// record (written without an expiry) and its idempotency key, unless
+    /// Redis's clock is past `until_ms` (Unix ms).
+    pub(crate) async fn send_stored(&self, stored: &Stored, until_ms: u64) -> Result<Sent> {
+        let record = record(&stored.id);
         let sent = self
-            .send_entry(stored.entry(), &stored.options, Some((&record, ttl)))
+            .send_entry(stored.entry(), &stored.options, Some((&record, until_ms)))
             .await;
         match &sent {
-            Ok((_, true)) => self.enqueued.increment(1),
+            Ok(Some((_, true))) => self.enqueued.increment(1),
             Ok(_) => {}
             Err(_) => self.errors.increment(1),
         }
-        Ok(sent?.1)
+        Ok(match sent? {
+            Some((_, true)) => Sent::Now,
+            Some((_, false)) => Sent::Before,
+            None => Sent::Late,
+        })
     }
 
     /// Writes the dead letter of `stored` to its partition's dead letters,
     /// with reason `relay` and `error`, at most once per its dedup record
-    /// (kept for `ttl`); whether it was written now.
+    /// (written without an expiry), unless Redis's clock is past
+    /// `until_ms` (Unix ms).
     pub(crate) async fn dead_letter_stored(
         &self,
         stored: &Stored,
         error: &str,
-        ttl: Duration,
-    ) -> Result<bool> {
+        until_ms: u64,
+    ) -> Result<Sent> {
         let entry = stored.entry();
         let p = self.partition_of(&entry);
         let fields = entry
@@ -86,14 +105,57 @@ impl<C: Codec> Producer<C> {
         let letter = dead_letters::letter(fields, "relay", error, None);
         let mut script = RELAY_DEAD.key(keys::dead(&self.name, p));
         script
-            .key(keys::dedup(&self.name, p, &stored.record()))
-            .arg(ttl.as_millis() as u64)
+            .key(keys::dedup(&self.name, p, &record(&stored.id)))
+            .arg(until_ms)
             .arg(stored.id.as_str());
         for (k, v) in &letter {
             script.arg(k).arg(v);
         }
         let written: i64 = self.conn.invoke(&script).await?;
-        Ok(written == 1)
+        Ok(match written {
+            1 => Sent::Now,
+            0 => Sent::Before,
+            _ => Sent::Late,
+        })
+    }
+
+    /// The partition `stored` goes to.
+    pub(crate) fn partition_of_stored(&self, stored: &Stored) -> u32 {
+        let key = stored.options.partition_key().unwrap_or(stored.id.as_str());
+        partition_of(key.as_bytes(), self.partitions)
+    }
+
+    /// Gives the dedup records of `sent` (each a task id and its
+    /// partition) an expiry of `grace`, in one round trip per node; with
+    /// `wait_for_replicas`, returns once the replicas have it. Safe to
+    /// repeat (it only restarts the grace).
+    pub(crate) async fn forget_stored(
+        &self,
+        sent: &[(TaskId, u32)],
+        grace: Duration,
+    ) -> Result<()> {
+        if sent.is_empty() {
+            return Ok(());
+        }
+        let keys: Vec<String> = sent
+            .iter()
+            .map(|(id, p)| keys::dedup(&self.name, *p, &record(id)))
+            .collect();
+        let mut pipe = redis::pipe();
+        for key in &keys {
+            pipe.cmd("PEXPIRE")
+                .arg(key)
+                .arg(grace.as_millis() as u64)
+                .ignore();
+        }
+        self.conn.query_pipe::<()>(&pipe).await?;
+        self.conn.replicated(keys.iter().map(String::as_str)).await
+    }
+
+    /// Redis's clock, in Unix milliseconds.
+    pub(crate) async fn redis_now_ms(&self) -> Result<u64> {
+        let (secs, micros): (u64, u64) = self.conn.query(&redis::cmd("TIME")).await?;
+        Ok(secs * 1000 + micros / 1000)
     }
 
     /// The service's codec, as rows name it.

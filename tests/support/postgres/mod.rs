@@ -5,7 +5,8 @@
 //! database per test ([`PostgresServer::database`]), so the tests of one
 //! binary share one server ([`PostgresServer::shared`]). A server of a
 //! test's own can be taken away and brought back
-//! ([`PostgresServer::restart_after`]).
+//! ([`PostgresServer::restart_after`], or [`PostgresServer::shut_down`]
+//! and [`PostgresServer::start_again`] at moments of the test's choosing).
 //!
 //! With `PEERQ_TEST_POSTGRES_URL` set (a URL of a server where that user
 //! may `CREATE DATABASE`), [`shared`](PostgresServer::shared) uses that
@@ -178,6 +179,22 @@ impl PostgresServer {
     pub fn restart_after(&mut self, down: Duration) {
         self.stop();
         thread::sleep(down);
+        self.start_again();
+    }
+
+    /// Shuts our own server down at once (as [`Drop`] does) and leaves it
+    /// down, keeping its data and port: clients are refused until
+    /// [`start_again`](Self::start_again). For a test that takes Postgres
+    /// away at a moment of its choosing (from a hook, say) for longer than
+    /// some window.
+    pub fn shut_down(&mut self) {
+        self.stop();
+    }
+
+    /// Starts our own server again after [`shut_down`](Self::shut_down),
+    /// on the same port and data: what was committed is there again
+    /// (Postgres recovers it from its WAL).
+    pub fn start_again(&mut self) {
         for _ in 0..SAME_PORT_ATTEMPTS {
             let own = self.own.as_mut().expect("our own server");
             own.child = spawn(own.user, &own.dir, own.port);
