@@ -54,7 +54,10 @@ impl PartitionStore {
             .cmd("HGET")
             .arg(&self.failures)
             .arg(id);
-        let (pending, failures): (StreamPendingCountReply, Option<u32>) =
+        // Read as text: a value that is no number (nothing peerq writes)
+        // counts as none rather than failing the read for good, which
+        // would leave the entry, and its partition, waiting forever.
+        let (pending, failures): (StreamPendingCountReply, Option<String>) =
             self.conn.query_pipe(&pipe).await?;
         let deliveries = pending
             .ids
@@ -62,7 +65,7 @@ impl PartitionStore {
             .map_or(0, |p| u32::try_from(p.times_delivered).unwrap_or(u32::MAX));
         Ok(Attempts {
             deliveries,
-            failures: failures.unwrap_or(0),
+            failures: failures.and_then(|f| f.parse().ok()).unwrap_or(0),
         })
     }
 
