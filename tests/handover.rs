@@ -524,7 +524,7 @@ async fn an_instance_cut_from_redis_stops_within_its_lease() {
     let server = RedisServer::start();
     let proxy = Proxy::start(server.port());
     let name = unique_name("cut");
-    // What each run saw: (seq, started, cancelled at).
+    // What each run saw: (seq, started, interrupted at).
     type Seen = Arc<Mutex<Vec<(u64, SystemTime, Option<SystemTime>)>>>;
     let seen: Seen = Arc::default();
     let builder = base(&proxy.url(), &name, P)
@@ -577,7 +577,7 @@ async fn an_instance_cut_from_redis_stops_within_its_lease() {
         lease_end.duration_since(cut).unwrap()
     );
 
-    // Every partition stops, and the running task is cancelled, by the
+    // Every partition stops, and the running task is interrupted, by the
     // lease's end (with slack for a loaded machine).
     let slack = Duration::from_millis(300);
     let mut stopped = 0;
