@@ -21,8 +21,8 @@
 //! task's inbox row. `--work-ms` is how long each transfer takes before it
 //! is booked (a sleep, standing for work done before the writes).
 //! A transfer has 20 runs before it goes to the dead letters, and is tried
-//! again after 100 ms doubling to 2 s: cancelled runs count, and the
-//! errors a booking meets are short-lived.
+//! again after 100 ms doubling to 2 s: the errors a booking meets are
+//! short-lived.
 //!
 //! Both apply peerq's migrations and create the demo's tables when they
 //! are missing (one demo per database: the tables do not name the service):
@@ -119,11 +119,11 @@ struct Transfer {
     cents: i64,
 }
 
-/// A transfer's runs before it goes to the dead letters. Cancelled runs
-/// count too (a handover's drain, a lapsed lease): while consumers crash
-/// and freeze, a transfer can be cancelled several times and then meet
-/// one error, so the default of 5 would dead-letter transfers that the
-/// next run books.
+/// A transfer's failed runs before it goes to the dead letters (runs
+/// interrupted by a handover's drain or a lapsed lease do not count):
+/// while consumers crash and freeze, a booking meets short-lived errors
+/// more often than the default of 5 allows for, and the next run books
+/// it.
 const MAX_ATTEMPTS: u32 = 20;
 /// The errors a booking meets are short-lived (Postgres ended a session
 /// that idled in its transaction, a lock on the fence was not granted in
@@ -184,9 +184,9 @@ impl Handler for Book {
         .bind(token)
         .execute(&self.pool)
         .await?;
-        // Not cut short by a cancellation, on purpose: a run frozen past its
-        // lease reaches the database after its partition moved, and the
-        // inbox, not the cancellation, keeps the entry single.
+        // Not cut short when the run is interrupted, on purpose: a run
+        // frozen past its lease reaches the database after its partition
+        // moved, and the inbox, not the stop signal, keeps the entry single.
         tokio::time::sleep(self.work).await;
         let booked = Inbox::run_once(&self.pool, &cx, async |tx| {
             sqlx::query(

@@ -191,10 +191,10 @@ impl Handler for SendMail {
         }
         if !self.work.is_zero() {
             // A real sender would stop between steps; give up when the
-            // partition's drain timeout (or a lapsed lease) cancels us.
+            // partition's drain timeout (or a lapsed lease) interrupts us.
             tokio::select! {
                 _ = tokio::time::sleep(self.work) => {}
-                _ = cx.cancelled() => return Err(HandlerError::msg("cancelled")),
+                _ = cx.cancelled() => return Err(HandlerError::msg("interrupted")),
             }
         }
         // Right before the effect (printing `handled`): may this instance
@@ -220,8 +220,8 @@ impl Handler for SendMail {
                 micros(SystemTime::now())
             ))?;
         }
-        // The effect is done: a cancellation that fires now must not run
-        // the task again.
+        // The effect is done: an interruption now must not run the task
+        // again.
         cx.finished();
         self.handled.fetch_add(1, Ordering::Relaxed);
         Ok(())

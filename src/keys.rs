@@ -112,6 +112,13 @@ pub(crate) fn cron(name: &ServiceName, p: u32, job: &str) -> String {
     format!("{{{name}/{p}}}:cron:{job}")
 }
 
+/// Ordered partitions: the failed runs of partition `p`'s pending entries
+/// that failed at least once (entry id → count), since an ordered entry is
+/// retried in place and never rewritten (docs/design.md §6).
+pub(crate) fn failures(name: &ServiceName, p: u32) -> String {
+    format!("{{{name}/{p}}}:failures")
+}
+
 /// The dead letters of partition `p`.
 pub(crate) fn dead(name: &ServiceName, p: u32) -> String {
     format!("{{{name}/{p}}}:dead")
@@ -142,6 +149,7 @@ mod tests {
         assert_eq!(owner(&n, 7), "{mail-sender/7}:owner");
         assert_eq!(dead(&n, 7), "{mail-sender/7}:dead");
         assert_eq!(delayed(&n, 7), "{mail-sender/7}:delayed");
+        assert_eq!(failures(&n, 7), "{mail-sender/7}:failures");
         assert_eq!(dedup(&n, 7, "order-1"), "{mail-sender/7}:dedup:order-1");
     }
 

@@ -3,11 +3,13 @@
 //! a Redis call with it while Redis cannot be reached; and `Pauses`, the
 //! waits of the runtime's own retry loops (acks, marks, triggers, fetches).
 //!
-//! Attempt `n` (from 1) that failed waits a random time in
+//! The task's `n`-th failure (from 1) waits a random time in
 //! `[d/2, d]` with `d = min(max, base * 2^(n-1))`: the delays grow, and
 //! tasks that failed together (an outage of what they call) do not all
 //! come back in the same instant. A handler error can override it
 //! ([`HandlerError::retry_after`](crate::HandlerError::retry_after)).
+//! Runs that were interrupted (a drain, a lapsed lease) are no failures
+//! and do not lengthen it.
 
 use std::future::Future;
 use std::time::Duration;
@@ -43,9 +45,10 @@ impl Backoff {
         Backoff { base, max }
     }
 
-    /// The delay after attempt `attempt` (from 1) failed.
-    pub fn delay(&self, attempt: u32) -> Duration {
-        self.delay_with(attempt, rand::random::<f64>())
+    /// The delay after the task's `failures`-th failure (from 1; without
+    /// interrupted runs, the attempt that failed).
+    pub fn delay(&self, failures: u32) -> Duration {
+        self.delay_with(failures, rand::random::<f64>())
     }
 
     /// The same, with `unit` in `[0, 1)` as the random draw.

@@ -8,6 +8,7 @@
 //! | `id` | the task id: any unique string (peerq writes a UUIDv7) |
 //! | `key` | the partition key, when the producer gave one (absent: the id is the key) |
 //! | `attempt` | decimal, 1 for the first run |
+//! | `failures` | decimal, the failed runs so far; absent: none (peerq writes it on retries) |
 //! | `enqueued_at` | decimal milliseconds since the Unix epoch |
 //! | `codec` | `bincode` or `json`: how `payload` is encoded |
 //! | `payload` | the encoded task |
@@ -31,6 +32,7 @@ pub(crate) mod field {
     pub(crate) const ID: &str = "id";
     pub(crate) const KEY: &str = "key";
     pub(crate) const ATTEMPT: &str = "attempt";
+    pub(crate) const FAILURES: &str = "failures";
     pub(crate) const ENQUEUED_AT: &str = "enqueued_at";
     pub(crate) const CODEC: &str = "codec";
     pub(crate) const PAYLOAD: &str = "payload";
@@ -109,6 +111,10 @@ pub(crate) struct Entry {
     pub(crate) id: TaskId,
     pub(crate) key: Option<String>,
     pub(crate) attempt: u32,
+    /// The runs of the task that failed so far (docs/design.md §6, attempt
+    /// counting): only they spend `max_attempts`, not the runs a drain or
+    /// a lapsed lease interrupted, which `attempt` counts too.
+    pub(crate) failures: u32,
     pub(crate) enqueued_at: Duration,
     pub(crate) codec: String,
     pub(crate) payload: Vec<u8>,
@@ -241,6 +247,7 @@ impl Entry {
             id,
             key,
             attempt: 1,
+            failures: 0,
             // Milliseconds are what the entry stores.
             enqueued_at: Duration::from_millis(now_ms()),
             codec: codec.to_owned(),
@@ -262,6 +269,11 @@ impl Entry {
         ];
         if let Some(key) = &self.key {
             fields.push((field::KEY, key.as_bytes().to_vec()));
+        }
+        // Absent while none failed: a first attempt looks as any producer
+        // writes it.
+        if self.failures > 0 {
+            fields.push((field::FAILURES, self.failures.to_string().into_bytes()));
         }
         fields
     }
@@ -347,6 +359,12 @@ impl Entry {
             Some(key) => Some(text(fields, key)?.to_owned()),
             None => None,
         };
+        let failures = match fields.find(field::FAILURES) {
+            Some(failures) => text(fields, failures)?
+                .parse::<u32>()
+                .map_err(|e| MalformedEntry(format!("`failures`: {e}")))?,
+            None => 0,
+        };
         let payload = required(field::PAYLOAD)?;
         bytes(fields, payload)?;
         // Checked: only now is anything taken.
@@ -359,6 +377,7 @@ impl Entry {
             id: TaskId(id.into()),
             key,
             attempt,
+            failures,
             enqueued_at: Duration::from_millis(enqueued_ms),
             codec,
             payload,

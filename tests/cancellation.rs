@@ -1,7 +1,8 @@
-//! The contract of a cancelled run, against a real redis-server: a run
-//! whose cancellation fired before it returned runs again with
-//! `attempt + 1` whatever it returned, unless the handler said its effect
-//! was done with `TaskContext::finished`.
+//! The contract of an interrupted run, against a real redis-server: a run
+//! whose stop signal (`TaskContext::cancelled`) fired before it returned
+//! runs again with `attempt + 1` whatever it returned, unless the handler
+//! said its effect was done with `TaskContext::finished`. (That it spends
+//! none of `max_attempts`: `tests/attempts.rs`.)
 
 mod support;
 
@@ -21,7 +22,7 @@ const P: u32 = 4;
 #[derive(Debug, Clone, Serialize, Deserialize)]
 struct Job {
     seq: u64,
-    /// Whether the handler says it finished after its cancellation.
+    /// Whether the handler says it finished after its run was interrupted.
     says_finished: bool,
 }
 
@@ -49,12 +50,12 @@ fn start(
                 .or_default()
                 .push((label, cx.attempt()));
             if cx.attempt() == 1 && task.payload.seq == 3 {
-                // Its effect is done; then it hangs past the cancellation's
-                // grace and is dropped.
+                // Its effect is done; then it hangs past the interrupted
+                // run's grace and is dropped.
                 cx.finished();
                 tokio::time::sleep(Duration::from_secs(30)).await;
             } else if cx.attempt() == 1 {
-                // Runs until the drain timeout cancels it, then gives up
+                // Runs until the drain timeout interrupts it, then gives up
                 // with Ok(()), as a handler that ignores errors might.
                 cx.cancelled().await;
                 if task.payload.says_finished {
@@ -87,7 +88,7 @@ async fn producer(url: &str, name: &str) -> Producer {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_cancelled_run_that_returns_ok_runs_again_unless_it_said_it_finished() {
+async fn an_interrupted_run_that_returns_ok_runs_again_unless_it_said_it_finished() {
     let server = RedisServer::start();
     let name = unique_name("cancelled-ok");
     let runs: Runs = Arc::default();
@@ -105,7 +106,7 @@ async fn a_cancelled_run_that_returns_ok_runs_again_unless_it_said_it_finished()
     })
     .await;
     // b joins and a leaves: every partition moves to b, and a's running
-    // tasks are cancelled at the drain timeout.
+    // tasks are interrupted at the drain timeout.
     let (stop_b, b) = start(&server.url(), &name, "b", &runs);
     tokio::time::sleep(Duration::from_millis(1500)).await;
     stop_a.cancel();
@@ -123,7 +124,7 @@ async fn a_cancelled_run_that_returns_ok_runs_again_unless_it_said_it_finished()
     assert_eq!(
         runs[&1],
         vec![("a", 1), ("b", 2)],
-        "returned Ok after its cancellation without saying it finished: runs again"
+        "returned Ok after it was interrupted without saying it finished: runs again"
     );
     assert_eq!(runs[&2], vec![("a", 1)], "said it finished: runs once");
     assert_eq!(

@@ -488,6 +488,7 @@ async fn enqueued_tasks_are_handled_and_dead_letters_replayed_and_purged() {
             "reason",
             "error",
             "attempts",
+            "failures",
             "dead_at_ms",
             "key",
             "codec",

@@ -561,7 +561,7 @@ impl Handler for Overlap {
     type Task = Job;
     async fn handle(&self, _job: Job, _cx: TaskContext) -> Result<(), HandlerError> {
         use std::sync::atomic::Ordering::SeqCst;
-        /// Leaves the count also when the run is cancelled mid-way.
+        /// Leaves the count also when the run is interrupted mid-way.
         struct Running<'a>(&'a std::sync::atomic::AtomicUsize);
         impl Drop for Running<'_> {
             fn drop(&mut self) {
@@ -922,12 +922,12 @@ async fn invalid_consumer_settings_are_refused_by_name_before_redis() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_task_running_past_the_drain_timeout_is_cancelled_and_runs_again() {
+async fn a_task_running_past_the_drain_timeout_is_interrupted_and_runs_again() {
     support::init_tracing();
     let server = RedisServer::start();
     let name = unique_name("cancel");
     let producer = Producer::connect(&server.url(), &name).await.unwrap();
-    // What each run did: (seq, attempt, "done" | "cancelled").
+    // What each run did: (seq, attempt, "done" | "interrupted").
     let runs = Arc::new(Mutex::new(Vec::<(u64, u32, &'static str)>::new()));
     type Runs = Arc<Mutex<Vec<(u64, u32, &'static str)>>>;
     let make = |runs: Runs| {
@@ -936,13 +936,13 @@ async fn a_task_running_past_the_drain_timeout_is_cancelled_and_runs_again() {
             async move {
                 let (seq, attempt) = (task.payload.seq, task.cx.attempt());
                 if attempt == 1 {
-                    // Far longer than the drain timeout, unless cancelled:
+                    // Far longer than the drain timeout, unless interrupted:
                     // then give up as the docs ask.
                     tokio::select! {
                         _ = tokio::time::sleep(Duration::from_secs(30)) => {}
                         _ = task.cx.cancelled() => {
-                            runs.lock().unwrap().push((seq, attempt, "cancelled"));
-                            return Err(HandlerError::msg("cancelled"));
+                            runs.lock().unwrap().push((seq, attempt, "interrupted"));
+                            return Err(HandlerError::msg("interrupted"));
                         }
                     }
                 }
@@ -952,7 +952,7 @@ async fn a_task_running_past_the_drain_timeout_is_cancelled_and_runs_again() {
         })
     };
     // One task per partition (keys chosen to cover all 64), all running on
-    // the first instance; max_attempts(1): a cancelled run must not count.
+    // the first instance; max_attempts(1): an interrupted run must not count.
     let first = base(&server.url(), &name)
         .max_attempts(1)
         .service(make(runs.clone()));
@@ -978,7 +978,7 @@ async fn a_task_running_past_the_drain_timeout_is_cancelled_and_runs_again() {
     }
     tokio::time::sleep(Duration::from_secs(3)).await;
     // A second instance joins: about half the partitions move, and their
-    // running tasks are cancelled at the drain timeout.
+    // running tasks are interrupted at the drain timeout.
     let second = base(&server.url(), &name)
         .max_attempts(1)
         .service(make(runs.clone()));
@@ -989,7 +989,7 @@ async fn a_task_running_past_the_drain_timeout_is_cancelled_and_runs_again() {
         || {
             let runs = runs.lock().unwrap();
             runs.iter().any(|r| r.2 == "done")
-                && runs.iter().filter(|r| r.2 == "cancelled").count()
+                && runs.iter().filter(|r| r.2 == "interrupted").count()
                     == runs.iter().filter(|r| r.2 == "done").count()
         },
     )
@@ -998,9 +998,9 @@ async fn a_task_running_past_the_drain_timeout_is_cancelled_and_runs_again() {
     let runs = runs.lock().unwrap().clone();
     first.shutdown().await;
     second.shutdown().await;
-    let cancelled: Vec<u64> = runs
+    let interrupted: Vec<u64> = runs
         .iter()
-        .filter(|r| r.2 == "cancelled")
+        .filter(|r| r.2 == "interrupted")
         .map(|r| r.0)
         .collect();
     let done: Vec<(u64, u32)> = runs
@@ -1008,19 +1008,19 @@ async fn a_task_running_past_the_drain_timeout_is_cancelled_and_runs_again() {
         .filter(|r| r.2 == "done")
         .map(|r| (r.0, r.1))
         .collect();
-    assert!(!cancelled.is_empty(), "some partitions moved: {runs:?}");
+    assert!(!interrupted.is_empty(), "some partitions moved: {runs:?}");
     let mut again: Vec<u64> = done.iter().map(|d| d.0).collect();
     again.sort_unstable();
-    let mut expected = cancelled.clone();
+    let mut expected = interrupted.clone();
     expected.sort_unstable();
     assert_eq!(
         again, expected,
-        "each cancelled task ran again, once: {runs:?}"
+        "each interrupted task ran again, once: {runs:?}"
     );
     assert!(done.iter().all(|d| d.1 == 2), "with attempt 2: {done:?}");
     assert!(
         dead_letters(&server, &name, 64).await.is_empty(),
-        "a cancelled run is not a failed attempt"
+        "an interrupted run is not a failed attempt"
     );
 }
 

@@ -161,7 +161,7 @@ fn three_example_consumers_handle_every_task_exactly_once_on_its_owner() {
             "not the owner: {h:?}"
         );
         // A task runs again (attempt 2) only after a consumer fenced
-        // itself: `still_owned` refused its effect, or it was cancelled.
+        // itself: `still_owned` refused its effect, or it was interrupted.
         assert!(
             h.attempt == 1 || !fences.lock().unwrap().is_empty(),
             "a second attempt with no fence: {h:?}"

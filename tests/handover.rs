@@ -524,7 +524,7 @@ async fn an_instance_cut_from_redis_stops_within_its_lease() {
     let server = RedisServer::start();
     let proxy = Proxy::start(server.port());
     let name = unique_name("cut");
-    // What each run saw: (seq, started, cancelled at).
+    // What each run saw: (seq, started, interrupted at).
     type Seen = Arc<Mutex<Vec<(u64, SystemTime, Option<SystemTime>)>>>;
     let seen: Seen = Arc::default();
     let builder = base(&proxy.url(), &name, P)
@@ -540,11 +540,11 @@ async fn an_instance_cut_from_redis_stops_within_its_lease() {
                         seen.len() - 1
                     };
                     // The first run (the one running when Redis goes away;
-                    // concurrency 1) runs until cancelled; the rest finish.
+                    // concurrency 1) runs until interrupted; the rest finish.
                     if at == 0 {
                         task.cx.cancelled().await;
                         seen.lock().unwrap()[at].2 = Some(SystemTime::now());
-                        return Err(HandlerError::msg("cancelled"));
+                        return Err(HandlerError::msg("interrupted"));
                     }
                     Ok::<(), HandlerError>(())
                 }
@@ -577,7 +577,7 @@ async fn an_instance_cut_from_redis_stops_within_its_lease() {
         lease_end.duration_since(cut).unwrap()
     );
 
-    // Every partition stops, and the running task is cancelled, by the
+    // Every partition stops, and the running task is interrupted, by the
     // lease's end (with slack for a loaded machine).
     let slack = Duration::from_millis(300);
     let mut stopped = 0;
@@ -647,7 +647,7 @@ async fn a_leave_timeout_leaves_at_once_and_the_task_runs_again_elsewhere() {
                     .push((task.payload.seq, task.cx.attempt()));
                 if task.cx.attempt() == 1 {
                     task.cx.cancelled().await;
-                    return Err(HandlerError::msg("cancelled"));
+                    return Err(HandlerError::msg("interrupted"));
                 }
                 Ok::<(), HandlerError>(())
             }

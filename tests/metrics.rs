@@ -118,7 +118,7 @@ async fn task_outcomes_durations_and_enqueues_are_counted() {
     assert_eq!(outcome("failed"), 20, "10 for good, 10 first attempts");
     assert_eq!(outcome("retried"), 10);
     assert_eq!(outcome("dead"), 10);
-    assert_eq!(outcome("cancelled"), 0);
+    assert_eq!(outcome("interrupted"), 0);
     assert_eq!(
         samples("peerq_task_duration_seconds", &service),
         40,

@@ -29,7 +29,7 @@ pub enum PartitionChange {
     /// Fetching stopped: released to a new owner, fenced, or leaving.
     /// Running tasks finish until the drain timeout.
     Stopped,
-    /// The last task of the partition ended (finished or cancelled), and
+    /// The last task of the partition ended (finished or interrupted), and
     /// what finished is acked. The release mark, if any, follows.
     Drained,
 }

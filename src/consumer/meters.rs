@@ -18,7 +18,7 @@ use crate::presence::{Count, Presence};
 pub(crate) struct TaskMetrics {
     ok: Counter,
     failed: Counter,
-    cancelled: Counter,
+    interrupted: Counter,
     retried: Counter,
     dead: Counter,
     duration: Histogram,
@@ -33,7 +33,9 @@ pub(crate) struct TaskMetrics {
 pub(crate) enum Ended {
     Ok,
     Failed,
-    Cancelled,
+    /// Cut off by a drain timeout, a lapsed lease, a fence or a leave at
+    /// once (or refused by the handler's fence, `Stale`): no failure.
+    Interrupted,
 }
 
 impl TaskMetrics {
@@ -45,7 +47,7 @@ impl TaskMetrics {
         TaskMetrics {
             ok: outcome("ok"),
             failed: outcome("failed"),
-            cancelled: outcome("cancelled"),
+            interrupted: outcome("interrupted"),
             retried: outcome("retried"),
             dead: outcome("dead"),
             duration: metrics::histogram!(m::TASK_DURATION_SECONDS, "service" => service.clone()),
@@ -76,7 +78,7 @@ impl TaskMetrics {
         match ended {
             Ended::Ok => self.ok.increment(1),
             Ended::Failed => self.failed.increment(1),
-            Ended::Cancelled => self.cancelled.increment(1),
+            Ended::Interrupted => self.interrupted.increment(1),
         }
     }
 

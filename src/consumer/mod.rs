@@ -7,7 +7,7 @@
 //!
 //! When the assignment changes, each partition moves by drain-then-switch
 //! (docs/design.md §4, driven by the `handover` module): the old owner stops fetching,
-//! lets running tasks finish until the drain timeout (then cancels them),
+//! lets running tasks finish until the drain timeout (then interrupts them),
 //! and marks the partition released; the new owner waits for that mark or
 //! the handover deadline, records itself as owner with its fencing token,
 //! and starts. Partitions kept by the instance never pause.

@@ -1,6 +1,6 @@
 //! One partition as a worker owns it: its store (the partition's keys,
 //! with this instance's fencing token), the tokens that stop its fetching
-//! and cancel its tasks, and how it learns it lost the partition.
+//! and interrupt its tasks, and how it learns it lost the partition.
 //!
 //! Every write to the partition's entries is fenced (docs/design.md §4 rule 8):
 //! once another instance holds the partition, Redis refuses them, and the
@@ -34,7 +34,8 @@ pub(crate) struct Ownership {
     pub(crate) store: Arc<PartitionStore>,
     /// Stops fetching (and claiming); tasks not started yet are handed back.
     pub(crate) stop: CancellationToken,
-    /// Cancels running tasks.
+    /// Interrupts running tasks: the handlers' stop signal
+    /// ([`TaskContext::cancelled`](crate::TaskContext::cancelled)).
     pub(crate) cancel: CancellationToken,
     /// Told when a retry was delayed: the housekeeping then looks at when
     /// the partition's next delayed entry is due.
@@ -88,7 +89,7 @@ impl Ownership {
     }
 
     /// Redis refused `what` (an ack, a move, a claim): the partition has a
-    /// newer owner. Stop fetching, cancel what runs (its writes would be
+    /// newer owner. Stop fetching, interrupt what runs (its writes would be
     /// refused too; the new owner runs it), and tell the runtime, once.
     pub(crate) fn fenced(&self, what: &str) {
         if !self.is_fenced.swap(true, Ordering::SeqCst) {

@@ -7,7 +7,8 @@
 //! in its place until it is done: it is retried in place, and what is left
 //! unfinished stays pending for the partition's next owner to run first.
 //! Because the entry is never rewritten, its attempt number lives in Redis,
-//! as the entry's delivery count.
+//! as the entry's delivery count, and its failure count in the partition's
+//! `{N/p}:failures` hash.
 
 /// How a partition's tasks run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -19,7 +20,7 @@ pub(crate) enum Order {
 }
 
 /// What becomes of an entry a worker does not finish: not started when its
-/// partition was released, cancelled, or left without a lease.
+/// partition was released, interrupted, or left without a lease.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Unfinished {
     /// Acked and added again at the end of the stream (with `attempt + 1`
@@ -59,9 +60,11 @@ impl Order {
     }
 
     /// Whether an entry's attempt number is kept in Redis as its delivery
-    /// count: claims take ids only (they must not add to the count), a
-    /// redelivered entry runs with the count if it is higher, and each
-    /// attempt after the first is recorded as it starts.
+    /// count (and its failure count beside it): claims take ids only (they
+    /// must not add to the count), a redelivered entry runs with the count
+    /// if it is higher, each attempt after the first is recorded as it
+    /// starts, each failure before its backoff, and an entry released
+    /// before it started gives its read's delivery back.
     pub(crate) fn attempts_in_redis(self) -> bool {
         self == Order::Ordered
     }

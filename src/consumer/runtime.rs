@@ -35,7 +35,7 @@ use crate::instance::InstanceId;
 use crate::presence::Presence;
 use crate::timing::Timing;
 
-/// How long leaving at once waits for cancelled tasks to be enqueued again
+/// How long leaving at once waits for interrupted tasks to be enqueued again
 /// and finished ones to be acked.
 const ABANDON_AFTER: Duration = Duration::from_secs(1);
 /// How long a finished leave waits for its last acks.

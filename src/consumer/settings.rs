@@ -18,9 +18,9 @@ pub const DEFAULT_BATCH: usize = 64;
 /// Default time a read blocks waiting for new entries.
 pub const DEFAULT_BLOCK: Duration = Duration::from_secs(1);
 /// Default drain timeout: how long released partitions' running tasks may
-/// take to finish before they are cancelled.
+/// take to finish before they are interrupted.
 pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_millis(300);
-/// Default attempts of a task before it goes to the dead letters.
+/// Default failed runs of a task before it goes to the dead letters.
 pub const DEFAULT_MAX_ATTEMPTS: u32 = 5;
 /// Default idle time after which an entry pending on another consumer is
 /// claimed by the partition's owner.

@@ -1,6 +1,6 @@
 //! The last step of a task's path, fetch → run → settle: the entry leaves
 //! the partition's pending list. It is acked (through the acker, in
-//! batches), enqueued again (a retry, a cancellation, a hand-back, a
+//! batches), enqueued again (a retry, an interrupted run, a hand-back, a
 //! take-over) or moved to the dead letters with its reason. Each of these
 //! writes is fenced (docs/design.md §4 rule 8): once the partition has a
 //! newer owner, Redis refuses it, the entry stays pending for that owner,
@@ -67,8 +67,11 @@ impl Settle<'_> {
         }
     }
 
-    /// After a failed attempt: the delay before the next one, or why there
-    /// is none (the dead letters' reason).
+    /// After a failed attempt, `entry` counting it in its `failures`: the
+    /// delay before the next attempt, or why there is none (the dead
+    /// letters' reason). Only failures spend `max_attempts`, and the
+    /// backoff grows with them: an interrupted run says nothing about the
+    /// task or what it calls (docs/design.md §6).
     pub(crate) fn next_attempt(
         &self,
         entry: &Entry,
@@ -81,21 +84,23 @@ impl Settle<'_> {
                 warn!(error, "task failed permanently; moved to the dead letters");
                 Err("permanent")
             }
-            _ if entry.attempt >= settings.max_attempts => {
+            _ if entry.failures >= settings.max_attempts => {
                 warn!(
                     error,
+                    failures = entry.failures,
                     "task failed its last attempt; moved to the dead letters"
                 );
                 Err("failed")
             }
             Disposition::RetryAfter(delay) => Ok(delay),
-            _ => Ok(settings.backoff.delay(entry.attempt)),
+            _ => Ok(settings.backoff.delay(entry.failures)),
         }
     }
 
     /// A failed attempt: retried after its backoff (or the delay the error
     /// asked for), or moved to the dead letters after the last attempt or
-    /// on a permanent error.
+    /// on a permanent error. The next entry, or the dead letter, counts
+    /// this failure.
     pub(crate) async fn failed(
         &self,
         id: &str,
@@ -103,25 +108,34 @@ impl Settle<'_> {
         error: &str,
         disposition: Disposition,
     ) -> bool {
-        match self.next_attempt(entry, error, disposition) {
+        let failed = Entry {
+            failures: entry.failures.saturating_add(1),
+            ..entry.clone()
+        };
+        match self.next_attempt(&failed, error, disposition) {
             Ok(delay) => {
-                let written = self.write_retry(id, entry, error, delay).await;
+                let written = self.write_retry(id, &failed, error, delay).await;
                 if written == Written::Now {
                     self.shared.metrics.retried();
                 }
                 written != Written::Not
             }
-            Err(reason) => self.dead_letter(id, entry.fields(), reason, error).await,
+            Err(reason) => self.dead_letter(id, failed.fields(), reason, error).await,
         }
     }
 
-    /// Acks entry `id` and enqueues the task again with `attempt + 1`
-    /// after `delay` (in the partition's delayed set until due), in one
-    /// fenced script.
-    pub(crate) async fn retry(&self, id: &str, entry: &Entry, why: &str, delay: Duration) -> bool {
-        self.write_retry(id, entry, why, delay).await != Written::Not
+    /// An interrupted run (drain timeout, lapsed lease, fence, leave at
+    /// once): acks entry `id` and enqueues the task again at once with
+    /// `attempt + 1` (it may have run) and its failures as they were, in
+    /// one fenced script.
+    pub(crate) async fn interrupted(&self, id: &str, entry: &Entry) -> bool {
+        let why = "the run was interrupted";
+        self.write_retry(id, entry, why, Duration::ZERO).await != Written::Not
     }
 
+    /// Acks entry `id` and enqueues `entry`'s next attempt (`attempt + 1`,
+    /// its other fields as they are) after `delay` (in the partition's
+    /// delayed set until due), in one fenced script.
     async fn write_retry(&self, id: &str, entry: &Entry, why: &str, delay: Duration) -> Written {
         warn!(why, retry_in = ?delay, "task enqueued again");
         let next = Entry {
@@ -138,7 +152,8 @@ impl Settle<'_> {
     /// A claimed entry (from a crashed or fenced instance, a lost ack) may
     /// have run there, so it is enqueued again with `attempt + 1`
     /// (docs/design.md §5.3: a task that may run twice says so in its
-    /// attempt number) and runs when fetched.
+    /// attempt number) and its failures as they were, and runs when
+    /// fetched.
     pub(crate) async fn take_over(&self, id: &str, entry: &Entry) -> bool {
         let next = Entry {
             attempt: entry.attempt + 1,

@@ -95,10 +95,10 @@ impl Worker {
     }
 
     /// Stops fetching, lets running tasks finish until `deadline`, then
-    /// cancels the rest and waits until they have stopped and everything
-    /// that finished is acked (docs/design.md §4 rule 1). Cancelled tasks are
-    /// enqueued again with `attempt + 1`; fetched ones that never started
-    /// are handed back as they were.
+    /// interrupts the rest (their stop signal fires) and waits until they
+    /// have stopped and everything that finished is acked (docs/design.md
+    /// §4 rule 1). Interrupted tasks are enqueued again with `attempt + 1`;
+    /// fetched ones that never started are handed back as they were.
     pub(crate) async fn release(mut self, deadline: Instant) {
         self.ownership.release(deadline);
         // The fetch loop watches `stop` at every wait; bound it anyway.
@@ -122,12 +122,12 @@ impl Worker {
         {
             warn!(
                 partition = self.partition,
-                "drain timed out; cancelling running tasks"
+                "drain timed out; interrupting running tasks"
             );
             self.ownership.cancel.cancel();
             self.tracker.wait().await;
         }
-        // After the cancellation (which must not wait for Redis).
+        // After the interruption (which must not wait for Redis).
         if aborted {
             self.leave_idle_read().await;
         }

@@ -176,6 +176,7 @@ pub(crate) async fn show(
                     tr { th { "reason" } td { (letter.reason) } }
                     tr { th { "error" } td.wrap { (letter.error) } }
                     tr { th { "attempts" } td { (letter.attempts) } }
+                    tr { th { "failures" } td { (letter.failures) } }
                     tr { th { "partition" } td { (letter.partition) } }
                     tr { th { "key" } td { (letter.key.as_deref().unwrap_or("–")) } }
                     tr { th { "enqueued" } td { (at(Some(millis(letter.enqueued_at)))) } }

@@ -57,8 +57,12 @@ pub struct DeadLetter {
     pub reason: String,
     /// The last error.
     pub error: String,
-    /// Attempts made.
+    /// Attempts made: the last run's attempt number, interrupted runs
+    /// included.
     pub attempts: u32,
+    /// The runs that failed (an error or a panic), the last one included:
+    /// `max_attempts` bounds these.
+    pub failures: u32,
     /// The encoded payload, as enqueued.
     pub payload: Vec<u8>,
     /// The payload's codec (`bincode`, `json`), as the entry names it.
@@ -94,6 +98,9 @@ impl DeadLetter {
             reason: text(added::REASON).unwrap_or_default(),
             error: text(added::ERROR).unwrap_or_default(),
             attempts: text(field::ATTEMPT)
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0),
+            failures: text(field::FAILURES)
                 .and_then(|v| v.parse().ok())
                 .unwrap_or(0),
             payload: fields
@@ -132,11 +139,12 @@ impl DeadLetter {
         }
     }
 
-    /// The task as it is enqueued again: its own fields, attempt 1.
+    /// The task as it is enqueued again: its own fields, attempt 1, no
+    /// failures.
     pub(super) fn replayed(&self) -> Vec<(&str, &[u8])> {
         self.fields
             .iter()
-            .filter(|(k, _)| !added::ALL.contains(&k.as_str()))
+            .filter(|(k, _)| !added::ALL.contains(&k.as_str()) && k != field::FAILURES)
             .map(|(k, v)| {
                 if k == field::ATTEMPT {
                     (k.as_str(), b"1".as_slice())
@@ -150,6 +158,7 @@ impl DeadLetter {
 
 /// The admin tools' JSON of a dead letter: `partition`, `id`, `ref`
 /// (`<partition>/<id>`), `task_id`, `reason`, `error`, `attempts`,
+/// `failures`,
 /// `dead_at_ms`, `key`, `codec`, `enqueued_at_ms`, `stream_id`,
 /// `payload_bytes`, `payload` (the JSON value, for a JSON payload) and
 /// `payload_hex` (the bytes, for any other).
@@ -165,6 +174,7 @@ impl Serialize for DeadLetter {
             reason: &'a str,
             error: &'a str,
             attempts: u32,
+            failures: u32,
             dead_at_ms: u64,
             key: Option<&'a str>,
             codec: &'a str,
@@ -183,6 +193,7 @@ impl Serialize for DeadLetter {
             reason: &self.reason,
             error: &self.error,
             attempts: self.attempts,
+            failures: self.failures,
             dead_at_ms: ms(self.dead_at),
             key: self.key.as_deref(),
             codec: &self.codec,

@@ -1,6 +1,7 @@
 //! [`TaskContext`]: what a handler knows about the task it runs and the
 //! instance running it, and how it asks whether it may still act (the
-//! lease, the cancellation, the fence), answered from memory.
+//! lease, the stop signal of an interrupted run, the fence), answered
+//! from memory.
 
 use std::fmt;
 use std::sync::Arc;
@@ -17,6 +18,7 @@ use crate::task::TaskId;
 pub struct TaskContext {
     pub(crate) task_id: TaskId,
     pub(crate) attempt: u32,
+    pub(crate) failures: u32,
     pub(crate) partition: u32,
     pub(crate) enqueued_at: SystemTime,
     pub(crate) place: Place,
@@ -33,7 +35,7 @@ pub struct TaskContext {
 /// instance's lease and whether Redis refused a write of the partition.
 /// Answered from memory, never from Redis.
 pub(crate) trait Standing: fmt::Debug + Send + Sync {
-    /// Fires when the task is being cancelled.
+    /// Fires when the task's run is being interrupted.
     fn cancel(&self) -> &CancellationToken;
     /// The lease holds now and the partition was not fenced.
     fn holds(&self) -> bool;
@@ -70,8 +72,9 @@ impl Standing for Alone {
 }
 
 impl TaskContext {
-    /// A context for unit tests of a handler: first attempt, partition 0,
-    /// instance 1 of 1, never cancelled unless `cancel` is.
+    /// A context for unit tests of a handler: first attempt, no failures,
+    /// partition 0, instance 1 of 1, never interrupted unless `cancel` is
+    /// cancelled.
     ///
     /// ```
     /// let cx = peerq::TaskContext::for_test("task-1", tokio_util::sync::CancellationToken::new());
@@ -81,6 +84,7 @@ impl TaskContext {
         TaskContext {
             task_id: TaskId::from(task_id),
             attempt: 1,
+            failures: 0,
             partition: 0,
             enqueued_at: SystemTime::now(),
             place: Assignment::modulo(1, 1, 1).place(),
@@ -122,9 +126,26 @@ impl TaskContext {
         &self.task_id
     }
 
-    /// Which run of the task this is, from 1.
+    /// Which run of the task this is, from 1. Above 1, the task may have
+    /// run before (failed, interrupted by a drain or a lapsed lease, or
+    /// lost with a crashed instance), never that it did: a run that ended
+    /// before it started counts nothing.
     pub fn attempt(&self) -> u32 {
         self.attempt
+    }
+
+    /// How many earlier runs of the task failed (returned an error or
+    /// panicked). Only failures spend the consumer's `max_attempts`: a task
+    /// is dead-lettered when its `max_attempts`-th run fails, however many
+    /// runs were interrupted (`attempt() - 1 - failures()` at most, some of
+    /// which may have finished their work). The backoff grows with it too.
+    ///
+    /// ```
+    /// let cx = peerq::TaskContext::for_test("t", Default::default());
+    /// assert_eq!((cx.attempt(), cx.failures()), (1, 0));
+    /// ```
+    pub fn failures(&self) -> u32 {
+        self.failures
     }
 
     /// The partition the task is in.
@@ -204,19 +225,25 @@ impl TaskContext {
         self.standing.interval()
     }
 
-    /// Whether the task is being cancelled (drain timeout, lapsed lease or
-    /// shutdown): finish or give up quickly.
+    /// Whether the handler's stop signal has fired: the run is being
+    /// interrupted (a drain timeout, a lapsed lease, a fence, a leave at
+    /// once). Finish or give up quickly: the run counts as interrupted
+    /// (not as failed) unless the handler called [`finished`], and the task
+    /// runs again.
+    ///
+    /// [`finished`]: TaskContext::finished
     pub fn is_cancelled(&self) -> bool {
         self.standing.cancel().is_cancelled()
     }
 
-    /// Resolves when the task is being cancelled.
+    /// Resolves when the handler's stop signal fires: the run is being
+    /// interrupted (see [`is_cancelled`](Self::is_cancelled)).
     pub fn cancelled(&self) -> WaitForCancellationFuture<'_> {
         self.standing.cancel().cancelled()
     }
 
     /// Whether this instance may still act on the task: its lease holds,
-    /// the task is not being cancelled, and Redis has not refused a write
+    /// the run is not being interrupted, and Redis has not refused a write
     /// of the partition. It stays true while the partition drains (a
     /// release lets running tasks finish). Answered from memory (the
     /// lease's end by the monotonic and the wall clock), with no Redis
@@ -250,16 +277,16 @@ impl TaskContext {
     }
 
     /// Says that the task's effect is done, so the run counts as a success
-    /// even if its cancellation fires before the handler returns.
+    /// even if it is interrupted before the handler returns.
     ///
-    /// A run whose cancellation (drain timeout, lapsed lease, fence) fired
-    /// before it returned, or that returned while [`still_owned`] was
-    /// false, runs again with `attempt + 1`, whatever it returns:
-    /// returning `Ok(())` from a cancelled run does not mean the work was
-    /// done. A handler whose effect completed anyway calls this right after
-    /// the effect; that run is then acked (if Redis still accepts the
-    /// partition's writes), also when the handler is dropped after the
-    /// cancellation's grace of 20 ms.
+    /// A run that is interrupted (drain timeout, lapsed lease, fence: its
+    /// [`cancelled`](Self::cancelled) signal fires) before it returned, or
+    /// that returned while [`still_owned`] was false, runs again with
+    /// `attempt + 1`, whatever it returns: returning `Ok(())` from an
+    /// interrupted run does not mean the work was done. A handler whose
+    /// effect completed anyway calls this right after the effect; that run
+    /// is then acked (if Redis still accepts the partition's writes), also
+    /// when the handler is dropped after the signal's grace of 20 ms.
     ///
     /// [`still_owned`]: TaskContext::still_owned
     pub fn finished(&self) {

@@ -57,6 +57,7 @@ impl Stored {
             id: self.id.clone(),
             key: self.options.partition_key().map(str::to_owned),
             attempt: 1,
+            failures: 0,
             enqueued_at: Duration::from_millis(self.written_ms),
             codec: self.codec.clone(),
             payload: self.payload.clone(),

@@ -1,14 +1,34 @@
--- Ordered mode: an entry retried in place keeps its attempt number in Redis,
--- as the entry's delivery count, so the partition's next owner continues the
--- count instead of starting again (max_attempts holds across handovers).
--- Written right before attempt ARGV[5] starts: any later delivery (a re-read
--- of the pending list, here or on the next owner) counts one more, the attempt
--- that may have run. Only while this instance is the recorded owner.
--- KEYS[1] = {N/p}:stream     KEYS[2] = {N/p}:owner
+-- Ordered mode (docs/design.md §6): an entry retried in place is never
+-- rewritten, so what its next owner must know of it lives in Redis, written
+-- here, only while this instance is the recorded owner:
+-- - its delivery count, the runs that may have started: any later delivery
+--   (a re-read of the pending list, here or on the next owner) adds one, the
+--   attempt that delivery runs. Written as attempt ARGV[5] starts, after a
+--   failed attempt (the same count), and as a fetched entry that never
+--   started is released ('unstarted': one less than now, undoing the count
+--   of the read that delivered it), so an attempt above 1 still means "may
+--   have run before";
+-- - its failure count (ARGV[6], when given), in KEYS[3], written after a
+--   failed attempt, before its backoff: only failures spend max_attempts.
+--   The field goes when the entry is no longer pending (trim.lua).
+-- KEYS[1] = {N/p}:stream     KEYS[2] = {N/p}:owner     KEYS[3] = {N/p}:failures
 -- ARGV[1] = '<token>:<instance id>'     ARGV[2] = group     ARGV[3] = consumer
--- ARGV[4] = entry id     ARGV[5] = the attempt that starts
+-- ARGV[4] = entry id     ARGV[5] = the delivery count, or 'unstarted'
+-- ARGV[6] = the failure count (optional)
 -- Returns 1 when recorded, 0 when the entry is not pending, -1 when fenced.
 if redis.call('GET', KEYS[2]) ~= ARGV[1] then
   return -1
 end
-return #redis.call('XCLAIM', KEYS[1], ARGV[2], ARGV[3], 0, ARGV[4], 'RETRYCOUNT', ARGV[5], 'JUSTID')
+local count = ARGV[5]
+if count == 'unstarted' then
+  local pending = redis.call('XPENDING', KEYS[1], ARGV[2], ARGV[4], ARGV[4], 1)
+  if #pending == 0 then
+    return 0
+  end
+  count = math.max(pending[1][4] - 1, 0)
+end
+local recorded = #redis.call('XCLAIM', KEYS[1], ARGV[2], ARGV[3], 0, ARGV[4], 'RETRYCOUNT', count, 'JUSTID')
+if recorded == 1 and ARGV[6] then
+  redis.call('HSET', KEYS[3], ARGV[4], ARGV[6])
+end
+return recorded

@@ -22,10 +22,11 @@ use crate::codec::{Bincode, Codec, Json};
 /// The dead letters' reasons of an entry that cannot run.
 const REASONS: [&str; 3] = ["too_large", "malformed", "decode"];
 
-const FIELDS: [&str; 6] = [
+const FIELDS: [&str; 7] = [
     field::ID,
     field::KEY,
     field::ATTEMPT,
+    field::FAILURES,
     field::ENQUEUED_AT,
     field::CODEC,
     field::PAYLOAD,
@@ -171,20 +172,22 @@ fn wrong_text() -> impl Strategy<Value = Value> {
     ]
 }
 
-/// A well-formed entry: any id and key, attempt and time, either codec.
+/// A well-formed entry: any id and key, attempt, failures and time,
+/// either codec.
 fn well_formed(payload: impl Strategy<Value = Vec<u8>>) -> impl Strategy<Value = Entry> {
     (
         text(40),
         proptest::option::of(text(40)),
-        any::<u32>(),
+        (any::<u32>(), any::<u32>()),
         any::<u64>(),
         select(vec![Bincode::NAME, Json::NAME]),
         payload,
     )
-        .prop_map(|(id, key, attempt, ms, codec, payload)| Entry {
+        .prop_map(|(id, key, (attempt, failures), ms, codec, payload)| Entry {
             id: TaskId::from(id.as_str()),
             key,
             attempt,
+            failures,
             enqueued_at: std::time::Duration::from_millis(ms),
             codec: codec.to_owned(),
             payload,

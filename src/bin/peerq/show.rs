@@ -231,6 +231,7 @@ pub(crate) fn dead_letter(l: &DeadLetter) -> String {
         ("reason", l.reason.clone()),
         ("error", l.error.clone()),
         ("attempts", l.attempts.to_string()),
+        ("failures", l.failures.to_string()),
         ("dead at", when(millis(l.dead_at))),
         ("enqueued at", when(millis(l.enqueued_at))),
         ("key", l.key.clone().unwrap_or_else(|| "-".into())),

@@ -146,14 +146,18 @@ impl<T, S, C: Codec> ConsumerBuilder<T, S, C> {
     }
 
     /// How long released partitions' running tasks may take to finish
-    /// before they are cancelled and enqueued again (default 300 ms).
+    /// before they are interrupted and enqueued again (default 300 ms).
     /// Service-wide.
     pub fn drain_timeout(mut self, timeout: Duration) -> Self {
         self.settings.drain_timeout = timeout;
         self
     }
 
-    /// Attempts of a task before it goes to the dead letters (default 5).
+    /// Failed runs of a task before it goes to the dead letters (default
+    /// 5): its `max_attempts`-th failure dead-letters it. Runs interrupted
+    /// by a drain timeout, a lapsed lease or a leave at once do not count
+    /// (they count in [`TaskContext::attempt`](crate::TaskContext::attempt),
+    /// not in [`failures`](crate::TaskContext::failures)).
     pub fn max_attempts(mut self, attempts: u32) -> Self {
         self.settings.max_attempts = attempts;
         self

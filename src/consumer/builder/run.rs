@@ -28,7 +28,7 @@ where
     /// until the first round without it, then releases its partitions with
     /// marks, so the others take them over without waiting for a deadline.
     /// A second signal, or the [`leave_timeout`](Self::leave_timeout),
-    /// leaves at once: running tasks are cancelled and enqueued again.
+    /// leaves at once: running tasks are interrupted and enqueued again.
     ///
     /// Redis need not be up yet: while it cannot be reached (connection
     /// refused, a timeout, a name that does not resolve yet, Redis loading

@@ -1,7 +1,7 @@
 //! One entry of a [`Batch`]: once it has room, the pause gate is open and
 //! the lease holds, it is decoded and runs through the handler (a panic is
-//! a failed attempt, a cancellation gets a short grace and is then
-//! dropped).
+//! a failed attempt; an interrupted run's handler sees its cancellation
+//! signal, gets a short grace and is then dropped).
 //!
 //! Every entry of a batch is one future inside the batch's task, so its
 //! size is copied and allocated per entry: the common path (a handler that
@@ -24,12 +24,12 @@ use super::{Batch, Ran, Source};
 use crate::consumer::meters::Ended;
 use crate::consumer::policy::Unfinished;
 use crate::consumer::runner::Call;
-use crate::consumer::store::{Fetched, Unreadable};
+use crate::consumer::store::{Attempts, Deliveries, Fetched, Unreadable};
 use crate::handler::{BoxError, Disposition, Standing, TaskContext, disposition_of};
 use crate::task::Entry;
 
-/// How long a cancelled handler may take to notice its cancellation signal
-/// and return before it is aborted. Kept within the 50 ms that
+/// How long an interrupted handler may take to notice its cancellation
+/// signal and return before it is aborted. Kept within the 50 ms that
 /// docs/design.md §4 allows for cancellation latency.
 const CANCEL_GRACE: Duration = Duration::from_millis(20);
 
@@ -37,9 +37,11 @@ const CANCEL_GRACE: Duration = Duration::from_millis(20);
 enum Outcome {
     Succeeded,
     Failed(String, Disposition),
-    /// Its cancellation fired before it returned (and it did not say it
-    /// finished): runs again, whatever it returned.
-    Cancelled,
+    /// Interrupted (drain timeout, lapsed lease, fence, leave at once):
+    /// its cancellation signal fired before it returned (and it did not
+    /// say it finished). It runs again, whatever it returned, and spends
+    /// none of `max_attempts`.
+    Interrupted,
 }
 
 /// How an entry's execution ended.
@@ -128,6 +130,9 @@ impl Batch {
     /// place (ordered); true if it is no longer pending.
     async fn unstarted(&self, id: &str, entry: Result<Entry, Unreadable>) -> bool {
         if self.shared.order.unfinished() == Unfinished::LeavePending {
+            // Its read counted a delivery: taken back, so that the next
+            // owner runs it with the attempt it would have run here.
+            self.record_attempts(id, Deliveries::Unstarted, None).await;
             return false;
         }
         match entry {
@@ -159,13 +164,16 @@ impl Batch {
         // The attempt Redis has counted for the entry (a new read counts 1).
         let mut counted = 1;
         if order.attempts_in_redis() && self.source == Source::Redelivered {
-            // Unknown, it could be higher than the entry says: left pending
-            // and read again (which counts one more) rather than run with
-            // an attempt that goes back. 0: not pending any more, it
-            // finished meanwhile.
-            match Box::pin(self.deliveries(id)).await {
-                None | Some(0) => return Executed::Done(false),
-                Some(deliveries) => counted = deliveries,
+            // Unknown, they could be higher than the entry says: left
+            // pending and read again (which counts one more delivery)
+            // rather than run with an attempt that goes back. No
+            // deliveries: not pending any more, it finished meanwhile.
+            match Box::pin(self.attempts(id)).await {
+                None | Some(Attempts { deliveries: 0, .. }) => return Executed::Done(false),
+                Some(attempts) => {
+                    counted = attempts.deliveries;
+                    entry.failures = entry.failures.max(attempts.failures);
+                }
             }
             entry.attempt = entry.attempt.max(counted);
         }
@@ -174,6 +182,7 @@ impl Batch {
             let cx = TaskContext {
                 task_id: entry.id.clone(),
                 attempt: entry.attempt,
+                failures: entry.failures,
                 partition: self.partition,
                 enqueued_at: UNIX_EPOCH + entry.enqueued_at,
                 place: self.place,
@@ -198,7 +207,8 @@ impl Batch {
                 token = self.ownership.store.token()
             );
             if order.attempts_in_redis() && entry.attempt > counted {
-                if !Box::pin(self.record_attempt(id, entry.attempt)).await {
+                let starts = Deliveries::Runs(entry.attempt);
+                if !Box::pin(self.record_attempts(id, starts, None)).await {
                     return Executed::Done(false);
                 }
                 counted = entry.attempt;
@@ -209,15 +219,14 @@ impl Batch {
             let (error, disposition) = match outcome {
                 Outcome::Succeeded => return Executed::Succeeded,
                 Outcome::Failed(error, disposition) => (error, disposition),
-                Outcome::Cancelled => {
+                Outcome::Interrupted => {
                     // Left pending (ordered: it runs first on the next
                     // owner), or enqueued again at once, to run on the
-                    // partition's next owner.
+                    // partition's next owner; no failure counted.
                     if order.unfinished() == Unfinished::LeavePending {
                         return Executed::Done(false);
                     }
-                    let why = "cancelled at the drain timeout";
-                    let retry = settle.retry(id, &entry, why, Duration::ZERO);
+                    let retry = settle.interrupted(id, &entry);
                     return Executed::Done(Box::pin(retry.instrument(span)).await);
                 }
             };
@@ -236,6 +245,7 @@ impl Batch {
             }
             // Retried in place after its backoff, blocking the partition,
             // so tasks with one key keep their order.
+            entry.failures = entry.failures.saturating_add(1);
             let delay = match settle.next_attempt(&entry, &error, disposition) {
                 Ok(delay) => delay,
                 Err(reason) => {
@@ -243,6 +253,13 @@ impl Batch {
                     return Executed::Done(Box::pin(dead.instrument(span)).await);
                 }
             };
+            // The failure is recorded before the backoff: a release during
+            // the backoff must not forget it.
+            let (ran, failed) = (Deliveries::Runs(entry.attempt), Some(entry.failures));
+            let recorded = self.record_attempts(id, ran, failed);
+            if !Box::pin(recorded.instrument(span.clone())).await {
+                return Executed::Done(false);
+            }
             warn!(parent: &span, error, retry_in = ?delay, "task failed; retried in place");
             self.shared.metrics.retried();
             if !Box::pin(self.wait_in_place(delay)).await {
@@ -272,39 +289,47 @@ impl Batch {
         self.lease.valid()
     }
 
-    /// The entry's attempt record in Redis: its delivery count. The first
-    /// read counts 1; each attempt after the first is recorded as it
-    /// starts ([`record_attempt`](Self::record_attempt)); every later
-    /// delivery (a re-read of the pending list, here or on the next owner
-    /// after a crash, a cancellation, a lost ack or a handover) counts one
-    /// more, the attempt that may have run. Claims leave the count alone.
-    /// 0 when the entry is not pending any more; `None` when Redis does not
-    /// say.
-    async fn deliveries(&self, id: &str) -> Option<u32> {
-        match self.ownership.store.deliveries(id).await {
-            Ok(count) => Some(count),
+    /// What Redis records of the entry's attempts: its delivery count
+    /// and its failure count. The first read counts 1 delivery; each
+    /// attempt after the first is recorded as it starts, each failure
+    /// before its backoff, and a release before the entry started takes
+    /// its read's delivery back ([`record_attempts`](Self::record_attempts));
+    /// every later delivery (a re-read of the pending list, here or on the
+    /// next owner after a crash, an interrupted run, a lost ack or a
+    /// handover) counts one more, the attempt that may have run. Claims
+    /// leave the count alone. `None` when Redis does not say.
+    async fn attempts(&self, id: &str) -> Option<Attempts> {
+        match self.ownership.store.attempts(id).await {
+            Ok(attempts) => Some(attempts),
             Err(e) => {
-                warn!(partition = self.partition, cause = %e, "cannot read the delivery count");
+                warn!(partition = self.partition, cause = %e, "cannot read the delivery and failure counts");
                 None
             }
         }
     }
 
-    /// Records in Redis that `attempt` of the entry starts now, so the
-    /// partition's next owner continues the count. False when the task
-    /// must not run now: the partition has a newer owner, the entry is not
-    /// pending any more, or Redis did not answer (the entry stays pending
-    /// and is read again, which counts one more, rather than run with an
-    /// attempt Redis does not know).
-    async fn record_attempt(&self, id: &str, attempt: u32) -> bool {
-        match self.ownership.store.record_attempt(id, attempt).await {
+    /// Records in Redis the entry's delivery count (`deliveries`) and, after
+    /// a failed attempt, its failure count, so that the partition's next
+    /// owner continues them. False when the task must not run now: the
+    /// partition has a newer owner, the entry is not pending any more, or
+    /// Redis did not answer (the entry stays pending and is read again,
+    /// which counts one more delivery, rather than run with counts Redis
+    /// does not know).
+    async fn record_attempts(
+        &self,
+        id: &str,
+        deliveries: Deliveries,
+        failures: Option<u32>,
+    ) -> bool {
+        let store = &self.ownership.store;
+        match store.record_attempts(id, deliveries, failures).await {
             Ok(Some(pending)) => pending,
             Ok(None) => {
                 self.ownership.fenced("recording the attempt");
                 false
             }
             Err(e) => {
-                warn!(partition = self.partition, attempt, cause = %e, "cannot record the attempt");
+                warn!(partition = self.partition, ?deliveries, failures, cause = %e, "cannot record the attempt");
                 false
             }
         }
@@ -326,16 +351,16 @@ impl Batch {
         metrics.ended(match outcome {
             Outcome::Succeeded => Ended::Ok,
             // Not a failure of the task: it runs again on the new owner.
-            Outcome::Failed(_, Disposition::Stale) => Ended::Cancelled,
+            Outcome::Failed(_, Disposition::Stale) => Ended::Interrupted,
             Outcome::Failed(..) => Ended::Failed,
-            Outcome::Cancelled => Ended::Cancelled,
+            Outcome::Interrupted => Ended::Interrupted,
         });
         outcome
     }
 }
 
-/// Calls the handler service (a panic is a failed attempt), cancelling it
-/// when `standing`'s cancellation fires; `finished` is the flag its
+/// Calls the handler service (a panic is a failed attempt), interrupting
+/// it when `standing`'s cancellation fires; `finished` is the flag its
 /// context sets with [`TaskContext::finished`].
 async fn call_handler(
     call: Call,
@@ -358,7 +383,7 @@ async fn call_handler(
                 Ok(result) => result,
                 // Dropped: done only if it said so before.
                 Err(_) if finished.load(Ordering::SeqCst) => return Outcome::Succeeded,
-                Err(_) => return Outcome::Cancelled,
+                Err(_) => return Outcome::Interrupted,
             }
         }
     };
@@ -369,15 +394,15 @@ async fn call_handler(
     if !cancel.is_cancelled() && standing.holds() {
         return outcome(result);
     }
-    // Its cancellation fired before it returned: it runs again with
-    // `attempt + 1` (never dead-lettered for it), whatever it returned,
-    // unless the handler said its effect was done. A handler that gives up
-    // on the signal may well return `Ok(())`. (The attempt number still
-    // counts cancelled runs, so a task cancelled at many drains has fewer
-    // real attempts left.)
+    // Interrupted: its cancellation fired before it returned. It runs
+    // again with `attempt + 1` (never dead-lettered for it), whatever it
+    // returned, unless the handler said its effect was done. A handler
+    // that gives up on the signal may well return `Ok(())`. The attempt
+    // number counts the run (it may have had effects); the failure count,
+    // which `max_attempts` bounds, does not.
     match outcome(result) {
         Outcome::Succeeded if finished.load(Ordering::SeqCst) => Outcome::Succeeded,
-        _ => Outcome::Cancelled,
+        _ => Outcome::Interrupted,
     }
 }
 

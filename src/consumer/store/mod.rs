@@ -1,6 +1,6 @@
 //! The partition store: every command the consumer sends on one
-//! partition's keys (`{N/p}:stream`, `:owner`, `:delayed`, `:dead`) and on
-//! the release marks, in one place. Nothing else in the consumer builds a
+//! partition's keys (`{N/p}:stream`, `:owner`, `:delayed`, `:dead`,
+//! `:failures`) and on the release marks, in one place. Nothing else in the consumer builds a
 //! Redis command, so the key layout, the scripts and the reply formats are
 //! read here alone, and a change to one (Redis Cluster, say) is made here.
 //!
@@ -10,16 +10,19 @@
 //! script's keys share one slot, so it is atomic under Redis Cluster.
 //!
 //! - here: the owner record, fenced moves and retries, claims, keeping
-//!   entries fresh, attempts, promotion, trimming, group creation;
+//!   entries fresh, promotion, trimming, group creation;
 //! - [`sizes`]: what the store knows of the partition's sizes, from its
 //!   looks at the group, its counts, and its own writes;
 //! - [`acks`]: the fenced acks of many partitions in one pipeline;
+//! - [`attempts`]: ordered mode's attempt records (delivery and failure
+//!   counts);
 //! - [`reader`]: the reads, parsed into [`Fetched`] entries;
 //! - [`marks`]: the release marks of `{N}:transition`;
 //! - and the service-wide commands of the start: every partition's group,
 //!   Redis's eviction policy.
 
 mod acks;
+mod attempts;
 pub(crate) mod marks;
 mod reader;
 mod reply;
@@ -30,10 +33,10 @@ mod tests;
 use std::sync::{Arc, LazyLock, Mutex};
 use std::time::Duration;
 
-use deadpool_redis::redis::streams::StreamPendingCountReply;
 use deadpool_redis::redis::{self, FromRedisValue, Script, Value};
 
 pub(crate) use self::acks::{AckReply, ack};
+pub(crate) use self::attempts::{Attempts, Deliveries};
 pub(crate) use self::reader::{BlockingReads, Fetched, Unreadable, is_nogroup, unblock};
 use self::reply::AutoClaim;
 pub(crate) use self::sizes::{Group, Sizes};
@@ -54,8 +57,6 @@ static FENCED_KEEP: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../scripts/fenced_keep.lua")));
 static FENCED_RETRY: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../scripts/fenced_retry.lua")));
-static FENCED_ATTEMPT: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../../scripts/fenced_attempt.lua")));
 static PROMOTE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../scripts/promote.lua")));
 static TRIM: LazyLock<Script> =
@@ -121,6 +122,8 @@ pub(crate) struct PartitionStore {
     owner: String,
     delayed: String,
     dead: String,
+    /// Ordered mode: the failure counts of entries retried in place.
+    failures: String,
     /// This instance's id: its consumer name in the group.
     consumer: String,
     /// What the owner record holds while this instance owns the partition.
@@ -150,6 +153,7 @@ impl PartitionStore {
             owner: keys::owner(name, p),
             delayed: keys::delayed(name, p),
             dead: keys::dead(name, p),
+            failures: keys::failures(name, p),
             consumer: id.as_str().to_owned(),
             record: owner_record(token, id),
             max_entry_bytes,
@@ -255,9 +259,10 @@ impl PartitionStore {
 
     /// Trims the stream's entries every consumer has acknowledged; returns
     /// how many. (Never `XTRIM` by length: it deletes pending entries.)
+    /// The failure counts of entries no longer pending go first.
     pub(crate) async fn trim(&self) -> Result<u64> {
         let mut trim = TRIM.key(&self.stream);
-        trim.arg(keys::GROUP);
+        trim.key(&self.failures).arg(keys::GROUP);
         self.conn.invoke(&trim).await
     }
 
@@ -265,7 +270,7 @@ impl PartitionStore {
     /// pending for `min_idle` or longer, from `start`, at most `count`;
     /// `Ok(None)` when fenced. `just_ids`: only their ids, and their
     /// delivery counts left as they are (ordered mode, where the count is
-    /// the attempt record, see [`record_attempt`](Self::record_attempt)).
+    /// the attempt record, see [`record_attempts`](Self::record_attempts)).
     pub(crate) async fn claim(
         &self,
         min_idle: Duration,
@@ -312,40 +317,6 @@ impl PartitionStore {
             .arg(ids);
         let reply: i64 = self.conn.invoke(&script).await?;
         Ok(reply >= 0)
-    }
-
-    /// How often entry `id` was delivered: the attempt record of ordered
-    /// mode; 0 when the entry is not pending any more.
-    pub(crate) async fn deliveries(&self, id: &str) -> Result<u32> {
-        let mut cmd = redis::cmd("XPENDING");
-        cmd.arg(&self.stream)
-            .arg(keys::GROUP)
-            .arg(id)
-            .arg(id)
-            .arg(1);
-        let reply: StreamPendingCountReply = self.conn.query(&cmd).await?;
-        Ok(reply
-            .ids
-            .first()
-            .map_or(0, |p| u32::try_from(p.times_delivered).unwrap_or(u32::MAX)))
-    }
-
-    /// Ordered mode: records that `attempt` of entry `id` (held by this
-    /// instance) starts now, as the entry's delivery count, so that the
-    /// next owner continues the count (a later delivery adds one: the
-    /// attempt that may have run). `Ok(None)` when fenced, `Ok(Some(false))`
-    /// when the entry is not pending.
-    pub(crate) async fn record_attempt(&self, id: &str, attempt: u32) -> Result<Option<bool>> {
-        let mut script = FENCED_ATTEMPT.key(&self.stream);
-        script
-            .key(&self.owner)
-            .arg(&self.record)
-            .arg(keys::GROUP)
-            .arg(&self.consumer)
-            .arg(id)
-            .arg(attempt);
-        let reply: i64 = self.conn.invoke(&script).await?;
-        Ok((reply >= 0).then_some(reply > 0))
     }
 
     /// Creates the consumer group again from the start of the stream, after

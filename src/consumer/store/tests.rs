@@ -198,8 +198,11 @@ async fn delivery_count(server: &support::RedisServer, name: &ServiceName, id: &
 async fn an_attempt_record_is_the_owners_alone_and_a_just_ids_claim_keeps_it() {
     let (server, conn, name) = setup().await;
     let (id, stale, owner) = moved_on(&server, &conn, &name).await;
-    assert_eq!(stale.record_attempt(&id, 5).await.unwrap(), None, "fenced");
-    assert_eq!(delivery_count(&server, &name, &id).await, 1);
+    let starts = |n| Deliveries::Runs(n);
+    let recorded = stale.record_attempts(&id, starts(5), Some(1)).await;
+    assert_eq!(recorded.unwrap(), None, "fenced");
+    let before = owner.attempts(&id).await.unwrap();
+    assert_eq!((before.deliveries, before.failures), (1, 0));
     // Ordered take-over: claimed with its ids only, the count unchanged.
     let claimed = owner
         .claim(Duration::ZERO, "0", 10, true)
@@ -209,14 +212,43 @@ async fn an_attempt_record_is_the_owners_alone_and_a_just_ids_claim_keeps_it() {
     assert_eq!(claimed.entries.len(), 1);
     assert_eq!(claimed.entries[0].id, id);
     assert_eq!(delivery_count(&server, &name, &id).await, 1);
-    assert_eq!(owner.record_attempt(&id, 5).await.unwrap(), Some(true));
+    let recorded = owner.record_attempts(&id, starts(5), None).await;
+    assert_eq!(recorded.unwrap(), Some(true));
     assert_eq!(delivery_count(&server, &name, &id).await, 5);
+    // Attempt 5 failed: its count stays, its failure is recorded.
+    let recorded = owner.record_attempts(&id, starts(5), Some(2)).await;
+    assert_eq!(recorded.unwrap(), Some(true));
+    let failed = owner.attempts(&id).await.unwrap();
+    assert_eq!((failed.deliveries, failed.failures), (5, 2));
+    // Delivered again and released before it started: the delivery that
+    // started nothing is taken back.
+    let _ = owner.read(&conn, "0", 10).await.unwrap();
+    assert_eq!(delivery_count(&server, &name, &id).await, 6);
+    let released = owner
+        .record_attempts(&id, Deliveries::Unstarted, None)
+        .await;
+    assert_eq!(released.unwrap(), Some(true));
+    let released = owner.attempts(&id).await.unwrap();
+    assert_eq!((released.deliveries, released.failures), (5, 2));
+    let failures = keys::failures(&name, 0);
+    let mut raw = server.pool().get().await.unwrap();
+    owner.trim().await.unwrap();
+    let kept: bool = raw.hexists(&failures, &id).await.unwrap();
+    assert!(kept, "a pending entry keeps its failure count");
     assert_eq!(run_ack(&conn, &owner, &id).await, 1);
     assert_eq!(
-        owner.record_attempt(&id, 6).await.unwrap(),
+        owner
+            .record_attempts(&id, starts(6), Some(3))
+            .await
+            .unwrap(),
         Some(false),
         "not pending any more"
     );
+    let gone = owner.attempts(&id).await.unwrap();
+    assert_eq!(gone.deliveries, 0);
+    owner.trim().await.unwrap();
+    let left: bool = raw.exists(&failures).await.unwrap();
+    assert!(!left, "the trim forgets the failures of acked entries");
 }
 
 #[tokio::test]
