@@ -28,9 +28,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use meter::{Client, Cost};
+use peerq::assignment::Standing;
 use peerq::consumer::{PartitionChange, PartitionEvent};
 use peerq::handler::Task;
-use peerq::indexer::Standing;
 use peerq::{Consumer, HandlerError};
 use support::{RedisServer, unique_name};
 use tokio::sync::{broadcast, watch};

@@ -45,8 +45,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use clap::{Parser, Subcommand, ValueEnum};
+use peerq::assignment::Standing;
 use peerq::consumer::{PartitionChange, PartitionEvent};
-use peerq::indexer::Standing;
 use peerq::producer::Producer;
 use peerq::{Assignor, Consumer, Handler, HandlerError, Indexing, TaskContext, Tls};
 use serde::{Deserialize, Serialize};

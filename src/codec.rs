@@ -11,15 +11,7 @@ use std::fmt::{self, Write as _};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-/// A payload could not be encoded or decoded.
-#[derive(Debug, thiserror::Error)]
-#[error("{codec}: {message}")]
-pub struct CodecError {
-    /// The codec's name.
-    pub codec: &'static str,
-    /// What went wrong.
-    pub message: String,
-}
+use crate::error::CodecError;
 
 /// Turns typed task payloads into bytes and back.
 ///

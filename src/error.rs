@@ -46,7 +46,7 @@ pub enum Error {
 
     /// A payload could not be encoded.
     #[error("encoding the task: {0}")]
-    Codec(#[from] crate::codec::CodecError),
+    Codec(#[from] CodecError),
 
     /// An encoded payload is larger than the producer's limit.
     #[error("payload of {size} bytes exceeds the limit of {limit} bytes (`max_payload`)")]
@@ -108,11 +108,6 @@ pub enum Error {
         source: Box<Error>,
     },
 
-    /// [`MajorityIds`](crate::ids::MajorityIds) gave no ID, refused a
-    /// server, or refused a repair; the message names the servers.
-    #[error(transparent)]
-    Ids(#[from] crate::ids::IdsError),
-
     /// A PostgreSQL command failed (feature `postgres`): the outbox, its
     /// relay or the migrations.
     #[cfg(feature = "postgres")]
@@ -162,13 +157,61 @@ impl Error {
             // A replica that is down or catching up; it may confirm later.
             Error::NotReplicated { .. } => true,
             Error::Connect { source, .. } => source.is_transient(),
-            Error::Ids(e) => e.is_transient(),
             #[cfg(feature = "postgres")]
-            Error::Postgres(e) | Error::PostgresAt { source: e, .. } => {
-                crate::postgres::is_transient(e)
-            }
+            Error::Postgres(e) | Error::PostgresAt { source: e, .. } => sqlx_is_transient(e),
             _ => false,
         }
+    }
+}
+
+/// A payload could not be encoded or decoded (by a
+/// [`Codec`](crate::codec::Codec)).
+#[derive(Debug, thiserror::Error)]
+#[error("{codec}: {message}")]
+pub struct CodecError {
+    /// The codec's name.
+    pub codec: &'static str,
+    /// What went wrong.
+    pub message: String,
+}
+
+/// An error another attempt may cure: retry loops (`crate::retry`) take
+/// any error that says so, the crate's own and a module's own (such as
+/// `MajorityIds`'s `IdsError`, which wraps this crate's).
+pub(crate) trait Transient {
+    /// Whether trying again later may succeed.
+    fn is_transient(&self) -> bool;
+}
+
+impl Transient for Error {
+    fn is_transient(&self) -> bool {
+        Error::is_transient(self)
+    }
+}
+
+/// [`Error::is_transient`] for a PostgreSQL error: the server cannot be
+/// reached, restarts, is out of connections, or ended this session's
+/// transaction (a timeout, a deadlock, a conflict). A missing table, a
+/// refused password or a closed pool are final.
+#[cfg(feature = "postgres")]
+pub(crate) fn sqlx_is_transient(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut | sqlx::Error::WorkerCrashed => true,
+        sqlx::Error::Database(db) => db.code().is_some_and(|code| {
+            // 08: connection exceptions; 53: out of resources (too many
+            // connections); 57P01-03: shut down or starting; 40: the
+            // transaction was rolled back (a deadlock, a serialization
+            // failure); 55P03: a lock not available in time; 57014: a
+            // statement timeout; 25P03: the idle-in-transaction timeout.
+            code.starts_with("08")
+                || code.starts_with("53")
+                || code.starts_with("40")
+                || matches!(
+                    &*code,
+                    "57P01" | "57P02" | "57P03" | "55P03" | "57014" | "25P03"
+                )
+        }),
+        _ => false,
     }
 }
 

@@ -89,6 +89,7 @@
 //! | `postgres` | feature `postgres`: peerq's tables (`migrations/`, `migrate`), the transactional `Outbox` and its `Relay` (its own Layout table) |
 //! | `presence` | what an instance tells operators each round: its `{N}:members` record and per-minute counts |
 //! | [`retry`] | the backoff between a failed task's attempts, and the pauses of the internal retry loops |
+//! | `shutdown` | the process's stop signal (SIGTERM, ctrl-c) that `run()` waits for |
 //! | [`handler`] | the `Handler` trait, `TaskContext`, the tower adapter |
 //! | [`consumer`] | the builder (which erases the handler's types) and the runtime: the handover driver, leases, and per partition fetch → run → settle with fenced writes through one partition store (its own Layout table) |
 //! | `connection` | one multiplexed connection per part, kept out of the pool |
@@ -125,6 +126,7 @@ pub mod postgres;
 mod presence;
 pub mod producer;
 pub mod retry;
+mod shutdown;
 pub mod task;
 mod timing;
 mod transition;

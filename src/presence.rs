@@ -18,11 +18,11 @@ use deadpool_redis::redis::{self, Script};
 use tracing::{Instrument, debug};
 
 use crate::assignment::Assignment;
+use crate::assignment::Standing;
 use crate::clock::Clock;
 use crate::config::ServiceName;
 use crate::connection::Conn;
 use crate::error::Result;
-use crate::indexer::Standing;
 use crate::instance::InstanceId;
 use crate::keys;
 

@@ -7,14 +7,14 @@
 //! `[d/2, d]` with `d = min(max, base * 2^(n-1))`: the delays grow, and
 //! tasks that failed together (an outage of what they call) do not all
 //! come back in the same instant. A handler error can override it
-//! ([`HandlerError::retry_after`](crate::HandlerError::retry_after)).
+//! ([`HandlerError::retry_after`](crate::handler::HandlerError::retry_after)).
 //! Runs that were interrupted (a drain, a lapsed lease) are no failures
 //! and do not lengthen it.
 
 use std::future::Future;
 use std::time::Duration;
 
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, Transient};
 
 /// Exponential backoff with jitter between a task's attempts.
 ///
@@ -133,21 +133,22 @@ impl Pauses {
 }
 
 /// Runs `attempt` until it succeeds, fails with an error that retrying
-/// cannot fix ([`Error::is_transient`]), or `stop` resolves while it waits.
+/// cannot fix ([`Transient`]), or `stop` resolves while it waits.
 /// After the `n`-th transient failure it waits `backoff.delay(n)`, and tells
 /// `failed` the error and the wait first, to log it once per step.
 ///
 /// `Ok(None)`: stopped. `stop` is only watched between attempts: an attempt
 /// underway is never cut short, so its side effects are whole and its
 /// error, if final, is the one returned.
-pub(crate) async fn until_ok<T, Fut>(
+pub(crate) async fn until_ok<T, E, Fut>(
     backoff: Backoff,
     stop: impl Future<Output = ()>,
     mut attempt: impl FnMut() -> Fut,
-    mut failed: impl FnMut(&Error, Duration),
-) -> Result<Option<T>>
+    mut failed: impl FnMut(&E, Duration),
+) -> Result<Option<T>, E>
 where
-    Fut: Future<Output = Result<T>>,
+    E: Transient,
+    Fut: Future<Output = Result<T, E>>,
 {
     tokio::pin!(stop);
     let mut failures = 0u32;

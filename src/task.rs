@@ -24,7 +24,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use deadpool_redis::redis::Value;
 use serde::de::DeserializeOwned;
 
-use crate::codec::{Codec, CodecError};
+use crate::codec::Codec;
+use crate::error::CodecError;
 use crate::error::Error;
 
 /// The names of an entry's fields.
@@ -163,7 +164,7 @@ const MIN_ENTRY_BYTES: usize = 1024;
 const MAX_ENTRY_BYTES: usize = 512 * 1024 * 1024;
 
 /// Checks a consumer's `max_entry_bytes`.
-pub(crate) fn validate_max_entry_bytes(bytes: usize) -> crate::Result<()> {
+pub(crate) fn validate_max_entry_bytes(bytes: usize) -> crate::error::Result<()> {
     if !(MIN_ENTRY_BYTES..=MAX_ENTRY_BYTES).contains(&bytes) {
         return Err(Error::invalid(
             "max_entry_bytes",

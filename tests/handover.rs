@@ -14,10 +14,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use deadpool_redis::redis::{self, AsyncCommands};
+use peerq::assignment::Standing;
 use peerq::codec::Bincode;
 use peerq::consumer::{ConsumerBuilder, PartitionChange, PartitionEvent};
 use peerq::handler::Task;
-use peerq::indexer::Standing;
 use peerq::producer::{Options, Producer};
 use peerq::{Consumer, HandlerError};
 use serde::{Deserialize, Serialize};

@@ -16,9 +16,9 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
+use peerq::assignment::Standing;
 use peerq::consumer::{PartitionChange, PartitionEvent};
 use peerq::handler::Task;
-use peerq::indexer::Standing;
 use peerq::producer::Producer;
 use peerq::{Consumer, HandlerError, Indexing};
 use serde::{Deserialize, Serialize};

@@ -12,8 +12,9 @@ use std::time::{Duration, Instant};
 
 use deadpool_redis::Pool;
 use deadpool_redis::redis::AsyncCommands;
+use peerq::assignment::{FenceReason, Standing};
 use peerq::clock::{Clock, OffsetClock, SystemClock};
-use peerq::indexer::{FenceReason, Indexer, IndexerHandle, Standing};
+use peerq::indexer::{Indexer, IndexerHandle};
 use peerq::{Assignment, Assignor, Error, Indexing};
 use support::{Proxy, RedisServer, unique_name};
 

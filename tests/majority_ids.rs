@@ -14,7 +14,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use peerq::Error;
 use peerq::ids::{IdsError, MajorityIds, MajorityIdsBuilder, ServerState};
 use support::{RedisServer, ServerOptions, unique_name, unused_port};
 
@@ -69,9 +68,9 @@ fn assert_unique<'a>(ids: impl IntoIterator<Item = &'a u64>) -> usize {
 }
 
 /// The error of a call that must fail, as `IdsError`.
-fn ids_error<T: std::fmt::Debug>(result: peerq::Result<T>) -> IdsError {
+fn ids_error<T: std::fmt::Debug>(result: Result<T, IdsError>) -> IdsError {
     match result {
-        Err(Error::Ids(e)) => e,
+        Err(e) => e,
         other => panic!("expected an ids error, got {other:?}"),
     }
 }

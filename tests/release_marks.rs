@@ -33,9 +33,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use peerq::assignment::Standing;
 use peerq::consumer::{PartitionChange, PartitionEvent};
 use peerq::handler::Task;
-use peerq::indexer::Standing;
 use peerq::producer::Producer;
 use peerq::{Consumer, HandlerError};
 use serde::{Deserialize, Serialize};

@@ -6,9 +6,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::{Duration, Instant, SystemTime};
 
+use peerq::assignment::Standing;
 use peerq::consumer::{PartitionChange, PartitionEvent};
 use peerq::handler::Task;
-use peerq::indexer::Standing;
 use peerq::producer::Producer;
 use peerq::{Assignor, Consumer, HandlerError};
 use tokio::sync::Mutex;

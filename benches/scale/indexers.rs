@@ -7,7 +7,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
-use peerq::indexer::{Indexer, IndexerHandle, Standing};
+use peerq::assignment::Standing;
+use peerq::indexer::{Indexer, IndexerHandle};
 use peerq::{Assignor, Indexing};
 
 use crate::redis_load;

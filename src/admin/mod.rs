@@ -107,7 +107,7 @@ impl Admin {
     }
 
     /// [`connect`](Self::connect) over TLS with these settings.
-    pub async fn connect_with_tls(url: &str, tls: crate::Tls) -> Result<Admin> {
+    pub async fn connect_with_tls(url: &str, tls: crate::connection::Tls) -> Result<Admin> {
         Admin::connect_to(connection::Given {
             url: Some(url.to_owned()),
             tls: Some(tls),
@@ -120,7 +120,7 @@ impl Admin {
     /// settings.
     pub async fn connect_cluster_with_tls<U: Into<String>>(
         urls: impl IntoIterator<Item = U>,
-        tls: crate::Tls,
+        tls: crate::connection::Tls,
     ) -> Result<Admin> {
         Admin::connect_to(connection::Given {
             cluster: Some(urls.into_iter().map(Into::into).collect()),

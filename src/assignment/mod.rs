@@ -3,12 +3,14 @@
 //! rendezvous over the epoch's members ([`Assignor::Rendezvous`]).
 
 mod rendezvous;
+mod standing;
 
 use std::fmt;
 use std::sync::Arc;
 
 pub use rendezvous::{DEFAULT_WEIGHT, MAX_WEIGHT, hash64};
 pub(crate) use rendezvous::{Member, Members};
+pub use standing::{FenceReason, Standing};
 
 /// An assignment's numbers without its owners: what a task's context
 /// tells (copied per task, where the owners would cost a reference count).

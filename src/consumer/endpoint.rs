@@ -40,9 +40,9 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::assignment::Assignment;
+use crate::assignment::Standing;
 use crate::clock::Clock;
 use crate::error::{Error, Result};
-use crate::indexer::Standing;
 use crate::timing::Timing;
 
 /// How often the recorder's upkeep runs (it drains recorded histogram
@@ -304,7 +304,7 @@ impl Drop for Endpoint {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::indexer::FenceReason;
+    use crate::assignment::FenceReason;
 
     const MS: Duration = Duration::from_millis(1);
 

@@ -26,11 +26,12 @@ use super::scheduler;
 use super::settings::ConsumerSettings;
 use super::shared::Shared;
 use super::startup::Startup;
+use crate::assignment::Standing;
 use crate::clock::Clock;
 use crate::config::{IndexerSettings, ServiceName};
 use crate::connection::{Backend, SharedConnection};
 use crate::error::{Error, Result};
-use crate::indexer::{Liveness, Standing};
+use crate::indexer::Liveness;
 use crate::instance::InstanceId;
 use crate::presence::Presence;
 use crate::timing::Timing;
@@ -56,27 +57,6 @@ pub(super) struct Parts {
     pub(super) standing: watch::Sender<Standing>,
     pub(super) events: broadcast::Sender<PartitionEvent>,
     pub(super) clock: Arc<dyn Clock>,
-}
-
-/// Resolves on SIGTERM or ctrl-c.
-pub(crate) async fn shutdown_signal() {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{SignalKind, signal};
-        match signal(SignalKind::terminate()) {
-            Ok(mut term) => tokio::select! {
-                _ = term.recv() => {}
-                _ = tokio::signal::ctrl_c() => {}
-            },
-            Err(_) => {
-                let _ = tokio::signal::ctrl_c().await;
-            }
-        }
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = tokio::signal::ctrl_c().await;
-    }
 }
 
 /// Runs the consumer: a graceful leave when `signal` resolves, and a leave

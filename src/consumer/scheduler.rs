@@ -10,10 +10,10 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, warn};
 
+use crate::assignment::Standing;
 use crate::clock::Clock;
 use crate::config::ServiceName;
 use crate::connection::SharedConnection;
-use crate::indexer::Standing;
 use crate::periodic::Registered;
 use crate::retry::Pauses;
 

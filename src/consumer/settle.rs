@@ -218,7 +218,7 @@ impl Settle<'_> {
 
     /// What a fenced write's result means for this worker. On an error
     /// the entry stays pending, and the partition's owner claims it.
-    fn moved(&self, moved: crate::Result<Moved>, what: &str) -> Written {
+    fn moved(&self, moved: crate::error::Result<Moved>, what: &str) -> Written {
         match moved {
             Ok(Moved::Yes) => return Written::Now,
             Ok(Moved::NotPending) => return Written::Before,

@@ -92,7 +92,11 @@ impl DeadLetters {
     }
 
     /// [`connect`](Self::connect) over TLS with these settings.
-    pub async fn connect_with_tls(url: &str, name: &str, tls: crate::Tls) -> Result<Self> {
+    pub async fn connect_with_tls(
+        url: &str,
+        name: &str,
+        tls: crate::connection::Tls,
+    ) -> Result<Self> {
         let given = Given {
             url: Some(url.to_owned()),
             tls: Some(tls),
@@ -106,7 +110,7 @@ impl DeadLetters {
     pub async fn connect_cluster_with_tls<U: Into<String>>(
         urls: impl IntoIterator<Item = U>,
         name: &str,
-        tls: crate::Tls,
+        tls: crate::connection::Tls,
     ) -> Result<Self> {
         let given = Given {
             cluster: Some(urls.into_iter().map(Into::into).collect()),

@@ -121,31 +121,31 @@ impl MajorityIdsBuilder {
     /// Errors: an invalid setting, naming it; a server that may lose
     /// acknowledged writes ([`IdsError::Unsafe`], naming it); a server
     /// that refused this client (a wrong password, an ACL).
-    pub async fn build(self) -> Result<MajorityIds> {
+    pub async fn build(self) -> Result<MajorityIds, IdsError> {
         let key = validate_key(self.key.as_deref())?;
         let n = self.servers.len();
         if n == 0 {
-            return Err(Error::invalid(
+            return Err(IdsError::from(Error::invalid(
                 "servers",
                 "no servers given; pass the URLs of 3 or more independent Redis servers",
-            ));
+            )));
         }
         if n < MIN_SERVERS && !self.fewer_servers {
-            return Err(Error::invalid(
+            return Err(IdsError::from(Error::invalid(
                 "servers",
                 format!(
                     "{n} servers cannot lose one and still make a majority; give at least \
                      {MIN_SERVERS} (an odd number: 3 or 5), or `allow_fewer_servers()` for \
                      development"
                 ),
-            ));
+            )));
         }
         let timeout = self.timeout.unwrap_or(DEFAULT_TIMEOUT);
         if timeout.is_zero() {
-            return Err(Error::invalid(
+            return Err(IdsError::from(Error::invalid(
                 "timeout",
                 "0 leaves no time for an attempt; use at least a few milliseconds",
-            ));
+            )));
         }
         let backoff = self.backoff.unwrap_or(DEFAULT_BACKOFF);
         backoff.validate()?;
@@ -166,14 +166,13 @@ impl MajorityIdsBuilder {
                     return Err(IdsError::Unsafe {
                         server: server.name().to_owned(),
                         reason,
-                    }
-                    .into());
+                    });
                 }
                 Err(Failure::Down(e)) if e.is_transient() => {
                     tracing::warn!(server = server.name(), cause = %e,
                         "ids server unreachable; it is checked when it is back");
                 }
-                Err(Failure::Down(e)) => return Err(connection::at(server.name(), e)),
+                Err(Failure::Down(e)) => return Err(connection::at(server.name(), e).into()),
             }
         }
         Ok(MajorityIds {

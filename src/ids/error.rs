@@ -1,16 +1,31 @@
 //! What [`MajorityIds`](super::MajorityIds) could not do, with the servers
 //! that made it so and what to do about it.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::votes::{ServerStatus, list};
+use crate::error::{Error, Transient};
+
+impl From<Error> for IdsError {
+    fn from(e: Error) -> Self {
+        IdsError::Setup(Arc::new(e))
+    }
+}
 
 /// Why [`MajorityIds`](super::MajorityIds) gave no ID, refused to start, or
 /// refused a repair. Every message names the servers involved (without
-/// their passwords). Carried by [`Error::Ids`](crate::Error::Ids).
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+/// their passwords). `MajorityIds`'s methods return it rather than the
+/// crate's `Error`: every way they fail is one of these.
+#[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
 pub enum IdsError {
+    /// [`build`](super::MajorityIdsBuilder::build) was given an invalid
+    /// setting (named in the error), or a server refused this client (a
+    /// wrong password, an ACL).
+    #[error(transparent)]
+    Setup(Arc<Error>),
+
     /// A server may lose writes it acknowledged, or its settings could not
     /// be read: its votes could not be trusted after a crash.
     #[error(
@@ -121,6 +136,11 @@ pub enum IdsError {
         servers: Vec<ServerStatus>,
     },
 
+    /// [`init`](super::MajorityIds::init) was asked to start at 0: IDs
+    /// start at 1.
+    #[error("invalid setting `init`: the first ID must be at least 1")]
+    FirstIsZero,
+
     /// The sequence reached `u64::MAX`.
     #[error("sequence `{key}` has issued its last ID (u64::MAX)")]
     Exhausted {
@@ -129,16 +149,18 @@ pub enum IdsError {
     },
 }
 
-impl IdsError {
+impl Transient for IdsError {
     /// Whether another attempt may succeed: servers may come back, other
     /// callers may stop winning.
-    pub(crate) fn is_transient(&self) -> bool {
+    fn is_transient(&self) -> bool {
         matches!(
             self,
             IdsError::NoMajority { .. } | IdsError::Contended { .. }
         )
     }
+}
 
+impl IdsError {
     /// The error with the attempts made so far, for the last one's error.
     pub(super) fn after(self, made: u32, spent: Duration) -> Self {
         match self {

@@ -35,7 +35,7 @@ pub use builder::MajorityIdsBuilder;
 pub use error::IdsError;
 pub use votes::{ServerState, ServerStatus};
 
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::metrics::IDS_ATTEMPTS_TOTAL;
 use crate::retry::{self, Backoff};
 use server::Server;
@@ -111,7 +111,7 @@ impl MajorityIds {
     /// time ran out; at once [`IdsError::NeedsRepair`] (too few servers
     /// hold the sequence even counting the unreachable ones) or
     /// [`IdsError::NotCreated`] (no server holds it: [`init`](Self::init)).
-    pub async fn next(&self) -> Result<u64> {
+    pub async fn next(&self) -> Result<u64, IdsError> {
         let started = Instant::now();
         let deadline = started + self.inner.timeout;
         let mut failures = 0u32;
@@ -124,9 +124,7 @@ impl MajorityIds {
                 failures += 1;
                 tracing::debug!(key = %self.inner.key, attempt = failures, cause = %e, ?wait,
                     "ids attempt failed");
-                if let Error::Ids(e) = e {
-                    last = Some(e.clone());
-                }
+                last = Some(e.clone());
             },
         )
         .await;
@@ -141,15 +139,13 @@ impl MajorityIds {
                     attempts: 0,
                     elapsed: Duration::ZERO,
                 })
-                .after(failures, started.elapsed())
-                .into()),
-            Err(Error::Ids(e)) => Err(e.after(made, started.elapsed()).into()),
-            Err(e) => Err(e),
+                .after(failures, started.elapsed())),
+            Err(e) => Err(e.after(made, started.elapsed())),
         }
     }
 
     /// One attempt: read a majority, propose the next ID, write it.
-    async fn attempt(&self, deadline: Instant) -> Result<u64> {
+    async fn attempt(&self, deadline: Instant) -> Result<u64, IdsError> {
         let (decision, servers) = self.read(deadline).await;
         let inner = &*self.inner;
         let needed = majority(inner.servers.len());
@@ -160,8 +156,7 @@ impl MajorityIds {
                 return Err(IdsError::NotCreated {
                     key,
                     servers: inner.servers.len(),
-                }
-                .into());
+                });
             }
             ReadDecision::Unavailable => {
                 self.count("unavailable");
@@ -171,8 +166,7 @@ impl MajorityIds {
                     servers,
                     attempts: 1,
                     elapsed: Duration::ZERO,
-                }
-                .into());
+                });
             }
             ReadDecision::NeedsRepair => {
                 self.count("unavailable");
@@ -180,8 +174,7 @@ impl MajorityIds {
                     key,
                     needed,
                     servers,
-                }
-                .into());
+                });
             }
         };
         let id = highest
@@ -220,8 +213,7 @@ impl MajorityIds {
                 attempts: 1,
                 elapsed: Duration::ZERO,
             }
-        }
-        .into())
+        })
     }
 
     /// Reads the servers' copies until a majority of holders settles it
@@ -307,7 +299,7 @@ impl MajorityIds {
     /// could miss the latest IDs, and the repaired servers would then vote
     /// for IDs issued already. A server that could not be written stays in
     /// need of repair ([`status`](Self::status) shows it).
-    pub async fn repair(&self) -> Result<Repaired> {
+    pub async fn repair(&self) -> Result<Repaired, IdsError> {
         let servers = self.status().await;
         let inner = &*self.inner;
         let needed = majority(inner.servers.len());
@@ -323,8 +315,7 @@ impl MajorityIds {
                 key: inner.key.clone(),
                 needed,
                 servers,
-            }
-            .into());
+            });
         };
         let lost: Vec<&Server> = inner
             .servers
@@ -355,9 +346,9 @@ impl MajorityIds {
     /// [`IdsError::NotNew`]); `next` never creates one by itself, so that a
     /// sequence whose servers all lost their data is not started again
     /// below IDs issued already.
-    pub async fn init(&self, first: u64) -> Result<()> {
+    pub async fn init(&self, first: u64) -> Result<(), IdsError> {
         if first == 0 {
-            return Err(Error::invalid("init", "the first ID must be at least 1"));
+            return Err(IdsError::FirstIsZero);
         }
         let servers = self.status().await;
         let inner = &*self.inner;
@@ -366,7 +357,7 @@ impl MajorityIds {
             servers,
         };
         if servers.iter().any(|s| s.state != ServerState::NeedsRepair) {
-            return Err(not_new(servers).into());
+            return Err(not_new(servers));
         }
         let created = join_all(
             inner
@@ -380,7 +371,7 @@ impl MajorityIds {
         }
         // Another init (or a server that failed meanwhile): what each
         // server holds now says which.
-        Err(not_new(self.status().await).into())
+        Err(not_new(self.status().await))
     }
 
     fn names(&self) -> Vec<String> {

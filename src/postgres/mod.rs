@@ -94,31 +94,6 @@ pub(crate) async fn begin(pool: &PgPool) -> sqlx::Result<Transaction<'static, Po
     }
 }
 
-/// Whether trying again later may succeed: the database cannot be reached,
-/// restarts, is out of connections, or ended this session's transaction
-/// (a timeout, a deadlock, a conflict). A missing table, a refused
-/// password or a closed pool are final.
-pub(crate) fn is_transient(e: &sqlx::Error) -> bool {
-    match e {
-        sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut | sqlx::Error::WorkerCrashed => true,
-        sqlx::Error::Database(db) => db.code().is_some_and(|code| {
-            // 08: connection exceptions; 53: out of resources (too many
-            // connections); 57P01-03: shut down or starting; 40: the
-            // transaction was rolled back (a deadlock, a serialization
-            // failure); 55P03: a lock not available in time; 57014: a
-            // statement timeout; 25P03: the idle-in-transaction timeout.
-            code.starts_with("08")
-                || code.starts_with("53")
-                || code.starts_with("40")
-                || matches!(
-                    &*code,
-                    "57P01" | "57P02" | "57P03" | "55P03" | "57014" | "25P03"
-                )
-        }),
-        _ => false,
-    }
-}
-
 /// The futures users spawn are `Send` (sqlx's executors make that easy to
 /// lose: a borrow of a connection across an `.await` in a generic call).
 #[allow(dead_code, unreachable_code, clippy::diverging_sub_expression)]
@@ -126,9 +101,14 @@ fn futures_are_send(pool: &sqlx::PgPool, conn: &mut sqlx::PgConnection) {
     fn send<T: Send>(_: T) {}
     send(migrate(pool));
     send(migrate_url(""));
-    send(Outbox::enqueue(conn, "", &(), crate::Options::new()));
+    send(Outbox::enqueue(
+        conn,
+        "",
+        &(),
+        crate::producer::Options::new(),
+    ));
     send(Relay::builder().build().unwrap().run_until(async {}));
-    let cx = crate::TaskContext::for_test("", Default::default());
+    let cx = crate::handler::TaskContext::for_test("", Default::default());
     send(Inbox::run_once(
         pool,
         &cx,

@@ -296,7 +296,7 @@ impl<C: Codec> RelayBuilder<C> {
 impl<C: Codec> Relay<C> {
     /// Runs until SIGTERM or ctrl-c.
     pub async fn run(self) -> Result<()> {
-        self.run_until(crate::consumer::shutdown_signal()).await
+        self.run_until(crate::shutdown::signal()).await
     }
 
     /// Runs until `signal` resolves. A claim underway is then dropped: its

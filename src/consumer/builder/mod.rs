@@ -22,13 +22,13 @@ use tower::{Layer, Service};
 
 use super::event::PartitionEvent;
 use super::settings::ConsumerSettings;
+use crate::assignment::Standing;
 use crate::clock::{Clock, SystemClock};
 use crate::codec::{Bincode, Codec};
 use crate::config::{IndexerSettings, ServiceName};
 use crate::connection::Given;
 use crate::error::{Error, Result};
 use crate::handler::{Handler, HandlerService, Task};
-use crate::indexer::Standing;
 use crate::periodic::Periodic;
 use crate::retry::Backoff;
 use periodic::GivenJob;

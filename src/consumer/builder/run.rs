@@ -42,7 +42,7 @@ where
     /// this client, such as a wrong password or an ACL ([`Error::Connect`](crate::Error::Connect),
     /// naming the URL without its password).
     pub async fn run(self) -> Result<()> {
-        self.start(runtime::shutdown_signal(), runtime::shutdown_signal)
+        self.start(crate::shutdown::signal(), crate::shutdown::signal)
             .await
     }
 

@@ -49,7 +49,7 @@ impl Fetcher {
     /// Claims entries other consumers left pending for `idle` or longer
     /// (a crashed or fenced instance, a failed ack) and runs them; true if
     /// it took any.
-    pub(super) async fn claim(&self, idle: Duration) -> crate::Result<bool> {
+    pub(super) async fn claim(&self, idle: Duration) -> crate::error::Result<bool> {
         let mut took_any = false;
         let store = &self.ownership.store;
         let order = self.shared.order;

@@ -26,8 +26,8 @@ use super::shared::Shared;
 use super::store::marks::{self, Mark};
 use super::worker::Worker;
 use crate::assignment::Assignment;
+use crate::assignment::Standing;
 use crate::error::Result;
-use crate::indexer::Standing;
 use crate::metrics as m;
 use crate::timing::Timing;
 use crate::transition::Partitions;
@@ -225,7 +225,7 @@ impl Handover {
                 Wake::Drained(self.drain_ids.remove(&id).expect("every drain is recorded"))
             }
             Some(read) = self.polls.join_next() => {
-                Wake::Marks(read.unwrap_or_else(|e| Err(crate::Error::Runtime(e.to_string()))))
+                Wake::Marks(read.unwrap_or_else(|e| Err(crate::error::Error::Runtime(e.to_string()))))
             }
             Some(report) = self.reports.recv() => Wake::Report(report),
             Some(_) = self.marks.join_next() => Wake::Marked,

@@ -285,7 +285,7 @@ impl IdleReader {
 
     /// A connection for the reads: on a Cluster, to the master of its
     /// partition's slot.
-    async fn connect(&self) -> crate::Result<BlockingReads> {
+    async fn connect(&self) -> crate::error::Result<BlockingReads> {
         let slot = self
             .members
             .values()

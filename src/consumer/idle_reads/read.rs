@@ -17,7 +17,7 @@ impl IdleReader {
         count: usize,
         wait: Duration,
     ) -> (
-        crate::Result<Vec<(u32, Vec<Fetched>)>>,
+        crate::error::Result<Vec<(u32, Vec<Fetched>)>>,
         Option<Vec<Request>>,
     ) {
         let client_id = reader.client_id();

@@ -8,9 +8,9 @@ use deadpool_redis::redis;
 use tracing::{error, info};
 
 use super::RoundLoop;
+use crate::assignment::FenceReason;
 use crate::clock::signed_secs;
 use crate::error::Result;
-use crate::indexer::FenceReason;
 use crate::{keys, metrics as m};
 
 impl RoundLoop {
