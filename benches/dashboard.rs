@@ -15,9 +15,9 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use deadpool_redis::redis;
+use peerq::Json;
 use peerq::admin::Admin;
-use peerq::codec::Json;
-use peerq::dashboard::{self, Options};
+use peerq::dashboard::{self, Settings};
 use peerq::producer::{Options as EnqueueOptions, Producer};
 use peerq::{Consumer, Handler, HandlerError, TaskContext};
 use serde::{Deserialize, Serialize};
@@ -62,7 +62,7 @@ async fn serve(url: &str) -> SocketAddr {
     let admin = Admin::connect(url).await.unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let app = dashboard::router(admin, Options::new());
+    let app = dashboard::router(admin, Settings::new());
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
     addr
 }

@@ -53,8 +53,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use deadpool_redis::redis::{self, aio::MultiplexedConnection};
 use meter::Cost;
+use peerq::DEFAULT_PARTITIONS;
 use peerq::handler::Task;
-use peerq::partition::DEFAULT_PARTITIONS;
 use peerq::producer::Producer;
 use peerq::{Consumer, HandlerError};
 use raw::{BATCH, READ_COUNT};
@@ -164,7 +164,7 @@ async fn main() {
     let client = server.client();
     let mut conn = raw::connect(&client, 1).await.remove(0);
     // Same payload bytes as peerq's entries, so the baselines move as much data.
-    let payload = peerq::codec::Codec::encode(&peerq::codec::Bincode, &job(0)).unwrap();
+    let payload = peerq::Codec::encode(&peerq::Bincode, &job(0)).unwrap();
 
     let serial_enqueue = raw::enqueue_serial(&mut conn, RAW, tasks, &payload).await;
     let own = raw::connect(&client, 64).await;
@@ -316,7 +316,7 @@ async fn enqueue_only(server: &RedisServer, tasks: u64) {
     let client = server.client();
     let mut conn = raw::connect(&client, 1).await.remove(0);
     let own = raw::connect(&client, 64).await;
-    let payload = peerq::codec::Codec::encode(&peerq::codec::Bincode, &job(0)).unwrap();
+    let payload = peerq::Codec::encode(&peerq::Bincode, &job(0)).unwrap();
     for _ in 0..REPEATS {
         let (raw_name, name) = (unique_name("raw-enqueue"), unique_name("bench-enqueue"));
         let per_stream = raw::enqueue_per_stream(&own, &raw_name, tasks, &payload).await;
@@ -339,7 +339,7 @@ async fn consume_only(server: &RedisServer, tasks: u64) {
     let name = unique_name("bench");
     let producer = Producer::connect(&server.url(), &name).await.unwrap();
     peerq_enqueue(&producer, tasks).await;
-    let payload = peerq::codec::Codec::encode(&peerq::codec::Bincode, &job(0)).unwrap();
+    let payload = peerq::Codec::encode(&peerq::Bincode, &job(0)).unwrap();
     let own = raw::connect(&client, 64).await;
     raw::enqueue_per_stream(&own, RAW, tasks, &payload).await;
     raw::create_group(&mut conn, RAW, "raw-only").await;
@@ -629,9 +629,9 @@ async fn pending(conn: &mut MultiplexedConnection, name: &str) -> u64 {
 /// The raw floor of [`latency`]: the same entries at the same rate, read
 /// by one blocking multi-stream read (p50 and p99, in seconds).
 async fn raw_latency(server: &RedisServer) -> (f64, f64) {
-    let encode = |seq| peerq::codec::Codec::encode(&peerq::codec::Bincode, &job(seq)).unwrap();
+    let encode = |seq| peerq::Codec::encode(&peerq::Bincode, &job(seq)).unwrap();
     let sent = |bytes: &[u8]| {
-        let job: Job = peerq::codec::Codec::decode(&peerq::codec::Bincode, bytes).unwrap();
+        let job: Job = peerq::Codec::decode(&peerq::Bincode, bytes).unwrap();
         job.sent_ns
     };
     let name = unique_name("raw-latency");

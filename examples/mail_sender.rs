@@ -75,7 +75,7 @@ enum Command {
         #[arg(long)]
         name: String,
         /// The number of partitions; service-wide.
-        #[arg(long, default_value_t = peerq::partition::DEFAULT_PARTITIONS)]
+        #[arg(long, default_value_t = peerq::DEFAULT_PARTITIONS)]
         partitions: u32,
         /// The indexer's mode; service-wide.
         #[arg(long, value_enum, default_value_t = IndexingArg::Ranked)]

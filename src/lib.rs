@@ -65,69 +65,85 @@
 //!
 //! ## Layout
 //!
+//! What a user navigates (public modules; the items most programs need are
+//! also at the crate root: [`Consumer`], [`Producer`], [`Handler`],
+//! [`TaskContext`], [`Options`], [`Error`], [`Backoff`], [`Periodic`],
+//! [`Json`], [`Tls`]):
+//!
 //! | module | owns |
 //! |---|---|
-//! | [`config`] | validated settings of the service and its indexer: name, interval, skew, lease margin, indexing mode (the consumer's own: `consumer`'s `settings`) |
-//! | [`error`] | the crate's [`Error`] and [`Result`] |
+//! | [`consumer`] | the builder (which erases the handler's types) and the running instance: the handover driver, leases, and per partition fetch → run → settle with fenced writes through one partition store (its own Layout table) |
+//! | [`producer`] | enqueues typed tasks: one, a batch, with a key, a delay or an idempotency key |
+//! | [`handler`] | the `Handler` trait, `TaskContext`, `HandlerError`, the tower adapter |
+//! | [`dead_letters`] | lists (a page at a time, oldest or newest first, by reason), finds, replays and purges the dead letters across partitions |
+//! | [`admin`] | what the `peerq` CLI and the dashboard read and do: the services on a Redis, a service's status, its delayed tasks and periodic jobs, JSON enqueues, pause and resume; summaries only, never a scan of the streams |
+//! | `dashboard` | feature `dashboard`: the web dashboard, to mount in an axum app or run with `peerq dashboard` |
+//! | `postgres` | feature `postgres`: peerq's tables (`migrations/`), the transactional `Outbox` and its `Relay`, the `Inbox` (its own Layout table) |
+//! | [`indexer`] | the peer indexer, also standalone: round schedule, rounds, its settings ([`Indexing`]) |
+//! | [`assignment`] | `(index, replicas)`, the instance's [`assignment::Standing`], the assignors (modulo, rendezvous) and the partitions an assignment owns |
+//! | [`ids`] | `MajorityIds`: unique, increasing IDs over a majority of independent Redis servers (invoice numbers), apart from the queues |
+//! | [`metrics`] | metric names and descriptions |
+//! | [`error`] | the crate's [`Error`] and [`Result`], at the bottom: it imports nothing of the crate |
+//!
+//! Inside (private; what they define that users need is re-exported at the
+//! root):
+//!
+//! | module | owns |
+//! |---|---|
+//! | `config` | settings every part shares: the service name, the partition count, durations as operators write them ([`parse_duration`]) |
 //! | `keys` | every Redis key name (`{N}:<round>`, `{N}:meta`, …), in one place |
 //! | `meta` | service-wide settings recorded in `{N}:meta`, checked at start, and the `kind` of process a name belongs to |
-//! | `logs` | the one stderr line of a consumer started without a tracing subscriber |
-//! | [`clock`] | the wall clock behind a trait, so tests can skew it |
-//! | [`instance`] | the unique id of a running instance |
-//! | [`ids`] | `MajorityIds`: unique, increasing IDs over a majority of independent Redis servers (invoice numbers), apart from the queues |
-//! | [`indexer`] | the peer indexer: round schedule, rounds, the instance's standing |
-//! | [`assignment`] | `(index, replicas)`, the assignors (modulo, rendezvous) and the partitions an assignment owns |
-//! | [`partition`] | which partition a key goes to (FNV-1a 64 modulo `P`) |
-//! | [`task`] | task ids and the stream entry format |
-//! | [`codec`] | payload encodings: bincode (default) and JSON |
-//! | [`producer`] | enqueues typed tasks: one, a batch, with a key or an idempotency key |
-//! | [`dead_letters`] | lists (a page at a time, oldest or newest first, by reason), finds, replays and purges the dead letters across partitions |
-//! | [`admin`] | what the `peerq` CLI and the dashboard read and do: the services on a Redis, a service's status (members, partitions, rates), its delayed tasks and periodic jobs, JSON enqueues, pause and resume; summaries only, never a scan of the streams |
+//! | `entry` | the stream entry format, task ids ([`TaskId`]) and what makes an entry unrunnable |
+//! | `codec` | payload encodings: [`Bincode`] (default) and [`Json`] |
+//! | `partition` | which partition a key goes to ([`partition_of`]: FNV-1a 64 modulo `P`) |
+//! | `clock` | the wall clock behind a trait ([`Clock`]), so tests can skew it |
+//! | `instance` | the unique id of a running instance ([`InstanceId`]) |
+//! | `retry` | the backoff between a failed task's attempts ([`Backoff`]), and the pauses of the internal retry loops |
+//! | `periodic` | periodic jobs ([`Periodic`], interval or cron), triggered once per due time by a claim; their schedules in `{N}:periodic` |
+//! | `pause` | pausing a service: the `{N}:paused` key the consumers' gate reads ([`Pause`]) |
 //! | `due` | the due index `{N}:due`: notices that a partition's delayed set got a task from someone other than its owner |
-//! | [`pause`] | pausing a service: the `{N}:paused` key the consumers' gate reads |
-//! | [`periodic`] | periodic jobs (interval or cron), triggered once per due time by a claim; their schedules in `{N}:periodic` |
-//! | `postgres` | feature `postgres`: peerq's tables (`migrations/`, `migrate`), the transactional `Outbox` and its `Relay` (its own Layout table) |
 //! | `presence` | what an instance tells operators each round: its `{N}:members` record and per-minute counts |
-//! | [`retry`] | the backoff between a failed task's attempts, and the pauses of the internal retry loops |
-//! | `shutdown` | the process's stop signal (SIGTERM, ctrl-c) that `run()` waits for |
-//! | [`handler`] | the `Handler` trait, `TaskContext`, the tower adapter |
-//! | [`consumer`] | the builder (which erases the handler's types) and the runtime: the handover driver, leases, and per partition fetch → run → settle with fenced writes through one partition store (its own Layout table) |
-//! | `connection` | one multiplexed connection per part, kept out of the pool |
+//! | `connection` | where Redis is (one server, a Cluster, TLS) and the connections each part keeps, out of the pool |
 //! | `timing` | epoch arithmetic: where an epoch begins, and the handover rules' deadlines, drain ends and leases |
 //! | `transition` | drain-then-switch: the per-partition state machine of docs/design.md §4, free of I/O |
-//! | [`metrics`] | metric names and descriptions |
+//! | `shutdown` | the process's stop signal (SIGTERM, ctrl-c) that `run()` waits for |
+//! | `logs` | the one stderr line of a consumer started without a tracing subscriber |
 //! | `scripts/` | Lua scripts, one per atomic step |
+//!
+//! No two modules import each other, directly or through a loop, and none
+//! imports through these re-exports: `scripts/import-cycles` checks both
+//! in CI.
 
 pub mod admin;
 pub mod assignment;
-pub mod clock;
-pub mod codec;
-pub mod config;
+mod clock;
+mod codec;
+mod config;
 mod connection;
 pub mod consumer;
 #[cfg(feature = "dashboard")]
 pub mod dashboard;
 pub mod dead_letters;
 mod due;
+mod entry;
 pub mod error;
 pub mod handler;
 pub mod ids;
 pub mod indexer;
-pub mod instance;
+mod instance;
 mod keys;
 mod logs;
 mod meta;
 pub mod metrics;
-pub mod partition;
-pub mod pause;
-pub mod periodic;
+mod partition;
+mod pause;
+mod periodic;
 #[cfg(feature = "postgres")]
 pub mod postgres;
 mod presence;
 pub mod producer;
-pub mod retry;
+mod retry;
 mod shutdown;
-pub mod task;
 mod timing;
 mod transition;
 
@@ -138,12 +154,19 @@ mod transition;
 mod test_support;
 
 pub use assignment::{Assignment, Assignor};
-pub use config::Indexing;
+pub use clock::{Clock, OffsetClock, SystemClock};
+pub use codec::{Bincode, Codec, Json};
+pub use config::parse_duration;
 pub use connection::Tls;
 pub use consumer::Consumer;
 pub use dead_letters::DeadLetters;
+pub use entry::TaskId;
 pub use error::{Error, Result};
 pub use handler::{Handler, HandlerError, TaskContext};
+pub use indexer::Indexing;
+pub use instance::InstanceId;
+pub use partition::{DEFAULT_PARTITIONS, MAX_PARTITIONS, partition_of};
+pub use pause::Pause;
 pub use periodic::{Missed, Periodic};
 pub use producer::{Options, Producer};
 pub use retry::Backoff;

@@ -17,7 +17,7 @@ pub const DEFAULT_PARTITIONS: u32 = 64;
 pub const MAX_PARTITIONS: u32 = 4096;
 
 /// FNV-1a 64 of `key`.
-pub fn fnv1a64(key: &[u8]) -> u64 {
+pub(crate) fn fnv1a64(key: &[u8]) -> u64 {
     let mut h = FnvHasher::default();
     h.write(key);
     h.finish()

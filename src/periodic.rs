@@ -21,10 +21,10 @@ use deadpool_redis::redis;
 
 use crate::config::ServiceName;
 use crate::connection::SharedConnection;
+use crate::entry::{Entry, TaskId};
 use crate::error::{Error, Result};
 use crate::keys;
 use crate::partition::partition_of;
-use crate::task::{Entry, TaskId};
 
 static TRIGGER: LazyLock<redis::Script> =
     LazyLock::new(|| redis::Script::new(include_str!("scripts/trigger.lua")));
@@ -50,7 +50,7 @@ enum When {
 ///
 /// ```
 /// use std::time::Duration;
-/// use peerq::periodic::{Missed, Periodic};
+/// use peerq::{Missed, Periodic};
 ///
 /// let digest = Periodic::every("hourly-digest", Duration::from_secs(3600));
 /// let nightly = Periodic::cron("nightly-report", "0 30 2 * * *")?  // sec min hour dom mon dow

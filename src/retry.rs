@@ -20,7 +20,7 @@ use crate::error::{Error, Result, Transient};
 ///
 /// ```
 /// use std::time::Duration;
-/// use peerq::retry::Backoff;
+/// use peerq::Backoff;
 ///
 /// let backoff = Backoff::exponential(Duration::from_secs(1), Duration::from_secs(300));
 /// let third = backoff.delay(3);

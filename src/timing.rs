@@ -10,8 +10,6 @@
 
 use std::time::Duration;
 
-use crate::config::IndexerSettings;
-
 /// Timer lateness and cancellation latency (docs/design.md §4 rule 3).
 const LATENESS: Duration = Duration::from_millis(50);
 
@@ -43,16 +41,6 @@ pub(crate) struct Timing {
 }
 
 impl Timing {
-    /// The times of a service with these indexer settings and drain timeout.
-    pub(crate) fn new(indexer: &IndexerSettings, drain_timeout: Duration) -> Timing {
-        Timing {
-            interval: indexer.interval,
-            skew: indexer.skew,
-            lease_margin: indexer.lease_margin,
-            drain_timeout,
-        }
-    }
-
     /// Where epoch `e`'s interval begins: `(E - 1) * I`.
     fn epoch_start(&self, e: u64) -> Duration {
         epoch_start(self.interval, e)

@@ -207,7 +207,7 @@ fn cli(url: &str, args: &[&str]) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_outbox_relay_works_as_a_least_privilege_user() {
     use deadpool_redis::redis;
-    use peerq::codec::Json;
+    use peerq::Json;
     use peerq::postgres::{Outbox, Relay};
     use support::PostgresServer;
 

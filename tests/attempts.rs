@@ -49,7 +49,7 @@ type Reply = Pin<Box<dyn Future<Output = Result<(), HandlerError>> + Send>>;
 type Behaviour = Arc<dyn Fn(u64, TaskContext) -> Reply + Send + Sync>;
 
 type JobService = tower::util::BoxCloneSyncService<Task<Job>, (), HandlerError>;
-type Builder = peerq::consumer::ConsumerBuilder<Job, JobService, peerq::codec::Bincode>;
+type Builder = peerq::consumer::ConsumerBuilder<Job, JobService, peerq::Bincode>;
 
 struct Instance {
     stop: CancellationToken,
@@ -220,7 +220,7 @@ fn keys_in_partitions(n: usize) -> Vec<(String, u32)> {
     let mut found: Vec<(String, u32)> = Vec::new();
     for i in 0.. {
         let key = format!("k{i}");
-        let p = peerq::partition::partition_of(key.as_bytes(), P);
+        let p = peerq::partition_of(key.as_bytes(), P);
         if found.iter().all(|(_, q)| *q != p) {
             found.push((key, p));
         }
@@ -270,7 +270,7 @@ async fn interrupted_twice_then_failing(ordered: bool) {
     let c = start("c");
     hand_over(&server, &name, b).await;
     let dead = the_dead_letter(&server.url(), &name).await;
-    let p = peerq::partition::partition_of(b"k", P);
+    let p = peerq::partition_of(b"k", P);
     let failures_key = format!("{{{name}/{p}}}:failures");
     // Ordered: the failure count is forgotten once the entry left (at the
     // partition's next trim); concurrent: it was never written.
@@ -420,7 +420,7 @@ async fn an_ordered_entry_released_during_its_backoff_runs_next_with_the_next_at
     });
     let producer = producer(&server.url(), &name).await;
     enqueue(&producer, 1, "k").await;
-    let p = peerq::partition::partition_of(b"k", P);
+    let p = peerq::partition_of(b"k", P);
     let failures_key = format!("{{{name}/{p}}}:failures");
     eventually(Duration::from_secs(15), "two failures on a", || async {
         let recorded: Vec<u32> = query(&server, redis::cmd("HVALS").arg(&failures_key)).await;
@@ -446,10 +446,10 @@ async fn an_ordered_entry_released_during_its_backoff_runs_next_with_the_next_at
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_failure_count_survives_a_take_over_and_an_interrupted_run() {
-    use peerq::codec::{Bincode, Codec};
+    use peerq::{Bincode, Codec};
     let server = RedisServer::start();
     let name = unique_name("failures-kept");
-    let p = peerq::partition::partition_of(b"k", P);
+    let p = peerq::partition_of(b"k", P);
     let stream = format!("{{{name}/{p}}}:stream");
     let () = query(
         &server,

@@ -23,10 +23,10 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use deadpool_redis::redis::{self, AsyncCommands};
 use peerq::assignment::Standing;
-use peerq::codec::{Bincode, Codec};
 use peerq::consumer::{ConsumerBuilder, PartitionChange, PartitionEvent};
 use peerq::handler::HandlerService;
 use peerq::producer::Producer;
+use peerq::{Bincode, Codec};
 use peerq::{Consumer, Handler, HandlerError, TaskContext};
 use serde::{Deserialize, Serialize};
 use support::{Proxy, RedisServer, unique_name, wait_until};

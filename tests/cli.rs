@@ -24,8 +24,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use deadpool_redis::redis;
-use peerq::codec::Json;
-use peerq::periodic::Periodic;
+use peerq::Json;
+use peerq::Periodic;
 use peerq::producer::Producer;
 use peerq::{Consumer, Handler, HandlerError, TaskContext};
 use serde::{Deserialize, Serialize};

@@ -98,7 +98,7 @@ impl Recorder {
 }
 
 /// The builder of an instance, before its handler.
-type Builder = peerq::consumer::ConsumerBuilder<(), (), peerq::codec::Bincode>;
+type Builder = peerq::consumer::ConsumerBuilder<(), (), peerq::Bincode>;
 
 /// A consumer instance on the cluster, running until shut down.
 struct Instance {

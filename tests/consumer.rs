@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use deadpool_redis::redis::AsyncCommands;
-use peerq::codec::Bincode;
+use peerq::Bincode;
 use peerq::consumer::ConsumerBuilder;
 use peerq::handler::Task;
 use peerq::producer::Producer;
@@ -315,7 +315,7 @@ fn assert_advises(err: &str, parts: &[&str]) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_producer_takes_the_services_partitions_and_is_told_how_to_match_its_codec() {
-    use peerq::codec::Json;
+    use peerq::Json;
     let server = RedisServer::start();
     let url = server.url();
     // A service of 16 partitions, recorded by its first consumer.
@@ -360,7 +360,7 @@ async fn a_producer_takes_the_services_partitions_and_is_told_how_to_match_its_c
         &err.to_string(),
         &[
             "`codec` is bincode here but json for the service",
-            "`Producer::builder().codec(peerq::codec::Json)",
+            "`Producer::builder().codec(peerq::Json)",
         ],
     );
     let producer = Producer::builder()
@@ -774,8 +774,8 @@ async fn an_evicting_redis_is_refused_unless_allowed() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_json_entry_written_by_another_language_is_handled() {
-    use peerq::codec::Json;
-    use peerq::partition::partition_of;
+    use peerq::Json;
+    use peerq::partition_of;
     let server = RedisServer::start();
     let name = unique_name("json");
     // A peerq producer with JSON, and an entry written by hand as the README
@@ -961,7 +961,7 @@ async fn a_task_running_past_the_drain_timeout_is_interrupted_and_runs_again() {
     for i in 0.. {
         let key = format!("k{i}");
         keys_by_partition
-            .entry(peerq::partition::partition_of(key.as_bytes(), 64))
+            .entry(peerq::partition_of(key.as_bytes(), 64))
             .or_insert(key);
         if keys_by_partition.len() == 64 {
             break;

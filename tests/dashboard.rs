@@ -20,9 +20,9 @@ use deadpool_redis::redis;
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
+use peerq::Json;
 use peerq::admin::Admin;
-use peerq::codec::Json;
-use peerq::dashboard::{self, Access, Options};
+use peerq::dashboard::{self, Access, Settings};
 use peerq::dead_letters::Query;
 use peerq::producer::Producer;
 use peerq::{Consumer, Handler, HandlerError, TaskContext};
@@ -157,11 +157,11 @@ async fn serve(app: Router) -> SocketAddr {
     addr
 }
 
-/// The dashboard of `world`'s Redis with `options`, nested under `prefix`
+/// The dashboard of `world`'s Redis with `settings`, nested under `prefix`
 /// (`""`: the whole site).
-async fn dashboard(world: &World, prefix: &str, options: Options) -> SocketAddr {
+async fn dashboard(world: &World, prefix: &str, settings: Settings) -> SocketAddr {
     let admin = Admin::connect(&world.server.url()).await.unwrap();
-    let router = dashboard::router(admin, options);
+    let router = dashboard::router(admin, settings);
     let app = if prefix.is_empty() {
         router
     } else {
@@ -233,7 +233,7 @@ fn token(page: &str) -> String {
 async fn mounted_under_a_prefix_its_links_and_assets_follow_it() {
     let world = World::start("dash-prefix").await;
     world.dead_orders(0..2).await;
-    let addr = dashboard(&world, "/admin/queues", Options::new()).await;
+    let addr = dashboard(&world, "/admin/queues", Settings::new()).await;
 
     let overview = get(addr, "/admin/queues").await;
     assert_eq!(overview.status, 200, "{}", overview.body);
@@ -284,7 +284,7 @@ async fn mounted_under_a_prefix_its_links_and_assets_follow_it() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_action_needs_the_csrf_token() {
     let world = World::start("dash-csrf").await;
-    let addr = dashboard(&world, "", Options::new()).await;
+    let addr = dashboard(&world, "", Settings::new()).await;
     let path = format!("/services/{}/pause", world.name);
     let missing = post(addr, &path, "").await;
     assert_eq!(missing.status, 403, "{}", missing.body);
@@ -310,13 +310,13 @@ async fn an_action_needs_the_csrf_token() {
 async fn read_only_shows_no_action_and_refuses_every_one() {
     let world = World::start("dash-ro").await;
     world.dead_orders(0..1).await;
-    let writable = dashboard(&world, "", Options::new()).await;
+    let writable = dashboard(&world, "", Settings::new()).await;
     let token = token(
         &get(writable, &format!("/services/{}", world.name))
             .await
             .body,
     );
-    let addr = dashboard(&world, "", Options::new().read_only(true)).await;
+    let addr = dashboard(&world, "", Settings::new().read_only(true)).await;
     for page in ["", "/dead", "/delayed", "/periodic"] {
         let reply = get(addr, &format!("/services/{}{page}", world.name)).await;
         assert_eq!(reply.status, 200);
@@ -347,7 +347,7 @@ async fn credentials_are_asked_for_when_set() {
         user: "ops".into(),
         password: "s3cret".into(),
     };
-    let addr = dashboard(&world, "", Options::new().access(access)).await;
+    let addr = dashboard(&world, "", Settings::new().access(access)).await;
     let without = get(addr, "/").await;
     assert_eq!(without.status, 401);
     // base64("ops:s3cret")
@@ -379,7 +379,7 @@ async fn credentials_are_asked_for_when_set() {
 async fn a_search_finds_a_letter_by_payload_text_and_says_how_far_it_read() {
     let world = World::start("dash-search").await;
     world.dead_orders(0..30).await;
-    let addr = dashboard(&world, "", Options::new()).await;
+    let addr = dashboard(&world, "", Settings::new()).await;
     let page = get(addr, &format!("/services/{}/dead?q=ORDER-17", world.name)).await;
     assert_eq!(page.status, 200);
     assert_eq!(
@@ -600,7 +600,7 @@ async fn a_bulk_replay_takes_the_letters_dead_when_it_began_whatever_their_clock
         .await;
 
         let admin = Admin::connect(&proxy.url()).await.unwrap();
-        let addr = serve(dashboard::router(admin, Options::new())).await;
+        let addr = serve(dashboard::router(admin, Settings::new())).await;
         let page = get(addr, &format!("/services/{name}/dead")).await;
         assert_eq!(page.status, 200, "{}", page.body);
         let form = format!("csrf={}&action=replay&{shape}", token(&page.body));

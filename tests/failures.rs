@@ -12,14 +12,14 @@ use std::time::{Duration, Instant};
 
 use deadpool_redis::redis::AsyncCommands;
 use deadpool_redis::redis::streams::{StreamPendingReply, StreamRangeReply};
+use peerq::Backoff;
 use peerq::Consumer;
 use peerq::HandlerError;
-use peerq::codec::{Bincode, Codec};
 use peerq::consumer::ConsumerBuilder;
 use peerq::dead_letters::DeadLetters;
 use peerq::handler::Task;
 use peerq::producer::{Options, Producer};
-use peerq::retry::Backoff;
+use peerq::{Bincode, Codec};
 use serde::{Deserialize, Serialize};
 use support::{RedisServer, unique_name, wait_until};
 use tokio::task::JoinHandle;

@@ -60,10 +60,7 @@ fn service(
     })
 }
 
-fn builder(
-    url: &str,
-    name: &str,
-) -> peerq::consumer::ConsumerBuilder<(), (), peerq::codec::Bincode> {
+fn builder(url: &str, name: &str) -> peerq::consumer::ConsumerBuilder<(), (), peerq::Bincode> {
     support::init_tracing();
     Consumer::builder()
         .name(name)
@@ -490,9 +487,9 @@ impl Stall {
 #[derive(Debug)]
 struct StallClock(Arc<Stall>);
 
-impl peerq::clock::Clock for StallClock {
+impl peerq::Clock for StallClock {
     fn now(&self) -> Duration {
-        let now = peerq::clock::SystemClock.now();
+        let now = peerq::SystemClock.now();
         let stall = &self.0;
         let on_loop = stall.loop_thread.get() == Some(&std::thread::current().id());
         let slow = stall

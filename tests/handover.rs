@@ -14,8 +14,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use deadpool_redis::redis::{self, AsyncCommands};
+use peerq::Bincode;
 use peerq::assignment::Standing;
-use peerq::codec::Bincode;
 use peerq::consumer::{ConsumerBuilder, PartitionChange, PartitionEvent};
 use peerq::handler::Task;
 use peerq::producer::{Options, Producer};
@@ -59,7 +59,7 @@ fn keys_by_partition(partitions: u32) -> BTreeMap<u32, String> {
     let mut keys = BTreeMap::new();
     for i in 0.. {
         let key = format!("k{i}");
-        keys.entry(peerq::partition::partition_of(key.as_bytes(), partitions))
+        keys.entry(peerq::partition_of(key.as_bytes(), partitions))
             .or_insert(key);
         if keys.len() == partitions as usize {
             return keys;

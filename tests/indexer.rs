@@ -13,9 +13,9 @@ use std::time::{Duration, Instant};
 use deadpool_redis::Pool;
 use deadpool_redis::redis::AsyncCommands;
 use peerq::assignment::{FenceReason, Standing};
-use peerq::clock::{Clock, OffsetClock, SystemClock};
 use peerq::indexer::{Indexer, IndexerHandle};
 use peerq::{Assignment, Assignor, Error, Indexing};
+use peerq::{Clock, OffsetClock, SystemClock};
 use support::{Proxy, RedisServer, unique_name};
 
 const MS: Duration = Duration::from_millis(1);

@@ -19,8 +19,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use deadpool_redis::redis::{self, AsyncCommands};
-use peerq::codec::{Bincode, Codec};
 use peerq::producer::Producer;
+use peerq::{Bincode, Codec};
 use serde::{Deserialize, Serialize};
 use support::{Proc, RedisServer, unique_name};
 

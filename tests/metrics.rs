@@ -7,9 +7,9 @@ mod support;
 use std::sync::Arc;
 use std::time::Duration;
 
+use peerq::Backoff;
 use peerq::handler::Task;
 use peerq::producer::Producer;
-use peerq::retry::Backoff;
 use peerq::{Consumer, HandlerError};
 use serde::{Deserialize, Serialize};
 use support::{RedisServer, recorder, unique_name, wait_until};

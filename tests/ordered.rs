@@ -59,9 +59,8 @@ fn ordered(
     runs: &Runs,
     behaviour: Behaviour,
     tune: impl FnOnce(
-        peerq::consumer::ConsumerBuilder<Job, BoxedJobService, peerq::codec::Bincode>,
-    )
-        -> peerq::consumer::ConsumerBuilder<Job, BoxedJobService, peerq::codec::Bincode>,
+        peerq::consumer::ConsumerBuilder<Job, BoxedJobService, peerq::Bincode>,
+    ) -> peerq::consumer::ConsumerBuilder<Job, BoxedJobService, peerq::Bincode>,
 ) -> Instance {
     support::init_tracing();
     let runs = runs.clone();
@@ -234,7 +233,7 @@ async fn an_ordered_task_whose_ack_redis_refused_runs_again_with_a_higher_attemp
     })
     .await;
     grant(&server, "xack").await;
-    let p = peerq::partition::partition_of(b"k", P);
+    let p = peerq::partition_of(b"k", P);
     for _ in 0..300 {
         if pending(&server, &name, p).await == 0 {
             break;
@@ -256,7 +255,7 @@ async fn an_ordered_partition_reads_nothing_new_before_its_first_claim_went_thro
     let server = RedisServer::start();
     let name = unique_name("ordered-claim");
     let producer = producer(&server.url(), &name).await;
-    let p = peerq::partition::partition_of(b"k", P);
+    let p = peerq::partition_of(b"k", P);
     let stream = format!("{{{name}/{p}}}:stream");
     let mut conn = server.pool().get().await.unwrap();
     let () = redis::cmd("XGROUP")

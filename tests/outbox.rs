@@ -24,7 +24,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
-use peerq::codec::Json;
+use peerq::Json;
 use peerq::consumer::ConsumerBuilder;
 use peerq::dead_letters::DeadLetters;
 use peerq::handler::HandlerService;
@@ -162,8 +162,8 @@ impl World {
     fn relay(
         &self,
         tune: impl FnOnce(
-            peerq::postgres::RelayBuilder<peerq::codec::Bincode>,
-        ) -> peerq::postgres::RelayBuilder<peerq::codec::Bincode>,
+            peerq::postgres::RelayBuilder<peerq::Bincode>,
+        ) -> peerq::postgres::RelayBuilder<peerq::Bincode>,
     ) -> Instance {
         let relay = tune(
             Relay::builder()
@@ -179,7 +179,7 @@ impl World {
     }
 }
 
-type Builder = ConsumerBuilder<Mail, HandlerService<Record>, peerq::codec::Bincode>;
+type Builder = ConsumerBuilder<Mail, HandlerService<Record>, peerq::Bincode>;
 
 /// A running consumer or relay.
 struct Instance {

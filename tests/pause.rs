@@ -69,9 +69,7 @@ fn logging(label: &'static str, runs: &Runs, fail_seq: Option<u64>) -> JobServic
     }))
 }
 
-fn start(
-    builder: peerq::consumer::ConsumerBuilder<Job, JobService, peerq::codec::Bincode>,
-) -> Instance {
+fn start(builder: peerq::consumer::ConsumerBuilder<Job, JobService, peerq::Bincode>) -> Instance {
     let stop = CancellationToken::new();
     let task = tokio::spawn(builder.run_until(stop.clone().cancelled_owned()));
     Instance { stop, task }

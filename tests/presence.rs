@@ -13,9 +13,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use deadpool_redis::redis::{self, AsyncCommands};
 use peerq::handler::Task;
-use peerq::periodic::{Missed, Periodic};
 use peerq::producer::Producer;
 use peerq::{Consumer, HandlerError};
+use peerq::{Missed, Periodic};
 use serde::{Deserialize, Serialize};
 use support::{Proxy, RedisServer, unique_name};
 use tokio_util::sync::CancellationToken;

@@ -10,9 +10,9 @@ use std::collections::HashMap;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use deadpool_redis::redis::{self, AsyncCommands};
-use peerq::codec::{Bincode, Codec};
-use peerq::partition::{DEFAULT_PARTITIONS, partition_of};
 use peerq::producer::Producer;
+use peerq::{Bincode, Codec};
+use peerq::{DEFAULT_PARTITIONS, partition_of};
 use serde::{Deserialize, Serialize};
 use support::{RedisServer, unique_name};
 

@@ -10,8 +10,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use deadpool_redis::redis;
+use peerq::Periodic;
 use peerq::handler::Task;
-use peerq::periodic::Periodic;
 use peerq::producer::{Options, Producer};
 use peerq::{Consumer, HandlerError};
 use serde::{Deserialize, Serialize};
@@ -295,7 +295,7 @@ async fn ordered_partitions_keep_same_key_order_through_a_retry_and_a_handover()
             .redis(server.url())
             .partitions(P)
             .ordered(true)
-            .backoff(peerq::retry::Backoff::exponential(300 * MS, 1000 * MS))
+            .backoff(peerq::Backoff::exponential(300 * MS, 1000 * MS))
             .service(service);
         let stop = CancellationToken::new();
         (
@@ -376,7 +376,7 @@ async fn ordered_partitions_keep_same_key_order_through_a_retry_and_a_handover()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn due_times_missed_while_no_instance_ran_are_skipped_or_run_once() {
-    use peerq::periodic::Missed;
+    use peerq::Missed;
     let server = RedisServer::start();
     let name = unique_name("missed");
     let ticks: Ticks = Arc::default();
@@ -476,7 +476,7 @@ async fn an_ordered_task_left_by_a_crashed_owner_runs_first_with_a_higher_attemp
     let server = RedisServer::start();
     let name = unique_name("ordered-crash");
     let producer = producer(&server.url(), &name).await;
-    let p = peerq::partition::partition_of(b"k", P);
+    let p = peerq::partition_of(b"k", P);
     let stream = format!("{{{name}/{p}}}:stream");
     let mut conn = server.pool().get().await.unwrap();
     let () = redis::cmd("XGROUP")
@@ -558,7 +558,7 @@ async fn a_periodic_task_given_before_the_codec_runs_with_that_codec() {
             Periodic::every("json-tick", Duration::from_millis(200)),
             &Job { seq: 7 },
         )
-        .codec(peerq::codec::Json)
+        .codec(peerq::Json)
         .service(recording(&Runs::default(), &ticks));
     let stop = CancellationToken::new();
     let consumer = tokio::spawn(builder.run_until(stop.clone().cancelled_owned()));

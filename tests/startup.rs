@@ -305,12 +305,12 @@ async fn a_periodic_task_its_codec_cannot_encode_is_an_invalid_setting() {
     let errors = [
         builder()
             .periodic(job(), &task)
-            .codec(peerq::codec::Json)
+            .codec(peerq::Json)
             .handler(handler.clone())
             .run_until(async {})
             .await,
         builder()
-            .codec(peerq::codec::Json)
+            .codec(peerq::Json)
             .periodic(job(), &task)
             .handler(handler.clone())
             .run_until(async {})

@@ -28,7 +28,7 @@ enum At<'a> {
 }
 
 impl At<'_> {
-    fn producer(&self, name: &str) -> peerq::producer::ProducerBuilder<peerq::codec::Bincode> {
+    fn producer(&self, name: &str) -> peerq::producer::ProducerBuilder<peerq::Bincode> {
         let builder = Producer::builder().name(name);
         match self {
             At::Node(server) => builder.redis(server.url()),
@@ -36,10 +36,7 @@ impl At<'_> {
         }
     }
 
-    fn consumer(
-        &self,
-        name: &str,
-    ) -> peerq::consumer::ConsumerBuilder<(), (), peerq::codec::Bincode> {
+    fn consumer(&self, name: &str) -> peerq::consumer::ConsumerBuilder<(), (), peerq::Bincode> {
         let builder = Consumer::builder().name(name);
         match self {
             At::Node(server) => builder.redis(server.url()),

@@ -20,10 +20,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use peerq::Consumer;
+use peerq::DEFAULT_PARTITIONS;
 use peerq::HandlerError;
 use peerq::admin::{Admin, Service};
 use peerq::handler::Task;
-use peerq::partition::DEFAULT_PARTITIONS;
 use peerq::producer::Producer;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use deadpool_redis::redis::streams::StreamReadReply;
 use deadpool_redis::redis::{self, aio::MultiplexedConnection};
-use peerq::partition::DEFAULT_PARTITIONS;
+use peerq::DEFAULT_PARTITIONS;
 
 /// Entries per `XADD` pipeline.
 pub(crate) const BATCH: usize = 1000;

@@ -7,9 +7,9 @@ use serde::Serialize;
 
 use super::Service;
 use super::partitions::parse;
+use crate::entry::field;
 use crate::error::Result;
 use crate::keys;
-use crate::task::field;
 
 /// A page of delayed tasks. Its JSON: `total` and `tasks`.
 #[derive(Debug, Clone, Serialize)]

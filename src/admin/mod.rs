@@ -54,11 +54,11 @@ use crate::codec::Json;
 use crate::config::ServiceName;
 use crate::connection::{self, SharedConnection};
 use crate::dead_letters::DeadLetters;
+use crate::entry::TaskId;
 use crate::error::{Error, Result};
 use crate::keys;
 use crate::pause::{self, Pause};
 use crate::producer::{Options, Producer};
-use crate::task::TaskId;
 
 /// How long [`Admin::connect`] waits for Redis to answer: an operator's
 /// tool says what is wrong rather than hang on an unreachable host.
@@ -230,7 +230,7 @@ impl Settings {
         self.interval
             .as_deref()
             .and_then(crate::config::parse_duration)
-            .unwrap_or(crate::config::DEFAULT_INTERVAL)
+            .unwrap_or(crate::indexer::DEFAULT_INTERVAL)
     }
 }
 

@@ -5,8 +5,9 @@
 
 use std::time::Duration;
 
-use crate::config::{self, IndexerSettings, fmt_duration};
+use crate::config::{self, fmt_duration};
 use crate::error::{Error, Result};
+use crate::indexer::IndexerSettings;
 use crate::partition::DEFAULT_PARTITIONS;
 use crate::periodic::Registered;
 use crate::retry::Backoff;
@@ -123,7 +124,7 @@ impl ConsumerSettings {
             ));
         }
         self.backoff.validate()?;
-        crate::task::validate_max_entry_bytes(self.max_entry_bytes)?;
+        crate::entry::validate_max_entry_bytes(self.max_entry_bytes)?;
         for registered in &self.periodic {
             registered.job.validate()?;
         }

@@ -15,8 +15,8 @@ use super::ownership::Ownership;
 use super::shared::Shared;
 use super::store::{Fields, Moved, To};
 use crate::dead_letters;
+use crate::entry::Entry;
 use crate::handler::Disposition;
-use crate::task::Entry;
 
 /// Settles the entries of one partition, as one worker owns it. Each
 /// write says whether the entry is no longer pending (acked, or moved:

@@ -10,6 +10,7 @@ use tokio::sync::mpsc;
 
 use super::acker::Ack;
 use super::due_watch::DueWatch;
+use super::erased::Runner;
 use super::gate::Gate;
 use super::idle_reads::IdleReads;
 use super::lanes::Lanes;
@@ -17,7 +18,6 @@ use super::meters::{QueueGauges, TaskMetrics};
 use super::ownership::Report;
 use super::policy::Order;
 use super::room::Room;
-use super::runner::Runner;
 use super::settings::ConsumerSettings;
 use crate::config::ServiceName;
 use crate::connection::SharedConnection;

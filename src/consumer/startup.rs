@@ -18,9 +18,10 @@ use tracing::warn;
 
 use super::store;
 use crate::clock::Clock;
-use crate::config::{IndexerSettings, ServiceName};
+use crate::config::ServiceName;
 use crate::connection::{self, SharedConnection};
 use crate::error::{Error, Result};
+use crate::indexer::IndexerSettings;
 use crate::indexer::Liveness;
 use crate::indexer::{Indexer, IndexerHandle};
 use crate::instance::InstanceId;

@@ -10,11 +10,11 @@
 //! ```no_run
 //! # async fn demo() -> peerq::Result<()> {
 //! use peerq::admin::Admin;
-//! use peerq::dashboard::{self, Access, Options};
+//! use peerq::dashboard::{self, Access, Settings};
 //!
 //! let admin = Admin::connect("redis://127.0.0.1/").await?;
-//! let options = Options::new().access(Access::from_env()?);
-//! let app = axum::Router::new().nest("/admin/queues", dashboard::router(admin, options));
+//! let settings = Settings::new().access(Access::from_env()?);
+//! let app = axum::Router::new().nest("/admin/queues", dashboard::router(admin, settings));
 //! # let _ = app;
 //! # Ok(()) }
 //! ```
@@ -56,16 +56,16 @@ use crate::error::Error;
 /// How the dashboard runs.
 #[derive(Debug, Clone, Default)]
 #[must_use]
-pub struct Options {
+pub struct Settings {
     read_only: bool,
     access: Access,
     hosts: Vec<String>,
 }
 
-impl Options {
+impl Settings {
     /// Actions on, open to whoever reaches it.
     pub fn new() -> Self {
-        Options::default()
+        Settings::default()
     }
 
     /// Read-only: no action is shown, and every action is refused (403).
@@ -95,10 +95,10 @@ impl Options {
 /// The dashboard of the services on `admin`'s Redis, to serve alone or to
 /// nest under a path of your app (its links follow the path it is nested
 /// under).
-pub fn router(admin: Admin, options: Options) -> Router {
+pub fn router(admin: Admin, settings: Settings) -> Router {
     let dash = Arc::new(Dash {
         admin,
-        read_only: options.read_only,
+        read_only: settings.read_only,
         csrf: Csrf::new(),
         overview: Cache::new(FRESH),
         statuses: Cache::new(FRESH),
@@ -121,8 +121,8 @@ pub fn router(admin: Admin, options: Options) -> Router {
         .route("/assets/dashboard.js", get(script))
         .layer(middleware::from_fn_with_state(
             guard::Door {
-                access: options.access,
-                hosts: options.hosts,
+                access: settings.access,
+                hosts: settings.hosts,
             },
             guard::require,
         ))

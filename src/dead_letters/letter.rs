@@ -7,7 +7,7 @@ use deadpool_redis::redis::{self, streams::StreamId};
 use serde::{Serialize, Serializer};
 
 use super::Cursor;
-use crate::task::{TaskId, field};
+use crate::entry::{TaskId, field};
 
 /// The fields the consumer adds to a task when it dead-letters it.
 pub(crate) mod added {
@@ -32,7 +32,7 @@ pub(crate) fn letter(
     if let Some(id) = stream_id {
         fields.push((added::STREAM_ID.into(), id.into()));
     }
-    let dead_at = crate::task::now_ms().to_string().into_bytes();
+    let dead_at = crate::entry::now_ms().to_string().into_bytes();
     fields.push((added::DEAD_AT.into(), dead_at));
     fields
 }

@@ -11,7 +11,7 @@ use std::time::{Duration, SystemTime};
 use tokio_util::sync::{CancellationToken, WaitForCancellationFuture};
 
 use crate::assignment::{Assignment, Place};
-use crate::task::TaskId;
+use crate::entry::TaskId;
 
 /// What a handler knows about the task it runs and the instance running it.
 #[derive(Debug, Clone)]
@@ -26,7 +26,7 @@ pub struct TaskContext {
     /// The task's cancellation and whether the instance still holds the
     /// partition: one per partition, shared by its tasks (a clone per task
     /// is one reference count, not a token of its own).
-    pub(crate) standing: Arc<dyn Standing>,
+    pub(crate) tenure: Arc<dyn Tenure>,
     /// Set by [`TaskContext::finished`].
     pub(crate) finished: Arc<AtomicBool>,
 }
@@ -34,7 +34,7 @@ pub struct TaskContext {
 /// What [`TaskContext::still_owned`] asks: the task's cancellation, the
 /// instance's lease and whether Redis refused a write of the partition.
 /// Answered from memory, never from Redis.
-pub(crate) trait Standing: fmt::Debug + Send + Sync {
+pub(crate) trait Tenure: fmt::Debug + Send + Sync {
     /// Fires when the task's run is being interrupted.
     fn cancel(&self) -> &CancellationToken;
     /// The lease holds now and the partition was not fenced.
@@ -53,7 +53,7 @@ struct Alone {
     service: String,
 }
 
-impl Standing for Alone {
+impl Tenure for Alone {
     fn cancel(&self) -> &CancellationToken {
         &self.cancel
     }
@@ -67,7 +67,7 @@ impl Standing for Alone {
     }
 
     fn interval(&self) -> Duration {
-        crate::config::DEFAULT_INTERVAL
+        crate::indexer::DEFAULT_INTERVAL
     }
 }
 
@@ -89,7 +89,7 @@ impl TaskContext {
             enqueued_at: SystemTime::now(),
             place: Assignment::modulo(1, 1, 1).place(),
             fencing_token: 1,
-            standing: Arc::new(Alone {
+            tenure: Arc::new(Alone {
                 cancel,
                 service: "test".to_owned(),
             }),
@@ -100,8 +100,8 @@ impl TaskContext {
     /// For tests: this context in service `service` (a context made by
     /// [`for_test`](Self::for_test) is in service `"test"`).
     pub fn with_service(mut self, service: &str) -> Self {
-        self.standing = Arc::new(Alone {
-            cancel: self.standing.cancel().clone(),
+        self.tenure = Arc::new(Alone {
+            cancel: self.tenure.cancel().clone(),
             service: service.to_owned(),
         });
         self
@@ -216,13 +216,13 @@ impl TaskContext {
     /// The name of the service the task belongs to (`"test"` in a context
     /// made by [`for_test`](Self::for_test)).
     pub fn service(&self) -> &str {
-        self.standing.service()
+        self.tenure.service()
     }
 
     /// The indexer's round interval: a lease lasts about one and a half.
     #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) fn interval(&self) -> Duration {
-        self.standing.interval()
+        self.tenure.interval()
     }
 
     /// Whether the handler's stop signal has fired: the run is being
@@ -233,13 +233,13 @@ impl TaskContext {
     ///
     /// [`finished`]: TaskContext::finished
     pub fn is_cancelled(&self) -> bool {
-        self.standing.cancel().is_cancelled()
+        self.tenure.cancel().is_cancelled()
     }
 
     /// Resolves when the handler's stop signal fires: the run is being
     /// interrupted (see [`is_cancelled`](Self::is_cancelled)).
     pub fn cancelled(&self) -> WaitForCancellationFuture<'_> {
-        self.standing.cancel().cancelled()
+        self.tenure.cancel().cancelled()
     }
 
     /// Whether this instance may still act on the task: its lease holds,
@@ -273,7 +273,7 @@ impl TaskContext {
     /// # deliver("a@example.com", &cx).unwrap();
     /// ```
     pub fn still_owned(&self) -> bool {
-        !self.is_cancelled() && self.standing.holds()
+        !self.is_cancelled() && self.tenure.holds()
     }
 
     /// Says that the task's effect is done, so the run counts as a success

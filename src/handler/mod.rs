@@ -16,8 +16,8 @@ use serde::de::DeserializeOwned;
 
 mod context;
 
-pub(crate) use context::Standing;
 pub use context::TaskContext;
+pub(crate) use context::Tenure;
 
 /// The error type tower services and layers use.
 pub type BoxError = Box<dyn StdError + Send + Sync + 'static>;

@@ -11,9 +11,10 @@ use super::schedule::Schedule;
 use super::{Indexer, Liveness};
 use crate::assignment::Assignor;
 use crate::clock::{Clock, SystemClock};
-use crate::config::{IndexerSettings, Indexing, ServiceName};
+use crate::config::ServiceName;
 use crate::connection::{Backend, Given, Tls};
 use crate::error::Result;
+use crate::indexer::{IndexerSettings, Indexing};
 use crate::instance::InstanceId;
 use crate::presence::Presence;
 

@@ -6,9 +6,9 @@
 //! `{N}:<n + 1>`. In the next round the instance reads what the service wrote
 //! in that key and learns its assignment for epoch `n + 2`:
 //!
-//! - [`Indexing::Ranked`](crate::config::Indexing::Ranked) (default): `ZADD` of the instance's offset; index =
+//! - [`Indexing::Ranked`] (default): `ZADD` of the instance's offset; index =
 //!   rank of the offset + 1, replicas = the set's size.
-//! - [`Indexing::Incr`](crate::config::Indexing::Incr) (the seed): `INCR`; index = the value it returned,
+//! - [`Indexing::Incr`] (the seed): `INCR`; index = the value it returned,
 //!   replicas = the counter's final value.
 //!
 //! The indexer owns the rounds and the instance's standing; it does not know
@@ -21,6 +21,7 @@ mod listed;
 mod liveness;
 mod round;
 mod schedule;
+mod settings;
 mod thread;
 
 use std::fmt;
@@ -32,7 +33,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::assignment::Standing;
 use crate::clock::Clock;
-use crate::config::{IndexerSettings, ServiceName};
+use crate::config::ServiceName;
 use crate::connection::Backend;
 use crate::error::Result;
 use crate::instance::InstanceId;
@@ -43,6 +44,8 @@ pub use self::builder::IndexerBuilder;
 pub(crate) use self::liveness::Liveness;
 use self::round::RoundLoop;
 use self::schedule::Schedule;
+pub use self::settings::Indexing;
+pub(crate) use self::settings::{DEFAULT_INTERVAL, IndexerSettings};
 use self::thread::RoundThread;
 
 /// A validated, not yet running peer indexer. [`start`](Indexer::start) it.

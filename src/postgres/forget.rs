@@ -19,9 +19,9 @@ use tokio::task::JoinHandle;
 use tracing::warn;
 
 use crate::codec::Codec;
+use crate::entry::TaskId;
 use crate::error::Result;
 use crate::producer::Producer;
-use crate::task::TaskId;
 
 /// Markers [`sweep`] handles per round trip.
 const SWEEP_BATCH: i64 = 1000;

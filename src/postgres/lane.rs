@@ -27,9 +27,9 @@ use tracing::{debug, error, warn};
 
 use super::verdict::{Row, Verdict, verdict};
 use crate::codec::Codec;
+use crate::entry::TaskId;
 use crate::error::{Error, Result};
 use crate::producer::{Producer, Sent};
-use crate::task::TaskId;
 
 /// How long a row's dedup record is kept once its row's delete has
 /// committed, by default: a Postgres failover that loses that commit, and

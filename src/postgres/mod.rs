@@ -57,7 +57,7 @@ pub const LANES: u32 = 16;
 
 /// The lane of a row whose partition key (its `key`, else its idempotency
 /// key, else its task id) is `key`: `fnv1a64(key) % 16`, the hash that
-/// places tasks in partitions (see [`crate::partition`]), so a writer in
+/// places tasks in partitions (see [`partition_of`](crate::partition_of)), so a writer in
 /// another language computes the same.
 pub fn lane_of(key: &str) -> u32 {
     (fnv1a64(key.as_bytes()) % u64::from(LANES)) as u32

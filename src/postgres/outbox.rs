@@ -10,9 +10,9 @@ use sqlx::PgConnection;
 use super::lane_of;
 use crate::codec::{Bincode, Codec};
 use crate::config::ServiceName;
+use crate::entry::TaskId;
 use crate::error::{Error, Result};
 use crate::producer::{DEFAULT_MAX_PAYLOAD, Options};
-use crate::task::TaskId;
 
 /// Enqueues tasks in the caller's PostgreSQL transaction.
 ///

@@ -26,10 +26,10 @@ use super::lane::{self, Claimed, Claiming};
 use crate::codec::{Bincode, Codec};
 use crate::config::ServiceName;
 use crate::connection::{Backend, Tls};
+use crate::entry::TaskId;
 use crate::error::{Error, Result};
 use crate::producer::{Producer, ProducerBuilder};
 use crate::retry::Pauses;
-use crate::task::TaskId;
 
 /// The channel the outbox's trigger notifies, with the service as payload.
 const CHANNEL: &str = "peerq_outbox";

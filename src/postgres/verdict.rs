@@ -4,8 +4,8 @@
 
 use std::time::{Duration, UNIX_EPOCH};
 
+use crate::entry::TaskId;
 use crate::producer::{Options, Stored};
-use crate::task::TaskId;
 
 /// A row of `peerq_outbox` as the relay claims it.
 #[derive(Debug, Clone)]

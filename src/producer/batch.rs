@@ -22,9 +22,9 @@ use serde::Serialize;
 use super::Producer;
 use crate::codec::Codec;
 use crate::connection::Conn;
+use crate::entry::{self, TaskId};
 use crate::error::Result;
 use crate::partition::partition_of;
-use crate::task::{self, TaskId};
 
 /// Entries per part (`enqueue_batch`'s doc names it). Small enough that Redis starts on a batch soon after
 /// its encoding (the first part is built while Redis waits), large enough
@@ -48,7 +48,7 @@ impl<C: Codec> Producer<C> {
         // go over different connections, out of order.
         let conn = self.conn.get().await?;
         // One time for the batch: its entries are enqueued together.
-        let enqueued_at = task::now_ms().to_string();
+        let enqueued_at = entry::now_ms().to_string();
         let mut ids = Vec::with_capacity(payloads.len());
         let mut touched = vec![false; self.streams.len()];
         let mut sending = FuturesUnordered::new();
@@ -64,7 +64,7 @@ impl<C: Codec> Producer<C> {
             for payload in part {
                 let id = TaskId::generate();
                 let p = partition_of(id.as_str().as_bytes(), self.partitions) as usize;
-                let fields = task::first_attempt(id.as_str(), &enqueued_at, C::NAME, payload);
+                let fields = entry::first_attempt(id.as_str(), &enqueued_at, C::NAME, payload);
                 pipe.add_command(xadd(&self.streams[p], &fields));
                 touched[p] = true;
                 ids.push(id);

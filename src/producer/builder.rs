@@ -264,8 +264,8 @@ fn settle(
 /// The path of the codec type named `name` in `{N}:meta`.
 fn codec_type(name: &str) -> Option<&'static str> {
     match name {
-        n if n == Bincode::NAME => Some("peerq::codec::Bincode"),
-        n if n == Json::NAME => Some("peerq::codec::Json"),
+        n if n == Bincode::NAME => Some("peerq::Bincode"),
+        n if n == Json::NAME => Some("peerq::Json"),
         _ => None,
     }
 }

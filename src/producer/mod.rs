@@ -1,6 +1,6 @@
 //! Enqueues typed tasks (docs/design.md §1, §3).
 //!
-//! A task goes to partition `fnv1a64(key) % P` (see [`crate::partition`]),
+//! A task goes to partition `fnv1a64(key) % P` (see [`crate::partition_of`]),
 //! where the key is the task id unless the producer gives one: tasks with
 //! one key land in one partition, in enqueue order.
 //!
@@ -28,9 +28,9 @@ use serde::Serialize;
 use crate::codec::{Bincode, Codec};
 use crate::config::ServiceName;
 use crate::connection::SharedConnection;
+use crate::entry::{Entry, TaskId};
 use crate::error::{Error, Result};
 use crate::partition::partition_of;
-use crate::task::{Entry, TaskId};
 
 pub use builder::ProducerBuilder;
 pub use options::Options;
@@ -103,7 +103,7 @@ impl Producer<Bincode> {
     /// ```no_run
     /// # async fn demo() -> peerq::Result<()> {
     /// use peerq::Producer;
-    /// use peerq::codec::Json;
+    /// use peerq::Json;
     ///
     /// // For a service whose consumers run with `.codec(Json)`.
     /// let producer = Producer::builder()

@@ -11,9 +11,9 @@ use tracing::warn;
 
 use super::{Options, Producer};
 use crate::codec::Codec;
+use crate::entry::{Entry, TaskId};
 use crate::error::Result;
 use crate::keys;
-use crate::task::{Entry, TaskId};
 
 static ENQUEUE: LazyLock<redis::Script> =
     LazyLock::new(|| redis::Script::new(include_str!("../scripts/enqueue.lua")));

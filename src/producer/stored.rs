@@ -12,9 +12,9 @@ use deadpool_redis::redis;
 
 use super::{Options, Producer};
 use crate::codec::Codec;
+use crate::entry::{Entry, TaskId};
 use crate::error::Result;
 use crate::partition::partition_of;
-use crate::task::{Entry, TaskId};
 use crate::{dead_letters, keys};
 
 static RELAY_DEAD: LazyLock<redis::Script> =

@@ -74,7 +74,7 @@ async fn an_operator_finds_a_failed_order_replays_it_and_pauses_the_service() {
         world.ship.shipped.load(Ordering::SeqCst) == 20
     })
     .await;
-    let addr = dashboard(&world, "", Options::new()).await;
+    let addr = dashboard(&world, "", Settings::new()).await;
     let driver = ChromeDriver::start();
     let c = open(&driver, 1280, 900).await;
 
@@ -165,7 +165,7 @@ async fn an_operator_finds_a_failed_order_replays_it_and_pauses_the_service() {
     shot(&c, "service-phone").await;
 
     // A read-only dashboard shows no action anywhere.
-    let read_only = dashboard(&world, "", Options::new().read_only(true)).await;
+    let read_only = dashboard(&world, "", Settings::new().read_only(true)).await;
     for page in ["", "/dead", "/delayed", "/periodic"] {
         c.goto(&format!("http://{read_only}/services/{}{page}", world.name))
             .await

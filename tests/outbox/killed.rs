@@ -6,8 +6,8 @@
 use std::time::Duration;
 
 use deadpool_redis::redis;
+use peerq::DEFAULT_PARTITIONS;
 use peerq::Options;
-use peerq::partition::DEFAULT_PARTITIONS;
 use peerq::postgres::Relay;
 use sqlx::PgPool;
 

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use deadpool_redis::redis;
 use peerq::Options;
-use peerq::partition::{DEFAULT_PARTITIONS, partition_of};
+use peerq::{DEFAULT_PARTITIONS, partition_of};
 use sqlx::PgPool;
 
 use super::support::{self, PostgresServer, ServerOptions, wait_until};

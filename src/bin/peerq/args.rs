@@ -295,6 +295,6 @@ pub(crate) enum OrderArg {
 }
 
 fn delay(text: &str) -> Result<Duration, String> {
-    peerq::config::parse_duration(text)
+    peerq::parse_duration(text)
         .ok_or_else(|| format!("`{text}` is not a duration; use 500ms, 10s, 5m, 2h or 1d"))
 }

@@ -95,14 +95,14 @@ async fn dashboard(
     listen: std::net::SocketAddr,
     read_only: bool,
 ) -> Result<String, String> {
-    use peerq::dashboard::{self, Access, Options};
+    use peerq::dashboard::{self, Access, Settings};
     let access = Access::from_env().map_err(failed)?;
-    let mut options = Options::new().read_only(read_only).access(access.clone());
+    let mut settings = Settings::new().read_only(read_only).access(access.clone());
     if listen.ip().is_loopback() {
         // Only this machine's own names: no other site's page can reach
         // it through a name of its own pointed at 127.0.0.1.
         let port = listen.port();
-        options = options.hosts([
+        settings = settings.hosts([
             listen.to_string(),
             format!("localhost:{port}"),
             format!("127.0.0.1:{port}"),
@@ -114,7 +114,7 @@ async fn dashboard(
              set PEERQ_DASHBOARD_BASIC_AUTH or PEERQ_DASHBOARD_TOKEN, or --read-only"
         );
     }
-    let app = dashboard::router(admin, options);
+    let app = dashboard::router(admin, settings);
     let listener = tokio::net::TcpListener::bind(listen)
         .await
         .map_err(|e| format!("cannot listen on {listen} (--listen): {e}"))?;
@@ -398,7 +398,7 @@ impl Output {
 #[derive(Serialize)]
 struct Paused<'a> {
     name: &'a str,
-    paused: &'a peerq::pause::Pause,
+    paused: &'a peerq::Pause,
 }
 
 /// `resume`'s answer. JSON: `name`, `resumed` (false: it was not paused).

@@ -6,7 +6,7 @@ use std::time::Duration;
 use super::ConsumerBuilder;
 use crate::assignment::Assignor;
 use crate::codec::Codec;
-use crate::config::Indexing;
+use crate::indexer::Indexing;
 
 impl<T, S, C: Codec> ConsumerBuilder<T, S, C> {
     /// The indexer's round interval `I` (default 1 s). Service-wide.

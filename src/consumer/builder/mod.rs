@@ -25,10 +25,11 @@ use super::settings::ConsumerSettings;
 use crate::assignment::Standing;
 use crate::clock::{Clock, SystemClock};
 use crate::codec::{Bincode, Codec};
-use crate::config::{IndexerSettings, ServiceName};
+use crate::config::ServiceName;
 use crate::connection::Given;
 use crate::error::{Error, Result};
 use crate::handler::{Handler, HandlerService, Task};
+use crate::indexer::IndexerSettings;
 use crate::periodic::Periodic;
 use crate::retry::Backoff;
 use periodic::GivenJob;
@@ -195,8 +196,8 @@ impl<T, S, C: Codec> ConsumerBuilder<T, S, C> {
     /// like any task, with the id `cron:<job>:<due ms>`.
     ///
     /// ```no_run
-    /// # async fn demo(builder: peerq::consumer::ConsumerBuilder<String, (), peerq::codec::Bincode>) -> peerq::Result<()> {
-    /// use peerq::periodic::Periodic;
+    /// # async fn demo(builder: peerq::consumer::ConsumerBuilder<String, (), peerq::Bincode>) -> peerq::Result<()> {
+    /// use peerq::Periodic;
     /// builder
     ///     .periodic(Periodic::cron("nightly-report", "0 30 2 * * *")?, &"report".to_owned());
     /// # Ok(()) }

@@ -9,8 +9,8 @@ use tracing::Instrument;
 
 use super::ConsumerBuilder;
 use crate::codec::Codec;
-use crate::consumer::runner::Runner;
-use crate::consumer::runtime;
+use crate::consumer::erased::Runner;
+use crate::consumer::lifecycle;
 use crate::error::Result;
 use crate::handler::{BoxError, Task};
 use crate::instance::InstanceId;
@@ -66,7 +66,7 @@ where
             self.http,
             self.standing.subscribe(),
             self.clock.clone(),
-            crate::timing::Timing::new(&self.indexer, self.settings.drain_timeout),
+            self.indexer.timing(self.settings.drain_timeout),
         )
         .await?;
         let id = InstanceId::generate();
@@ -84,8 +84,8 @@ where
         // own future: unboxed, a plain `async fn main` calling `run()` may
         // fail to compile ("queries overflow the depth limit").
         let result = Box::pin(
-            runtime::run(
-                runtime::Parts {
+            lifecycle::run(
+                lifecycle::Parts {
                     name,
                     id,
                     redis,

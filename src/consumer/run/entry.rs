@@ -21,12 +21,12 @@ use tokio::sync::SemaphorePermit;
 use tracing::{Instrument, Span, info_span, warn};
 
 use super::{Batch, Ran, Source};
+use crate::consumer::erased::Call;
 use crate::consumer::meters::Ended;
 use crate::consumer::policy::Unfinished;
-use crate::consumer::runner::Call;
 use crate::consumer::store::{Attempts, Deliveries, Fetched, Unreadable};
-use crate::handler::{BoxError, Disposition, Standing, TaskContext, disposition_of};
-use crate::task::Entry;
+use crate::entry::Entry;
+use crate::handler::{BoxError, Disposition, TaskContext, Tenure, disposition_of};
 
 /// How long an interrupted handler may take to notice its cancellation
 /// signal and return before it is aborted. Kept within the 50 ms that
@@ -61,7 +61,7 @@ impl Batch {
         &self,
         fetched: Fetched,
         permit: Option<SemaphorePermit<'_>>,
-        standing: &Arc<dyn Standing>,
+        tenure: &Arc<dyn Tenure>,
     ) -> Ran {
         let Fetched { id, entry } = fetched;
         let Some(permit) = permit else {
@@ -73,7 +73,7 @@ impl Batch {
             };
             return Ran::Done(id, settled);
         };
-        match self.execute(&id, entry, standing).await {
+        match self.execute(&id, entry, tenure).await {
             Executed::Succeeded => {
                 // The ack's slot before the handler's permit: while acks do
                 // not land, handlers' permits are held, and so are reads.
@@ -147,7 +147,7 @@ impl Batch {
         &self,
         id: &str,
         entry: Result<Entry, Unreadable>,
-        standing: &Arc<dyn Standing>,
+        tenure: &Arc<dyn Tenure>,
     ) -> Executed {
         let settle = self.settle();
         // Dead-lettered as it was: too large (never decoded) or malformed.
@@ -187,7 +187,7 @@ impl Batch {
                 enqueued_at: UNIX_EPOCH + entry.enqueued_at,
                 place: self.place,
                 fencing_token: self.ownership.store.token(),
-                standing: standing.clone(),
+                tenure: tenure.clone(),
                 finished: finished.clone(),
             };
             let call = match self.shared.runner.prepare(&entry, cx) {
@@ -214,7 +214,7 @@ impl Batch {
                 counted = entry.attempt;
             }
             let outcome = self
-                .call(&entry, call, &finished, standing, span.clone())
+                .call(&entry, call, &finished, tenure, span.clone())
                 .await;
             let (error, disposition) = match outcome {
                 Outcome::Succeeded => return Executed::Succeeded,
@@ -341,12 +341,12 @@ impl Batch {
         entry: &Entry,
         call: Call,
         finished: &AtomicBool,
-        standing: &Arc<dyn Standing>,
+        tenure: &Arc<dyn Tenure>,
         span: Span,
     ) -> Outcome {
         let metrics = &self.shared.metrics;
         let running = metrics.start(UNIX_EPOCH + entry.enqueued_at);
-        let outcome = call_handler(call, finished, &**standing, span).await;
+        let outcome = call_handler(call, finished, &**tenure, span).await;
         drop(running);
         metrics.ended(match outcome {
             Outcome::Succeeded => Ended::Ok,
@@ -360,15 +360,15 @@ impl Batch {
 }
 
 /// Calls the handler service (a panic is a failed attempt), interrupting
-/// it when `standing`'s cancellation fires; `finished` is the flag its
+/// it when `tenure`'s cancellation fires; `finished` is the flag its
 /// context sets with [`TaskContext::finished`].
 async fn call_handler(
     call: Call,
     finished: &AtomicBool,
-    standing: &dyn Standing,
+    tenure: &dyn Tenure,
     span: Span,
 ) -> Outcome {
-    let cancel = standing.cancel();
+    let cancel = tenure.cancel();
     // Run inline, a panic caught as a failed attempt; dropping the future
     // is the cancellation (it stops at its next `.await`).
     let handler = AssertUnwindSafe(call.instrument(span)).catch_unwind();
@@ -391,7 +391,7 @@ async fn call_handler(
     // cancellation has not fired yet (a lease that lapsed before the
     // driver woke, a drain deadline before its timer): a handler that saw
     // `still_owned()` false and gave up did not fail.
-    if !cancel.is_cancelled() && standing.holds() {
+    if !cancel.is_cancelled() && tenure.holds() {
         return outcome(result);
     }
     // Interrupted: its cancellation fired before it returned. It runs

@@ -39,7 +39,7 @@ use super::settle::Settle;
 use super::shared::Shared;
 use super::store::Fetched;
 use crate::assignment::Place;
-use crate::handler::Standing;
+use crate::handler::Tenure;
 
 /// Where a batch's entries come from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -91,7 +91,7 @@ impl Batch {
     /// polled again, and the no-op handlers of a benchmark ran at half
     /// speed behind it).
     pub(crate) async fn run(self, entries: Vec<Fetched>) -> bool {
-        let standing: Arc<dyn Standing> = Arc::new(TaskStanding {
+        let tenure: Arc<dyn Tenure> = Arc::new(TaskTenure {
             shared: self.shared.clone(),
             lease: self.lease.clone(),
             ownership: self.ownership.clone(),
@@ -103,7 +103,7 @@ impl Batch {
             // A claimed entry is taken over without running here (unless
             // it cannot be read: it runs to the dead letters).
             if self.source == Source::Claimed && fetched.entry.is_ok() {
-                running.push(self.entry(fetched, None, &standing));
+                running.push(self.entry(fetched, None, &tenure));
             } else {
                 waiting.push_back(fetched);
             }
@@ -127,7 +127,7 @@ impl Batch {
             if next.is_none() {
                 while let Some(permit) = waiting.front().and_then(|_| self.ready_at_once()) {
                     let fetched = waiting.pop_front().expect("checked");
-                    running.push(self.entry(fetched, Some(permit), &standing));
+                    running.push(self.entry(fetched, Some(permit), &tenure));
                 }
                 if !waiting.is_empty() {
                     next = Some(Box::pin(self.ready()));
@@ -145,13 +145,13 @@ impl Batch {
                     match permit {
                         Some(permit) => {
                             let fetched = waiting.pop_front().expect("waits only for an entry");
-                            running.push(self.entry(fetched, Some(permit), &standing));
+                            running.push(self.entry(fetched, Some(permit), &tenure));
                         }
                         // Released before they started: every waiting entry
                         // is handed back.
                         None => {
                             for fetched in waiting.drain(..) {
-                                running.push(self.entry(fetched, None, &standing));
+                                running.push(self.entry(fetched, None, &tenure));
                             }
                         }
                     }
@@ -234,15 +234,15 @@ impl Drop for Slots<'_> {
 /// What a task's [`TaskContext::still_owned`](crate::TaskContext::still_owned)
 /// consults: the partition's cancellation, fence and drain, and the lease.
 /// One per batch, shared by its tasks' contexts.
-struct TaskStanding {
+struct TaskTenure {
     shared: Arc<Shared>,
     lease: Lease,
     ownership: Arc<Ownership>,
 }
 
-impl std::fmt::Debug for TaskStanding {
+impl std::fmt::Debug for TaskTenure {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("TaskStanding")
+        f.debug_struct("TaskTenure")
             .field("service", &self.shared.name.as_str())
             .field("lease", &self.lease)
             .field("ownership", &self.ownership)
@@ -250,7 +250,7 @@ impl std::fmt::Debug for TaskStanding {
     }
 }
 
-impl Standing for TaskStanding {
+impl Tenure for TaskTenure {
     fn cancel(&self) -> &tokio_util::sync::CancellationToken {
         &self.ownership.cancel
     }

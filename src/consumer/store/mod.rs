@@ -42,10 +42,10 @@ use self::reply::AutoClaim;
 pub(crate) use self::sizes::{Group, Sizes};
 use crate::config::ServiceName;
 use crate::connection::SharedConnection;
+use crate::entry::Entry;
 use crate::error::Result;
 use crate::instance::InstanceId;
 use crate::keys;
-use crate::task::Entry;
 
 static ACQUIRE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../scripts/acquire.lua")));

@@ -16,9 +16,9 @@ use deadpool_redis::redis::{self, aio::MultiplexedConnection};
 use super::reply::{RawEntry, Streams};
 use super::{Fields, PartitionStore};
 use crate::connection::{Backend, Conn, Servers, SharedConnection, cluster};
+use crate::entry::{Entry, Unrunnable};
 use crate::error::{Error, Result};
 use crate::keys;
-use crate::task::{Entry, Unrunnable};
 
 /// An entry as read from a partition.
 #[derive(Debug)]

@@ -11,11 +11,11 @@
 //! its id and its fields as a flat name-value array (nil: the entry was
 //! deleted while pending, as a re-read of the pending list returns it),
 //! which is kept as it came: the entry is read from it
-//! ([`crate::task::Entry::read`]).
+//! ([`crate::entry::Entry::read`]).
 
 use deadpool_redis::redis::{FromRedisValue, ParsingError, Value};
 
-use crate::task::RawFields;
+use crate::entry::RawFields;
 
 /// One stream entry as read.
 #[derive(Debug)]

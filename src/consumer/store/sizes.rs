@@ -184,8 +184,8 @@ mod tests {
     use crate::config::ServiceName;
     use crate::connection::SharedConnection;
     use crate::consumer::store::{Moved, To};
+    use crate::entry::{Entry, TaskId};
     use crate::instance::InstanceId;
-    use crate::task::{Entry, TaskId};
     use crate::test_support as support;
 
     #[tokio::test]

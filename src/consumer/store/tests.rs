@@ -262,7 +262,7 @@ async fn reads_parse_entries_keep_deleted_ones_and_say_when_the_group_is_gone() 
     let stream = keys::stream(&name, 0);
     let _: u64 = raw.xdel(&stream, &[&deleted]).await.unwrap();
     let entry = Entry::new(
-        crate::task::TaskId::from("t-1"),
+        crate::entry::TaskId::from("t-1"),
         None,
         "json",
         b"[1]".to_vec(),

@@ -7,8 +7,8 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
-mod clock;
 mod script;
+mod skew;
 
 use script::Written;
 
@@ -18,9 +18,10 @@ use super::schedule::{Plan, Schedule};
 use crate::assignment::{Assignment, Assignor};
 use crate::assignment::{FenceReason, Standing};
 use crate::clock::Clock;
-use crate::config::{IndexerSettings, ServiceName};
+use crate::config::ServiceName;
 use crate::connection::{Backend, Conn, SharedConnection};
 use crate::error::{Error, Result};
+use crate::indexer::IndexerSettings;
 use crate::instance::InstanceId;
 use crate::metrics as m;
 use crate::presence::Presence;

@@ -10,9 +10,9 @@ use tracing::warn;
 
 use super::{Counted, ROUND_KEY_TTL_INTERVALS, RoundLoop};
 use crate::assignment::{Assignor, Member};
-use crate::config::Indexing;
 use crate::connection::Conn;
 use crate::error::Result;
+use crate::indexer::Indexing;
 use crate::indexer::listed::Read;
 use crate::keys;
 

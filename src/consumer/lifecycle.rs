@@ -12,6 +12,7 @@ use tracing::{info, warn};
 
 use super::acker;
 use super::due_watch::DueWatch;
+use super::erased::Runner;
 use super::event::PartitionEvent;
 use super::gate;
 use super::handover::Handover;
@@ -21,20 +22,19 @@ use super::lease::Lease;
 use super::meters::{QueueGauges, TaskMetrics};
 use super::policy::Order;
 use super::room::Room;
-use super::runner::Runner;
 use super::scheduler;
 use super::settings::ConsumerSettings;
 use super::shared::Shared;
 use super::startup::Startup;
 use crate::assignment::Standing;
 use crate::clock::Clock;
-use crate::config::{IndexerSettings, ServiceName};
+use crate::config::ServiceName;
 use crate::connection::{Backend, SharedConnection};
 use crate::error::{Error, Result};
+use crate::indexer::IndexerSettings;
 use crate::indexer::Liveness;
 use crate::instance::InstanceId;
 use crate::presence::Presence;
-use crate::timing::Timing;
 
 /// How long leaving at once waits for interrupted tasks to be enqueued again
 /// and finished ones to be acked.
@@ -83,7 +83,7 @@ where
     } = parts;
     let conn = Arc::new(SharedConnection::new(backend));
     let fields = settings.meta_fields(runner.codec());
-    let timing = Timing::new(&indexer, settings.drain_timeout);
+    let timing = indexer.timing(settings.drain_timeout);
     let leave_timeout = settings.leave_timeout(indexer.interval);
     let presence = Arc::new(Presence::new(clock.clone(), indexer.weight));
     // The rounds' thread claims an index only while this runtime runs.

@@ -15,8 +15,8 @@ use serde::de::DeserializeOwned;
 use tower::{Service, ServiceExt};
 
 use crate::codec::Codec;
+use crate::entry::{Entry, Unrunnable};
 use crate::handler::{BoxError, Task, TaskContext};
-use crate::task::{Entry, Unrunnable};
 
 /// A handler service the runtime can drive: a tower service of `Task<T>`
 /// that can be cloned per task and sent across threads.
