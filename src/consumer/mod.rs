@@ -78,7 +78,6 @@ mod worker;
 
 pub use self::builder::ConsumerBuilder;
 pub use self::event::{PartitionChange, PartitionEvent};
-#[cfg(feature = "postgres")]
 pub use self::settings::{
     DEFAULT_BATCH, DEFAULT_BLOCK, DEFAULT_CLAIM_IDLE, DEFAULT_CONCURRENCY, DEFAULT_DRAIN_TIMEOUT,
     DEFAULT_MAX_ATTEMPTS, DEFAULT_MAX_ENTRY_BYTES,
