@@ -47,6 +47,21 @@ pub(crate) struct Wait {
     pub(crate) timeout: Duration,
 }
 
+impl Wait {
+    /// [`Error::NotReplicated`] if a `WAIT` counted `got` replicas, fewer
+    /// than asked for; `Ok` if that many, or if none was sent (`None`).
+    pub(crate) fn confirmed(self, got: Option<u32>) -> Result<()> {
+        match got {
+            Some(got) if got < self.replicas => Err(Error::NotReplicated {
+                wanted: self.replicas,
+                got,
+                within: self.timeout,
+            }),
+            _ => Ok(()),
+        }
+    }
+}
+
 /// The servers of a [`Backend`].
 #[derive(Clone)]
 pub(crate) enum Servers {

@@ -1,6 +1,7 @@
 //! Connections to a service's Redis: where it is (one server or a
-//! Cluster, [`Backend`]), and the one multiplexed connection each part of
-//! an instance shares, replaced after an error ([`SharedConnection`]).
+//! Cluster, [`Backend`]), the one multiplexed connection each part of
+//! an instance shares, replaced after an error ([`SharedConnection`]), and
+//! the `WAIT` after writes a failover must not lose ([`replicated`]).
 //!
 //! Taking a connection from the deadpool pool for every command costs a
 //! round trip (its recycle check pings the connection first). The parts that
@@ -13,13 +14,16 @@ mod backend;
 pub(crate) mod cluster;
 mod pipeline;
 mod redact;
+mod replicated;
 mod shared;
 mod tls;
 
 use std::time::Duration;
 
 pub(crate) use backend::{Backend, Conn, Given, Servers, Wait};
+pub(crate) use pipeline::Carriers;
 pub(crate) use redact::redact;
+pub(crate) use replicated::Waited;
 pub(crate) use shared::SharedConnection;
 pub use tls::Tls;
 
