@@ -267,6 +267,18 @@ impl Cluster {
         })
     }
 
+    /// The same Cluster, with no node connections for pipelines yet: for
+    /// a runtime of its own, as its connections' I/O runs on the runtime
+    /// that made them.
+    fn apart(&self) -> Cluster {
+        Cluster {
+            client: self.client.clone(),
+            seed: self.seed.clone(),
+            tls: self.tls.clone(),
+            nodes: Nodes::default(),
+        }
+    }
+
     /// A connection of its own to the node at `host:port`, with the seed
     /// node's user, password and TLS settings, whose replies may take up to
     /// `timeout`.
@@ -315,7 +327,10 @@ impl Backend {
     /// whose blocked read stalls every command on its clones), or made
     /// anew by the pool's manager when `made_here`: a multiplexed
     /// connection's I/O runs in a task on the runtime that made it, and one
-    /// taken from the pool may have been made on another.
+    /// taken from the pool may have been made on another. On a Cluster, a
+    /// new cluster connection; when `made_here`, with node connections for
+    /// its pipelines of its own, not the ones the Cluster's other
+    /// connections share.
     pub(crate) async fn connect(&self, made_here: bool) -> Result<Conn> {
         match &self.servers {
             Servers::Node(pool) => {
@@ -330,7 +345,13 @@ impl Backend {
             }
             Servers::Cluster(cluster) => {
                 let conn = cluster.client.get_async_connection().await?;
-                Ok(Conn::Cluster(conn, cluster.clone()))
+                // Its pipelines too go on node connections made here (with
+                // `wait_for_replicas`, the rounds' writes do).
+                let cluster = match made_here {
+                    true => Arc::new(cluster.apart()),
+                    false => cluster.clone(),
+                };
+                Ok(Conn::Cluster(conn, cluster))
             }
         }
     }

@@ -88,25 +88,25 @@ impl Conn {
     /// each connection that carried any (see the module's doc).
     pub(crate) async fn write_pipe(
         &mut self,
-        pipe: &Pipeline,
+        pipe: &mut Pipeline,
         wait: Option<Wait>,
     ) -> RedisResult<Waited> {
-        let (replies, replicas) = match self {
-            Conn::Node(conn) => {
-                let mut waited = pipe.clone();
-                waited.ignore_errors();
-                if let Some(wait) = wait {
-                    waited.add_command(wait_cmd(wait));
-                }
-                let mut replies: Vec<Value> = waited.query_async(conn).await?;
-                let count = match wait {
-                    Some(_) => Some(counted(replies.pop().unwrap_or(Value::Nil))?),
-                    None => None,
-                };
-                let replicas = vec![count; replies.len()];
+        pipe.ignore_errors();
+        let (replies, replicas) = match (self, wait) {
+            (Conn::Node(conn), None) => {
+                let replies: Vec<Value> = pipe.query_async(conn).await?;
+                let replicas = vec![None; replies.len()];
                 (replies, replicas)
             }
-            Conn::Cluster(conn, cluster) => {
+            (Conn::Node(conn), Some(wait)) => {
+                let mut waited = pipe.clone();
+                waited.add_command(wait_cmd(wait));
+                let mut replies: Vec<Value> = waited.query_async(conn).await?;
+                let count = counted(replies.pop().unwrap_or(Value::Nil))?;
+                let replicas = vec![Some(count); replies.len()];
+                (replies, replicas)
+            }
+            (Conn::Cluster(conn, cluster), wait) => {
                 let wait = wait.map(wait_cmd);
                 pipeline::write_pipe(conn, cluster, pipe, wait.as_ref(), None).await?
             }
@@ -136,13 +136,13 @@ impl Conn {
         }
         let mut pipe = redis::pipe();
         pipe.invoke_script(script);
-        let waited = self.write_pipe(&pipe, wait).await?;
+        let waited = self.write_pipe(&mut pipe, wait).await?;
         if !waited.replies.first().is_some_and(is_noscript) {
             return Ok(waited);
         }
         // Redis restarted and forgot it: pipelines do not load scripts.
         script.load_async(self).await?;
-        self.write_pipe(&pipe, wait).await
+        self.write_pipe(&mut pipe, wait).await
     }
 
     /// Runs `pipe`, one part of a batch of writes, failing on the first
@@ -196,7 +196,7 @@ impl SharedConnection {
         }
         let mut pipe = redis::pipe();
         pipe.add_command(cmd.clone());
-        self.write_pipe(&pipe).await?.reply()
+        self.write_pipe(&mut pipe).await?.reply()
     }
 
     /// Runs `script`, a write a failover must not lose, as
@@ -215,7 +215,7 @@ impl SharedConnection {
 
     /// Runs `pipe`, writes a failover must not lose, each reply in its
     /// place, with what confirmed them (see [`Conn::write_pipe`]).
-    pub(crate) async fn write_pipe(&self, pipe: &Pipeline) -> Result<Waited> {
+    pub(crate) async fn write_pipe(&self, pipe: &mut Pipeline) -> Result<Waited> {
         let waited = self.get().await?.write_pipe(pipe, self.wait()).await;
         Ok(waited.inspect_err(|e| self.reset_after(e))?)
     }

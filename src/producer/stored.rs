@@ -92,9 +92,7 @@ impl<C: Codec> Producer<C> {
         for (k, v) in &letter {
             script.arg(k).arg(v);
         }
-        // The relay deletes the row next: a letter a failover lost would
-        // be the task lost.
-        let written: i64 = self.conn.write_script(&script).await?;
+        let written: i64 = self.conn.invoke(&script).await?;
         Ok(written == 1)
     }
 

@@ -73,7 +73,7 @@ pub(crate) async fn ack(
     for (store, ids) in groups {
         pipe.invoke_script(&store.ack_script(ids));
     }
-    let mut sent = send(conn, &pipe).await?;
+    let mut sent = send(conn, &mut pipe).await?;
     if sent.replies().iter().any(is_noscript) {
         // Redis restarted and forgot the script: pipelines do not load
         // scripts by themselves.
@@ -83,7 +83,7 @@ pub(crate) async fn ack(
         conn.query::<String>(&load)
             .await
             .map_err(|e| e.to_string())?;
-        sent = send(conn, &pipe).await?;
+        sent = send(conn, &mut pipe).await?;
     }
     if let Some(Value::ServerError(transient)) = sent.replies().iter().find(|r| is_transient(r)) {
         return Err(format!("{transient:?}"));
@@ -91,7 +91,7 @@ pub(crate) async fn ack(
     Ok((0..groups.len()).map(|i| reply(&sent, i)).collect())
 }
 
-async fn send(conn: &SharedConnection, pipe: &redis::Pipeline) -> Result<Waited, String> {
+async fn send(conn: &SharedConnection, pipe: &mut redis::Pipeline) -> Result<Waited, String> {
     conn.write_pipe(pipe).await.map_err(|e| e.to_string())
 }
 
