@@ -17,7 +17,7 @@ use deadpool_redis::redis::{
 
 use super::pipeline::{self, Nodes};
 use super::tls::{self, Tls};
-use super::{RESPONSE_TIMEOUT, redact};
+use super::{RESPONSE_TIMEOUT, Wait, redact};
 use crate::error::{Error, Result};
 
 /// How long connecting to one node may take.
@@ -36,30 +36,6 @@ const CLUSTER_MAX_RETRY_WAIT_MS: u64 = 1000;
 pub(crate) struct Backend {
     pub(crate) servers: Servers,
     pub(crate) wait: Option<Wait>,
-}
-
-/// `WAIT <replicas> <timeout>` after the writes a failover must not lose
-/// (docs/design.md §8): the write's command fails unless that many
-/// replicas have it within the timeout.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Wait {
-    pub(crate) replicas: u32,
-    pub(crate) timeout: Duration,
-}
-
-impl Wait {
-    /// [`Error::NotReplicated`] if a `WAIT` counted `got` replicas, fewer
-    /// than asked for; `Ok` if that many, or if none was sent (`None`).
-    pub(crate) fn confirmed(self, got: Option<u32>) -> Result<()> {
-        match got {
-            Some(got) if got < self.replicas => Err(Error::NotReplicated {
-                wanted: self.replicas,
-                got,
-                within: self.timeout,
-            }),
-            _ => Ok(()),
-        }
-    }
 }
 
 /// The servers of a [`Backend`].
