@@ -111,7 +111,11 @@ async fn enqueues_to_a_master_whose_replica_is_frozen_are_not_replicated() {
         one.plain().await,
         one.once(1).await,
     );
-    tokio::task::block_in_place(|| cluster.thaw(&replica));
+    tokio::task::block_in_place(|| {
+        cluster.thaw(&replica);
+        // Caught up, so the calls below are confirmed at once.
+        cluster.wait_replicated(&master);
+    });
     let mut refused = 0;
     for single in singles {
         match single {
@@ -164,7 +168,11 @@ async fn an_enqueue_redirected_to_another_master_waits_for_that_masters_replica(
     while migration.step(100) {}
     cluster.freeze(&replica);
     let asked = one.plain().await;
-    tokio::task::block_in_place(|| cluster.thaw(&replica));
+    tokio::task::block_in_place(|| {
+        cluster.thaw(&replica);
+        // Caught up, so the calls below are confirmed at once.
+        cluster.wait_replicated(target);
+    });
     assert_not_replicated(asked, "enqueue_with after ASK");
     one.plain().await.unwrap();
 
@@ -172,7 +180,11 @@ async fn an_enqueue_redirected_to_another_master_waits_for_that_masters_replica(
     migration.finish();
     cluster.freeze(&replica);
     let moved = (one.plain().await, one.once(3).await);
-    tokio::task::block_in_place(|| cluster.thaw(&replica));
+    tokio::task::block_in_place(|| {
+        cluster.thaw(&replica);
+        // Caught up, so the calls below are confirmed at once.
+        cluster.wait_replicated(target);
+    });
     assert_not_replicated(moved.0, "enqueue_with after MOVED");
     assert_not_replicated(moved.1, "enqueue_with an idempotency key after MOVED");
     one.plain().await.unwrap();
