@@ -2,14 +2,19 @@
 //! name and a `produce`, and watch them split the work.
 //!
 //! ```text
-//! mail_sender consume --redis URL [--cluster] [--tls-ca FILE] [--tls-cert FILE --tls-key FILE] --name NAME [--partitions N] [--indexing ranked|incr] [--assignor modulo|rendezvous] [--weight N] [--interval-ms N] [--drain-ms N] [--skew-ms N] [--work-ms N] [--print-tasks] [--print-events] [--http ADDR]
-//! mail_sender produce --redis URL [--cluster] [--tls-ca FILE] [--tls-cert FILE --tls-key FILE] --name NAME [--partitions N] --count N [--batch N] [--rate N] [--print-enqueued]
+//! mail_sender consume --redis URL [--cluster] [--tls-ca FILE] [--tls-cert FILE --tls-key FILE] [--wait-for-replicas N] --name NAME [--partitions N] [--indexing ranked|incr] [--assignor modulo|rendezvous] [--weight N] [--interval-ms N] [--drain-ms N] [--skew-ms N] [--work-ms N] [--print-tasks] [--print-events] [--http ADDR]
+//! mail_sender produce --redis URL [--cluster] [--tls-ca FILE] [--tls-cert FILE --tls-key FILE] [--wait-for-replicas N] --name NAME [--partitions N] --count N [--batch N] [--rate N] [--print-enqueued]
 //! ```
 //!
 //! With `--cluster`, `--redis` is a comma-separated list of a Redis
 //! Cluster's node URLs (some of them are enough). For a `rediss://` URL,
 //! `--tls-ca FILE` trusts that CA, `--tls-cert FILE --tls-key FILE`
 //! present a client certificate (build with `--features tls`).
+//!
+//! `--wait-for-replicas N` (on one server or a Cluster) has the writes a
+//! failover must not lose wait until `N` replicas have them, at most
+//! 100 ms (`wait_for_replicas(N, 100 ms)`): an enqueue or an ack not
+//! confirmed in time fails, and is sent again.
 //!
 //! With `--print-tasks` a consumer prints, on stdout, a line when a task's
 //! handler starts and one when it succeeded (before the task is acked):
@@ -36,7 +41,10 @@
 //!
 //! The producer retries a batch that failed (Redis restarting, say) until it
 //! is enqueued; with `--print-enqueued` it prints `enqueued from=<seq> to=<seq>`
-//! (exclusive) once a batch's enqueue returned success.
+//! (exclusive) once a batch's enqueue returned success: with
+//! `--wait-for-replicas`, once replicas confirmed it. (A batch sent again
+//! after a failure that landed, a replica that did not confirm in time
+//! included, is enqueued twice.)
 
 use std::io::{IsTerminal, Write};
 use std::net::SocketAddr;
@@ -71,6 +79,8 @@ enum Command {
         cluster: bool,
         #[command(flatten)]
         tls: TlsArgs,
+        #[command(flatten)]
+        replicas: ReplicaArgs,
         /// The service name.
         #[arg(long)]
         name: String,
@@ -120,6 +130,8 @@ enum Command {
         cluster: bool,
         #[command(flatten)]
         tls: TlsArgs,
+        #[command(flatten)]
+        replicas: ReplicaArgs,
         /// The service name.
         #[arg(long)]
         name: String,
@@ -256,6 +268,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             redis,
             cluster,
             tls,
+            replicas,
             name,
             partitions,
             indexing,
@@ -280,13 +293,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 work: Duration::from_millis(work_ms),
                 http,
             };
-            let redis = Redis::new(redis, cluster, tls);
+            let redis = Redis::new(redis, cluster, tls, replicas);
             consume(redis, name, settings, print_tasks, print_events).await?
         }
         Command::Produce {
             redis,
             cluster,
             tls,
+            replicas,
             name,
             partitions,
             count,
@@ -294,7 +308,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             rate,
             print_enqueued,
         } => {
-            let redis = Redis::new(redis, cluster, tls);
+            let redis = Redis::new(redis, cluster, tls, replicas);
             produce(redis, name, partitions, count, batch, rate, print_enqueued).await?
         }
     }
@@ -315,16 +329,31 @@ struct TlsArgs {
     tls_key: Option<std::path::PathBuf>,
 }
 
-/// `--redis`, `--cluster` and the TLS flags: one server's URL, or a
-/// Cluster's node URLs, and TLS settings if any were given.
+/// `--wait-for-replicas`.
+#[derive(clap::Args)]
+struct ReplicaArgs {
+    /// Wait until this many replicas have each write a failover must not
+    /// lose, at most 100 ms; one not confirmed in time fails (and is sent
+    /// again).
+    #[arg(long, value_name = "N")]
+    wait_for_replicas: Option<u32>,
+}
+
+/// How long `--wait-for-replicas` waits.
+const WAIT_TIMEOUT: Duration = Duration::from_millis(100);
+
+/// `--redis`, `--cluster`, the TLS flags and `--wait-for-replicas`: one
+/// server's URL, or a Cluster's node URLs, TLS settings if any were given,
+/// and the replicas writes wait for, if any.
 struct Redis {
     urls: Vec<String>,
     cluster: bool,
     tls: Option<Tls>,
+    wait_for_replicas: Option<u32>,
 }
 
 impl Redis {
-    fn new(redis: String, cluster: bool, flags: TlsArgs) -> Redis {
+    fn new(redis: String, cluster: bool, flags: TlsArgs, replicas: ReplicaArgs) -> Redis {
         let urls = match cluster {
             true => redis.split(',').map(|url| url.trim().to_owned()).collect(),
             false => vec![redis],
@@ -336,7 +365,12 @@ impl Redis {
                 None => tls,
             }
         });
-        Redis { urls, cluster, tls }
+        Redis {
+            urls,
+            cluster,
+            tls,
+            wait_for_replicas: replicas.wait_for_replicas,
+        }
     }
 }
 
@@ -368,6 +402,10 @@ async fn consume(
     };
     let builder = match redis.tls {
         Some(tls) => builder.tls(tls),
+        None => builder,
+    };
+    let builder = match redis.wait_for_replicas {
+        Some(n) => builder.wait_for_replicas(n, WAIT_TIMEOUT),
         None => builder,
     };
     let builder = builder
@@ -504,6 +542,10 @@ async fn produce(
         Some(tls) => builder.tls(tls),
         None => builder,
     };
+    let builder = match redis.wait_for_replicas {
+        Some(n) => builder.wait_for_replicas(n, WAIT_TIMEOUT),
+        None => builder,
+    };
     let builder = builder.name(&name);
     let producer = match partitions {
         Some(partitions) => builder.partitions(partitions),
@@ -522,8 +564,10 @@ async fn produce(
                 to: format!("user-{s}@example.com"),
             })
             .collect();
-        // Until it lands: Redis may be restarting. (An ambiguous failure,
-        // where the batch landed but the reply was lost, enqueues it twice.)
+        // Until it lands (with --wait-for-replicas, until replicas confirm
+        // it): Redis may be restarting, a replica down. (An ambiguous
+        // failure, where the batch landed but the reply was lost or no
+        // replica confirmed it in time, enqueues it twice.)
         let mut backoff = Duration::from_millis(50);
         while let Err(e) = producer.enqueue_batch(&mails).await {
             eprintln!("enqueue failed ({e}); retrying in {backoff:?}");

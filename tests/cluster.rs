@@ -3,11 +3,14 @@
 //! in a slot of their own, so a service's partitions spread over every
 //! master; consumers follow a slot that moves while tasks flow; the CLI,
 //! the dashboard and the dead letters read a service spread over them.
-//! Failovers (`cluster/failover.rs`) and TLS (`cluster/tls.rs`) each take
-//! a cluster of their own.
+//! Failovers (`cluster/failover.rs`), replicas that confirm writes or not
+//! (`cluster/replicas.rs`) and TLS (`cluster/tls.rs`) each take a cluster
+//! of their own.
 
 #[path = "cluster/failover.rs"]
 mod failover;
+#[path = "cluster/replicas.rs"]
+mod replicas;
 mod support;
 #[path = "cluster/tls.rs"]
 mod tls;

@@ -1,5 +1,7 @@
 //! The `mail_sender` example itself, as a person would run it: three
-//! consumers as child processes, a producer of 5,000 tasks.
+//! consumers as child processes, a producer of 5,000 tasks; and with
+//! `--wait-for-replicas`, on one server and on a Cluster, a producer that
+//! prints a batch only once a replica has it.
 
 mod support;
 
@@ -325,4 +327,166 @@ fn logs_to_a_pipe_or_a_file_carry_no_colour_codes() {
     sigterm(&child.0);
     assert!(!line.contains('\u{1b}'), "colour codes in {line:?}");
     assert!(line.contains(" WARN "), "{line:?}");
+}
+
+/// A server and a replica of it that has synced.
+fn master_and_replica() -> (RedisServer, RedisServer) {
+    let master = RedisServer::start();
+    let replica = RedisServer::start();
+    let mut con = replica.client().get_connection().unwrap();
+    redis::cmd("REPLICAOF")
+        .arg("127.0.0.1")
+        .arg(master.port())
+        .query::<()>(&mut con)
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let info: String = redis::cmd("INFO")
+            .arg("replication")
+            .query(&mut con)
+            .unwrap();
+        if info.contains("master_link_status:up") {
+            return (master, replica);
+        }
+        assert!(Instant::now() < deadline, "the replica never synced");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Each line of `stream`, as it comes.
+fn lines(stream: impl std::io::Read + Send + 'static) -> std::sync::mpsc::Receiver<String> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stream).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    rx
+}
+
+/// `produce --wait-for-replicas 1 --print-enqueued` of 200 tasks into
+/// service `name` at `redis` (`--redis` and maybe `--cluster`) while a
+/// replica is frozen (`thaw` thaws it): the enqueues fail, none is
+/// printed, until the replica runs again; then every batch is, once.
+fn produce_while_a_replica_is_frozen(redis: &[&str], name: &str, thaw: impl FnOnce()) {
+    let mut producer = Proc(
+        Command::new(example_binary())
+            .arg("produce")
+            .args(redis)
+            .args(["--name", name, "--count", "200", "--batch", "100"])
+            .args(["--print-enqueued", "--wait-for-replicas", "1"])
+            .env("NO_COLOR", "1")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start the producer"),
+    );
+    let printed = lines(producer.0.stdout.take().unwrap());
+    let logged = lines(producer.0.stderr.take().unwrap());
+    // A batch no replica confirmed fails, and is sent again.
+    loop {
+        let line = logged
+            .recv_timeout(Duration::from_secs(10))
+            .expect("an enqueue that failed");
+        if line.contains("enqueue failed") {
+            assert!(line.contains("0 of 1 replicas"), "{line}");
+            break;
+        }
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(
+        printed.try_recv().ok(),
+        None,
+        "printed before a replica had it"
+    );
+    thaw();
+    let status = producer.0.wait().unwrap();
+    assert!(status.success(), "the producer failed: {status}");
+    let printed: Vec<String> = printed.iter().collect();
+    assert_eq!(
+        printed,
+        ["enqueued from=0 to=100", "enqueued from=100 to=200"]
+    );
+}
+
+/// A consumer with `--wait-for-replicas 1` at `redis` runs every task of
+/// `0..count` (at least once: a batch sent again is there twice), and
+/// stops cleanly.
+fn consume_with_a_replica(redis: &[&str], name: &str, count: u64) {
+    let mut consumer = Proc(
+        Command::new(example_binary())
+            .arg("consume")
+            .args(redis)
+            .args(["--name", name, "--print-tasks", "--wait-for-replicas", "1"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start a consumer"),
+    );
+    let printed = lines(consumer.0.stdout.take().unwrap());
+    let mut seen = BTreeSet::new();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while seen.len() < count as usize {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let line = printed
+            .recv_timeout(left)
+            .unwrap_or_else(|_| panic!("only {} of {count} tasks handled", seen.len()));
+        if let Some(handled) = parse(0, &line) {
+            seen.insert(handled.seq);
+        }
+    }
+    sigterm(&consumer.0);
+    let status = consumer.0.wait().unwrap();
+    assert!(
+        status.success(),
+        "the consumer did not stop cleanly: {status}"
+    );
+}
+
+#[test]
+fn with_wait_for_replicas_a_batch_is_printed_only_once_a_replica_has_it() {
+    let (master, replica) = master_and_replica();
+    let name = unique_name("replicas");
+    let url = master.url();
+    let redis = ["--redis", url.as_str()];
+    replica.pause();
+    produce_while_a_replica_is_frozen(&redis, &name, || replica.resume());
+    consume_with_a_replica(&redis, &name, 200);
+}
+
+#[test]
+fn with_wait_for_replicas_on_a_cluster_a_batch_is_printed_only_once_a_replica_has_it() {
+    let cluster = support::RedisCluster::start(3, 1);
+    let name = unique_name("replicas-cluster");
+    let urls = cluster.seed_urls().join(",");
+    let redis = ["--redis", urls.as_str(), "--cluster"];
+    let master = cluster.masters().remove(0);
+    let replica = cluster.replicas_of(&master).remove(0);
+    cluster.freeze(&replica);
+    produce_while_a_replica_is_frozen(&redis, &name, || cluster.thaw(&replica));
+    consume_with_a_replica(&redis, &name, 200);
+}
+
+#[test]
+fn wait_for_replicas_0_is_refused_naming_the_setting() {
+    let url = format!("redis://127.0.0.1:{}/", support::unused_port());
+    for command in [&["consume"][..], &["produce", "--count", "1"]] {
+        let out = Command::new(example_binary())
+            .args(command)
+            .args([
+                "--redis",
+                &url,
+                "--name",
+                "zero",
+                "--wait-for-replicas",
+                "0",
+            ])
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{command:?} accepted 0 replicas");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("wait_for_replicas"), "{command:?}: {err}");
+    }
 }

@@ -17,7 +17,7 @@ use deadpool_redis::redis::{
 
 use super::pipeline::{self, Nodes};
 use super::tls::{self, Tls};
-use super::{RESPONSE_TIMEOUT, redact};
+use super::{RESPONSE_TIMEOUT, Wait, redact};
 use crate::error::{Error, Result};
 
 /// How long connecting to one node may take.
@@ -36,15 +36,6 @@ const CLUSTER_MAX_RETRY_WAIT_MS: u64 = 1000;
 pub(crate) struct Backend {
     pub(crate) servers: Servers,
     pub(crate) wait: Option<Wait>,
-}
-
-/// `WAIT <replicas> <timeout>` after the writes a failover must not lose
-/// (docs/design.md §8): the write's command fails unless that many
-/// replicas have it within the timeout.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Wait {
-    pub(crate) replicas: u32,
-    pub(crate) timeout: Duration,
 }
 
 /// The servers of a [`Backend`].
@@ -252,6 +243,18 @@ impl Cluster {
         })
     }
 
+    /// The same Cluster, with no node connections for pipelines yet: for
+    /// a runtime of its own, as its connections' I/O runs on the runtime
+    /// that made them.
+    fn apart(&self) -> Cluster {
+        Cluster {
+            client: self.client.clone(),
+            seed: self.seed.clone(),
+            tls: self.tls.clone(),
+            nodes: Nodes::default(),
+        }
+    }
+
     /// A connection of its own to the node at `host:port`, with the seed
     /// node's user, password and TLS settings, whose replies may take up to
     /// `timeout`.
@@ -300,7 +303,10 @@ impl Backend {
     /// whose blocked read stalls every command on its clones), or made
     /// anew by the pool's manager when `made_here`: a multiplexed
     /// connection's I/O runs in a task on the runtime that made it, and one
-    /// taken from the pool may have been made on another.
+    /// taken from the pool may have been made on another. On a Cluster, a
+    /// new cluster connection; when `made_here`, with node connections for
+    /// its pipelines of its own, not the ones the Cluster's other
+    /// connections share.
     pub(crate) async fn connect(&self, made_here: bool) -> Result<Conn> {
         match &self.servers {
             Servers::Node(pool) => {
@@ -315,7 +321,13 @@ impl Backend {
             }
             Servers::Cluster(cluster) => {
                 let conn = cluster.client.get_async_connection().await?;
-                Ok(Conn::Cluster(conn, cluster.clone()))
+                // Its pipelines too go on node connections made here (with
+                // `wait_for_replicas`, the rounds' writes do).
+                let cluster = match made_here {
+                    true => Arc::new(cluster.apart()),
+                    false => cluster.clone(),
+                };
+                Ok(Conn::Cluster(conn, cluster))
             }
         }
     }

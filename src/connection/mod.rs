@@ -1,6 +1,7 @@
 //! Connections to a service's Redis: where it is (one server or a
-//! Cluster, [`Backend`]), and the one multiplexed connection each part of
-//! an instance shares, replaced after an error ([`SharedConnection`]).
+//! Cluster, [`Backend`]), the one multiplexed connection each part of
+//! an instance shares, replaced after an error ([`SharedConnection`]), and
+//! the `WAIT` after writes a failover must not lose ([`replicated`]).
 //!
 //! Taking a connection from the deadpool pool for every command costs a
 //! round trip (its recycle check pings the connection first). The parts that
@@ -13,19 +14,46 @@ mod backend;
 pub(crate) mod cluster;
 mod pipeline;
 mod redact;
+mod replicated;
 mod shared;
 mod tls;
 
 use std::time::Duration;
 
-pub(crate) use backend::{Backend, Conn, Given, Servers, Wait};
+pub(crate) use backend::{Backend, Conn, Given, Servers};
+pub(crate) use pipeline::Carriers;
 pub(crate) use redact::redact;
+pub(crate) use replicated::Waited;
 pub(crate) use shared::SharedConnection;
 pub use tls::Tls;
 
 use deadpool_redis::redis::{Client, RedisError};
 
 use crate::error::{Error, Result};
+
+/// `WAIT <replicas> <timeout>` after the writes a failover must not lose
+/// (docs/design.md §8): the write's command fails unless that many
+/// replicas have it within the timeout.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Wait {
+    pub(crate) replicas: u32,
+    pub(crate) timeout: Duration,
+}
+
+impl Wait {
+    /// [`Error::NotReplicated`] if a `WAIT` counted `got` replicas, fewer
+    /// than asked for; `Ok` if that many, or if none was sent (`None`).
+    pub(crate) fn confirmed(self, got: Option<u32>) -> Result<()> {
+        match got {
+            Some(got) if got < self.replicas => Err(Error::NotReplicated {
+                wanted: self.replicas,
+                got,
+                within: self.timeout,
+            }),
+            _ => Ok(()),
+        }
+    }
+}
 
 /// How long a command on a shared connection may wait for its reply. The
 /// client's default (500 ms) turns a large pipelined batch into an error

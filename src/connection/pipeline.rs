@@ -14,15 +14,21 @@
 //! the Cluster busy (`TRYAGAIN`, `CLUSTERDOWN`) did not run, and goes again,
 //! to where the redirection says (an `ASKING` before each command for an
 //! `ASK`) or a little later; after a `MOVED` the map is read again.
+//!
+//! A pipeline of writes that must reach a replica ([`write_pipe`]) ends
+//! each per-node pipeline with a `WAIT`: `WAIT` counts the writes of the
+//! connection it comes on, so it must come on the very one that carried
+//! them, after them, wherever a redirection sent them (docs/design.md §8).
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use deadpool_redis::redis::aio::MultiplexedConnection;
 use deadpool_redis::redis::cluster_async::ClusterConnection;
 use deadpool_redis::redis::{self, Cmd, Pipeline, RedisResult, Value};
-use futures_util::future::join_all;
+use futures_util::future::{join_all, try_join_all};
 
 use super::backend::Cluster;
 use super::cluster::{SlotMap, command_slot, slot_map};
@@ -35,7 +41,50 @@ const ATTEMPTS: u32 = 6;
 #[derive(Default)]
 pub(crate) struct Nodes {
     map: Mutex<Option<Arc<SlotMap>>>,
-    conns: Mutex<HashMap<(String, u16), MultiplexedConnection>>,
+    conns: Mutex<HashMap<(String, u16), NodeConn>>,
+}
+
+/// A connection to one node, as pipelines hold it.
+#[derive(Clone)]
+pub(crate) struct NodeConn {
+    /// Tells it from a connection made to the same address after this one
+    /// failed: a `WAIT` on that one would count none of this one's writes.
+    id: u64,
+    conn: MultiplexedConnection,
+}
+
+/// The node connections that carried the commands of Cluster pipelines
+/// (each once), for a `WAIT` after them: a batch's parts, sent one after
+/// another, wait once at the end ([`wait`](Carriers::wait)).
+#[derive(Default)]
+pub(crate) struct Carriers(Mutex<Vec<NodeConn>>);
+
+impl Carriers {
+    fn add(&self, node: &NodeConn) {
+        let mut nodes = lock(&self.0);
+        if !nodes.iter().any(|known| known.id == node.id) {
+            nodes.push(node.clone());
+        }
+    }
+
+    /// Sends `wait` (a `WAIT`) on each connection, all at once: the fewest
+    /// replicas one counted, `None` when none carried anything.
+    pub(crate) async fn wait(&self, wait: &Cmd) -> RedisResult<Option<u32>> {
+        let nodes = lock(&self.0).clone();
+        let waits = nodes.into_iter().map(|node| async move {
+            let reply: Value = wait.query_async(&mut node.conn.clone()).await?;
+            counted(reply)
+        });
+        Ok(try_join_all(waits).await?.into_iter().min())
+    }
+}
+
+/// The replicas a `WAIT`'s reply counted.
+pub(super) fn counted(reply: Value) -> RedisResult<u32> {
+    match reply {
+        Value::ServerError(e) => Err(e.into()),
+        reply => Ok(redis::from_redis_value(reply)?),
+    }
 }
 
 impl std::fmt::Debug for Nodes {
@@ -58,12 +107,8 @@ impl Nodes {
         *lock(&self.map) = None;
     }
 
-    async fn conn(
-        &self,
-        cluster: &Cluster,
-        host: &str,
-        port: u16,
-    ) -> RedisResult<MultiplexedConnection> {
+    async fn conn(&self, cluster: &Cluster, host: &str, port: u16) -> RedisResult<NodeConn> {
+        static MADE: AtomicU64 = AtomicU64::new(0);
         let key = (host.to_owned(), port);
         if let Some(conn) = lock(&self.conns).get(&key) {
             return Ok(conn.clone());
@@ -75,6 +120,10 @@ impl Nodes {
                 crate::Error::Redis(e) => e,
                 other => redis::RedisError::from(std::io::Error::other(other.to_string())),
             })?;
+        let conn = NodeConn {
+            id: MADE.fetch_add(1, Ordering::Relaxed),
+            conn,
+        };
         lock(&self.conns).insert(key, conn.clone());
         Ok(conn)
     }
@@ -113,6 +162,28 @@ pub(crate) async fn query_pipe(
         let mut conn = conn.clone();
         return pipe.query_async(&mut conn).await;
     }
+    let (replies, _) = write_pipe(conn, cluster, pipe, None, None).await?;
+    Ok(Value::Array(replies))
+}
+
+/// Runs `pipe`, writes and no transaction, as [`query_pipe`] does, each
+/// per-node pipeline followed by `wait` (a `WAIT`) if given, and records
+/// the node connections that carried its commands in `carriers` if given.
+/// The replies in the commands' order, and for each the replicas counted
+/// by the `WAIT` after it (`None` without one, or for a command that
+/// never ran: its reply is the last redirection). A command without a key
+/// gets no `WAIT`: peerq writes none.
+pub(crate) async fn write_pipe(
+    conn: &ClusterConnection,
+    cluster: &Cluster,
+    pipe: &Pipeline,
+    wait: Option<&Cmd>,
+    carriers: Option<&Carriers>,
+) -> RedisResult<(Vec<Value>, Vec<Option<u32>>)> {
+    debug_assert!(
+        !pipe.is_transaction(),
+        "a transaction goes through redis-rs"
+    );
     let nodes = &cluster.nodes;
     let commands: Vec<&Cmd> = pipe.cmd_iter().collect();
     let map = nodes.map(conn).await?;
@@ -132,6 +203,7 @@ pub(crate) async fn query_pipe(
         })
         .collect();
     let mut replies: Vec<Option<Value>> = vec![None; commands.len()];
+    let mut replicas: Vec<Option<u32>> = vec![None; commands.len()];
     let mut pending: Vec<usize> = (0..commands.len()).collect();
     for attempt in 0..ATTEMPTS {
         if attempt > 0 {
@@ -145,13 +217,13 @@ pub(crate) async fn query_pipe(
         }
         let sent = groups
             .iter()
-            .map(|(to, ats)| send(conn, cluster, (*to).clone(), &commands, ats));
+            .map(|(to, ats)| send(conn, cluster, (*to).clone(), &commands, ats, wait));
         let answers = join_all(sent).await;
         let mut again = Vec::new();
         let mut moves = Vec::new();
         for ((to, ats), answer) in groups.into_iter().zip(answers) {
-            let values = match answer {
-                Ok(values) => values,
+            let answer = match answer {
+                Ok(answer) => answer,
                 Err(e) => {
                     if let To::Node(host, port) | To::Asking(host, port) = to {
                         nodes.forget_conn(host, *port);
@@ -161,7 +233,17 @@ pub(crate) async fn query_pipe(
                     return Err(e);
                 }
             };
-            for (at, value) in ats.into_iter().zip(values) {
+            // The `WAIT` counts for the commands that ran here; one after
+            // commands that were all sent on says nothing about them.
+            let ran = answer.values.iter().any(|value| redirect(value).is_none());
+            let counted = match answer.waited {
+                Some(waited) if ran => Some(counted(waited)?),
+                _ => None,
+            };
+            if let (Some(carriers), Some(node), true) = (carriers, &answer.node, ran) {
+                carriers.add(node);
+            }
+            for (at, value) in ats.into_iter().zip(answer.values) {
                 if let Some(next) = redirect(&value) {
                     if let Some(next) = next {
                         if matches!(next, To::Node(..)) {
@@ -170,6 +252,8 @@ pub(crate) async fn query_pipe(
                         moves.push((at, next));
                     }
                     again.push(at);
+                } else {
+                    replicas[at] = counted;
                 }
                 replies[at] = Some(value);
             }
@@ -183,23 +267,34 @@ pub(crate) async fn query_pipe(
         again.sort_unstable();
         pending = again;
     }
-    Ok(Value::Array(
-        replies
-            .into_iter()
-            .map(|value| value.unwrap_or(Value::Nil))
-            .collect(),
-    ))
+    let replies = replies
+        .into_iter()
+        .map(|value| value.unwrap_or(Value::Nil))
+        .collect();
+    Ok((replies, replicas))
+}
+
+/// What one per-node pipeline answered.
+struct Answer {
+    /// The commands' replies, in order.
+    values: Vec<Value>,
+    /// The reply of the `WAIT` after them, if one was sent.
+    waited: Option<Value>,
+    /// The connection they went on (none through redis-rs's routing).
+    node: Option<NodeConn>,
 }
 
 /// Sends the commands at `ats` (in order) to `to` in one pipeline, with
-/// errors in place; their replies in the same order.
+/// errors in place, and `wait` after them if given (not through
+/// redis-rs's routing, which may take another connection).
 async fn send(
     conn: &ClusterConnection,
     cluster: &Cluster,
     to: To,
     commands: &[&Cmd],
     ats: &[usize],
-) -> RedisResult<Vec<Value>> {
+    wait: Option<&Cmd>,
+) -> RedisResult<Answer> {
     let mut sub = redis::pipe();
     sub.ignore_errors();
     let asking = matches!(to, To::Asking(..));
@@ -212,14 +307,30 @@ async fn send(
     }
     let (host, port) = match to {
         To::Node(host, port) | To::Asking(host, port) => (host, port),
-        To::Routed => return sub.query_async(&mut conn.clone()).await,
+        To::Routed => {
+            let values = sub.query_async(&mut conn.clone()).await?;
+            return Ok(Answer {
+                values,
+                waited: None,
+                node: None,
+            });
+        }
     };
-    let mut node = cluster.nodes.conn(cluster, &host, port).await?;
-    let values: Vec<Value> = sub.query_async(&mut node).await?;
-    Ok(match asking {
+    if let Some(wait) = wait {
+        sub.add_command(wait.clone());
+    }
+    let node = cluster.nodes.conn(cluster, &host, port).await?;
+    let mut values: Vec<Value> = sub.query_async(&mut node.conn.clone()).await?;
+    let waited = wait.and_then(|_| values.pop());
+    let values = match asking {
         // Every other reply is an `ASKING`'s `OK`.
         true => values.into_iter().skip(1).step_by(2).collect(),
         false => values,
+    };
+    Ok(Answer {
+        values,
+        waited,
+        node: Some(node),
     })
 }
 

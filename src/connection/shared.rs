@@ -6,7 +6,7 @@ use std::sync::Mutex;
 use deadpool_redis::redis::{Cmd, FromRedisValue, Pipeline, RedisError, ScriptInvocation, Value};
 
 use super::{Backend, Conn, cluster};
-use crate::error::{Error, Result};
+use crate::error::Result;
 
 /// A multiplexed connection to the service's Redis, made on first use.
 #[derive(Debug)]
@@ -172,43 +172,6 @@ impl SharedConnection {
             Conn::Node(_) => Ok(vec![None]),
         };
         Ok(reply.inspect_err(|e| self.reset_after(e))?)
-    }
-
-    /// With `wait_for_replicas`, waits until that many replicas have the
-    /// writes this connection sent to the node of each of `keys` (one
-    /// `WAIT` per slot, all at once); an error if fewer confirm in time.
-    /// Without it, returns at once. `WAIT` blocks its connection, so on a
-    /// replica that is down every command on it waits the timeout.
-    pub(crate) async fn replicated<'k>(
-        &self,
-        keys: impl IntoIterator<Item = &'k str>,
-    ) -> Result<()> {
-        let Some(wait) = self.backend.wait else {
-            return Ok(());
-        };
-        let mut cmd = deadpool_redis::redis::cmd("WAIT");
-        cmd.arg(wait.replicas).arg(wait.timeout.as_millis() as u64);
-        let counts: Vec<u32> = match self.get().await? {
-            Conn::Node(_) => vec![self.query(&cmd).await?],
-            Conn::Cluster(..) => {
-                let mut slots: Vec<(u16, &str)> = keys
-                    .into_iter()
-                    .map(|key| (cluster::slot(key), key))
-                    .collect();
-                slots.sort_unstable();
-                slots.dedup_by_key(|(slot, _)| *slot);
-                let waits = slots.iter().map(|(_, key)| self.query_at::<u32>(&cmd, key));
-                futures_util::future::try_join_all(waits).await?
-            }
-        };
-        match counts.into_iter().min() {
-            Some(got) if got < wait.replicas => Err(Error::NotReplicated {
-                wanted: wait.replicas,
-                got,
-                within: wait.timeout,
-            }),
-            _ => Ok(()),
-        }
     }
 
     /// Runs a script, replacing the connection after an error.

@@ -20,6 +20,15 @@
 //! drain timeout, and a busy instance may have thousands of acks queued
 //! before them. In FIFO order a drain missed its 300 ms in a debug build
 //! under load once the queue was allowed 16,384 acks.
+//!
+//! With `wait_for_replicas`, an ack lands once replicas confirmed it. One
+//! they did not confirm (a replica down or behind) is sent again, after a
+//! pause of its own, until they do or the partition is fenced, never given
+//! up: its batch, and so a drain, waits for it, and the drain's mark with
+//! it, so a failover cannot lose acks under a surviving mark (docs/design.md
+//! §8). Meanwhile its successor waits for its deadline, acquires, and the
+//! next try is fenced. It goes back to the queue between tries, so it holds
+//! no place among the batches underway.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
@@ -30,7 +39,7 @@ use futures_util::stream::FuturesUnordered;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
-use tracing::{Instrument, error, warn};
+use tracing::{Instrument, debug, error, warn};
 
 use super::store::{self, AckReply, PartitionStore};
 use crate::config::ServiceName;
@@ -48,7 +57,8 @@ pub(crate) const IN_FLIGHT: usize = 4;
 /// pending (the partition's owner then claims and re-runs them): with the
 /// pauses below, about 10 s, so a short outage of Redis costs no re-runs.
 const ATTEMPTS: u32 = 8;
-/// The pauses between two tries: 100 ms, doubling, at most 2 s.
+/// The pauses between two tries: 100 ms, doubling, at most 2 s. (Also
+/// those of an ack replicas did not confirm, sent again.)
 const PAUSES: Pauses = Pauses::new(Duration::from_millis(100), Duration::from_secs(2));
 
 /// Finished tasks of one partition to ack: one batch's that finished
@@ -64,6 +74,9 @@ pub(crate) struct Ack {
     /// Told the ids and the outcome once the ack has landed, was refused,
     /// or was given up; `None` once told.
     reply: Option<Replies>,
+    /// The pauses before it is sent again while replicas do not confirm
+    /// it (`wait_for_replicas`).
+    unconfirmed: Pauses,
 }
 
 /// Where the outcomes of acks go back: the stream entry ids of one
@@ -84,6 +97,16 @@ impl Ack {
             released,
             ids,
             reply: Some(reply),
+            unconfirmed: PAUSES,
+        }
+    }
+
+    /// Sends it again after its next pause: replicas did not confirm it.
+    fn again(mut self) -> impl Future<Output = Ack> {
+        let pause = self.unconfirmed.take();
+        async move {
+            tokio::time::sleep(pause).await;
+            self
         }
     }
 
@@ -129,9 +152,11 @@ pub(crate) fn spawn(
             // (several ms under load, most of it waiting for its turn on
             // the client's two cores), the next batch need not wait.
             let mut underway = FuturesUnordered::new();
+            // Acks replicas did not confirm, each waiting its pause.
+            let mut unconfirmed = FuturesUnordered::new();
             let mut queue = Queue::default();
             let mut open = true;
-            while open || !queue.is_empty() || !underway.is_empty() {
+            while open || !queue.is_empty() || !underway.is_empty() || !unconfirmed.is_empty() {
                 // Everything sent so far is queued here, so a batch can
                 // take released partitions' acks first.
                 while let Ok(ack) = rx.try_recv() {
@@ -146,7 +171,10 @@ pub(crate) fn spawn(
                         Some(ack) => queue.push(ack),
                         None => open = false,
                     },
-                    Some(()) = underway.next(), if !underway.is_empty() => {}
+                    Some(again) = underway.next(), if !underway.is_empty() => {
+                        unconfirmed.extend(again.into_iter().map(Ack::again));
+                    }
+                    Some(ack) = unconfirmed.next(), if !unconfirmed.is_empty() => queue.push(ack),
                 }
             }
         }
@@ -213,8 +241,9 @@ impl Batch {
     }
 }
 
-/// Acks `batch` and tells each sender how it went.
-async fn send(name: &ServiceName, conn: &SharedConnection, batch: Vec<Ack>) {
+/// Acks `batch` and tells each sender how it went; returns the acks
+/// replicas did not confirm, to send again.
+async fn send(name: &ServiceName, conn: &SharedConnection, batch: Vec<Ack>) -> Vec<Ack> {
     // One script per partition and token (a partition may be released and
     // acquired again, with a new token, while acks are underway).
     let mut groups: BTreeMap<(u32, u64), (Arc<PartitionStore>, Vec<Ack>)> = BTreeMap::new();
@@ -228,19 +257,23 @@ async fn send(name: &ServiceName, conn: &SharedConnection, batch: Vec<Ack>) {
     }
     let groups: Vec<(Arc<PartitionStore>, Vec<Ack>)> = groups.into_values().collect();
     let outcomes = ack_groups(name, conn, &groups).await;
+    let mut again = Vec::new();
     for ((_, acks), outcome) in groups.into_iter().zip(outcomes) {
-        for ack in acks {
-            ack.tell(outcome);
+        match outcome {
+            Some(outcome) => acks.into_iter().for_each(|ack| ack.tell(outcome)),
+            None => again.extend(acks),
         }
     }
+    again
 }
 
-/// One outcome per group, with retries.
+/// One outcome per group, with retries; `None` for a group replicas did
+/// not confirm.
 async fn ack_groups(
     name: &ServiceName,
     conn: &SharedConnection,
     groups: &[(Arc<PartitionStore>, Vec<Ack>)],
-) -> Vec<Acked> {
+) -> Vec<Option<Acked>> {
     let ids: Vec<(&PartitionStore, Vec<&str>)> = groups
         .iter()
         .map(|(store, acks)| {
@@ -251,7 +284,12 @@ async fn ack_groups(
     let mut pauses = PAUSES;
     for attempt in 1..=ATTEMPTS {
         match store::ack(conn, &ids).await {
-            Ok(replies) => return replies.into_iter().map(outcome).collect(),
+            Ok(replies) => {
+                let outcomes = groups.iter().zip(replies);
+                return outcomes
+                    .map(|((store, acks), reply)| outcome(name, store, acks, reply))
+                    .collect();
+            }
             Err(cause) => {
                 warn!(service = %name, attempt, cause, "ack failed; retrying");
                 pauses.wait().await;
@@ -268,18 +306,38 @@ async fn ack_groups(
         count,
         "acks failed {ATTEMPTS} times; the tasks stay pending and will run again"
     );
-    vec![Acked::GaveUp; groups.len()]
+    vec![Some(Acked::GaveUp); groups.len()]
 }
 
-fn outcome(reply: AckReply) -> Acked {
-    match reply {
+/// What `reply` means for the `acks` of the partition of `store`; `None`:
+/// send them again.
+fn outcome(
+    name: &ServiceName,
+    store: &PartitionStore,
+    acks: &[Ack],
+    reply: AckReply,
+) -> Option<Acked> {
+    Some(match reply {
         AckReply::Acked => Acked::Yes,
         AckReply::Fenced => Acked::Fenced,
+        AckReply::Unconfirmed(cause) => {
+            let partition = store.partition();
+            // Once per ack, at its first try: the next ones say nothing new.
+            if acks
+                .iter()
+                .any(|ack| ack.unconfirmed.upcoming() == PAUSES.upcoming())
+            {
+                warn!(service = %name, partition, cause, "acks not confirmed by replicas; sending them again until they are");
+            } else {
+                debug!(service = %name, partition, cause, "acks still not confirmed by replicas");
+            }
+            return None;
+        }
         AckReply::Refused(e) => {
             error!(cause = e, "ack refused by redis");
             Acked::GaveUp
         }
-    }
+    })
 }
 
 #[cfg(test)]

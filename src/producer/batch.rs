@@ -13,6 +13,12 @@
 //! so Redis applies them in the batch's order, as it did one pipeline.
 //! More connections bought nothing measurable, neither for one caller nor
 //! for four concurrent ones: Redis runs the `XADD`s one at a time anyway.
+//!
+//! With `wait_for_replicas`, one `WAIT` follows the last part, on the
+//! connection that carried the parts (on a Cluster, on each node
+//! connection that carried any: docs/design.md §8). A `WAIT` per part
+//! would hold the connection, and the parts behind it, for a replica's
+//! round trip each.
 
 use deadpool_redis::redis::{Cmd, Pipeline, RedisResult};
 use futures_util::stream::FuturesUnordered;
@@ -21,7 +27,7 @@ use serde::Serialize;
 
 use super::Producer;
 use crate::codec::Codec;
-use crate::connection::Conn;
+use crate::connection::{Carriers, Conn};
 use crate::entry::{self, TaskId};
 use crate::error::Result;
 use crate::partition::partition_of;
@@ -50,7 +56,7 @@ impl<C: Codec> Producer<C> {
         // One time for the batch: its entries are enqueued together.
         let enqueued_at = entry::now_ms().to_string();
         let mut ids = Vec::with_capacity(payloads.len());
-        let mut touched = vec![false; self.streams.len()];
+        let carriers = Carriers::default();
         let mut sending = FuturesUnordered::new();
         let mut failed = None;
         for (i, part) in payloads.chunks(PART).enumerate() {
@@ -66,10 +72,9 @@ impl<C: Codec> Producer<C> {
                 let p = partition_of(id.as_str().as_bytes(), self.partitions) as usize;
                 let fields = entry::first_attempt(id.as_str(), &enqueued_at, C::NAME, payload);
                 pipe.add_command(xadd(&self.streams[p], &fields));
-                touched[p] = true;
                 ids.push(id);
             }
-            sending.push(self.send_part(conn.clone(), pipe));
+            sending.push(self.send_part(conn.clone(), pipe, &carriers));
             // One poll hands the part to the connection (and collects any
             // part already answered); the rest is waited for below.
             while let Some(Some(sent)) = sending.next().now_or_never() {
@@ -82,19 +87,18 @@ impl<C: Codec> Producer<C> {
         if let Some(error) = failed {
             return Err(error);
         }
-        let streams = self.streams.iter().zip(touched);
-        let touched = streams
-            .filter(|(_, touched)| *touched)
-            .map(|(s, _)| s.as_str());
-        self.conn.replicated(touched).await?;
+        if let Some(wait) = self.conn.wait() {
+            let waited = conn.clone().wait_after(&carriers, wait).await;
+            wait.confirmed(waited.inspect_err(|e| self.conn.reset_after(e))?)?;
+        }
         Ok(ids)
     }
 
-    /// Sends one part on `conn`, the producer's connection, and forgets
-    /// the connection if the error says it may be broken.
-    async fn send_part(&self, mut conn: Conn, pipe: Pipeline) -> Result<()> {
-        // On a Cluster, one pipeline per slot.
-        let sent: RedisResult<()> = conn.query_pipe(&pipe).await;
+    /// Sends one part on `conn`, the producer's connection (on a Cluster,
+    /// one pipeline per master, whose connections go in `carriers`), and
+    /// forgets the connection if the error says it may be broken.
+    async fn send_part(&self, mut conn: Conn, pipe: Pipeline, carriers: &Carriers) -> Result<()> {
+        let sent: RedisResult<()> = conn.write_part(&pipe, carriers).await;
         Ok(sent.inspect_err(|e| self.conn.reset_after(e))?)
     }
 }

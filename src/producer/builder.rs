@@ -90,9 +90,11 @@ impl<C: Codec> ProducerBuilder<C> {
         self
     }
 
-    /// After each enqueue, wait until `replicas` replicas of its master
-    /// have it (`WAIT`), at most `timeout`; an enqueue they did not all
-    /// confirm returns [`Error::NotReplicated`](crate::Error::NotReplicated)
+    /// After each enqueue (a batch: after its last part), wait until
+    /// `replicas` replicas of its master have it (`WAIT`, on the connection
+    /// that carried it, on a Cluster each master's), at most `timeout`; an
+    /// enqueue they did not all confirm returns
+    /// [`Error::NotReplicated`](crate::Error::NotReplicated)
     /// (the task is enqueued; sending it again with an idempotency key does
     /// not run it twice). Without it (the default), a failover can lose an
     /// enqueue that returned success (docs/design.md §8).

@@ -80,11 +80,10 @@ impl<C: Codec> Producer<C> {
             for (k, v) in entry.fields() {
                 script.arg(k).arg(v);
             }
-            let (enqueued, due): (String, u64) = self.conn.invoke(&script).await?;
+            let (enqueued, due): (String, u64) = self.conn.write_script(&script).await?;
             if enqueued.is_empty() {
                 return Ok(None);
             }
-            self.conn.replicated([stream.as_str()]).await?;
             if due > 0 {
                 self.notice(p, due).await;
             }
@@ -93,8 +92,7 @@ impl<C: Codec> Producer<C> {
         }
         let mut cmd = redis::cmd("XADD");
         cmd.arg(&stream).arg("*").arg(entry.fields());
-        self.conn.query::<()>(&cmd).await?;
-        self.conn.replicated([stream.as_str()]).await?;
+        self.conn.write::<()>(&cmd).await?;
         Ok(Some((id, true)))
     }
 

@@ -144,13 +144,19 @@ impl<C: Codec> Producer<C> {
             .collect();
         let mut pipe = redis::pipe();
         for key in &keys {
-            pipe.cmd("PEXPIRE")
-                .arg(key)
-                .arg(grace.as_millis() as u64)
-                .ignore();
+            pipe.cmd("PEXPIRE").arg(key).arg(grace.as_millis() as u64);
         }
-        self.conn.query_pipe::<()>(&pipe).await?;
-        self.conn.replicated(keys.iter().map(String::as_str)).await
+        // With `wait_for_replicas`, the WAIT goes on the connections that
+        // carried the PEXPIREs (docs/design.md §8).
+        let waited = self.conn.write_pipe(&mut pipe).await?;
+        for (i, reply) in waited.replies().iter().enumerate() {
+            reply
+                .clone()
+                .extract_error()
+                .map_err(crate::error::Error::from)?;
+            waited.confirmed(i)?;
+        }
+        Ok(())
     }
 
     /// Redis's clock, in Unix milliseconds.

@@ -1,6 +1,9 @@
 //! Failovers while tasks flow, each on a cluster of its own with a replica
 //! per master: the manual kind (`CLUSTER FAILOVER`), in which the master
-//! hands over only once its replica has every write.
+//! hands over only once its replica has every write, and a master killed
+//! while partitions change hands.
+
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::*;
 
@@ -43,13 +46,14 @@ struct Killed {
     twice: usize,
 }
 
-/// Tasks flow into service `name` (each enqueue sent again until it
-/// succeeds, under an idempotency key, so a failed enqueue that landed is
-/// not a second task) while the master of the service's own keys and of a
-/// third of its partitions is SIGKILLed, its replica takes over, and it
-/// comes back as the new master's replica. With
-/// `wait`, the consumers and the producer wait for one replica after the
-/// writes a failover must not lose.
+/// Tasks flow into service `name`, one at a time and in batches, while the
+/// master of the service's own keys and of a third of its partitions is
+/// SIGKILLed, its replica takes over, and it comes back as the new
+/// master's replica; meanwhile partitions change hands: a third instance
+/// joins just before the kill (the two drain what it takes over while the
+/// master dies) and the first leaves after it (its partitions drain to the
+/// others). With `wait`, the consumers and the producer wait for one
+/// replica after the writes a failover must not lose.
 async fn kill_a_master_while_tasks_flow(wait: bool) -> Killed {
     let mut cluster = RedisCluster::start(3, 1);
     let name = unique_name(if wait { "kw" } else { "kn" });
@@ -58,7 +62,7 @@ async fn kill_a_master_while_tasks_flow(wait: bool) -> Killed {
         true => builder.wait_for_replicas(1, 100 * MS),
         false => builder,
     };
-    let instances: Vec<Instance> = (0..2)
+    let mut instances: Vec<Instance> = (0..2)
         .map(|i| Instance::start_with(&cluster, &name, record.for_instance(i), replicated))
         .collect();
     let mut producer = Producer::builder()
@@ -69,29 +73,19 @@ async fn kill_a_master_while_tasks_flow(wait: bool) -> Killed {
     }
     let producer = Arc::new(producer.connect().await.unwrap());
     let killed = CancellationToken::new();
-    let flowing = tokio::spawn({
-        let (producer, killed) = (producer.clone(), killed.clone());
-        async move {
-            let mut next = 0;
-            let deadline = std::time::Instant::now() + Duration::from_secs(90);
-            while !killed.is_cancelled() || next < 3000 {
-                let options = Options::new().idempotency_key(next.to_string());
-                while let Err(e) = producer
-                    .enqueue_with(Job { seq: next }, options.clone())
-                    .await
-                {
-                    assert!(std::time::Instant::now() < deadline, "enqueues fail: {e}");
-                    tokio::time::sleep(20 * MS).await;
-                }
-                next += 1;
-                if next % 10 == 0 {
-                    tokio::time::sleep(10 * MS).await;
-                }
-            }
-            next
-        }
+    let seqs = Arc::new(AtomicU64::new(0));
+    let flowing = [1, 50].map(|batch| {
+        let (producer, seqs, killed) = (producer.clone(), seqs.clone(), killed.clone());
+        tokio::spawn(enqueue_until(producer, seqs, killed, batch))
     });
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    instances.push(Instance::start_with(
+        &cluster,
+        &name,
+        record.for_instance(2),
+        replicated,
+    ));
+    tokio::time::sleep(Duration::from_millis(1000)).await;
     let master = cluster.master_of_key(&format!("{{{name}}}:meta"));
     tokio::task::block_in_place(|| {
         cluster.kill_master(&master);
@@ -100,9 +94,13 @@ async fn kill_a_master_while_tasks_flow(wait: bool) -> Killed {
         // cannot succeed, and writes to its slots wait).
         cluster.restart_node(&master);
     });
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    instances.remove(0).shutdown().await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
     killed.cancel();
-    let enqueued = flowing.await.unwrap();
+    for flow in flowing {
+        flow.await.unwrap();
+    }
+    let enqueued = seqs.load(Ordering::SeqCst);
     // Every task runs in the end, or is lost for good: wait for the first,
     // and settle for what ran when nothing changes for 10 s.
     let mut last = (0, std::time::Instant::now());
@@ -131,6 +129,42 @@ async fn kill_a_master_while_tasks_flow(wait: bool) -> Killed {
         killed.enqueued, killed.lost, killed.twice
     );
     killed
+}
+
+/// Enqueues tasks with seqs from `seqs` until `stop` and 3,000 at least,
+/// each sent again until it succeeds: one at a time under an idempotency
+/// key when `batch` is 1 (a failed enqueue that landed is not a second
+/// task), else `batch` at a time with `enqueue_batch` (a failed batch that
+/// landed, in part or whole, is there twice once sent again).
+async fn enqueue_until(
+    producer: Arc<Producer>,
+    seqs: Arc<AtomicU64>,
+    stop: CancellationToken,
+    batch: u64,
+) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(90);
+    while !stop.is_cancelled() || seqs.load(Ordering::SeqCst) < 3000 {
+        let from = seqs.fetch_add(batch, Ordering::SeqCst);
+        let jobs: Vec<Job> = (from..from + batch).map(|seq| Job { seq }).collect();
+        loop {
+            let sent = match batch {
+                1 => {
+                    let options = Options::new().idempotency_key(from.to_string());
+                    let sent = producer.enqueue_with(&jobs[0], options).await;
+                    sent.map(drop)
+                }
+                _ => producer.enqueue_batch(&jobs).await.map(drop),
+            };
+            match sent {
+                Ok(()) => break,
+                Err(e) => {
+                    assert!(std::time::Instant::now() < deadline, "enqueues fail: {e}");
+                    tokio::time::sleep(20 * MS).await;
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(batch.max(10))).await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

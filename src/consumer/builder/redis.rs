@@ -44,13 +44,14 @@ impl<T, S, C: Codec> ConsumerBuilder<T, S, C> {
     }
 
     /// After the writes a failover must not lose (owner records, release
-    /// marks, round writes, acks), wait until `replicas` replicas of
-    /// their master have them (`WAIT`), at most `timeout` (at most a tenth
-    /// of the interval): a write they did not confirm counts as failed
-    /// (the round is missed, the acks are sent again). Without it (the
-    /// default) a failover can lose such a write: a task may then run
-    /// twice, or two instances read different counts for a round
-    /// (docs/design.md §8).
+    /// marks, round writes, acks), wait until `replicas` replicas of their
+    /// master have them (`WAIT`, on the connection that carried them), at
+    /// most `timeout` (at most a tenth of the interval):
+    /// a write they did not confirm counts as failed (the round is missed;
+    /// the acks are sent again until replicas have them, and a drain's
+    /// release mark waits for them). Without it (the default) a failover
+    /// can lose such a write: a task may then run twice, or two instances
+    /// read different counts for a round (docs/design.md §8).
     pub fn wait_for_replicas(mut self, replicas: u32, timeout: Duration) -> Self {
         self.redis.wait = Some(Wait { replicas, timeout });
         self

@@ -5,10 +5,10 @@
 
 use std::sync::LazyLock;
 
-use deadpool_redis::redis::{self, Script, ScriptInvocation, Value};
+use deadpool_redis::redis::{self, RedisError, Script, ScriptInvocation, Value};
 
 use super::PartitionStore;
-use crate::connection::SharedConnection;
+use crate::connection::{SharedConnection, Waited};
 use crate::keys;
 
 static FENCED_ACK: LazyLock<Script> =
@@ -28,8 +28,13 @@ const TRANSIENT: [&str; 6] = [
 /// How one partition's acks ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum AckReply {
-    /// Acked (or not pending any more).
+    /// Acked (or not pending any more), and, with `wait_for_replicas`,
+    /// confirmed by enough replicas.
     Acked,
+    /// Acked on the master, but fewer replicas than `wait_for_replicas`
+    /// asks for confirmed it (the cause): a failover could still lose it.
+    /// Sending it again (it acks nothing more) waits for it again.
+    Unconfirmed(String),
     /// Refused: another instance owns the partition now.
     Fenced,
     /// Redis answered something else; the entries stay pending.
@@ -54,6 +59,12 @@ impl PartitionStore {
 /// per group. `Err` (with the cause) when the whole batch should be sent
 /// again: the connection failed, or Redis said "not now". The acks are
 /// idempotent, so sending them again is safe.
+///
+/// With `wait_for_replicas`, each node's part of the pipeline ends with a
+/// `WAIT` on the connection that carried it, and a group whose `WAIT`
+/// counted too few replicas is [`AckReply::Unconfirmed`]: a drain's acks go
+/// before its mark, and a failover that lost them under a surviving mark
+/// would run their tasks again.
 pub(crate) async fn ack(
     conn: &SharedConnection,
     groups: &[(&PartitionStore, Vec<&str>)],
@@ -62,8 +73,8 @@ pub(crate) async fn ack(
     for (store, ids) in groups {
         pipe.invoke_script(&store.ack_script(ids));
     }
-    let mut replies = send(conn, &mut pipe).await?;
-    if replies.iter().any(is_noscript) {
+    let mut sent = send(conn, &mut pipe).await?;
+    if sent.replies().iter().any(is_noscript) {
         // Redis restarted and forgot the script: pipelines do not load
         // scripts by themselves.
         let mut load = redis::cmd("SCRIPT");
@@ -72,39 +83,35 @@ pub(crate) async fn ack(
         conn.query::<String>(&load)
             .await
             .map_err(|e| e.to_string())?;
-        replies = send(conn, &mut pipe).await?;
+        sent = send(conn, &mut pipe).await?;
     }
-    if let Some(transient) = replies.iter().find(|r| is_transient(r)) {
-        return Err(format!("{:?}", transient.as_ref().err()));
+    if let Some(Value::ServerError(transient)) = sent.replies().iter().find(|r| is_transient(r)) {
+        return Err(format!("{transient:?}"));
     }
-    // With `wait_for_replicas`, acks count as landed once replicas have
-    // them: a drain's last acks go before its mark, and a failover that
-    // lost them under a surviving mark would run their tasks again.
-    let streams = groups.iter().map(|(store, _)| store.stream.as_str());
-    conn.replicated(streams).await.map_err(|e| e.to_string())?;
-    Ok(replies.iter().map(reply).collect())
+    Ok((0..groups.len()).map(|i| reply(&sent, i)).collect())
 }
 
-async fn send(
-    conn: &SharedConnection,
-    pipe: &mut redis::Pipeline,
-) -> Result<Vec<redis::RedisResult<Value>>, String> {
-    conn.query_pipe_each(pipe).await.map_err(|e| e.to_string())
+async fn send(conn: &SharedConnection, pipe: &mut redis::Pipeline) -> Result<Waited, String> {
+    conn.write_pipe(pipe).await.map_err(|e| e.to_string())
 }
 
-fn is_noscript(reply: &redis::RedisResult<Value>) -> bool {
-    matches!(reply, Err(e) if e.code() == Some("NOSCRIPT"))
+fn is_noscript(reply: &Value) -> bool {
+    matches!(reply, Value::ServerError(e) if e.code() == "NOSCRIPT")
 }
 
-fn is_transient(reply: &redis::RedisResult<Value>) -> bool {
-    matches!(reply, Err(e) if e.code().is_some_and(|c| TRANSIENT.contains(&c)))
+fn is_transient(reply: &Value) -> bool {
+    matches!(reply, Value::ServerError(e) if TRANSIENT.contains(&e.code()))
 }
 
-fn reply(reply: &redis::RedisResult<Value>) -> AckReply {
-    match reply {
-        Ok(Value::Int(n)) if *n >= 0 => AckReply::Acked,
-        Ok(Value::Int(_)) => AckReply::Fenced,
-        Ok(other) => AckReply::Refused(format!("unexpected reply {other:?}")),
-        Err(e) => AckReply::Refused(e.to_string()),
+/// Group `i`'s outcome.
+fn reply(sent: &Waited, i: usize) -> AckReply {
+    match &sent.replies()[i] {
+        Value::Int(n) if *n >= 0 => match sent.confirmed(i) {
+            Ok(()) => AckReply::Acked,
+            Err(e) => AckReply::Unconfirmed(e.to_string()),
+        },
+        Value::Int(_) => AckReply::Fenced,
+        Value::ServerError(e) => AckReply::Refused(RedisError::from(e.clone()).to_string()),
+        other => AckReply::Refused(format!("unexpected reply {other:?}")),
     }
 }

@@ -26,9 +26,9 @@ pub(crate) async fn mark(
     let transition = keys::transition(name);
     let mut script = MARK.key(&transition);
     script.arg(p).arg(epoch);
-    let marked = conn.invoke(&script).await?;
-    conn.replicated([transition.as_str()]).await?;
-    Ok(marked)
+    // With `wait_for_replicas`, a mark a failover could lose is not
+    // written: the successor would wait for its deadline.
+    conn.write_script(&script).await
 }
 
 /// A partition's release mark.

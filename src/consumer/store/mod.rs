@@ -182,11 +182,9 @@ impl PartitionStore {
     pub(crate) async fn acquire(&self) -> Result<Option<u64>> {
         let mut script = ACQUIRE.key(&self.owner);
         script.arg(self.token).arg(&self.consumer);
-        let reply: i64 = self.conn.invoke(&script).await?;
-        if reply > 0 {
-            // A record a failover lost would admit the previous owner.
-            self.conn.replicated([self.owner.as_str()]).await?;
-        }
+        // With `wait_for_replicas`, confirmed by a replica: a record a
+        // failover lost would admit the previous owner.
+        let reply: i64 = self.conn.write_script(&script).await?;
         Ok((reply <= 0).then_some(reply.unsigned_abs()))
     }
 

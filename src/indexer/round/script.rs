@@ -67,10 +67,10 @@ impl RoundLoop {
         };
         let read_prev = if prev.is_some() { "1" } else { "0" };
         let rendezvous = self.settings.assignor == Assignor::Rendezvous;
-        let mut values = match self.settings.indexing {
+        let script = match self.settings.indexing {
             Indexing::Ranked => {
-                let values: Vec<Value> = ROUND_RANKED
-                    .key(keys::round(&self.name, number))
+                let mut script = ROUND_RANKED.key(keys::round(&self.name, number));
+                script
                     .key(keys::round(&self.name, number - 1))
                     .key(keys::round(&self.name, number.saturating_sub(2)))
                     .key(keys::round_same(&self.name, number - 1))
@@ -86,35 +86,30 @@ impl RoundLoop {
                         "1"
                     } else {
                         "0"
-                    })
-                    .invoke_async(conn)
-                    .await?;
-                values.into_iter()
+                    });
+                script
             }
             Indexing::Incr => {
-                let values: Vec<Value> = ROUND_INCR
-                    .key(keys::round(&self.name, number))
+                let mut script = ROUND_INCR.key(keys::round(&self.name, number));
+                script
                     .key(keys::round_takers(&self.name, number))
                     .key(keys::round(&self.name, number - 1))
                     .key(keys::round_takers(&self.name, number - 1))
                     .arg(self.id.as_str())
                     .arg(ttl)
                     .arg(write_by)
-                    .arg(read_prev)
-                    .invoke_async(conn)
-                    .await?;
-                values.into_iter()
+                    .arg(read_prev);
+                script
             }
         };
+        // With `wait_for_replicas`, a write is confirmed by a `WAIT` on the
+        // connection that carried it: a round write a failover lost could
+        // give two instances different counts for one epoch. Unconfirmed,
+        // the round is missed (fenced), never used.
+        let wait = self.conn.wait().filter(|_| write);
+        let values: Vec<Value> = conn.write_script(&script, wait).await?.reply()?;
+        let mut values = values.into_iter();
         let written: i64 = parse(&mut values)?;
-        if write {
-            // A round write a failover lost could give two instances
-            // different counts for one epoch: unconfirmed, the round is
-            // missed (fenced), never used.
-            self.conn
-                .replicated([keys::round(&self.name, number).as_str()])
-                .await?;
-        }
         let (written_value, prev) = match (self.settings.indexing, prev) {
             (Indexing::Ranked, prev) => {
                 let rank: Option<u64> = parse(&mut values)?;

@@ -103,6 +103,51 @@ impl RedisCluster {
         self.settle(&format!("restarting node {}", node.port), SETTLE_TIMEOUT);
     }
 
+    /// Freezes `node` with SIGSTOP: it stops answering, its connections
+    /// stay open. A frozen replica no longer acknowledges its master's
+    /// writes, so `WAIT 1` on that master counts none of the writes made
+    /// since. [`thaw`](Self::thaw) it before anything that waits for the
+    /// cluster to settle (a frozen node never answers the checks).
+    pub fn freeze(&self, node: &NodeInfo) {
+        self.node(node.port).pause();
+    }
+
+    /// Thaws a node [`freeze`](Self::freeze) froze (SIGCONT) and waits
+    /// until it answers, no live node flags it failing, and, for a
+    /// replica, its link to its master is up. (Not for the whole cluster
+    /// to settle: a test may thaw a node with a slot migration open.)
+    pub fn thaw(&self, node: &NodeInfo) {
+        self.node(node.port).resume();
+        let deadline = Instant::now() + SETTLE_TIMEOUT;
+        while let Err(reason) = self.check_thawed(node) {
+            if Instant::now() >= deadline {
+                self.fail(&format!(
+                    "node {} not back within {SETTLE_TIMEOUT:?} after thawing: {reason}",
+                    node.port
+                ));
+            }
+            thread::sleep(POLL_INTERVAL);
+        }
+    }
+
+    /// Whether a thawed `node` is back (see [`thaw`](Self::thaw)).
+    fn check_thawed(&self, node: &NodeInfo) -> Result<(), String> {
+        if self.role(node.port)? == "slave" {
+            let info: String = self.node_query(node.port, redis::cmd("INFO").arg("replication"))?;
+            let link = info_field(&info, "master_link_status");
+            if link != Some("up") {
+                return Err(format!("master_link_status {link:?}"));
+            }
+        }
+        for other in self.live() {
+            let lines = self.node_lines(other.port())?;
+            if lines.iter().any(|line| line.id == node.id && line.failed) {
+                return Err(format!("node {} flags it failing", other.port()));
+            }
+        }
+        Ok(())
+    }
+
     /// Waits until every live replica of `master` has processed everything
     /// `master` had written when this was called, comparing the master's
     /// `master_repl_offset` with each replica's own `slave_repl_offset`

@@ -365,6 +365,14 @@ impl RedisCluster {
     }
 
     /// The node the harness started on `port`.
+    fn node(&self, port: u16) -> &RedisServer {
+        self.nodes
+            .iter()
+            .find(|node| node.port() == port)
+            .unwrap_or_else(|| panic!("no node of this cluster listens on port {port}"))
+    }
+
+    /// The node the harness started on `port`.
     fn node_mut(&mut self, port: u16) -> &mut RedisServer {
         self.nodes
             .iter_mut()
