@@ -294,8 +294,8 @@ const UNACKED: u64 = 4 * 4096;
 /// The instance reaches Redis through a proxy that holds every connection
 /// that sends the `fenced_ack` script's hash, from that request on: its
 /// acks never land (each try ends at the response timeout, and the next
-/// one, on a new connection, is held again; the acker gives up only after
-/// 8 tries, over a minute), while its reads on the connections that carry
+/// one, on a new connection, is held again; the acker never gives an ack
+/// up), while its reads on the connections that carry
 /// no ack go on, and so do its rounds. 8 partitions hold 40,000 tasks:
 /// 30,000 or more of them on partitions whose reads are not held. Then the
 /// acks land (the proxy lets go), and the instance reads and runs the rest.
@@ -345,7 +345,7 @@ async fn an_instance_whose_acks_cannot_land_stops_reading_at_its_bound() {
     let read = pending(&mut conn, &name, P).await;
     let reached = ran();
     // Nothing more for 2 s: no new read, no new run (the acks' first tries
-    // end at the 10 s response timeout, and none is given up for a minute).
+    // end at the 10 s response timeout, and none is ever given up).
     tokio::time::sleep(Duration::from_secs(2)).await;
     let read_after = pending(&mut conn, &name, P).await;
     println!(
@@ -371,4 +371,107 @@ async fn an_instance_whose_acks_cannot_land_stops_reading_at_its_bound() {
     .await;
     stop.cancel();
     consumer.await.unwrap().unwrap();
+}
+
+/// The same bound when Redis refuses the acks outright, not just slowly:
+/// the consumer's user loses `XACK` (an operator's ACL change; a full
+/// memory's `OOM` is alike), so every ack script fails with `NOPERM`. The
+/// acker keeps such an ack, and its slot, and sends it again until it
+/// lands: reads stop at the bound, and once `XACK` is granted again the
+/// acks land and every task has run exactly once. (An ack given up on a
+/// refusal freed its slot: the instance read and ran all 40,000 tasks with
+/// none acked, and ran them again once acks could land; issue 36.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_instance_whose_acks_redis_refuses_stops_reading_and_runs_each_task_once() {
+    const P: u32 = 8;
+    const CONCURRENCY: usize = 4;
+    const TOTAL: u64 = 40_000;
+    const USER: &str = "acker";
+    const PASSWORD: &str = "acker-pw";
+    support::init_tracing();
+    let server = RedisServer::start();
+    let name = unique_name("acks-refused");
+    let mail = Mail {
+        seq: 0,
+        to: "user@example.com".into(),
+    };
+    fill(&server, &name, P, TOTAL, &mail).await;
+    let mut admin = server.connection().await;
+    let acl = |rule: &'static str| {
+        let mut cmd = redis::cmd("ACL");
+        cmd.arg("SETUSER").arg(USER).arg(rule);
+        cmd
+    };
+    for rule in ["on", ">acker-pw", "~*", "&*", "+@all", "-xack"] {
+        let () = acl(rule).query_async(&mut admin).await.unwrap();
+    }
+    let runs: Arc<Mutex<std::collections::HashMap<String, u32>>> = Arc::default();
+    let handler = {
+        let runs = runs.clone();
+        tower::service_fn(move |task: peerq::handler::Task<Mail>| {
+            *runs
+                .lock()
+                .unwrap()
+                .entry(task.cx.task_id().to_string())
+                .or_default() += 1;
+            async { Ok::<(), peerq::HandlerError>(()) }
+        })
+    };
+    let stop = tokio_util::sync::CancellationToken::new();
+    let consumer = tokio::spawn(
+        peerq::Consumer::builder()
+            .name(&name)
+            .redis(server.url_as(USER, PASSWORD))
+            .partitions(P)
+            .concurrency(CONCURRENCY)
+            // Claims of what stays pending 3 s, every second: a task whose
+            // ack was given up would soon run again.
+            .claim_idle(Duration::from_secs(3))
+            .service(handler)
+            .run_until(stop.clone().cancelled_owned()),
+    );
+    let ran = || -> u64 { runs.lock().unwrap().values().map(|n| u64::from(*n)).sum() };
+    support::wait_until(
+        Duration::from_secs(60),
+        "the bound of unacked tasks",
+        || ran() >= UNACKED,
+    )
+    .await;
+    let mut conn = server.pool().get().await.unwrap();
+    let read = pending(&mut conn, &name, P).await;
+    let reached = ran();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let read_after = pending(&mut conn, &name, P).await;
+    println!(
+        "acks refused: ran {reached} tasks and read {read} entries of {TOTAL}; \
+         2 s later {} and {read_after}",
+        ran()
+    );
+    assert_eq!(ran(), reached, "tasks ran after the bound");
+    assert_eq!(read_after, read, "entries were read after the bound");
+    assert!(
+        reached <= UNACKED + CONCURRENCY as u64,
+        "{reached} tasks ran: more than the {UNACKED} waiting for acks and the {CONCURRENCY} \
+         holding permits"
+    );
+    // The operator grants XACK again: the acks land, and the rest runs.
+    let () = acl("+xack").query_async(&mut admin).await.unwrap();
+    support::wait_until(
+        Duration::from_secs(120),
+        "every task, once acks land",
+        || runs.lock().unwrap().len() as u64 >= TOTAL,
+    )
+    .await;
+    // Time for a second run of any task, if one were coming (claims run
+    // every second).
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    stop.cancel();
+    consumer.await.unwrap().unwrap();
+    let runs = runs.lock().unwrap();
+    let twice: Vec<_> = runs.iter().filter(|(_, n)| **n > 1).take(5).collect();
+    assert!(
+        twice.is_empty(),
+        "tasks ran more than once: {twice:?} (and maybe more)"
+    );
+    assert_eq!(runs.len() as u64, TOTAL);
 }

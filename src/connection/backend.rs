@@ -11,17 +11,16 @@ use deadpool_redis::redis::aio::{ConnectionLike, MultiplexedConnection};
 use deadpool_redis::redis::cluster::{ClusterClient, ClusterClientBuilder};
 use deadpool_redis::redis::cluster_async::ClusterConnection;
 use deadpool_redis::redis::{
-    self, AsyncConnectionConfig, Cmd, ConnectionAddr, ConnectionInfo, FromRedisValue,
-    IntoConnectionInfo, Pipeline, RedisFuture, RedisResult, Value,
+    Cmd, ConnectionAddr, FromRedisValue, IntoConnectionInfo, Pipeline, RedisFuture, RedisResult,
+    Value,
 };
 
+use super::node::NodeSettings;
 use super::pipeline::{self, Nodes};
 use super::tls::{self, Tls};
-use super::{RESPONSE_TIMEOUT, Wait, redact};
+use super::{CONNECT_TIMEOUT, RESPONSE_TIMEOUT, Wait, redact};
 use crate::error::{Error, Result};
 
-/// How long connecting to one node may take.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// How often the Cluster client sends a command again after a redirection
 /// or a node that is failing over, and the bounds of its pauses (ms). Its
 /// defaults wait at least 1.28 s before a retry, 16 times; peerq's loops
@@ -47,13 +46,10 @@ pub(crate) enum Servers {
     Cluster(Arc<Cluster>),
 }
 
-/// A Redis Cluster: its client, and the first seed node's settings (user,
-/// password, TLS) for connections made to one node.
+/// A Redis Cluster: its client, and its nodes as peerq's own connections
+/// reach them (made with the first seed node's user, password and TLS).
 pub(crate) struct Cluster {
     client: ClusterClient,
-    seed: ConnectionInfo,
-    /// What connections to one node trust and present.
-    tls: Option<Tls>,
     /// The slot map and the connections pipelines go on.
     pub(super) nodes: Nodes,
 }
@@ -237,9 +233,7 @@ impl Cluster {
             .map_err(|e| Error::invalid("redis_cluster", e.to_string()))?;
         Ok(Cluster {
             client,
-            seed,
-            tls,
-            nodes: Nodes::default(),
+            nodes: Nodes::new(NodeSettings { seed, tls }),
         })
     }
 
@@ -249,9 +243,7 @@ impl Cluster {
     fn apart(&self) -> Cluster {
         Cluster {
             client: self.client.clone(),
-            seed: self.seed.clone(),
-            tls: self.tls.clone(),
-            nodes: Nodes::default(),
+            nodes: Nodes::new(self.nodes.settings().clone()),
         }
     }
 
@@ -264,31 +256,7 @@ impl Cluster {
         port: u16,
         timeout: Duration,
     ) -> Result<MultiplexedConnection> {
-        let addr = match self.seed.addr() {
-            ConnectionAddr::TcpTls {
-                insecure,
-                tls_params,
-                ..
-            } => ConnectionAddr::TcpTls {
-                host: host.to_owned(),
-                port,
-                insecure: *insecure,
-                tls_params: tls_params.clone(),
-            },
-            _ => ConnectionAddr::Tcp(host.to_owned(), port),
-        };
-        let info = self.seed.clone().set_addr(addr);
-        let client = match &self.tls {
-            #[cfg(feature = "tls")]
-            Some(tls) => tls::client(info, tls)?,
-            _ => redis::Client::open(info)?,
-        };
-        let config = AsyncConnectionConfig::new()
-            .set_connection_timeout(Some(CONNECT_TIMEOUT))
-            .set_response_timeout(Some(timeout));
-        Ok(client
-            .get_multiplexed_async_connection_with_config(&config)
-            .await?)
+        self.nodes.settings().connect(host, port, timeout).await
     }
 }
 
@@ -362,7 +330,7 @@ impl Conn {
         match self {
             Conn::Node(conn) => pipe.query_async(conn).await,
             Conn::Cluster(conn, cluster) => {
-                let replies = pipeline::query_pipe(conn, cluster, pipe)
+                let replies = pipeline::query_pipe(conn, &cluster.nodes, pipe)
                     .await?
                     .extract_error()?;
                 Ok(T::from_redis_value(replies)?)
@@ -380,7 +348,7 @@ impl Conn {
         match self {
             Conn::Node(conn) => pipe.query_async(conn).await,
             Conn::Cluster(conn, cluster) => Ok(T::from_redis_value(
-                pipeline::query_pipe(conn, cluster, pipe).await?,
+                pipeline::query_pipe(conn, &cluster.nodes, pipe).await?,
             )?),
         }
     }

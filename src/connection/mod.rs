@@ -12,6 +12,7 @@
 
 mod backend;
 pub(crate) mod cluster;
+mod node;
 mod pipeline;
 mod redact;
 mod replicated;
@@ -58,6 +59,8 @@ impl Wait {
 /// How long a command on a shared connection may wait for its reply. The
 /// client's default (500 ms) turns a large pipelined batch into an error
 /// although Redis applied it.
+/// How long connecting to one node may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 const RESPONSE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// `e`, from a producer connecting or a consumer starting, with the Redis

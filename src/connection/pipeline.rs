@@ -30,16 +30,17 @@ use deadpool_redis::redis::cluster_async::ClusterConnection;
 use deadpool_redis::redis::{self, Cmd, Pipeline, RedisResult, Value};
 use futures_util::future::{join_all, try_join_all};
 
-use super::backend::Cluster;
 use super::cluster::{SlotMap, command_slot, slot_map};
+use super::node::NodeSettings;
 
 /// How often a command redirected or refused for now is sent again.
 const ATTEMPTS: u32 = 6;
 
 /// What the pipelines of one Cluster share: the slot map as last read, and
 /// a connection to each master.
-#[derive(Default)]
 pub(crate) struct Nodes {
+    /// How a connection to one node is made.
+    settings: NodeSettings,
     map: Mutex<Option<Arc<SlotMap>>>,
     conns: Mutex<HashMap<(String, u16), NodeConn>>,
 }
@@ -94,6 +95,20 @@ impl std::fmt::Debug for Nodes {
 }
 
 impl Nodes {
+    /// No slot map and no connections yet.
+    pub(crate) fn new(settings: NodeSettings) -> Nodes {
+        Nodes {
+            settings,
+            map: Mutex::default(),
+            conns: Mutex::default(),
+        }
+    }
+
+    /// How a connection to one node is made.
+    pub(crate) fn settings(&self) -> &NodeSettings {
+        &self.settings
+    }
+
     async fn map(&self, conn: &ClusterConnection) -> RedisResult<Arc<SlotMap>> {
         if let Some(map) = lock(&self.map).clone() {
             return Ok(map);
@@ -107,17 +122,18 @@ impl Nodes {
         *lock(&self.map) = None;
     }
 
-    async fn conn(&self, cluster: &Cluster, host: &str, port: u16) -> RedisResult<NodeConn> {
+    async fn conn(&self, host: &str, port: u16) -> RedisResult<NodeConn> {
         static MADE: AtomicU64 = AtomicU64::new(0);
         let key = (host.to_owned(), port);
         if let Some(conn) = lock(&self.conns).get(&key) {
             return Ok(conn.clone());
         }
-        let conn = cluster
-            .node(host, port, super::RESPONSE_TIMEOUT)
+        let conn = self
+            .settings
+            .connect(host, port, super::RESPONSE_TIMEOUT)
             .await
             .map_err(|e| match e {
-                crate::Error::Redis(e) => e,
+                crate::error::Error::Redis(e) => e,
                 other => redis::RedisError::from(std::io::Error::other(other.to_string())),
             })?;
         let conn = NodeConn {
@@ -155,14 +171,14 @@ enum To {
 /// and its errors come back in place, as with `ignore_errors()`.
 pub(crate) async fn query_pipe(
     conn: &ClusterConnection,
-    cluster: &Cluster,
+    nodes: &Nodes,
     pipe: &Pipeline,
 ) -> RedisResult<Value> {
     if pipe.is_transaction() {
         let mut conn = conn.clone();
         return pipe.query_async(&mut conn).await;
     }
-    let (replies, _) = write_pipe(conn, cluster, pipe, None, None).await?;
+    let (replies, _) = write_pipe(conn, nodes, pipe, None, None).await?;
     Ok(Value::Array(replies))
 }
 
@@ -175,7 +191,7 @@ pub(crate) async fn query_pipe(
 /// gets no `WAIT`: peerq writes none.
 pub(crate) async fn write_pipe(
     conn: &ClusterConnection,
-    cluster: &Cluster,
+    nodes: &Nodes,
     pipe: &Pipeline,
     wait: Option<&Cmd>,
     carriers: Option<&Carriers>,
@@ -184,7 +200,6 @@ pub(crate) async fn write_pipe(
         !pipe.is_transaction(),
         "a transaction goes through redis-rs"
     );
-    let nodes = &cluster.nodes;
     let commands: Vec<&Cmd> = pipe.cmd_iter().collect();
     let map = nodes.map(conn).await?;
     let mut to: Vec<To> = commands
@@ -217,7 +232,7 @@ pub(crate) async fn write_pipe(
         }
         let sent = groups
             .iter()
-            .map(|(to, ats)| send(conn, cluster, (*to).clone(), &commands, ats, wait));
+            .map(|(to, ats)| send(conn, nodes, (*to).clone(), &commands, ats, wait));
         let answers = join_all(sent).await;
         let mut again = Vec::new();
         let mut moves = Vec::new();
@@ -289,7 +304,7 @@ struct Answer {
 /// redis-rs's routing, which may take another connection).
 async fn send(
     conn: &ClusterConnection,
-    cluster: &Cluster,
+    nodes: &Nodes,
     to: To,
     commands: &[&Cmd],
     ats: &[usize],
@@ -319,7 +334,7 @@ async fn send(
     if let Some(wait) = wait {
         sub.add_command(wait.clone());
     }
-    let node = cluster.nodes.conn(cluster, &host, port).await?;
+    let node = nodes.conn(&host, port).await?;
     let mut values: Vec<Value> = sub.query_async(&mut node.conn.clone()).await?;
     let waited = wait.and_then(|_| values.pop());
     let values = match asking {

@@ -108,7 +108,7 @@ impl Conn {
             }
             (Conn::Cluster(conn, cluster), wait) => {
                 let wait = wait.map(wait_cmd);
-                pipeline::write_pipe(conn, cluster, pipe, wait.as_ref(), None).await?
+                pipeline::write_pipe(conn, &cluster.nodes, pipe, wait.as_ref(), None).await?
             }
         };
         Ok(Waited {
@@ -157,7 +157,7 @@ impl Conn {
             Conn::Node(conn) => pipe.query_async(conn).await,
             Conn::Cluster(conn, cluster) => {
                 let (replies, _) =
-                    pipeline::write_pipe(conn, cluster, pipe, None, Some(carriers)).await?;
+                    pipeline::write_pipe(conn, &cluster.nodes, pipe, None, Some(carriers)).await?;
                 Value::Array(replies).extract_error().map(drop)
             }
         }

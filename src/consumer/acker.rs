@@ -21,14 +21,25 @@
 //! before them. In FIFO order a drain missed its 300 ms in a debug build
 //! under load once the queue was allowed 16,384 acks.
 //!
-//! With `wait_for_replicas`, an ack lands once replicas confirmed it. One
-//! they did not confirm (a replica down or behind) is sent again, after a
-//! pause of its own, until they do or the partition is fenced, never given
-//! up: its batch, and so a drain, waits for it, and the drain's mark with
-//! it, so a failover cannot lose acks under a surviving mark (docs/design.md
-//! §8). Meanwhile its successor waits for its deadline, acquires, and the
-//! next try is fenced. It goes back to the queue between tries, so it holds
-//! no place among the batches underway.
+//! An ack that did not land is sent again, after a pause of its own
+//! (100 ms doubling to 2 s), until it lands or Redis says the partition
+//! has a newer owner; it is never given up while the instance runs:
+//! - Redis did not answer, or said "not now" (`LOADING`, `BUSY`, …);
+//! - Redis refused it (`NOPERM` after an ACL change, `OOM` with a full
+//!   memory): an operator can fix either while the instance runs, and
+//!   its tasks must then not run again;
+//! - with `wait_for_replicas`, replicas did not confirm it (a replica down
+//!   or behind): a drain's mark must not survive a failover that lost the
+//!   acks under it (docs/design.md §8).
+//!
+//! Why: a task holds its ack slot until its ack lands, so while acks do not
+//! land the slots fill, and then the permits and the reads stop (§3). An
+//! ack given up freed its slot: an instance whose acks Redis refused read
+//! and ran its whole backlog, none of it acked, and every task ran again
+//! once the acks could land (issue 36). Meanwhile a released partition's
+//! successor waits for its deadline, acquires, and the next try is fenced.
+//! An ack goes back to the queue between tries, so it holds no place among
+//! the batches underway.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
@@ -53,12 +64,8 @@ use crate::retry::Pauses;
 pub(crate) const MAX_BATCH: usize = 4096;
 /// Most pipelines of acks underway at once.
 pub(crate) const IN_FLIGHT: usize = 4;
-/// How often a failed ack batch is tried before its entries are left
-/// pending (the partition's owner then claims and re-runs them): with the
-/// pauses below, about 10 s, so a short outage of Redis costs no re-runs.
-const ATTEMPTS: u32 = 8;
-/// The pauses between two tries: 100 ms, doubling, at most 2 s. (Also
-/// those of an ack replicas did not confirm, sent again.)
+/// The pauses before an ack that did not land is sent again: 100 ms,
+/// doubling, at most 2 s.
 const PAUSES: Pauses = Pauses::new(Duration::from_millis(100), Duration::from_secs(2));
 
 /// Finished tasks of one partition to ack: one batch's that finished
@@ -71,12 +78,11 @@ pub(crate) struct Ack {
     released: CancellationToken,
     /// Their stream entry ids (at least one).
     ids: Vec<String>,
-    /// Told the ids and the outcome once the ack has landed, was refused,
-    /// or was given up; `None` once told.
+    /// Told the ids and the outcome once the ack has landed or was fenced
+    /// (or given up, as the acker stops); `None` once told.
     reply: Option<Replies>,
-    /// The pauses before it is sent again while replicas do not confirm
-    /// it (`wait_for_replicas`).
-    unconfirmed: Pauses,
+    /// The pauses before it is sent again while it does not land.
+    retries: Pauses,
 }
 
 /// Where the outcomes of acks go back: the stream entry ids of one
@@ -97,13 +103,13 @@ impl Ack {
             released,
             ids,
             reply: Some(reply),
-            unconfirmed: PAUSES,
+            retries: PAUSES,
         }
     }
 
-    /// Sends it again after its next pause: replicas did not confirm it.
+    /// Sends it again after its next pause: it did not land.
     fn again(mut self) -> impl Future<Output = Ack> {
-        let pause = self.unconfirmed.take();
+        let pause = self.retries.take();
         async move {
             tokio::time::sleep(pause).await;
             self
@@ -135,7 +141,8 @@ pub(crate) enum Acked {
     Yes,
     /// Refused: another instance owns the partition now.
     Fenced,
-    /// Redis did not answer; the entry stays pending and will run again.
+    /// The acker stopped first (the instance leaves at once): the entry
+    /// stays pending, and runs again on the partition's next owner.
     GaveUp,
 }
 
@@ -152,7 +159,7 @@ pub(crate) fn spawn(
             // (several ms under load, most of it waiting for its turn on
             // the client's two cores), the next batch need not wait.
             let mut underway = FuturesUnordered::new();
-            // Acks replicas did not confirm, each waiting its pause.
+            // Acks that did not land, each waiting its pause.
             let mut unconfirmed = FuturesUnordered::new();
             let mut queue = Queue::default();
             let mut open = true;
@@ -267,8 +274,8 @@ async fn send(name: &ServiceName, conn: &SharedConnection, batch: Vec<Ack>) -> V
     again
 }
 
-/// One outcome per group, with retries; `None` for a group replicas did
-/// not confirm.
+/// One outcome per group; `None` for a group to send again (its ack did
+/// not land).
 async fn ack_groups(
     name: &ServiceName,
     conn: &SharedConnection,
@@ -281,32 +288,30 @@ async fn ack_groups(
             (&**store, ids.collect())
         })
         .collect();
-    let mut pauses = PAUSES;
-    for attempt in 1..=ATTEMPTS {
-        match store::ack(conn, &ids).await {
-            Ok(replies) => {
-                let outcomes = groups.iter().zip(replies);
-                return outcomes
-                    .map(|((store, acks), reply)| outcome(name, store, acks, reply))
-                    .collect();
+    match store::ack(conn, &ids).await {
+        Ok(replies) => {
+            let outcomes = groups.iter().zip(replies);
+            outcomes
+                .map(|((store, acks), reply)| outcome(name, store, acks, reply))
+                .collect()
+        }
+        Err(cause) => {
+            let acks = groups.iter().flat_map(|(_, acks)| acks);
+            if first_try(acks) {
+                warn!(service = %name, cause, "ack failed; sending it again until it lands");
+            } else {
+                debug!(service = %name, cause, "ack failed again");
             }
-            Err(cause) => {
-                warn!(service = %name, attempt, cause, "ack failed; retrying");
-                pauses.wait().await;
-            }
+            vec![None; groups.len()]
         }
     }
-    let count: usize = groups
-        .iter()
-        .flat_map(|(_, acks)| acks)
-        .map(|ack| ack.ids.len())
-        .sum();
-    error!(
-        service = %name,
-        count,
-        "acks failed {ATTEMPTS} times; the tasks stay pending and will run again"
-    );
-    vec![Some(Acked::GaveUp); groups.len()]
+}
+
+/// Whether any of `acks` is at its first try: the warning of a failure is
+/// given once per ack, the next tries say nothing new.
+fn first_try<'a>(acks: impl IntoIterator<Item = &'a Ack>) -> bool {
+    acks.into_iter()
+        .any(|ack| ack.retries.upcoming() == PAUSES.upcoming())
 }
 
 /// What `reply` means for the `acks` of the partition of `store`; `None`:
@@ -322,20 +327,21 @@ fn outcome(
         AckReply::Fenced => Acked::Fenced,
         AckReply::Unconfirmed(cause) => {
             let partition = store.partition();
-            // Once per ack, at its first try: the next ones say nothing new.
-            if acks
-                .iter()
-                .any(|ack| ack.unconfirmed.upcoming() == PAUSES.upcoming())
-            {
+            if first_try(acks) {
                 warn!(service = %name, partition, cause, "acks not confirmed by replicas; sending them again until they are");
             } else {
                 debug!(service = %name, partition, cause, "acks still not confirmed by replicas");
             }
             return None;
         }
-        AckReply::Refused(e) => {
-            error!(cause = e, "ack refused by redis");
-            Acked::GaveUp
+        AckReply::Refused(cause) => {
+            let partition = store.partition();
+            if first_try(acks) {
+                error!(service = %name, partition, cause, "ack refused by redis; sending it again until it lands (reads stop once the instance's unacked tasks reach their bound)");
+            } else {
+                debug!(service = %name, partition, cause, "ack refused by redis again");
+            }
+            return None;
         }
     })
 }
