@@ -286,6 +286,47 @@ async fn a_consumer_over_a_million_task_backlog_holds_only_what_it_runs() {
 /// the larger of that and `concurrency`.
 const UNACKED: u64 = 4 * 4096;
 
+/// Waits until `ran()` reaches the bound of unacked tasks, then checks that
+/// for 2 s nothing more is read or run, and that no more ran than the
+/// bound and the `concurrency` tasks holding permits; returns the entries
+/// read. `why` says why the acks do not land.
+async fn assert_stops_at_the_bound(
+    server: &RedisServer,
+    name: &str,
+    partitions: u32,
+    concurrency: usize,
+    total: u64,
+    why: &str,
+    ran: impl Fn() -> u64,
+) -> u64 {
+    support::wait_until(
+        Duration::from_secs(60),
+        "the bound of unacked tasks",
+        || ran() >= UNACKED,
+    )
+    .await;
+    let mut conn = server.pool().get().await.unwrap();
+    let read = pending(&mut conn, name, partitions).await;
+    let reached = ran();
+    // Nothing more for 2 s: no new read, no new run (no ack is ever given
+    // up, and these do not land).
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let read_after = pending(&mut conn, name, partitions).await;
+    println!(
+        "acks {why}: ran {reached} tasks and read {read} entries of {total}; \
+         2 s later {} and {read_after}",
+        ran()
+    );
+    assert_eq!(ran(), reached, "tasks ran after the bound");
+    assert_eq!(read_after, read, "entries were read after the bound");
+    assert!(
+        reached <= UNACKED + concurrency as u64,
+        "{reached} tasks ran: more than the {UNACKED} waiting for acks and the {concurrency} \
+         holding permits"
+    );
+    read
+}
+
 /// Reads stop when acks stop landing (docs/design.md §3): a task takes its
 /// ack slot before it gives back its running permit, so once the finished
 /// tasks waiting for their acks fill their bound, the handlers' permits
@@ -334,32 +375,8 @@ async fn an_instance_whose_acks_cannot_land_stops_reading_at_its_bound() {
             .run_until(stop.clone().cancelled_owned()),
     );
     let ran = || runs.load(std::sync::atomic::Ordering::SeqCst);
-    support::wait_until(
-        Duration::from_secs(60),
-        "the bound of unacked tasks",
-        || ran() >= UNACKED,
-    )
-    .await;
+    let read = assert_stops_at_the_bound(&server, &name, P, CONCURRENCY, TOTAL, "held", ran).await;
     assert!(proxy.held() > 0, "no ack was held");
-    let mut conn = server.pool().get().await.unwrap();
-    let read = pending(&mut conn, &name, P).await;
-    let reached = ran();
-    // Nothing more for 2 s: no new read, no new run (the acks' first tries
-    // end at the 10 s response timeout, and none is ever given up).
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let read_after = pending(&mut conn, &name, P).await;
-    println!(
-        "acks held: ran {reached} tasks and read {read} entries of {TOTAL}; \
-         2 s later {} and {read_after}",
-        ran()
-    );
-    assert_eq!(ran(), reached, "tasks ran after the bound");
-    assert_eq!(read_after, read, "entries were read after the bound");
-    assert!(
-        reached <= UNACKED + CONCURRENCY as u64,
-        "{reached} tasks ran: more than the {UNACKED} waiting for acks and the {CONCURRENCY} \
-         holding permits"
-    );
     assert!(read < TOTAL / 2, "{read} of {TOTAL} entries read");
     // The acks land: it reads and runs the rest.
     proxy.restore();
@@ -431,29 +448,7 @@ async fn an_instance_whose_acks_redis_refuses_stops_reading_and_runs_each_task_o
             .run_until(stop.clone().cancelled_owned()),
     );
     let ran = || -> u64 { runs.lock().unwrap().values().map(|n| u64::from(*n)).sum() };
-    support::wait_until(
-        Duration::from_secs(60),
-        "the bound of unacked tasks",
-        || ran() >= UNACKED,
-    )
-    .await;
-    let mut conn = server.pool().get().await.unwrap();
-    let read = pending(&mut conn, &name, P).await;
-    let reached = ran();
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let read_after = pending(&mut conn, &name, P).await;
-    println!(
-        "acks refused: ran {reached} tasks and read {read} entries of {TOTAL}; \
-         2 s later {} and {read_after}",
-        ran()
-    );
-    assert_eq!(ran(), reached, "tasks ran after the bound");
-    assert_eq!(read_after, read, "entries were read after the bound");
-    assert!(
-        reached <= UNACKED + CONCURRENCY as u64,
-        "{reached} tasks ran: more than the {UNACKED} waiting for acks and the {CONCURRENCY} \
-         holding permits"
-    );
+    assert_stops_at_the_bound(&server, &name, P, CONCURRENCY, TOTAL, "refused", ran).await;
     // The operator grants XACK again: the acks land, and the rest runs.
     let () = acl("+xack").query_async(&mut admin).await.unwrap();
     support::wait_until(
