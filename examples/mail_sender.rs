@@ -13,7 +13,7 @@
 //!
 //! `--wait-for-replicas N` (on one server or a Cluster) has the writes a
 //! failover must not lose wait until `N` replicas have them, at most
-//! 100 ms (`wait_for_replicas(N, 100 ms)`): an enqueue or an ack not
+//! 100 ms (`Redis::wait_for_replicas(N, 100 ms)`): an enqueue or an ack not
 //! confirmed in time fails, and is sent again.
 //!
 //! With `--print-tasks` a consumer prints, on stdout, a line when a task's
@@ -56,7 +56,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 use peerq::assignment::Standing;
 use peerq::consumer::{PartitionChange, PartitionEvent};
 use peerq::producer::Producer;
-use peerq::{Assignor, Consumer, Handler, HandlerError, Indexing, TaskContext, Tls};
+use peerq::{Assignor, Consumer, Handler, HandlerError, Indexing, Redis, TaskContext, Tls};
 use serde::{Deserialize, Serialize};
 
 #[derive(Parser)]
@@ -293,7 +293,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 work: Duration::from_millis(work_ms),
                 http,
             };
-            let redis = Redis::new(redis, cluster, tls, replicas);
+            let redis = redis_from_flags(redis, cluster, tls, replicas);
             consume(redis, name, settings, print_tasks, print_events).await?
         }
         Command::Produce {
@@ -308,7 +308,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             rate,
             print_enqueued,
         } => {
-            let redis = Redis::new(redis, cluster, tls, replicas);
+            let redis = redis_from_flags(redis, cluster, tls, replicas);
             produce(redis, name, partitions, count, batch, rate, print_enqueued).await?
         }
     }
@@ -342,35 +342,25 @@ struct ReplicaArgs {
 /// How long `--wait-for-replicas` waits.
 const WAIT_TIMEOUT: Duration = Duration::from_millis(100);
 
-/// `--redis`, `--cluster`, the TLS flags and `--wait-for-replicas`: one
-/// server's URL, or a Cluster's node URLs, TLS settings if any were given,
-/// and the replicas writes wait for, if any.
-struct Redis {
-    urls: Vec<String>,
-    cluster: bool,
-    tls: Option<Tls>,
-    wait_for_replicas: Option<u32>,
-}
-
-impl Redis {
-    fn new(redis: String, cluster: bool, flags: TlsArgs, replicas: ReplicaArgs) -> Redis {
-        let urls = match cluster {
-            true => redis.split(',').map(|url| url.trim().to_owned()).collect(),
-            false => vec![redis],
-        };
-        let tls = (flags.tls_ca.is_some() || flags.tls_cert.is_some()).then(|| {
-            let tls = flags.tls_ca.into_iter().fold(Tls::new(), Tls::ca_file);
-            match flags.tls_cert.zip(flags.tls_key) {
-                Some((cert, key)) => tls.client_cert(cert, key),
-                None => tls,
-            }
+/// The Redis that `--redis`, `--cluster`, the TLS flags and
+/// `--wait-for-replicas` give: one server's URL, or a Cluster's node URLs,
+/// with TLS settings if any were given, and the replicas writes wait for,
+/// if any.
+fn redis_from_flags(url: String, cluster: bool, flags: TlsArgs, replicas: ReplicaArgs) -> Redis {
+    let mut redis = match cluster {
+        true => Redis::cluster(url.split(',').map(str::trim)),
+        false => Redis::url(url),
+    };
+    if flags.tls_ca.is_some() || flags.tls_cert.is_some() {
+        let tls = flags.tls_ca.into_iter().fold(Tls::new(), Tls::ca_file);
+        redis = redis.tls(match flags.tls_cert.zip(flags.tls_key) {
+            Some((cert, key)) => tls.client_cert(cert, key),
+            None => tls,
         });
-        Redis {
-            urls,
-            cluster,
-            tls,
-            wait_for_replicas: replicas.wait_for_replicas,
-        }
+    }
+    match replicas.wait_for_replicas {
+        Some(n) => redis.wait_for_replicas(n, WAIT_TIMEOUT),
+        None => redis,
     }
 }
 
@@ -396,19 +386,8 @@ async fn consume(
     print_events: bool,
 ) -> peerq::Result<()> {
     let handled = Arc::new(AtomicU64::new(0));
-    let builder = match redis.cluster {
-        true => Consumer::builder().redis_cluster(redis.urls),
-        false => Consumer::builder().redis(&redis.urls[0]),
-    };
-    let builder = match redis.tls {
-        Some(tls) => builder.tls(tls),
-        None => builder,
-    };
-    let builder = match redis.wait_for_replicas {
-        Some(n) => builder.wait_for_replicas(n, WAIT_TIMEOUT),
-        None => builder,
-    };
-    let builder = builder
+    let builder = Consumer::builder()
+        .redis(redis)
         .name(&name)
         .partitions(settings.partitions)
         .indexing(settings.indexing)
@@ -534,19 +513,7 @@ async fn produce(
     rate: u64,
     print: bool,
 ) -> peerq::Result<()> {
-    let builder = match redis.cluster {
-        true => Producer::builder().redis_cluster(redis.urls),
-        false => Producer::builder().redis(&redis.urls[0]),
-    };
-    let builder = match redis.tls {
-        Some(tls) => builder.tls(tls),
-        None => builder,
-    };
-    let builder = match redis.wait_for_replicas {
-        Some(n) => builder.wait_for_replicas(n, WAIT_TIMEOUT),
-        None => builder,
-    };
-    let builder = builder.name(&name);
+    let builder = Producer::builder().redis(redis).name(&name);
     let producer = match partitions {
         Some(partitions) => builder.partitions(partitions),
         None => builder,

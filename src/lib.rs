@@ -68,7 +68,7 @@
 //! What a user navigates (public modules; the items most programs need are
 //! also at the crate root: [`Consumer`], [`Producer`], [`Handler`],
 //! [`TaskContext`], [`Options`], [`Error`], [`Backoff`], [`Periodic`],
-//! [`Json`], [`Tls`]):
+//! [`Json`], [`Redis`], [`Tls`]):
 //!
 //! | module | owns |
 //! |---|---|
@@ -103,7 +103,7 @@
 //! | `pause` | pausing a service: the `{N}:paused` key the consumers' gate reads ([`Pause`]) |
 //! | `due` | the due index `{N}:due`: notices that a partition's delayed set got a task from someone other than its owner |
 //! | `presence` | what an instance tells operators each round: its `{N}:members` record and per-minute counts |
-//! | `connection` | where Redis is (one server, a Cluster, TLS) and the connections each part keeps, out of the pool |
+//! | `connection` | where Redis is ([`Redis`], the one value every builder and entry point takes: a URL, a Cluster, a pool, TLS, replica waiting) and the connections each part keeps, out of the pool |
 //! | `timing` | epoch arithmetic: where an epoch begins, and the handover rules' deadlines, drain ends and leases |
 //! | `transition` | drain-then-switch: the per-partition state machine of docs/design.md §4, free of I/O |
 //! | `shutdown` | the process's stop signal (SIGTERM, ctrl-c) that `run()` waits for |
@@ -157,7 +157,7 @@ pub use assignment::{Assignment, Assignor};
 pub use clock::{Clock, OffsetClock, SystemClock};
 pub use codec::{Bincode, Codec, Json};
 pub use config::parse_duration;
-pub use connection::Tls;
+pub use connection::{Redis, Tls};
 pub use consumer::Consumer;
 pub use dead_letters::DeadLetters;
 pub use entry::TaskId;

@@ -123,7 +123,7 @@ impl Instance {
     ) -> Instance {
         support::init_tracing();
         let builder = Consumer::builder()
-            .redis_cluster(cluster.seed_urls())
+            .redis(peerq::Redis::cluster(cluster.seed_urls()))
             .name(name);
         let builder = settings(builder).handler(handler);
         let stop = CancellationToken::new();
@@ -167,7 +167,7 @@ fn running(instances: &[Instance]) -> bool {
 
 async fn producer(cluster: &RedisCluster, name: &str) -> Producer {
     Producer::builder()
-        .redis_cluster(cluster.seed_urls())
+        .redis(peerq::Redis::cluster(cluster.seed_urls()))
         .name(name)
         .connect()
         .await
@@ -338,9 +338,12 @@ async fn the_cli_and_the_dead_letters_read_a_service_spread_over_the_masters() {
     .await;
 
     // Every failed task is a dead letter, whatever master its partition is on.
-    let dead = peerq::dead_letters::DeadLetters::connect_cluster(cluster.seed_urls(), &name)
-        .await
-        .unwrap();
+    let dead = peerq::dead_letters::DeadLetters::connect(
+        peerq::Redis::cluster(cluster.seed_urls()),
+        &name,
+    )
+    .await
+    .unwrap();
     let failed = COUNT / FAILING;
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     loop {

@@ -874,7 +874,7 @@ async fn a_payload_over_the_limit_is_refused_and_nothing_is_enqueued() {
 async fn invalid_consumer_settings_are_refused_by_name_before_redis() {
     type Builder = ConsumerBuilder<(), (), Bincode>;
     type Spoil = fn(Builder) -> Builder;
-    let url = "redis://127.0.0.1:1/";
+    const URL: &str = "redis://127.0.0.1:1/";
     let cases: Vec<(&str, Spoil)> = vec![
         ("name", |b| b.name("a/b")),
         ("concurrency", |b| b.concurrency(0)),
@@ -895,18 +895,31 @@ async fn invalid_consumer_settings_are_refused_by_name_before_redis() {
             b.assignor(peerq::Assignor::Rendezvous)
                 .indexing(peerq::Indexing::Incr)
         }),
-        ("wait_for_replicas", |b| b.wait_for_replicas(0, 10 * MS)),
-        ("wait_for_replicas", |b| b.wait_for_replicas(1, MS / 2)),
-        // More than a tenth of the interval: a round could miss its window.
-        ("wait_for_replicas", |b| b.wait_for_replicas(1, 500 * MS)),
-        // A Cluster beside one server's URL.
-        ("redis_cluster", |b| {
-            b.redis_cluster(["redis://127.0.0.1:2/"])
+        ("wait_for_replicas", |b| {
+            b.redis(peerq::Redis::url(URL).wait_for_replicas(0, 10 * MS))
         }),
+        ("wait_for_replicas", |b| {
+            b.redis(peerq::Redis::url(URL).wait_for_replicas(1, MS / 2))
+        }),
+        // More than a tenth of the interval: a round could miss its window.
+        ("wait_for_replicas", |b| {
+            b.redis(peerq::Redis::url(URL).wait_for_replicas(1, 500 * MS))
+        }),
+        // A Cluster without a seed node.
+        ("redis_cluster", |b| {
+            b.redis(peerq::Redis::cluster(Vec::<String>::new()))
+        }),
+        // TLS files beside a pool, which brings its own.
+        ("tls", |b| {
+            let pool = deadpool_redis::Config::from_url(URL)
+                .create_pool(Some(deadpool_redis::Runtime::Tokio1));
+            b.redis(peerq::Redis::pool(pool.unwrap()).tls(peerq::Tls::new()))
+        }),
+        ("redis", |b| b.redis("redis//127.0.0.1:1/")),
     ];
     let mut results = Vec::new();
     for (setting, bad) in cases {
-        let result = bad(base(url, "ok"))
+        let result = bad(base(URL, "ok"))
             .handler(Recorder::default())
             .run_until(async {})
             .await;

@@ -154,9 +154,11 @@ async fn enqueues_wait_for_a_replica_and_say_when_none_confirmed() {
         .unwrap();
     let name = unique_name("wait");
     let producer = Producer::builder()
-        .redis(master.url())
+        .redis(
+            peerq::Redis::url(master.url())
+                .wait_for_replicas(1, std::time::Duration::from_millis(200)),
+        )
         .name(&name)
-        .wait_for_replicas(1, std::time::Duration::from_millis(200))
         .connect()
         .await
         .unwrap();

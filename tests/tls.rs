@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use peerq::producer::Producer;
-use peerq::{Consumer, Handler, HandlerError, TaskContext, Tls};
+use peerq::{Consumer, Handler, HandlerError, Redis, TaskContext, Tls};
 use serde::{Deserialize, Serialize};
 use support::{RedisServer, ServerOptions, ServerTls, TestPki, unique_name, wait_until};
 use tokio_util::sync::CancellationToken;
@@ -56,15 +56,13 @@ async fn a_consumer_and_a_producer_run_tasks_over_mutual_tls() {
     let name = unique_name("tls");
     let count = Count::default();
     let consumer = Consumer::builder()
-        .redis(server.url())
-        .tls(trusted())
+        .redis(Redis::url(server.url()).tls(trusted()))
         .name(&name)
         .handler(count.clone());
     let stop = CancellationToken::new();
     let running = tokio::spawn(consumer.run_until(stop.clone().cancelled_owned()));
     let producer = Producer::builder()
-        .redis(server.url())
-        .tls(trusted())
+        .redis(Redis::url(server.url()).tls(trusted()))
         .name(&name)
         .connect()
         .await
@@ -88,8 +86,7 @@ async fn a_server_certificate_from_another_ca_is_refused_and_the_error_says_so()
     let wrong = Tls::new().ca_file(&pki.other_ca_cert);
     let name = unique_name("tls-ca");
     let err = Producer::builder()
-        .redis(server.url())
-        .tls(wrong.clone())
+        .redis(Redis::url(server.url()).tls(wrong.clone()))
         .name(&name)
         .connect()
         .await
@@ -102,8 +99,7 @@ async fn a_server_certificate_from_another_ca_is_refused_and_the_error_says_so()
     // A consumer does not wait for it as for a Redis that is down: the
     // certificate will not change by itself.
     let run = Consumer::builder()
-        .redis(server.url())
-        .tls(wrong)
+        .redis(Redis::url(server.url()).tls(wrong))
         .name(&name)
         .handler(Count::default())
         .run_until(std::future::pending());
@@ -120,8 +116,7 @@ async fn a_client_without_a_certificate_is_refused_where_one_is_required() {
     let server = tls_server(true);
     let pki = TestPki::shared();
     let err = Producer::builder()
-        .redis(server.url())
-        .tls(Tls::new().ca_file(&pki.ca_cert))
+        .redis(Redis::url(server.url()).tls(Tls::new().ca_file(&pki.ca_cert)))
         .name(unique_name("tls-client"))
         .connect()
         .await
@@ -138,8 +133,7 @@ async fn a_client_without_a_certificate_is_refused_where_one_is_required() {
 async fn a_tls_file_that_cannot_be_read_is_refused_by_name() {
     let server = tls_server(false);
     let err = Producer::builder()
-        .redis(server.url())
-        .tls(Tls::new().ca_file("/nonexistent/ca.pem"))
+        .redis(Redis::url(server.url()).tls(Tls::new().ca_file("/nonexistent/ca.pem")))
         .name(unique_name("tls-file"))
         .connect()
         .await
@@ -156,8 +150,7 @@ async fn the_cli_reads_a_service_over_mutual_tls() {
     let pki = TestPki::shared();
     let name = unique_name("tls-cli");
     Producer::builder()
-        .redis(server.url())
-        .tls(trusted())
+        .redis(Redis::url(server.url()).tls(trusted()))
         .name(&name)
         .connect()
         .await

@@ -28,20 +28,19 @@ enum At<'a> {
 }
 
 impl At<'_> {
-    fn producer(&self, name: &str) -> peerq::producer::ProducerBuilder<peerq::Bincode> {
-        let builder = Producer::builder().name(name);
+    fn redis(&self) -> peerq::Redis {
         match self {
-            At::Node(server) => builder.redis(server.url()),
-            At::Cluster(cluster) => builder.redis_cluster(cluster.seed_urls()),
+            At::Node(server) => peerq::Redis::url(server.url()),
+            At::Cluster(cluster) => peerq::Redis::cluster(cluster.seed_urls()),
         }
     }
 
+    fn producer(&self, name: &str) -> peerq::producer::ProducerBuilder<peerq::Bincode> {
+        Producer::builder().name(name).redis(self.redis())
+    }
+
     fn consumer(&self, name: &str) -> peerq::consumer::ConsumerBuilder<(), (), peerq::Bincode> {
-        let builder = Consumer::builder().name(name);
-        match self {
-            At::Node(server) => builder.redis(server.url()),
-            At::Cluster(cluster) => builder.redis_cluster(cluster.seed_urls()),
-        }
+        Consumer::builder().name(name).redis(self.redis())
     }
 }
 
@@ -117,7 +116,7 @@ async fn enqueue_latency(at: &At<'_>, wait: bool) -> (f64, f64) {
     let name = unique_name("bench-wait");
     let mut builder = at.producer(&name);
     if wait {
-        builder = builder.wait_for_replicas(1, Duration::from_millis(100));
+        builder = builder.redis(at.redis().wait_for_replicas(1, Duration::from_millis(100)));
     }
     let producer = builder.connect().await.unwrap();
     let mut samples = Vec::with_capacity(LATENCY_SAMPLES);

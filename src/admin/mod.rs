@@ -52,7 +52,7 @@ pub use status::{MinuteCounts, Rates, Status, Totals};
 
 use crate::codec::Json;
 use crate::config::ServiceName;
-use crate::connection::{self, SharedConnection};
+use crate::connection::{self, Redis, SharedConnection};
 use crate::dead_letters::DeadLetters;
 use crate::entry::TaskId;
 use crate::error::{Error, Result};
@@ -82,70 +82,30 @@ impl fmt::Debug for Admin {
 }
 
 impl Admin {
-    /// Connects to Redis at `url` and checks that it answers (within 5 s).
-    /// A malformed URL is an [`Error::InvalidSetting`] naming `redis`; an
-    /// unreachable or refusing Redis (a wrong password) is an
-    /// [`Error::Connect`]; neither message contains the password.
-    pub async fn connect(url: &str) -> Result<Admin> {
-        Admin::connect_to(connection::Given {
-            url: Some(url.to_owned()),
-            ..Default::default()
-        })
-        .await
-    }
-
-    /// Connects to the Redis Cluster with these seed nodes, as
-    /// [`connect`](Self::connect) does to one server.
-    pub async fn connect_cluster<U: Into<String>>(
-        urls: impl IntoIterator<Item = U>,
-    ) -> Result<Admin> {
-        Admin::connect_to(connection::Given {
-            cluster: Some(urls.into_iter().map(Into::into).collect()),
-            ..Default::default()
-        })
-        .await
-    }
-
-    /// [`connect`](Self::connect) over TLS with these settings.
-    pub async fn connect_with_tls(url: &str, tls: crate::connection::Tls) -> Result<Admin> {
-        Admin::connect_to(connection::Given {
-            url: Some(url.to_owned()),
-            tls: Some(tls),
-            ..Default::default()
-        })
-        .await
-    }
-
-    /// [`connect_cluster`](Self::connect_cluster) over TLS with these
-    /// settings.
-    pub async fn connect_cluster_with_tls<U: Into<String>>(
-        urls: impl IntoIterator<Item = U>,
-        tls: crate::connection::Tls,
-    ) -> Result<Admin> {
-        Admin::connect_to(connection::Given {
-            cluster: Some(urls.into_iter().map(Into::into).collect()),
-            tls: Some(tls),
-            ..Default::default()
-        })
-        .await
-    }
-
-    async fn connect_to(given: connection::Given) -> Result<Admin> {
-        let redis: Arc<str> = given.target().into();
+    /// Connects to `redis` (a URL, or a [`Redis`] for a Cluster, a pool
+    /// or TLS files) and checks that it answers (within 5 s). An invalid
+    /// value is an [`Error::InvalidSetting`] naming it (`redis`,
+    /// `redis_cluster`, `tls`); an unreachable or refusing Redis (a wrong
+    /// password) is an [`Error::Connect`]; neither message contains the
+    /// password.
+    pub async fn connect(redis: impl Into<Redis>) -> Result<Admin> {
+        let given: Redis = redis.into();
+        let shown: Arc<str> = given.to_string().into();
         let conn = SharedConnection::new(given.backend()?);
         let ping = redis::cmd("PING");
         let ping = conn.query::<String>(&ping);
         match tokio::time::timeout(CONNECT_TIMEOUT, ping).await {
-            Ok(answer) => answer.map_err(|e| connection::at(&redis, e))?,
-            Err(_) => return Err(connection::at(&redis, Error::Timeout(CONNECT_TIMEOUT))),
+            Ok(answer) => answer.map_err(|e| connection::at(&shown, e))?,
+            Err(_) => return Err(connection::at(&shown, Error::Timeout(CONNECT_TIMEOUT))),
         };
         Ok(Admin {
             conn: Arc::new(conn),
-            redis,
+            redis: shown,
         })
     }
 
-    /// The Redis's URL, without its password.
+    /// Its Redis as messages name it: the URL without its password (a
+    /// Cluster's seed nodes without theirs).
     pub fn redis(&self) -> &str {
         &self.redis
     }
@@ -324,7 +284,10 @@ impl Service {
         }
         let producer = Producer::builder()
             .codec(Json)
-            .backend(self.admin.conn.backend().clone())
+            .redis(Redis::built(
+                self.admin.conn.backend().clone(),
+                self.admin.redis(),
+            ))
             .name(self.name.as_str())
             .connect()
             .await?;

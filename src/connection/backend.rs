@@ -72,104 +72,23 @@ impl From<Pool> for Backend {
     }
 }
 
-/// The Redis a builder was given: a pool, a URL, a Cluster's seed nodes,
-/// or (from another part of peerq) a backend.
-#[derive(Clone, Default)]
-pub(crate) struct Given {
-    pub(crate) pool: Option<Pool>,
-    pub(crate) url: Option<String>,
-    pub(crate) cluster: Option<Vec<String>>,
-    pub(crate) backend: Option<Backend>,
-    pub(crate) wait: Option<Wait>,
-    pub(crate) tls: Option<Tls>,
-}
-
-impl fmt::Debug for Given {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.target())
+impl Servers {
+    /// The one server at `url`, through a pool made for it; with `tls`, a
+    /// pool whose manager keeps the certificates (deadpool's `Config`
+    /// drops them).
+    pub(super) fn at_url(url: &str, tls: Option<&Tls>) -> Result<Servers> {
+        let pool = match tls {
+            Some(tls) => tls::pool(url, tls)?,
+            None => deadpool_redis::Config::from_url(url)
+                .create_pool(Some(deadpool_redis::Runtime::Tokio1))
+                .map_err(|e| not_a_url("redis", url, e))?,
+        };
+        Ok(Servers::Node(pool))
     }
 }
 
-impl Given {
-    /// How errors and logs name it: the URL without its password, the
-    /// pool (which takes precedence), or the Cluster's seed nodes without
-    /// their passwords.
-    pub(crate) fn target(&self) -> String {
-        match self {
-            Given {
-                cluster: Some(seeds),
-                ..
-            } => format!(
-                "the Redis Cluster at {}",
-                seeds
-                    .iter()
-                    .map(|s| redact(s))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ),
-            Given {
-                backend: Some(_), ..
-            }
-            | Given { pool: Some(_), .. } => "the pool given to the builder".to_owned(),
-            Given { url: Some(url), .. } => redact(url),
-            _ => "no redis given".to_owned(),
-        }
-    }
-
-    /// Where it is. A pool takes precedence over a URL; a Cluster beside
-    /// either is refused, naming the settings.
-    pub(crate) fn backend(self) -> Result<Backend> {
-        if let Some(backend) = self.backend {
-            return Ok(backend);
-        }
-        let wait = self.wait;
-        if self.tls.is_some() && self.pool.is_some() {
-            return Err(Error::invalid(
-                "tls",
-                "TLS settings go with .redis(url) or .redis_cluster(urls); a pool brings its own",
-            ));
-        }
-        let tls = self.tls;
-        let servers = match (self.pool, self.url, self.cluster) {
-            (None, None, Some(seeds)) => {
-                Cluster::new(&seeds, tls).map(|c| Servers::Cluster(Arc::new(c)))
-            }
-            (_, _, Some(_)) => Err(Error::invalid(
-                "redis_cluster",
-                "give either a Cluster's seed nodes or one server (.redis(url) or .pool(pool)), \
-                 not both",
-            )),
-            (Some(pool), _, None) => Ok(Servers::Node(pool)),
-            (None, Some(url), None) => match &tls {
-                Some(tls) => tls::pool(&url, tls).map(Servers::Node),
-                None => deadpool_redis::Config::from_url(url.as_str())
-                    .create_pool(Some(deadpool_redis::Runtime::Tokio1))
-                    .map(Servers::Node)
-                    .map_err(|e| not_a_url("redis", &url, e)),
-            },
-            (None, None, None) => Err(Error::invalid(
-                "redis",
-                "no Redis given; call .redis(url), .pool(pool) or .redis_cluster(urls)",
-            )),
-        }?;
-        if let Some(wait) = wait {
-            if wait.replicas == 0 {
-                return Err(Error::invalid(
-                    "wait_for_replicas",
-                    "0 replicas waits for nothing; use at least 1, or leave it unset",
-                ));
-            }
-            if wait.timeout < Duration::from_millis(1) {
-                return Err(Error::invalid(
-                    "wait_for_replicas",
-                    "the timeout must be at least 1ms (WAIT 0 would wait forever)",
-                ));
-            }
-        }
-        Ok(Backend { servers, wait })
-    }
-}
-
+/// A URL that does not parse, as an invalid `setting`, shown without its
+/// password.
 pub(super) fn not_a_url(setting: &'static str, url: &str, e: impl fmt::Display) -> Error {
     Error::invalid(
         setting,
@@ -182,7 +101,9 @@ pub(super) fn not_a_url(setting: &'static str, url: &str, e: impl fmt::Display) 
 }
 
 impl Cluster {
-    fn new(seeds: &[String], tls: Option<Tls>) -> Result<Cluster> {
+    /// The Cluster with these seed nodes, speaking TLS with `tls`; an
+    /// invalid seed URL is an invalid `redis_cluster` setting.
+    pub(super) fn new(seeds: &[String], tls: Option<Tls>) -> Result<Cluster> {
         #[cfg(not(feature = "tls"))]
         if tls.is_some() {
             return Err(super::tls::unavailable());

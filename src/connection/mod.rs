@@ -1,5 +1,6 @@
-//! Connections to a service's Redis: where it is (one server or a
-//! Cluster, [`Backend`]), the one multiplexed connection each part of
+//! Connections to a service's Redis: where it is ([`Redis`], the value
+//! every part takes, and [`Backend`], what it is built into: one server or
+//! a Cluster), the one multiplexed connection each part of
 //! an instance shares, replaced after an error ([`SharedConnection`]), and
 //! the `WAIT` after writes a failover must not lose ([`replicated`]).
 //!
@@ -15,15 +16,18 @@ pub(crate) mod cluster;
 mod node;
 mod pipeline;
 mod redact;
+mod redis;
 mod replicated;
 mod shared;
 mod tls;
 
 use std::time::Duration;
 
-pub(crate) use backend::{Backend, Conn, Given, Servers};
+pub(crate) use backend::{Backend, Conn, Servers};
 pub(crate) use pipeline::Carriers;
 pub(crate) use redact::redact;
+pub use redis::Redis;
+pub(crate) use redis::given;
 pub(crate) use replicated::Waited;
 pub(crate) use shared::SharedConnection;
 pub use tls::Tls;
@@ -106,39 +110,6 @@ pub(crate) fn client(url: &str, tls: Option<&Tls>, setting: &'static str) -> Res
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_malformed_url_is_refused_without_its_password() {
-        let given = Given {
-            url: Some("redis//:s3cret@db".to_owned()),
-            ..Given::default()
-        };
-        let err = given.backend().unwrap_err();
-        let msg = err.to_string();
-        assert!(msg.contains("invalid setting `redis`"), "{msg}");
-        assert!(msg.contains(":***@db"), "{msg}");
-        assert!(!msg.contains("s3cret"), "{msg}");
-    }
-
-    #[test]
-    fn tls_settings_with_a_plain_seed_node_are_refused_without_its_password() {
-        let given = Given {
-            cluster: Some(vec![
-                "rediss://:s3cret@127.0.0.1:7000/".to_owned(),
-                "redis://:s3cret@127.0.0.1:7001/".to_owned(),
-            ]),
-            tls: Some(Tls::new()),
-            ..Given::default()
-        };
-        let msg = given.backend().unwrap_err().to_string();
-        assert!(msg.contains("invalid setting `tls`"), "{msg}");
-        #[cfg(feature = "tls")]
-        assert!(
-            msg.contains("rediss:// seed URLs; `redis://:***@127.0.0.1:7001/`"),
-            "{msg}"
-        );
-        assert!(!msg.contains("s3cret"), "{msg}");
-    }
 
     #[test]
     fn only_redis_errors_name_the_redis() {

@@ -10,21 +10,18 @@ use deadpool_redis::Pool;
 
 use crate::error::{Error, Result};
 
-/// TLS settings for a `rediss://` Redis: the CA to trust (default: the
-/// system's certificate store) and, for servers that require one, a client
-/// certificate. Needs peerq's `tls` cargo feature.
+/// TLS settings for a `rediss://` Redis ([`Redis::tls`](super::Redis::tls)):
+/// the CA to trust (default: the system's certificate store) and, for
+/// servers that require one, a client certificate. Needs peerq's `tls`
+/// cargo feature.
 ///
 /// ```no_run
 /// # async fn f() -> peerq::Result<()> {
 /// let tls = peerq::Tls::new()
 ///     .ca_file("/etc/redis/ca.pem")
 ///     .client_cert("/etc/peerq/client.pem", "/etc/peerq/client.key");
-/// let producer = peerq::producer::Producer::builder()
-///     .redis("rediss://app:secret@redis.internal:6380/")
-///     .tls(tls)
-///     .name("mail-sender")
-///     .connect()
-///     .await?;
+/// let redis = peerq::Redis::url("rediss://app:secret@redis.internal:6380/").tls(tls);
+/// let producer = peerq::Producer::connect(redis, "mail-sender").await?;
 /// # let _ = producer; Ok(()) }
 /// ```
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -100,7 +100,10 @@ impl Startup<'_> {
             .await?;
             Indexer::builder()
                 .name(self.name.as_str())
-                .backend(self.conn.backend().clone())
+                .redis(connection::Redis::built(
+                    self.conn.backend().clone(),
+                    self.redis,
+                ))
                 // All of them at once, so that none is left at its default.
                 .settings(self.indexer.clone())
                 .clock(self.clock.clone())

@@ -27,7 +27,7 @@ use std::sync::{Arc, LazyLock};
 use deadpool_redis::redis;
 
 use crate::config::ServiceName;
-use crate::connection::{Given, SharedConnection};
+use crate::connection::{self, Redis, SharedConnection};
 use crate::error::{Error, Result};
 use crate::keys;
 
@@ -65,74 +65,26 @@ impl fmt::Debug for DeadLetters {
 }
 
 impl DeadLetters {
-    /// The dead letters of service `name` at `url` (its partitions are read
-    /// from `{name}:meta`). A Redis that cannot be reached is an
+    /// The dead letters of service `name` on `redis` (a URL, or a
+    /// [`Redis`] for a Cluster, a pool or TLS files); its partitions are
+    /// read from `{name}:meta`. A Redis that cannot be reached is an
     /// [`Error::Connect`] naming the URL without its password; a service
     /// that never recorded its partitions there, an
     /// [`Error::UnknownService`].
-    pub async fn connect(url: &str, name: &str) -> Result<Self> {
-        let given = Given {
-            url: Some(url.to_owned()),
-            ..Given::default()
-        };
-        DeadLetters::connect_to(given, name).await
-    }
-
-    /// The dead letters of service `name` on the Redis Cluster with these
-    /// seed nodes, as [`connect`](Self::connect) does on one server.
-    pub async fn connect_cluster<U: Into<String>>(
-        urls: impl IntoIterator<Item = U>,
-        name: &str,
-    ) -> Result<Self> {
-        let given = Given {
-            cluster: Some(urls.into_iter().map(Into::into).collect()),
-            ..Given::default()
-        };
-        DeadLetters::connect_to(given, name).await
-    }
-
-    /// [`connect`](Self::connect) over TLS with these settings.
-    pub async fn connect_with_tls(
-        url: &str,
-        name: &str,
-        tls: crate::connection::Tls,
-    ) -> Result<Self> {
-        let given = Given {
-            url: Some(url.to_owned()),
-            tls: Some(tls),
-            ..Given::default()
-        };
-        DeadLetters::connect_to(given, name).await
-    }
-
-    /// [`connect_cluster`](Self::connect_cluster) over TLS with these
-    /// settings (every seed URL `rediss://`).
-    pub async fn connect_cluster_with_tls<U: Into<String>>(
-        urls: impl IntoIterator<Item = U>,
-        name: &str,
-        tls: crate::connection::Tls,
-    ) -> Result<Self> {
-        let given = Given {
-            cluster: Some(urls.into_iter().map(Into::into).collect()),
-            tls: Some(tls),
-            ..Given::default()
-        };
-        DeadLetters::connect_to(given, name).await
-    }
-
-    async fn connect_to(given: Given, name: &str) -> Result<Self> {
+    pub async fn connect(redis: impl Into<Redis>, name: &str) -> Result<Self> {
         let name = ServiceName::new(name)?;
-        let redis = given.target();
+        let given: Redis = redis.into();
+        let shown = given.to_string();
         let conn = SharedConnection::new(given.backend()?);
         let mut hget = redis::cmd("HGET");
         hget.arg(keys::meta(&name)).arg("partitions");
         let partitions: Option<u32> = conn
             .query(&hget)
             .await
-            .map_err(|e| crate::connection::at(&redis, e))?;
+            .map_err(|e| connection::at(&shown, e))?;
         let partitions = partitions.ok_or_else(|| Error::UnknownService {
             name: name.to_string(),
-            url: redis,
+            url: shown,
         })?;
         Ok(DeadLetters::new(Arc::new(conn), name, partitions))
     }

@@ -5,14 +5,12 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use deadpool_redis::Pool;
-
 use super::schedule::Schedule;
 use super::{Indexer, Liveness};
 use crate::assignment::Assignor;
 use crate::clock::{Clock, SystemClock};
 use crate::config::ServiceName;
-use crate::connection::{Backend, Given, Tls};
+use crate::connection::{self, Redis};
 use crate::error::Result;
 use crate::indexer::{IndexerSettings, Indexing};
 use crate::instance::InstanceId;
@@ -43,7 +41,7 @@ pub struct IndexerBuilder {
     name: Option<String>,
     settings: IndexerSettings,
     clock: Arc<dyn Clock>,
-    redis: Given,
+    redis: Option<Redis>,
     instance_id: Option<InstanceId>,
     /// A consumer's live values, sent each round (`None`: a bare indexer).
     presence: Option<Arc<Presence>>,
@@ -69,7 +67,7 @@ impl IndexerBuilder {
             name: None,
             settings: IndexerSettings::default(),
             clock: Arc::new(SystemClock),
-            redis: Given::default(),
+            redis: None,
             instance_id: None,
             presence: None,
             liveness: None,
@@ -82,36 +80,12 @@ impl IndexerBuilder {
         self
     }
 
-    /// Connect to Redis at `url` (a pool is created for it).
-    pub fn redis(mut self, url: impl Into<String>) -> Self {
-        self.redis.url = Some(url.into());
-        self
-    }
-
-    /// Use this connection pool (takes precedence over [`redis`](Self::redis)).
-    pub fn pool(mut self, pool: Pool) -> Self {
-        self.redis.pool = Some(pool);
-        self
-    }
-
-    /// Connect to the Redis Cluster with these seed nodes; the service's
-    /// keys are all on the master of `{name}`'s slot.
-    pub fn redis_cluster<U: Into<String>>(mut self, urls: impl IntoIterator<Item = U>) -> Self {
-        self.redis.cluster = Some(urls.into_iter().map(Into::into).collect());
-        self
-    }
-
-    /// TLS settings for a `rediss://` URL (or a Cluster's): the CA to
-    /// trust instead of the system's, a client certificate (see [`Tls`]).
-    /// Needs peerq's `tls` feature.
-    pub fn tls(mut self, tls: Tls) -> Self {
-        self.redis.tls = Some(tls);
-        self
-    }
-
-    /// Use the Redis of the consumer it belongs to.
-    pub(crate) fn backend(mut self, backend: Backend) -> Self {
-        self.redis.backend = Some(backend);
+    /// Where the service's Redis is (required): a URL, or a [`Redis`] for
+    /// a Cluster (the service's keys are all on the master of `{name}`'s
+    /// slot), a pool, TLS files or replicas to wait for (at most a tenth
+    /// of the interval: a round they did not confirm is missed).
+    pub fn redis(mut self, redis: impl Into<Redis>) -> Self {
+        self.redis = Some(redis.into());
         self
     }
 
@@ -192,20 +166,11 @@ impl IndexerBuilder {
     pub fn build(self) -> Result<Indexer> {
         let name = ServiceName::given(self.name.as_deref())?;
         self.settings.validate()?;
+        let given = connection::given(self.redis)?;
+        self.settings.validate_wait(given.wait())?;
         // Errors name the URL; a pool's user (a consumer) names it itself.
-        let redis = match &self.redis {
-            Given {
-                url: Some(_),
-                pool: None,
-                backend: None,
-                ..
-            }
-            | Given {
-                cluster: Some(_), ..
-            } => Some(self.redis.target()),
-            _ => None,
-        };
-        let backend = self.redis.backend()?;
+        let redis = given.names_servers().then(|| given.to_string());
+        let backend = given.backend()?;
         // A constant offset, drawn once: it keeps the order in which
         // instances act stable from interval to interval.
         let schedule = Schedule::drawn(

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use crate::assignment::{Assignor, DEFAULT_WEIGHT, MAX_WEIGHT};
 use crate::config::fmt_duration;
+use crate::connection::Wait;
 use crate::error::{Error, Result};
 use crate::timing::Timing;
 
@@ -125,6 +126,22 @@ impl IndexerSettings {
             ));
         }
         Ok(())
+    }
+
+    /// Checks the replicas the rounds' writes wait for (`WAIT` holds the
+    /// rounds' connection: a round must still end in its window): a
+    /// timeout of at most a tenth of the interval.
+    pub(crate) fn validate_wait(&self, wait: Option<Wait>) -> Result<()> {
+        match wait {
+            Some(wait) if wait.timeout > self.interval / 10 => Err(Error::invalid(
+                "wait_for_replicas",
+                format!(
+                    "a timeout of {:?} is more than a tenth of the interval ({:?})",
+                    wait.timeout, self.interval
+                ),
+            )),
+            _ => Ok(()),
+        }
     }
 
     /// Checks the assignor against the indexing, and the weight.

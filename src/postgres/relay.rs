@@ -15,7 +15,6 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use deadpool_redis::Pool;
 use sqlx::PgPool;
 use sqlx::postgres::PgListener;
 use tokio::time::Instant;
@@ -25,7 +24,7 @@ use super::forget::Forgetting;
 use super::lane::{self, Claimed, Claiming};
 use crate::codec::{Bincode, Codec};
 use crate::config::ServiceName;
-use crate::connection::{Backend, Tls};
+use crate::connection::Redis;
 use crate::entry::TaskId;
 use crate::error::{Error, Result};
 use crate::producer::{Producer, ProducerBuilder};
@@ -131,38 +130,17 @@ impl<C: Codec> RelayBuilder<C> {
         self
     }
 
-    /// The service's Redis at `url`.
-    pub fn redis(mut self, url: impl Into<String>) -> Self {
-        self.settings.producer = self.settings.producer.redis(url);
+    /// The service's Redis (required): a URL, or a [`Redis`] for a
+    /// Cluster, a pool, TLS files or replicas to wait for (as a producer
+    /// does; docs/design.md §10).
+    pub fn redis(mut self, redis: impl Into<Redis>) -> Self {
+        self.settings.producer = self.settings.producer.redis(redis);
         self
     }
 
-    /// The service's Redis through this pool (takes precedence over
-    /// [`redis`](Self::redis)).
-    pub fn redis_pool(mut self, pool: Pool) -> Self {
-        self.settings.producer = self.settings.producer.pool(pool);
-        self
-    }
-
-    /// The service's Redis Cluster, by some of its nodes' URLs.
-    pub fn redis_cluster<U: Into<String>>(mut self, urls: impl IntoIterator<Item = U>) -> Self {
-        self.settings.producer = self.settings.producer.redis_cluster(urls);
-        self
-    }
-
-    /// TLS settings for a `rediss://` Redis (feature `tls`).
-    pub fn tls(mut self, tls: Tls) -> Self {
-        self.settings.producer = self.settings.producer.tls(tls);
-        self
-    }
-
-    /// The Redis another part of peerq connects to, with its partitions.
-    pub(crate) fn backend(mut self, backend: Backend, partitions: u32) -> Self {
-        self.settings.producer = self
-            .settings
-            .producer
-            .backend(backend)
-            .partitions(partitions);
+    /// The service's partitions (those of the consumer it runs in).
+    pub(crate) fn partitions(mut self, partitions: u32) -> Self {
+        self.settings.producer = self.settings.producer.partitions(partitions);
         self
     }
 

@@ -5,12 +5,10 @@ use std::fmt;
 use std::marker::PhantomData;
 use std::time::Duration;
 
-use deadpool_redis::Pool;
-
 use super::Producer;
 use crate::codec::{Bincode, Codec, Json};
 use crate::config::{self, ServiceName};
-use crate::connection::{Backend, Given, SharedConnection, Tls, Wait};
+use crate::connection::{self, Redis, SharedConnection};
 use crate::error::{Error, Result, SettingDiff};
 use crate::metrics as m;
 use crate::partition::DEFAULT_PARTITIONS;
@@ -21,7 +19,7 @@ use crate::{keys, meta};
 #[derive(Clone)]
 pub struct ProducerBuilder<C> {
     name: Option<String>,
-    redis: Given,
+    redis: Option<Redis>,
     /// `None`: the service's, or the default for a new service.
     partitions: Option<u32>,
     max_payload: usize,
@@ -45,7 +43,7 @@ impl ProducerBuilder<Bincode> {
     pub(super) fn new() -> Self {
         ProducerBuilder {
             name: None,
-            redis: Given::default(),
+            redis: None,
             partitions: None,
             max_payload: super::DEFAULT_MAX_PAYLOAD,
             idempotency_ttl: super::DEFAULT_IDEMPOTENCY_TTL,
@@ -61,51 +59,15 @@ impl<C: Codec> ProducerBuilder<C> {
         self
     }
 
-    /// Connect to Redis at `url`.
-    pub fn redis(mut self, url: impl Into<String>) -> Self {
-        self.redis.url = Some(url.into());
-        self
-    }
-
-    /// Use this pool (takes precedence over [`redis`](Self::redis)).
-    pub fn pool(mut self, pool: Pool) -> Self {
-        self.redis.pool = Some(pool);
-        self
-    }
-
-    /// Connect to the Redis Cluster with these seed nodes (URLs of some of
-    /// its nodes; the others are found from them). Each task goes to the
-    /// master of its partition's slot; a batch is sent as one pipeline per
-    /// slot.
-    pub fn redis_cluster<U: Into<String>>(mut self, urls: impl IntoIterator<Item = U>) -> Self {
-        self.redis.cluster = Some(urls.into_iter().map(Into::into).collect());
-        self
-    }
-
-    /// TLS settings for a `rediss://` URL (or a Cluster's): the CA to
-    /// trust instead of the system's, a client certificate (see [`Tls`]).
-    /// Needs peerq's `tls` feature.
-    pub fn tls(mut self, tls: Tls) -> Self {
-        self.redis.tls = Some(tls);
-        self
-    }
-
-    /// After each enqueue (a batch: after its last part), wait until
-    /// `replicas` replicas of its master have it (`WAIT`, on the connection
-    /// that carried it, on a Cluster each master's), at most `timeout`; an
-    /// enqueue they did not all confirm returns
-    /// [`Error::NotReplicated`](crate::Error::NotReplicated)
-    /// (the task is enqueued; sending it again with an idempotency key does
-    /// not run it twice). Without it (the default), a failover can lose an
-    /// enqueue that returned success (docs/design.md §8).
-    pub fn wait_for_replicas(mut self, replicas: u32, timeout: Duration) -> Self {
-        self.redis.wait = Some(Wait { replicas, timeout });
-        self
-    }
-
-    /// Use the Redis another part of peerq connects to.
-    pub(crate) fn backend(mut self, backend: Backend) -> Self {
-        self.redis.backend = Some(backend);
+    /// Where the service's Redis is (required): a URL (`redis://`,
+    /// `rediss://`, with user and password), or a [`Redis`] for a Cluster
+    /// (each task goes to the master of its partition's slot; a batch is
+    /// sent as one pipeline per master), a pool, TLS files or replicas to
+    /// wait for. With [`Redis::wait_for_replicas`], an enqueue (a batch:
+    /// after its last part) the replicas did not all confirm returns
+    /// [`Error::NotReplicated`].
+    pub fn redis(mut self, redis: impl Into<Redis>) -> Self {
+        self.redis = Some(redis.into());
         self
     }
 
@@ -173,16 +135,15 @@ impl<C: Codec> ProducerBuilder<C> {
                 "must be at least 1ms; as long as a producer may retry an enqueue (hours)",
             ));
         }
-        let redis = self.redis.target();
-        let conn = SharedConnection::new(self.redis.backend()?);
+        let given = connection::given(self.redis)?;
+        let redis = given.to_string();
+        let conn = SharedConnection::new(given.backend()?);
         let asked = self.partitions.unwrap_or(DEFAULT_PARTITIONS);
         let fields = config::queue_meta_fields(asked, C::NAME);
         // No waiting for Redis here, unlike a consumer: the caller holds the
         // tasks and decides whether to wait, retry or fail.
         let checked = async { meta::differences(&mut conn.get().await?, &name, &fields).await };
-        let differ = checked
-            .await
-            .map_err(|e| crate::connection::at(&redis, e))?;
+        let differ = checked.await.map_err(|e| connection::at(&redis, e))?;
         let partitions = settle(&name, self.partitions, asked, differ)?;
         let service = name.to_string();
         Ok(Producer {

@@ -27,7 +27,7 @@ use serde::Serialize;
 
 use crate::codec::{Bincode, Codec};
 use crate::config::ServiceName;
-use crate::connection::SharedConnection;
+use crate::connection::{Redis, SharedConnection};
 use crate::entry::{Entry, TaskId};
 use crate::error::{Error, Result};
 use crate::partition::partition_of;
@@ -89,13 +89,13 @@ impl<C: Codec> fmt::Debug for Producer<C> {
 }
 
 impl Producer<Bincode> {
-    /// Connects a bincode producer to service `name` at `url`, with the
-    /// service's partitions (read from `{name}:meta`; 64 for a new
-    /// service). A service whose codec is JSON needs a JSON producer,
-    /// which [`builder`](Self::builder) makes; see
+    /// Connects a bincode producer to service `name` on `redis` (a URL,
+    /// or a [`Redis`]), with the service's partitions (read from
+    /// `{name}:meta`; 64 for a new service). A service whose codec is JSON
+    /// needs a JSON producer, which [`builder`](Self::builder) makes; see
     /// [`ProducerBuilder::connect`] for the errors.
-    pub async fn connect(url: &str, name: &str) -> Result<Self> {
-        Producer::builder().redis(url).name(name).connect().await
+    pub async fn connect(redis: impl Into<Redis>, name: &str) -> Result<Self> {
+        Producer::builder().redis(redis).name(name).connect().await
     }
 
     /// A builder with the defaults: bincode, the service's partitions.

@@ -59,18 +59,19 @@ async fn kill_a_master_while_tasks_flow(wait: bool) -> Killed {
     let name = unique_name(if wait { "kw" } else { "kn" });
     let record = Recorder::default();
     let replicated = |builder: Builder| match wait {
-        true => builder.wait_for_replicas(1, 100 * MS),
+        true => {
+            builder.redis(peerq::Redis::cluster(cluster.seed_urls()).wait_for_replicas(1, 100 * MS))
+        }
         false => builder,
     };
     let mut instances: Vec<Instance> = (0..2)
         .map(|i| Instance::start_with(&cluster, &name, record.for_instance(i), replicated))
         .collect();
-    let mut producer = Producer::builder()
-        .redis_cluster(cluster.seed_urls())
-        .name(&name);
+    let mut redis = peerq::Redis::cluster(cluster.seed_urls());
     if wait {
-        producer = producer.wait_for_replicas(1, 100 * MS);
+        redis = redis.wait_for_replicas(1, 100 * MS);
     }
+    let producer = Producer::builder().redis(redis).name(&name);
     let producer = Arc::new(producer.connect().await.unwrap());
     let killed = CancellationToken::new();
     let seqs = Arc::new(AtomicU64::new(0));

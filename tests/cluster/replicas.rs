@@ -19,9 +19,8 @@ const WAIT: (u32, Duration) = (1, Duration::from_millis(100));
 /// A producer of service `name` on `cluster` that waits for a replica.
 async fn waiting_producer(cluster: &RedisCluster, name: &str) -> Producer {
     let producer = Producer::builder()
-        .redis_cluster(cluster.seed_urls())
+        .redis(peerq::Redis::cluster(cluster.seed_urls()).wait_for_replicas(WAIT.0, WAIT.1))
         .name(name)
-        .wait_for_replicas(WAIT.0, WAIT.1)
         .connect()
         .await
         .unwrap();
@@ -203,9 +202,8 @@ impl Watched {
     fn start(cluster: &RedisCluster, name: &str, handler: Recorder) -> Watched {
         support::init_tracing();
         let builder = Consumer::builder()
-            .redis_cluster(cluster.seed_urls())
+            .redis(peerq::Redis::cluster(cluster.seed_urls()).wait_for_replicas(WAIT.0, WAIT.1))
             .name(name)
-            .wait_for_replicas(WAIT.0, WAIT.1)
             .handler(handler);
         let (events, standing) = (builder.partition_events(), builder.standing());
         let stop = CancellationToken::new();

@@ -29,12 +29,11 @@ async fn a_tls_cluster_runs_every_task_once_and_the_cli_and_dead_letters_read_it
         ..Recorder::default()
     };
     let instance = Instance::start_with(&cluster, &name, record.for_instance(0), |builder| {
-        builder.tls(trusted.clone())
+        builder.redis(peerq::Redis::cluster(seeds.clone()).tls(trusted.clone()))
     });
     let instances = std::slice::from_ref(&instance);
     let producer = Producer::builder()
-        .redis_cluster(seeds.clone())
-        .tls(trusted.clone())
+        .redis(peerq::Redis::cluster(seeds.clone()).tls(trusted.clone()))
         .name(&name)
         .connect()
         .await
@@ -59,10 +58,12 @@ async fn a_tls_cluster_runs_every_task_once_and_the_cli_and_dead_letters_read_it
     let failed = (0..count)
         .filter(|seq| seq % FAILING == FAILING - 1)
         .count();
-    let dead =
-        peerq::dead_letters::DeadLetters::connect_cluster_with_tls(seeds.clone(), &name, trusted)
-            .await
-            .unwrap();
+    let dead = peerq::dead_letters::DeadLetters::connect(
+        peerq::Redis::cluster(seeds.clone()).tls(trusted),
+        &name,
+    )
+    .await
+    .unwrap();
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     loop {
         let letters = dead.list(10_000).await.unwrap().len();

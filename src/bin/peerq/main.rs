@@ -42,6 +42,7 @@ use std::process::ExitCode;
 
 use args::{Cli, Command, Dead, Delayed, OrderArg, Output, Periodic, Which};
 use clap::{CommandFactory, Parser};
+use peerq::Redis;
 use peerq::admin::{Admin, Service};
 use peerq::dead_letters::{Cursor, DeadLetter, Order, Query};
 use peerq::producer::Options;
@@ -69,7 +70,21 @@ fn main() -> ExitCode {
             .exit();
     };
     let tls = tls(cli.tls_ca, cli.tls_cert.zip(cli.tls_key));
-    finish(runtime.block_on(run(&url, cli.cluster, tls, cli.command)))
+    finish(runtime.block_on(run(redis(&url, cli.cluster, tls), cli.command)))
+}
+
+/// The Redis the flags give: `--redis URL`, or with `--cluster` a Cluster
+/// whose comma-separated node URLs `--redis` gives; with the `--tls-*`
+/// files, over TLS with them.
+fn redis(url: &str, cluster: bool, tls: Option<peerq::Tls>) -> Redis {
+    let redis = match cluster {
+        true => Redis::cluster(url.split(',').map(str::trim)),
+        false => Redis::url(url),
+    };
+    match tls {
+        Some(tls) => redis.tls(tls),
+        None => redis,
+    }
 }
 
 /// Prints a command's output, or its error as one line on stderr; the
@@ -161,23 +176,10 @@ fn tls(
     Some(tls)
 }
 
-/// Runs `command` on the Redis at `url` (with `cluster`, a Cluster's
-/// comma-separated node URLs; with `tls`, those TLS settings); its output,
-/// or the message of what went wrong.
-async fn run(
-    url: &str,
-    cluster: bool,
-    tls: Option<peerq::Tls>,
-    command: Command,
-) -> Result<String, String> {
-    let nodes = || url.split(',').map(str::trim);
-    let admin = match (cluster, tls) {
-        (true, Some(tls)) => Admin::connect_cluster_with_tls(nodes(), tls).await,
-        (true, None) => Admin::connect_cluster(nodes()).await,
-        (false, Some(tls)) => Admin::connect_with_tls(url, tls).await,
-        (false, None) => Admin::connect(url).await,
-    }
-    .map_err(failed)?;
+/// Runs `command` on `redis`; its output, or the message of what went
+/// wrong.
+async fn run(redis: Redis, command: Command) -> Result<String, String> {
+    let admin = Admin::connect(redis).await.map_err(failed)?;
     match command {
         Command::Services(output) => {
             let services = admin.services().await.map_err(failed)?;

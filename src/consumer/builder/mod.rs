@@ -1,13 +1,11 @@
 //! The consumer's builder: settings, the handler service, its layers.
-//! Where Redis is ([`redis`]), the settings shared with the peer indexer
-//! ([`indexing`]), the periodic jobs it is given ([`periodic`]) and the run
+//! The settings shared with the peer indexer ([`indexing`]), the periodic jobs it is given ([`periodic`]) and the run
 //! ([`run`]) have rooms of their own.
 
 mod indexing;
 mod periodic;
 #[cfg(feature = "postgres")]
 mod postgres;
-mod redis;
 mod run;
 
 use std::fmt;
@@ -26,8 +24,8 @@ use crate::assignment::Standing;
 use crate::clock::{Clock, SystemClock};
 use crate::codec::{Bincode, Codec};
 use crate::config::ServiceName;
-use crate::connection::Given;
-use crate::error::{Error, Result};
+use crate::connection::Redis;
+use crate::error::Result;
 use crate::handler::{Handler, HandlerService, Task};
 use crate::indexer::IndexerSettings;
 use crate::periodic::Periodic;
@@ -44,7 +42,7 @@ const EVENTS_CAPACITY: usize = 16_384;
 #[must_use]
 pub struct ConsumerBuilder<T, S, C> {
     name: Option<String>,
-    redis: Given,
+    redis: Option<Redis>,
     indexer: IndexerSettings,
     settings: ConsumerSettings,
     service: S,
@@ -82,7 +80,7 @@ impl ConsumerBuilder<(), (), Bincode> {
     pub(super) fn new() -> Self {
         ConsumerBuilder {
             name: None,
-            redis: Given::default(),
+            redis: None,
             indexer: IndexerSettings::default(),
             settings: ConsumerSettings::default(),
             service: (),
@@ -117,6 +115,21 @@ impl<T, S, C: Codec> ConsumerBuilder<T, S, C> {
     /// The service name (required): instances with one name split one queue.
     pub fn name(mut self, name: impl Into<String>) -> Self {
         self.name = Some(name.into());
+        self
+    }
+
+    /// Where the service's Redis is (required): a URL (`redis://`,
+    /// `rediss://`, with user and password), or a [`Redis`] for a Cluster,
+    /// a pool, TLS files or replicas to wait for. With
+    /// [`Redis::wait_for_replicas`], the writes a failover must not lose
+    /// (owner records, release marks, round writes, acks) wait for the
+    /// replicas, at most a tenth of the interval: a round they did not
+    /// confirm is missed, acks are sent again until they do, and a drain's
+    /// release mark waits for its acks. Blocking reads get connections of
+    /// their own, to the same server (on a Cluster, each idle partition to
+    /// the master of its slot).
+    pub fn redis(mut self, redis: impl Into<Redis>) -> Self {
+        self.redis = Some(redis.into());
         self
     }
 
@@ -191,8 +204,9 @@ impl<T, S, C: Codec> ConsumerBuilder<T, S, C> {
     /// the service enqueues `task` (encoded with the service's codec, the
     /// one the consumer runs with, whether [`codec`](Self::codec) comes
     /// before or after this call; one it does not encode with is an
-    /// [`Error::InvalidSetting`] naming `periodic` and the job) into
-    /// the job's partition, once across the service. The handler gets it
+    /// [`Error::InvalidSetting`](crate::Error::InvalidSetting) naming
+    /// `periodic` and the job) into the job's partition, once across the
+    /// service. The handler gets it
     /// like any task, with the id `cron:<job>:<due ms>`.
     ///
     /// ```no_run
@@ -255,8 +269,9 @@ impl<T, S, C: Codec> ConsumerBuilder<T, S, C> {
     /// /health/ready` (200 while assigned with a lease that holds; else 503
     /// with `{"ready":false,"reason":…}`). The first endpoint of the process
     /// installs a Prometheus recorder as the global `metrics` recorder, and
-    /// later consumers share it. `run` fails with [`Error::InvalidSetting`]
-    /// naming `http` when `addr` cannot be bound, or when the application
+    /// later consumers share it. `run` fails with
+    /// [`Error::InvalidSetting`](crate::Error::InvalidSetting) naming `http`
+    /// when `addr` cannot be bound, or when the application
     /// installed another recorder first (serve that one: peerq records
     /// through `metrics`).
     #[cfg(feature = "http")]
@@ -333,19 +348,8 @@ impl<T, S, C: Codec> ConsumerBuilder<T, S, C> {
         self.settings.validate(&self.indexer)?;
         #[cfg(feature = "postgres")]
         self.postgres.validate()?;
-        if let Some(wait) = self.redis.wait
-            && wait.timeout > self.indexer.interval / 10
-        {
-            // WAIT holds the rounds' connection: a round must still end in
-            // its window.
-            return Err(Error::invalid(
-                "wait_for_replicas",
-                format!(
-                    "a timeout of {:?} is more than a tenth of the interval ({:?})",
-                    wait.timeout, self.indexer.interval
-                ),
-            ));
-        }
+        self.indexer
+            .validate_wait(self.redis.as_ref().and_then(Redis::wait))?;
         Ok(name)
     }
 }

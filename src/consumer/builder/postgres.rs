@@ -12,7 +12,7 @@ use tracing::{Instrument, Span};
 use super::ConsumerBuilder;
 use crate::codec::Codec;
 use crate::config::ServiceName;
-use crate::connection::Backend;
+use crate::connection::Redis;
 use crate::error::Result;
 use crate::postgres::{DEFAULT_INBOX_RETENTION, Relay, prune_until, validate_retention};
 
@@ -78,7 +78,7 @@ impl PostgresParts {
     pub(super) fn start<C: Codec>(
         self,
         name: &ServiceName,
-        backend: &Backend,
+        redis: Redis,
         partitions: u32,
         span: &Span,
     ) -> Result<Sidecars> {
@@ -89,7 +89,8 @@ impl PostgresParts {
                 .postgres(pool)
                 .name(name.as_str())
                 .codec(C::default())
-                .backend(backend.clone(), partitions)
+                .redis(redis)
+                .partitions(partitions)
                 .build()?;
             let stopped = stop.clone().cancelled_owned();
             running.push(tokio::spawn(

@@ -9,6 +9,7 @@ use tracing::Instrument;
 
 use super::ConsumerBuilder;
 use crate::codec::Codec;
+use crate::connection;
 use crate::consumer::erased::Runner;
 use crate::consumer::lifecycle;
 use crate::error::Result;
@@ -59,8 +60,8 @@ where
     ) -> Result<()> {
         crate::logs::hint_if_unseen();
         let name = self.validate()?;
-        let redis = self.redis.target();
-        let backend = self.redis.backend()?;
+        let redis = connection::given(self.redis)?;
+        let (shown, backend) = (redis.to_string(), redis.backend()?);
         #[cfg(feature = "http")]
         let http = crate::consumer::endpoint::Endpoint::start(
             self.http,
@@ -76,9 +77,12 @@ where
         // The outbox relay and the inbox's pruning run beside the
         // instance, and stop with it.
         #[cfg(feature = "postgres")]
-        let sidecars =
-            self.postgres
-                .start::<C>(&name, &backend, self.settings.partitions, &span)?;
+        let sidecars = self.postgres.start::<C>(
+            &name,
+            connection::Redis::built(backend.clone(), &shown),
+            self.settings.partitions,
+            &span,
+        )?;
         // Boxed: the runtime's future is deeply nested, and the compiler's
         // query depth limit (128) counts that nesting inside the caller's
         // own future: unboxed, a plain `async fn main` calling `run()` may
@@ -88,7 +92,7 @@ where
                 lifecycle::Parts {
                     name,
                     id,
-                    redis,
+                    redis: shown,
                     backend,
                     indexer: self.indexer,
                     settings: self.settings,
