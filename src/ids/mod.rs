@@ -49,7 +49,7 @@ use votes::{ReadDecision, ReadTally, Write, WriteDecision, WriteTally, majority}
 /// ```no_run
 /// use peerq::ids::MajorityIds;
 ///
-/// # async fn f() -> peerq::Result<()> {
+/// # async fn f() -> Result<(), peerq::ids::IdsError> {
 /// let invoices = MajorityIds::builder()
 ///     .servers(["redis://ids-a:6379/", "redis://ids-b:6379/", "redis://ids-c:6379/"])
 ///     .key("invoices")
