@@ -786,6 +786,20 @@ async fn invalid_settings_are_rejected_before_redis() {
     assert!(err.to_string().contains("invalid setting `skew`"), "{err}");
     let err = Indexer::builder().name("ok").build().unwrap_err();
     assert!(err.to_string().contains("invalid setting `redis`"), "{err}");
+    // WAIT holds the rounds' connection: at most a tenth of the interval.
+    let waiting =
+        peerq::Redis::url("redis://127.0.0.1:1/").wait_for_replicas(1, Duration::from_millis(101));
+    let err = Indexer::builder()
+        .name("ok")
+        .redis(waiting)
+        .interval(Duration::from_secs(1))
+        .build()
+        .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("invalid setting `wait_for_replicas`"),
+        "{err}"
+    );
 }
 
 /// Counts the epochs in which any instance's index differs from its index
