@@ -132,6 +132,15 @@ impl World {
         commit(&self.pool, &self.name, mail, options).await
     }
 
+    /// Waits until the outbox holds `rows` rows, at most `within`.
+    async fn wait_for_rows(&self, rows: i64, within: Duration, what: &str) {
+        let started = std::time::Instant::now();
+        while self.outbox_rows().await != rows {
+            assert!(started.elapsed() < within, "timed out waiting for {what}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     async fn outbox_rows(&self) -> i64 {
         sqlx::query_scalar("SELECT count(*) FROM peerq_outbox")
             .fetch_one(&self.pool)
@@ -632,4 +641,75 @@ async fn what_cannot_be_relayed_is_refused_before_anything_is_written() {
     );
     let unnamed = Relay::builder().postgres(world.pool.clone()).build();
     assert_eq!(refused(unnamed), "name");
+}
+
+/// With `wait_for_replicas`, a row the relay cannot send is deleted only
+/// once its dead letter is on a replica: the letter and the row's delete
+/// are the task's only copies, and a failover that lost a letter whose row
+/// was deleted would lose the task (issue 36, item 2: the relay's dead
+/// letter was written without a `WAIT`). With the replica gone the row
+/// stays in the outbox, claim after claim; once a replica has synced the
+/// row goes, with one letter.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_poison_row_is_deleted_only_once_its_dead_letter_is_replicated() {
+    let world = World::new("outbox-poison-replicated").await;
+    let redis = world.redis.url();
+    let replica = world.redis.replica();
+    let relay = world.relay(|b| {
+        b.redis(peerq::Redis::url(&redis).wait_for_replicas(1, Duration::from_millis(100)))
+            .poll_interval(Duration::from_millis(50))
+    });
+    // The service's codec is bincode: a JSON row cannot run.
+    let mut tx = world.pool.begin().await.unwrap();
+    let good = Outbox::enqueue(&mut tx, &world.name, &mail("user-1", 1), Options::new())
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    world
+        .wait_for_rows(0, Duration::from_secs(30), "the good row relayed")
+        .await;
+    drop(replica);
+    let mut tx = world.pool.begin().await.unwrap();
+    let poison = Outbox::enqueue_with_codec(
+        &mut tx,
+        &world.name,
+        Json,
+        &mail("user-1", 2),
+        Options::new(),
+    )
+    .await
+    .unwrap();
+    tx.commit().await.unwrap();
+    // Many claims' worth: each writes the letter (once), finds no replica
+    // confirming it, and rolls back.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        world.outbox_rows().await,
+        1,
+        "the poison row was deleted although no replica had its dead letter"
+    );
+    let _replica = world.redis.replica();
+    world
+        .wait_for_rows(
+            0,
+            Duration::from_secs(30),
+            "the poison row deleted once a replica synced",
+        )
+        .await;
+    let letters = DeadLetters::connect(&world.redis.url(), &world.name)
+        .await
+        .unwrap()
+        .list(10)
+        .await
+        .unwrap();
+    let ids: Vec<String> = letters
+        .iter()
+        .map(|l| l.task_id.as_ref().unwrap().to_string())
+        .collect();
+    assert_eq!(
+        ids,
+        vec![poison.to_string()],
+        "one letter, the poison row's (and not {good})"
+    );
+    relay.stop().await;
 }

@@ -91,6 +91,33 @@ impl RedisServer {
         RedisServer::start_with(ServerOptions::default())
     }
 
+    /// Starts a replica of this server (plain TCP, no password) and waits
+    /// until it has synced (`master_link_status:up`).
+    pub fn replica(&self) -> RedisServer {
+        let replica = RedisServer::start();
+        let mut con = replica
+            .client()
+            .get_connection()
+            .expect("connect to the replica");
+        redis::cmd("REPLICAOF")
+            .arg("127.0.0.1")
+            .arg(self.port())
+            .query::<()>(&mut con)
+            .expect("REPLICAOF");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let info: String = redis::cmd("INFO")
+                .arg("replication")
+                .query(&mut con)
+                .expect("INFO replication");
+            if info.contains("master_link_status:up") {
+                return replica;
+            }
+            assert!(Instant::now() < deadline, "the replica never synced");
+            thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// Starts a server with the given options and waits until it answers PING.
     ///
     /// Panics if `redis-server` is not on PATH or does not come up within
