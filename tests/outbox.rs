@@ -132,6 +132,16 @@ impl World {
         commit(&self.pool, &self.name, mail, options).await
     }
 
+    /// The service's dead letters (the first ten).
+    async fn dead_letters(&self) -> Vec<peerq::dead_letters::DeadLetter> {
+        DeadLetters::connect(&self.redis.url(), &self.name)
+            .await
+            .unwrap()
+            .list(10)
+            .await
+            .unwrap()
+    }
+
     /// Waits until the outbox holds `rows` rows, at most `within`.
     async fn wait_for_rows(&self, rows: i64, within: Duration, what: &str) {
         let started = std::time::Instant::now();
@@ -469,12 +479,7 @@ async fn a_poison_row_is_dead_lettered_and_the_rows_behind_it_flow() {
     .await;
     let seqs: Vec<u64> = record.runs().iter().map(|r| r.seq).collect();
     assert_eq!(seqs, vec![1, 3]);
-    let letters = DeadLetters::connect(&world.redis.url(), &world.name)
-        .await
-        .unwrap()
-        .list(10)
-        .await
-        .unwrap();
+    let letters = world.dead_letters().await;
     let mut dead: Vec<(String, String, String)> = letters
         .iter()
         .map(|l| {
@@ -696,12 +701,7 @@ async fn a_poison_row_is_deleted_only_once_its_dead_letter_is_replicated() {
             "the poison row deleted once a replica synced",
         )
         .await;
-    let letters = DeadLetters::connect(&world.redis.url(), &world.name)
-        .await
-        .unwrap()
-        .list(10)
-        .await
-        .unwrap();
+    let letters = world.dead_letters().await;
     let ids: Vec<String> = letters
         .iter()
         .map(|l| l.task_id.as_ref().unwrap().to_string())
