@@ -8,8 +8,8 @@
 //! one (the cache's answer). It prints a markdown table: the median and the
 //! slowest cold render, and the warm one.
 
-#[path = "../tests/support/mod.rs"]
-mod support;
+// The test harness crate (`tests/support`), named `support` here.
+extern crate peerq_test_support as support;
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};

@@ -17,8 +17,8 @@
 //! feed costs Redis CPU) to tell which part sends what: each call by its
 //! command and key pattern, or by its script. It prints markdown tables.
 
-#[path = "../tests/support/mod.rs"]
-mod support;
+// The test harness crate (`tests/support`), named `support` here.
+extern crate peerq_test_support as support;
 
 mod meter;
 #[path = "idle/monitor.rs"]

@@ -10,8 +10,8 @@
 //! `PEERQ_BENCH_SECONDS` (default 3) sets how long each run draws IDs;
 //! `PEERQ_BENCH_RUNS` (default 3) how many runs of each.
 
-#[path = "../tests/support/mod.rs"]
-mod support;
+// The test harness crate (`tests/support`), named `support` here.
+extern crate peerq_test_support as support;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -17,8 +17,8 @@
 //!   and 16 concurrent callers, next to the same transaction without the
 //!   outbox (the order alone). No relay runs: this is the writers' side.
 
-#[path = "../tests/support/mod.rs"]
-mod support;
+// The test harness crate (`tests/support`), named `support` here.
+extern crate peerq_test_support as support;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};

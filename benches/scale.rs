@@ -21,8 +21,8 @@
 //! limit at start), and Redis's `maxclients` (10,000 by default) too.
 //! `RUST_LOG` (say `peerq=warn`) logs to stderr.
 
-#[path = "../tests/support/mod.rs"]
-mod support;
+// The test harness crate (`tests/support`), named `support` here.
+extern crate peerq_test_support as support;
 
 #[path = "scale/consumers.rs"]
 mod consumers;

@@ -35,8 +35,8 @@
 //! under a profiler); `PEERQ_BENCH_ONLY=cluster` the Redis Cluster runs
 //! ([`cluster`]) alone.
 
-#[path = "../tests/support/mod.rs"]
-mod support;
+// The test harness crate (`tests/support`), named `support` here.
+extern crate peerq_test_support as support;
 
 #[path = "throughput/cluster.rs"]
 mod cluster;

@@ -71,7 +71,7 @@ pub(crate) async fn clear(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::test_support as support;
+    use peerq_test_support as support;
 
     #[tokio::test]
     async fn a_notice_keeps_the_earliest_due_time_until_cleared() {

@@ -113,6 +113,13 @@
 //! No two modules import each other, directly or through a loop, and none
 //! imports through these re-exports: `scripts/import-cycles` checks both
 //! in CI.
+//!
+//! The integration tests are one binary per area, `tests/<area>/main.rs`
+//! (consumer, indexer, scenarios, operating, cluster, postgres, harness;
+//! `tests/tracing.rs` alone, as it installs a global subscriber). Their
+//! harness, and that of the unit tests of the scripts, is the unpublished
+//! crate `peerq-test-support` in `tests/support`: private servers and ways
+//! to break them, no peerq type.
 
 pub mod admin;
 pub mod assignment;
@@ -146,12 +153,6 @@ mod retry;
 mod shutdown;
 mod timing;
 mod transition;
-
-/// The integration tests' harness (real redis-server processes), for unit
-/// tests of the scripts.
-#[cfg(test)]
-#[path = "../tests/support/mod.rs"]
-mod test_support;
 
 pub use assignment::{Assignment, Assignor};
 pub use clock::{Clock, OffsetClock, SystemClock};

@@ -357,9 +357,9 @@ mod tests {
 
     #[tokio::test]
     async fn a_new_job_never_triggers_a_due_time_from_before_it_was_registered() {
-        let server = crate::test_support::RedisServer::start();
+        let server = peerq_test_support::RedisServer::start();
         let conn = SharedConnection::new(server.pool());
-        let name = ServiceName::new(&crate::test_support::unique_name("first-mark")).unwrap();
+        let name = ServiceName::new(&peerq_test_support::unique_name("first-mark")).unwrap();
         let job = Registered {
             job: Periodic::every("digest", Duration::from_secs(60)).missed(Missed::RunOnce),
             codec: "bincode",
@@ -391,9 +391,9 @@ mod tests {
 
     #[tokio::test]
     async fn a_due_time_triggers_once_and_never_after_a_later_one() {
-        let server = crate::test_support::RedisServer::start();
+        let server = peerq_test_support::RedisServer::start();
         let conn = SharedConnection::new(server.pool());
-        let name = ServiceName::new(&crate::test_support::unique_name("trigger")).unwrap();
+        let name = ServiceName::new(&peerq_test_support::unique_name("trigger")).unwrap();
         // A monthly job: its claim must hold for any period (no expiry).
         let job = Registered {
             job: Periodic::cron("monthly", "0 0 0 1 * *").unwrap(),

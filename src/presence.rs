@@ -314,7 +314,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_flush_sent_again_after_a_lost_reply_counts_once() {
-        use crate::test_support as support;
+        use peerq_test_support as support;
         let server = support::RedisServer::start();
         let client = server.client();
         let conn = client.get_multiplexed_async_connection().await.unwrap();

@@ -4,7 +4,8 @@
 //! instance's `peerq` span with the service and the instance id; and the one
 //! stderr line of a consumer started where no subscriber would see them.
 
-mod support;
+// The harness crate, named `support` in every module of this binary.
+extern crate peerq_test_support as support;
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};

@@ -15,7 +15,7 @@ use tokio::sync::Mutex;
 use tokio_util::sync::CancellationToken;
 
 use crate::redis_load;
-use crate::support::{RedisServer, unique_name};
+use support::{RedisServer, unique_name};
 
 const PARTITIONS: u32 = 1024;
 /// Tasks enqueued per second while the instances come and go.

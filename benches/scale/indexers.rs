@@ -12,7 +12,7 @@ use peerq::indexer::{Indexer, IndexerHandle};
 use peerq::{Assignor, Indexing};
 
 use crate::redis_load;
-use crate::support::{RedisServer, unique_name};
+use support::{RedisServer, unique_name};
 
 const INTERVAL: Duration = Duration::from_secs(1);
 /// Intervals of stability watched.

@@ -3,7 +3,7 @@
 
 use std::time::Instant;
 
-use crate::support::RedisServer;
+use support::RedisServer;
 
 /// One reading of Redis's counters.
 pub(crate) struct Reading {

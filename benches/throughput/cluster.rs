@@ -15,8 +15,8 @@ use peerq::Consumer;
 use peerq::producer::{Options, Producer};
 use tokio_util::sync::CancellationToken;
 
-use super::support::{RedisCluster, RedisServer, unique_name};
 use super::{BATCH, Job, counting, job};
+use support::{RedisCluster, RedisServer, unique_name};
 
 /// Single enqueues timed for the latency of `wait_for_replicas`.
 const LATENCY_SAMPLES: usize = 2000;

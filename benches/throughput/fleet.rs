@@ -29,8 +29,8 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::raw::{self, BATCH, READ_COUNT};
-use crate::support::{RedisServer, unique_name};
 use crate::{ACK_POLL, Job, job, pending};
+use support::{RedisServer, unique_name};
 
 /// The instances.
 const INSTANCES: usize = 3;

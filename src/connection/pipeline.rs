@@ -7,7 +7,7 @@
 //! in a pipeline over several, and, after an `ASK` (its slot is moving),
 //! all but the first even within one slot, since it sends one `ASKING`
 //! for the pipeline and `ASKING` admits only the next command (a task
-//! enqueued twice during a slot migration, in `tests/cluster.rs`). So a
+//! enqueued twice during a slot migration, in `tests/cluster/main.rs`). So a
 //! pipeline goes here instead: grouped by the master that serves each
 //! slot, as the slot map last read says, on a plain connection to that
 //! master; a command sent to the wrong node (`MOVED`, `ASK`) or finding

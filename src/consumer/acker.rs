@@ -350,7 +350,7 @@ fn outcome(
 mod tests {
     use super::*;
     use crate::instance::InstanceId;
-    use crate::test_support as support;
+    use peerq_test_support as support;
 
     /// An ack of `n` ids of partition `p` (never sent: the store's
     /// connection is only made on first use).

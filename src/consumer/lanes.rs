@@ -132,8 +132,8 @@ impl Lanes {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::test_support as support;
     use deadpool_redis::redis;
+    use peerq_test_support as support;
 
     /// Clients connected to the server of `probe`, `probe` not counted.
     async fn others(probe: &mut redis::aio::MultiplexedConnection) -> usize {

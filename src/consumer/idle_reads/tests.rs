@@ -15,7 +15,7 @@ use crate::clock::{Clock, SystemClock};
 use crate::config::ServiceName;
 use crate::consumer::gate;
 use crate::instance::InstanceId;
-use crate::test_support as support;
+use peerq_test_support as support;
 
 /// Longer than any wait that is to end at once, on a loaded machine.
 const PATIENCE: Duration = Duration::from_secs(2);

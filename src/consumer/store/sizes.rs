@@ -186,7 +186,7 @@ mod tests {
     use crate::consumer::store::{Moved, To};
     use crate::entry::{Entry, TaskId};
     use crate::instance::InstanceId;
-    use crate::test_support as support;
+    use peerq_test_support as support;
 
     #[tokio::test]
     async fn the_store_knows_the_sizes_from_its_looks_counts_and_own_writes() {

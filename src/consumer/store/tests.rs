@@ -2,8 +2,8 @@
 
 use super::marks::mark;
 use super::*;
-use crate::test_support as support;
 use deadpool_redis::redis::AsyncCommands;
+use peerq_test_support as support;
 
 /// The largest entry read: far above what these tests write.
 const LIMIT: usize = 1 << 20;

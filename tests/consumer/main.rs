@@ -1,0 +1,24 @@
+//! The consumer against a real redis-server, instances in this process:
+//! attempts and failures, interrupted runs, claims, handovers, frozen
+//! instances, idle reads, bounded memory, ordered partitions, pause,
+//! the producer's batches, release marks, scheduling and starting before
+//! Redis.
+
+// The harness crate, named `support` in every module of this binary.
+extern crate peerq_test_support as support;
+
+mod attempts;
+mod cancellation;
+mod claims;
+mod consumer;
+mod failures;
+mod frozen;
+mod handover;
+mod idle;
+mod memory;
+mod ordered;
+mod pause;
+mod producer;
+mod release_marks;
+mod scheduling;
+mod startup;

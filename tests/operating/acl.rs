@@ -1,0 +1,283 @@
+//! peerq as a Redis ACL user with only the rights the README's rule gives
+//! (derived from every command and script in `src/`): a consumer, a
+//! producer, the CLI and the outbox relay work; a user missing one right
+//! gets a one-line error naming the command and what to grant; a wrong
+//! password is an authentication error without the password in it.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use peerq::producer::{Options, Producer};
+use peerq::{Consumer, Handler, HandlerError, TaskContext};
+use serde::{Deserialize, Serialize};
+use support::{RedisServer, unique_name, wait_until};
+use tokio_util::sync::CancellationToken;
+
+/// The README's rule for a service's user, for service `name`.
+fn service_rule(user: &str, password: &str, name: &str) -> String {
+    format!(
+        "{user} on >{password} resetkeys ~{{{name}}}:* ~{{{name}/*}}:* resetchannels -@all \
+         +@stream +@hash +@sortedset +get +set +incr +del +exists +expire +pexpire \
+         +evalsha +script|load +ping +time +wait +info +client|id +client|unblock \
+         +hello +auth"
+    )
+}
+
+/// The README's addition for an operator's user (the CLI, the dashboard):
+/// finding the services needs `SCAN` and every service's `{N}:meta`.
+fn operator_rule(user: &str, password: &str, name: &str) -> String {
+    format!("{} %R~{{*}}:meta +scan", service_rule(user, password, name))
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Job {
+    seq: u64,
+}
+
+/// Runs every task; every seq that is a multiple of 10 fails once (a
+/// retry with a delay: the delayed set and its promotion), and seq 3 fails
+/// for good (the dead letters).
+#[derive(Clone, Default)]
+struct Flaky(Arc<Mutex<Vec<(u64, u32)>>>);
+
+impl Handler for Flaky {
+    type Task = Job;
+    async fn handle(&self, job: Job, cx: TaskContext) -> Result<(), HandlerError> {
+        self.0.lock().unwrap().push((job.seq, cx.attempt()));
+        match job.seq {
+            3 => Err(HandlerError::msg("no such mailbox").permanent()),
+            seq if seq % 10 == 0 && cx.attempt() == 1 => {
+                Err(HandlerError::msg("try later").retry_after(Duration::from_millis(200)))
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+impl Flaky {
+    fn done(&self, count: u64) -> bool {
+        let runs = self.0.lock().unwrap();
+        (0..count).all(|seq| {
+            runs.iter()
+                .any(|(s, attempt)| *s == seq && (seq % 10 != 0 || *attempt == 2))
+        })
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_consumer_a_producer_and_the_cli_work_as_a_least_privilege_user() {
+    support::init_tracing();
+    let server = RedisServer::start();
+    let name = unique_name("acl");
+    server.acl_setuser(&operator_rule("mail", "s3cret-pw", &name));
+    let url = server.url_as("mail", "s3cret-pw");
+    let handler = Flaky::default();
+    let stop = CancellationToken::new();
+    let consumer = Consumer::builder()
+        .redis(&url)
+        .name(&name)
+        .handler(handler.clone())
+        .periodic(
+            peerq::Periodic::every("tick", Duration::from_millis(500)),
+            &Job { seq: 1_000 },
+        );
+    let running = tokio::spawn(consumer.run_until(stop.clone().cancelled_owned()));
+    let producer = Producer::builder()
+        .redis(&url)
+        .name(&name)
+        .connect()
+        .await
+        .unwrap();
+    let jobs: Vec<Job> = (0..50).map(|seq| Job { seq }).collect();
+    producer.enqueue_batch(&jobs).await.unwrap();
+    let options = Options::new()
+        .idempotency_key("once")
+        .delay(Duration::from_millis(300));
+    producer
+        .enqueue_with(Job { seq: 50 }, options.clone())
+        .await
+        .unwrap();
+    producer
+        .enqueue_with(Job { seq: 50 }, options)
+        .await
+        .unwrap();
+    wait_until(Duration::from_secs(30), "every task ran", || {
+        assert!(!running.is_finished(), "the consumer stopped");
+        handler.done(51)
+    })
+    .await;
+    let dead = peerq::DeadLetters::connect(&url, &name).await.unwrap();
+    // Read to the end each time: a read polled once and dropped (as
+    // `now_or_never` did here) only sees a reply that came at once, which
+    // a loaded machine does not give.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while dead.list(10).await.unwrap().len() != 1 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out waiting for the dead letter"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    cli(&url, &["status", "--name", &name, "--json"]);
+    assert!(cli(&url, &["services", "--json"]).contains(&name));
+    stop.cancel();
+    running.await.unwrap().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_right_is_named_with_what_to_grant() {
+    let server = RedisServer::start();
+    let name = unique_name("acl-missing");
+    // No XADD: the producer cannot enqueue.
+    server.acl_setuser(&format!("{} -xadd", service_rule("noadd", "pw-1", &name)));
+    let producer = Producer::builder()
+        .redis(server.url_as("noadd", "pw-1"))
+        .name(&name)
+        .connect()
+        .await
+        .unwrap();
+    let line = producer
+        .enqueue(Job { seq: 0 })
+        .await
+        .unwrap_err()
+        .to_string();
+    println!("no xadd: {line}");
+    assert!(line.contains("may not run `xadd`"), "{line}");
+    assert!(line.contains("+xadd"), "{line}");
+    assert_eq!(line.lines().count(), 1, "{line}");
+
+    // No INFO: the consumer cannot check the eviction policy, and says
+    // what to do instead.
+    server.acl_setuser(&format!("{} -info", service_rule("noinfo", "pw-2", &name)));
+    let err = Consumer::builder()
+        .redis(server.url_as("noinfo", "pw-2"))
+        .name(&name)
+        .handler(Flaky::default())
+        .run_until(std::future::pending())
+        .await
+        .unwrap_err()
+        .to_string();
+    println!("no info: {err}");
+    assert!(err.contains("invalid setting `allow_eviction`"), "{err}");
+    assert!(err.contains("+info"), "{err}");
+    assert!(err.contains(".allow_eviction(true)"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrong_password_is_an_authentication_error_without_the_password() {
+    let server = RedisServer::start();
+    let name = unique_name("acl-pw");
+    server.acl_setuser(&service_rule("mail", "right-pw", &name));
+    let err = Producer::builder()
+        .redis(server.url_as("mail", "wr0ng-pw"))
+        .name(&name)
+        .connect()
+        .await
+        .unwrap_err()
+        .to_string();
+    println!("wrong password: {err}");
+    assert!(err.contains("check the user and password"), "{err}");
+    assert!(!err.contains("wr0ng-pw"), "{err}");
+    assert!(err.contains("mail:***@"), "{err}");
+}
+
+/// Runs `peerq --redis url args…`, which must succeed; its stdout.
+fn cli(url: &str, args: &[&str]) -> String {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_peerq"))
+        .env_remove("PEERQ_REDIS_URL")
+        .args(["--redis", url])
+        .args(args)
+        .output()
+        .expect("run peerq");
+    assert!(
+        out.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The outbox relay (feature `postgres`) as the same user: it reads
+/// Redis's clock for its claims' deadlines, enqueues and dead-letters rows
+/// with its dedup records, and gives the records their expiry once the
+/// rows' delete committed (`PEXPIRE`), all within the rule.
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_outbox_relay_works_as_a_least_privilege_user() {
+    use deadpool_redis::redis;
+    use peerq::Json;
+    use peerq::postgres::{Outbox, Relay};
+    use support::PostgresServer;
+
+    support::init_tracing();
+    let server = tokio::task::spawn_blocking(RedisServer::start)
+        .await
+        .unwrap();
+    let name = unique_name("acl-relay");
+    server.acl_setuser(&service_rule("mail", "s3cret-pw", &name));
+    let url = server.url_as("mail", "s3cret-pw");
+    let db = tokio::task::spawn_blocking(|| PostgresServer::shared().database())
+        .await
+        .unwrap();
+    let pool = sqlx::PgPool::connect_with(db.options()).await.unwrap();
+    peerq::postgres::migrate(&pool).await.unwrap();
+    let mut tx = pool.begin().await.unwrap();
+    let job = Outbox::enqueue(&mut tx, &name, &Job { seq: 1 }, Options::new())
+        .await
+        .unwrap()
+        .to_string();
+    // Another codec than the service's: dead-lettered, reason `relay`.
+    let poison = Outbox::enqueue_with_codec(&mut tx, &name, Json, &Job { seq: 2 }, Options::new())
+        .await
+        .unwrap()
+        .to_string();
+    tx.commit().await.unwrap();
+
+    let stop = CancellationToken::new();
+    let relay = Relay::builder()
+        .postgres(pool.clone())
+        .name(&name)
+        .redis(&url)
+        .test_timing(Duration::from_secs(20), Duration::from_secs(2))
+        .build()
+        .unwrap();
+    let relaying = tokio::spawn(relay.run_until(stop.clone().cancelled_owned()));
+    // Both records come and, the rows deleted, go after their grace.
+    let mut admin = server.pool().get().await.unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let mut seen = [false, false];
+    loop {
+        let mut gone = true;
+        for (i, id) in [&job, &poison].into_iter().enumerate() {
+            let pattern = format!("{{{name}/*}}:dedup:outbox:{id}");
+            let keys: Vec<String> = redis::cmd("KEYS")
+                .arg(&pattern)
+                .query_async(&mut admin)
+                .await
+                .unwrap();
+            seen[i] |= !keys.is_empty();
+            gone &= keys.is_empty();
+        }
+        let left: i64 = sqlx::query_scalar(
+            "SELECT (SELECT count(*) FROM peerq_outbox) + (SELECT count(*) FROM peerq_outbox_sent)",
+        )
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+        if seen == [true, true] && gone && left == 0 {
+            break;
+        }
+        assert!(!relaying.is_finished(), "the relay stopped");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out: records seen {seen:?}, all gone {gone}, rows and markers left {left}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let dead = peerq::DeadLetters::connect(&url, &name).await.unwrap();
+    let letters = dead.list(10).await.unwrap();
+    assert_eq!(letters.len(), 1, "{letters:?}");
+    assert_eq!(letters[0].reason, "relay");
+    stop.cancel();
+    relaying.await.unwrap().unwrap();
+}

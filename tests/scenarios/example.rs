@@ -1,0 +1,490 @@
+//! The `mail_sender` example itself, as a person would run it: three
+//! consumers as child processes, a producer of 5,000 tasks; and with
+//! `--wait-for-replicas`, on one server and on a Cluster, a producer that
+//! prints a batch only once a replica has it.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use deadpool_redis::redis;
+use support::{Proc, RedisServer, unique_name};
+
+fn example_binary() -> PathBuf {
+    support::example_binary("mail_sender")
+}
+
+/// One `handled ...` line.
+#[derive(Debug, Clone)]
+struct Handled {
+    consumer: usize,
+    seq: u64,
+    partition: u32,
+    index: u32,
+    replicas: u32,
+    epoch: u64,
+    attempt: u32,
+}
+
+fn parse(consumer: usize, line: &str) -> Option<Handled> {
+    let rest = line.strip_prefix("handled ")?;
+    let fields: BTreeMap<&str, &str> = rest
+        .split(' ')
+        .filter_map(|kv| kv.split_once('='))
+        .collect();
+    Some(Handled {
+        consumer,
+        seq: fields.get("seq")?.parse().ok()?,
+        partition: fields.get("partition")?.parse().ok()?,
+        index: fields.get("index")?.parse().ok()?,
+        replicas: fields.get("replicas")?.parse().ok()?,
+        epoch: fields.get("epoch")?.parse().ok()?,
+        attempt: fields.get("attempt")?.parse().ok()?,
+    })
+}
+
+fn sigterm(child: &Child) {
+    support::signal(child.id(), "TERM");
+}
+
+#[test]
+fn three_example_consumers_handle_every_task_exactly_once_on_its_owner() {
+    let server = RedisServer::start();
+    let name = unique_name("example");
+    let bin = example_binary();
+    let handled: Arc<Mutex<Vec<Handled>>> = Arc::default();
+    // Log lines where a consumer fenced itself (a lapsed lease or a failed
+    // round, as on a starved machine): its tasks then run again elsewhere.
+    let fences: Arc<Mutex<Vec<String>>> = Arc::default();
+    let mut consumers = Vec::new();
+    for consumer in 0..3 {
+        let mut child = Command::new(&bin)
+            .args([
+                "consume",
+                "--redis",
+                &server.url(),
+                "--name",
+                &name,
+                "--print-tasks",
+            ])
+            .env("NO_COLOR", "1")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start a consumer");
+        let err = child.stderr.take().unwrap();
+        let fenced = fences.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(err).lines().map_while(Result::ok) {
+                eprintln!("consumer {consumer}: {line}");
+                if line.contains("fencing every partition") {
+                    fenced.lock().unwrap().push(line);
+                }
+            }
+        });
+        let out = child.stdout.take().unwrap();
+        let handled = handled.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(out).lines().map_while(Result::ok) {
+                if line.starts_with("start ") {
+                    continue;
+                }
+                let parsed =
+                    parse(consumer, &line).unwrap_or_else(|| panic!("unexpected line: {line}"));
+                handled.lock().unwrap().push(parsed);
+            }
+        });
+        consumers.push(Proc(child));
+    }
+    // Let all three take their first assignment (one to two intervals of
+    // 1 s), then spread the tasks over two seconds.
+    std::thread::sleep(Duration::from_millis(2500));
+    let produced = Command::new(&bin)
+        .args([
+            "produce",
+            "--redis",
+            &server.url(),
+            "--name",
+            &name,
+            "--count",
+            "5000",
+            "--batch",
+            "50",
+            "--rate",
+            "2500",
+        ])
+        .status()
+        .expect("run the producer");
+    assert!(produced.success(), "the producer failed");
+
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let seen: BTreeSet<u64> = handled.lock().unwrap().iter().map(|h| h.seq).collect();
+        if seen.len() == 5000 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "only {} of 5000 tasks handled",
+            seen.len()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // A graceful stop: SIGTERM, and each exits successfully.
+    for c in &consumers {
+        sigterm(&c.0);
+    }
+    for c in &mut consumers {
+        let status = c.0.wait().unwrap();
+        assert!(
+            status.success(),
+            "a consumer did not stop cleanly: {status}"
+        );
+    }
+
+    let handled = handled.lock().unwrap().clone();
+    let retried = handled.iter().filter(|h| h.attempt > 1).count();
+    println!(
+        "fences: {}, tasks handled on a later attempt: {retried}",
+        fences.lock().unwrap().len()
+    );
+    let mut per_seq: BTreeMap<u64, usize> = BTreeMap::new();
+    let mut holders: BTreeMap<(u64, u32), BTreeSet<usize>> = BTreeMap::new();
+    for h in &handled {
+        *per_seq.entry(h.seq).or_default() += 1;
+        assert_eq!(
+            h.partition % h.replicas,
+            h.index - 1,
+            "not the owner: {h:?}"
+        );
+        // A task runs again (attempt 2) only after a consumer fenced
+        // itself: `still_owned` refused its effect, or it was interrupted.
+        assert!(
+            h.attempt == 1 || !fences.lock().unwrap().is_empty(),
+            "a second attempt with no fence: {h:?}"
+        );
+        holders
+            .entry((h.epoch, h.index))
+            .or_default()
+            .insert(h.consumer);
+    }
+    assert_eq!(per_seq.len(), 5000);
+    let twice: Vec<_> = per_seq.iter().filter(|(_, n)| **n != 1).take(5).collect();
+    assert!(twice.is_empty(), "handled more than once: {twice:?}");
+    for ((epoch, index), who) in holders {
+        assert_eq!(
+            who.len(),
+            1,
+            "epoch {epoch}: index {index} held by consumers {who:?}"
+        );
+    }
+    let by_consumer: BTreeSet<usize> = handled.iter().map(|h| h.consumer).collect();
+    assert_eq!(by_consumer.len(), 3, "every consumer handled tasks");
+}
+
+/// Starts one example consumer of `name`, its output discarded.
+fn consumer(bin: &PathBuf, url: &str, name: &str) -> Proc {
+    let child = Command::new(bin)
+        .args(["consume", "--redis", url, "--name", name])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start a consumer");
+    Proc(child)
+}
+
+/// Waits for `proc` to exit successfully; returns when it did.
+fn exited(proc: &mut Proc, within: Duration) -> Instant {
+    let deadline = Instant::now() + within;
+    loop {
+        if let Some(status) = proc.0.try_wait().unwrap() {
+            assert!(
+                status.success(),
+                "a consumer did not stop cleanly: {status}"
+            );
+            return Instant::now();
+        }
+        assert!(Instant::now() < deadline, "a consumer did not exit");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn one_sigterm_leaves_gracefully_and_a_second_leaves_at_once() {
+    let server = RedisServer::start();
+    let name = unique_name("signals");
+    let bin = example_binary();
+    let mut graceful = consumer(&bin, &server.url(), &name);
+    let mut hasty = consumer(&bin, &server.url(), &name);
+    // Both assigned (one to two intervals of 1 s).
+    std::thread::sleep(Duration::from_millis(2500));
+
+    // A graceful leave waits for the first round without the instance: at
+    // least an interval.
+    let sent = Instant::now();
+    sigterm(&graceful.0);
+    let took = exited(&mut graceful, Duration::from_secs(10)) - sent;
+    println!("graceful leave: {took:?}");
+    assert!(took >= Duration::from_millis(900), "left after {took:?}");
+
+    // A second SIGTERM cuts the leave short.
+    let sent = Instant::now();
+    sigterm(&hasty.0);
+    std::thread::sleep(Duration::from_millis(50));
+    sigterm(&hasty.0);
+    let took = exited(&mut hasty, Duration::from_secs(10)) - sent;
+    println!("leave at once: {took:?}");
+    assert!(took < Duration::from_millis(700), "left after {took:?}");
+}
+
+/// The service's indexing mode as recorded in its meta hash, once the first
+/// consumer has started.
+fn recorded_indexing(server: &RedisServer, name: &str) -> Option<String> {
+    let mut con = server.client().get_connection().unwrap();
+    redis::cmd("HGET")
+        .arg(format!("{{{name}}}:meta"))
+        .arg("indexing")
+        .query(&mut con)
+        .unwrap()
+}
+
+#[test]
+fn indexing_flag_picks_the_service_mode() {
+    let server = RedisServer::start();
+    let bin = example_binary();
+    let incr = unique_name("flag-incr");
+    let ranked = unique_name("flag-ranked");
+    let _incr = {
+        let child = Command::new(&bin)
+            .args(["consume", "--redis", &server.url(), "--name", &incr])
+            .args(["--indexing", "incr"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start a consumer");
+        Proc(child)
+    };
+    let _ranked = consumer(&bin, &server.url(), &ranked);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while recorded_indexing(&server, &incr).is_none()
+        || recorded_indexing(&server, &ranked).is_none()
+    {
+        assert!(Instant::now() < deadline, "no consumer recorded its mode");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(recorded_indexing(&server, &incr).as_deref(), Some("incr"));
+    assert_eq!(
+        recorded_indexing(&server, &ranked).as_deref(),
+        Some("ranked"),
+        "ranked is the default"
+    );
+
+    // Any other value is refused before the consumer starts.
+    let out = Command::new(&bin)
+        .args(["consume", "--redis", &server.url(), "--name", &ranked])
+        .args(["--indexing", "sorted"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("invalid value 'sorted'"), "{err}");
+}
+
+#[test]
+fn logs_to_a_pipe_or_a_file_carry_no_colour_codes() {
+    // Nothing listens on the port: the consumer logs a warning per try.
+    let url = format!("redis://127.0.0.1:{}/", support::unused_port());
+    let mut child = Proc(
+        Command::new(example_binary())
+            .args(["consume", "--redis", &url, "--name", &unique_name("colour")])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start a consumer"),
+    );
+    let (lines, logged) = std::sync::mpsc::channel();
+    let err = child.0.stderr.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(err).lines().map_while(Result::ok) {
+            if lines.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    let line = loop {
+        let line = logged
+            .recv_timeout(Duration::from_secs(10))
+            .expect("a warning on stderr");
+        if line.contains("cannot reach redis") {
+            break line;
+        }
+    };
+    sigterm(&child.0);
+    assert!(!line.contains('\u{1b}'), "colour codes in {line:?}");
+    assert!(line.contains(" WARN "), "{line:?}");
+}
+
+/// A server and a replica of it that has synced.
+fn master_and_replica() -> (RedisServer, RedisServer) {
+    let master = RedisServer::start();
+    let replica = RedisServer::start();
+    let mut con = replica.client().get_connection().unwrap();
+    redis::cmd("REPLICAOF")
+        .arg("127.0.0.1")
+        .arg(master.port())
+        .query::<()>(&mut con)
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let info: String = redis::cmd("INFO")
+            .arg("replication")
+            .query(&mut con)
+            .unwrap();
+        if info.contains("master_link_status:up") {
+            return (master, replica);
+        }
+        assert!(Instant::now() < deadline, "the replica never synced");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Each line of `stream`, as it comes.
+fn lines(stream: impl std::io::Read + Send + 'static) -> std::sync::mpsc::Receiver<String> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stream).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    rx
+}
+
+/// `produce --wait-for-replicas 1 --print-enqueued` of 200 tasks into
+/// service `name` at `redis` (`--redis` and maybe `--cluster`) while a
+/// replica is frozen (`thaw` thaws it): the enqueues fail, none is
+/// printed, until the replica runs again; then every batch is, once.
+fn produce_while_a_replica_is_frozen(redis: &[&str], name: &str, thaw: impl FnOnce()) {
+    let mut producer = Proc(
+        Command::new(example_binary())
+            .arg("produce")
+            .args(redis)
+            .args(["--name", name, "--count", "200", "--batch", "100"])
+            .args(["--print-enqueued", "--wait-for-replicas", "1"])
+            .env("NO_COLOR", "1")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start the producer"),
+    );
+    let printed = lines(producer.0.stdout.take().unwrap());
+    let logged = lines(producer.0.stderr.take().unwrap());
+    // A batch no replica confirmed fails, and is sent again.
+    loop {
+        let line = logged
+            .recv_timeout(Duration::from_secs(10))
+            .expect("an enqueue that failed");
+        if line.contains("enqueue failed") {
+            assert!(line.contains("0 of 1 replicas"), "{line}");
+            break;
+        }
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(
+        printed.try_recv().ok(),
+        None,
+        "printed before a replica had it"
+    );
+    thaw();
+    let status = producer.0.wait().unwrap();
+    assert!(status.success(), "the producer failed: {status}");
+    let printed: Vec<String> = printed.iter().collect();
+    assert_eq!(
+        printed,
+        ["enqueued from=0 to=100", "enqueued from=100 to=200"]
+    );
+}
+
+/// A consumer with `--wait-for-replicas 1` at `redis` runs every task of
+/// `0..count` (at least once: a batch sent again is there twice), and
+/// stops cleanly.
+fn consume_with_a_replica(redis: &[&str], name: &str, count: u64) {
+    let mut consumer = Proc(
+        Command::new(example_binary())
+            .arg("consume")
+            .args(redis)
+            .args(["--name", name, "--print-tasks", "--wait-for-replicas", "1"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start a consumer"),
+    );
+    let printed = lines(consumer.0.stdout.take().unwrap());
+    let mut seen = BTreeSet::new();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while seen.len() < count as usize {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let line = printed
+            .recv_timeout(left)
+            .unwrap_or_else(|_| panic!("only {} of {count} tasks handled", seen.len()));
+        if let Some(handled) = parse(0, &line) {
+            seen.insert(handled.seq);
+        }
+    }
+    sigterm(&consumer.0);
+    let status = consumer.0.wait().unwrap();
+    assert!(
+        status.success(),
+        "the consumer did not stop cleanly: {status}"
+    );
+}
+
+#[test]
+fn with_wait_for_replicas_a_batch_is_printed_only_once_a_replica_has_it() {
+    let (master, replica) = master_and_replica();
+    let name = unique_name("replicas");
+    let url = master.url();
+    let redis = ["--redis", url.as_str()];
+    replica.pause();
+    produce_while_a_replica_is_frozen(&redis, &name, || replica.resume());
+    consume_with_a_replica(&redis, &name, 200);
+}
+
+#[test]
+fn with_wait_for_replicas_on_a_cluster_a_batch_is_printed_only_once_a_replica_has_it() {
+    let cluster = support::RedisCluster::start(3, 1);
+    let name = unique_name("replicas-cluster");
+    let urls = cluster.seed_urls().join(",");
+    let redis = ["--redis", urls.as_str(), "--cluster"];
+    let master = cluster.masters().remove(0);
+    let replica = cluster.replicas_of(&master).remove(0);
+    cluster.freeze(&replica);
+    produce_while_a_replica_is_frozen(&redis, &name, || cluster.thaw(&replica));
+    consume_with_a_replica(&redis, &name, 200);
+}
+
+#[test]
+fn wait_for_replicas_0_is_refused_naming_the_setting() {
+    let url = format!("redis://127.0.0.1:{}/", support::unused_port());
+    for command in [&["consume"][..], &["produce", "--count", "1"]] {
+        let out = Command::new(example_binary())
+            .args(command)
+            .args([
+                "--redis",
+                &url,
+                "--name",
+                "zero",
+                "--wait-for-replicas",
+                "0",
+            ])
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{command:?} accepted 0 replicas");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("wait_for_replicas"), "{command:?}: {err}");
+    }
+}
