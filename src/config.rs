@@ -14,6 +14,28 @@ use std::time::Duration;
 
 use crate::error::{Error, Result};
 
+/// The `name` and `redis` setters of a builder with the fields
+/// `name: Option<String>` and `redis: Option<Redis>` (the consumer's, the
+/// producer's, the standalone indexer's), written once; each call gives
+/// the two setters their docs, which say what the setting means for that
+/// part.
+macro_rules! name_and_redis_setters {
+    (name: $(#[$name_doc:meta])* redis: $(#[$redis_doc:meta])*) => {
+        $(#[$name_doc])*
+        pub fn name(mut self, name: impl Into<String>) -> Self {
+            self.name = Some(name.into());
+            self
+        }
+
+        $(#[$redis_doc])*
+        pub fn redis(mut self, redis: impl Into<$crate::connection::Redis>) -> Self {
+            self.redis = Some(redis.into());
+            self
+        }
+    };
+}
+pub(crate) use name_and_redis_setters;
+
 /// Longest service name accepted.
 pub(crate) const MAX_NAME_LEN: usize = 100;
 

@@ -9,7 +9,7 @@ use super::schedule::Schedule;
 use super::{Indexer, Liveness};
 use crate::assignment::Assignor;
 use crate::clock::{Clock, SystemClock};
-use crate::config::ServiceName;
+use crate::config::{ServiceName, name_and_redis_setters};
 use crate::connection::{self, Redis};
 use crate::error::Result;
 use crate::indexer::{IndexerSettings, Indexing};
@@ -74,19 +74,14 @@ impl IndexerBuilder {
         }
     }
 
-    /// The service name (required).
-    pub fn name(mut self, name: impl Into<String>) -> Self {
-        self.name = Some(name.into());
-        self
-    }
-
-    /// Where the service's Redis is (required): a URL, or a [`Redis`] for
-    /// a Cluster (the service's keys are all on the master of `{name}`'s
-    /// slot), a pool, TLS files or replicas to wait for (at most a tenth
-    /// of the interval: a round they did not confirm is missed).
-    pub fn redis(mut self, redis: impl Into<Redis>) -> Self {
-        self.redis = Some(redis.into());
-        self
+    name_and_redis_setters! {
+        name:
+        /// The service name (required).
+        redis:
+        /// Where the service's Redis is (required): a URL, or a [`Redis`] for
+        /// a Cluster (the service's keys are all on the master of `{name}`'s
+        /// slot), a pool, TLS files or replicas to wait for (at most a tenth
+        /// of the interval: a round they did not confirm is missed).
     }
 
     /// The round interval `I` (default 1 s; 100 ms to 1 h). Service-wide.

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use super::Producer;
 use crate::codec::{Bincode, Codec, Json};
-use crate::config::{self, ServiceName};
+use crate::config::{self, ServiceName, name_and_redis_setters};
 use crate::connection::{self, Redis, SharedConnection};
 use crate::error::{Error, Result, SettingDiff};
 use crate::metrics as m;
@@ -53,22 +53,17 @@ impl ProducerBuilder<Bincode> {
 }
 
 impl<C: Codec> ProducerBuilder<C> {
-    /// The service name (required).
-    pub fn name(mut self, name: impl Into<String>) -> Self {
-        self.name = Some(name.into());
-        self
-    }
-
-    /// Where the service's Redis is (required): a URL (`redis://`,
-    /// `rediss://`, with user and password), or a [`Redis`] for a Cluster
-    /// (each task goes to the master of its partition's slot; a batch is
-    /// sent as one pipeline per master), a pool, TLS files or replicas to
-    /// wait for. With [`Redis::wait_for_replicas`], an enqueue (a batch:
-    /// after its last part) the replicas did not all confirm returns
-    /// [`Error::NotReplicated`].
-    pub fn redis(mut self, redis: impl Into<Redis>) -> Self {
-        self.redis = Some(redis.into());
-        self
+    name_and_redis_setters! {
+        name:
+        /// The service name (required).
+        redis:
+        /// Where the service's Redis is (required): a URL (`redis://`,
+        /// `rediss://`, with user and password), or a [`Redis`] for a Cluster
+        /// (each task goes to the master of its partition's slot; a batch is
+        /// sent as one pipeline per master), a pool, TLS files or replicas to
+        /// wait for. With [`Redis::wait_for_replicas`], an enqueue (a batch:
+        /// after its last part) the replicas did not all confirm returns
+        /// [`Error::NotReplicated`].
     }
 
     /// The number of partitions `P` (1 to 4096) of a new service. Without

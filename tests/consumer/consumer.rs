@@ -437,10 +437,12 @@ async fn garbage_entries_go_to_the_dead_letters_and_the_consumer_goes_on() {
     let mut reasons: Vec<&str> = dead.iter().map(|d| d.0.as_str()).collect();
     reasons.sort_unstable();
     assert_eq!(reasons, vec!["decode", "decode", "malformed"], "{dead:?}");
-    let not_a_job = "the payload does not decode as the handler's task type `consumer::Job` \
-                     with the `bincode` codec (";
+    let not_a_job = format!(
+        "the payload does not decode as the handler's task type `{}` with the `bincode` codec (",
+        std::any::type_name::<Job>()
+    );
     assert_eq!(
-        dead.iter().filter(|d| d.1.starts_with(not_a_job)).count(),
+        dead.iter().filter(|d| d.1.starts_with(&not_a_job)).count(),
         2,
         "{dead:?}"
     );

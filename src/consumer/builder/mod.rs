@@ -23,7 +23,7 @@ use super::settings::ConsumerSettings;
 use crate::assignment::Standing;
 use crate::clock::{Clock, SystemClock};
 use crate::codec::{Bincode, Codec};
-use crate::config::ServiceName;
+use crate::config::{ServiceName, name_and_redis_setters};
 use crate::connection::Redis;
 use crate::error::Result;
 use crate::handler::{Handler, HandlerService, Task};
@@ -112,25 +112,20 @@ impl<T, S, C: Codec> ConsumerBuilder<T, S, C> {
         self.events.subscribe()
     }
 
-    /// The service name (required): instances with one name split one queue.
-    pub fn name(mut self, name: impl Into<String>) -> Self {
-        self.name = Some(name.into());
-        self
-    }
-
-    /// Where the service's Redis is (required): a URL (`redis://`,
-    /// `rediss://`, with user and password), or a [`Redis`] for a Cluster,
-    /// a pool, TLS files or replicas to wait for. With
-    /// [`Redis::wait_for_replicas`], the writes a failover must not lose
-    /// (owner records, release marks, round writes, acks) wait for the
-    /// replicas, at most a tenth of the interval: a round they did not
-    /// confirm is missed, acks are sent again until they do, and a drain's
-    /// release mark waits for its acks. Blocking reads get connections of
-    /// their own, to the same server (on a Cluster, each idle partition to
-    /// the master of its slot).
-    pub fn redis(mut self, redis: impl Into<Redis>) -> Self {
-        self.redis = Some(redis.into());
-        self
+    name_and_redis_setters! {
+        name:
+        /// The service name (required): instances with one name split one queue.
+        redis:
+        /// Where the service's Redis is (required): a URL (`redis://`,
+        /// `rediss://`, with user and password), or a [`Redis`] for a Cluster,
+        /// a pool, TLS files or replicas to wait for. With
+        /// [`Redis::wait_for_replicas`], the writes a failover must not lose
+        /// (owner records, release marks, round writes, acks) wait for the
+        /// replicas, at most a tenth of the interval: a round they did not
+        /// confirm is missed, acks are sent again until they do, and a drain's
+        /// release mark waits for its acks. Blocking reads get connections of
+        /// their own, to the same server (on a Cluster, each idle partition to
+        /// the master of its slot).
     }
 
     /// The number of partitions `P` (default 64). Service-wide.
