@@ -335,6 +335,24 @@ async fn an_ordered_entry_released_before_it_started_runs_next_as_the_same_attem
             .claim_idle(Duration::from_secs(300))
     });
     let producer = producer(&server.url(), &name).await;
+    // Every partition has read its stream out and waits in the idle read,
+    // blocked on the server (its first reads, a few ms after acquiring,
+    // are over). Were X's partition still reading for itself when X
+    // arrives, it would fetch X and wait for the permit ahead of the idle
+    // read, and Y would stay unread: "no blocked read" below also holds
+    // before the idle read was ever sent.
+    let blocked = || async {
+        let info: String = query(&server, redis::cmd("INFO").arg("clients")).await;
+        info.lines().any(|l| l.trim() == "blocked_clients:1")
+    };
+    eventually(Duration::from_secs(15), "the idle read blocked", blocked).await;
+    tokio::time::sleep(300 * MS).await;
+    eventually(
+        Duration::from_secs(5),
+        "the idle read blocked still",
+        blocked,
+    )
+    .await;
     enqueue(&producer, Z, z_key).await;
     wait_until(Duration::from_secs(15), "Z runs on a", || {
         !runs_of(&runs, Z).is_empty()
