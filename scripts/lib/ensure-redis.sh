@@ -1,6 +1,6 @@
 # Sourced by scripts/test and scripts/demo: makes sure cargo and
 # `redis-server` are installed (apt-get on Debian/Ubuntu; elsewhere it says
-# what to install), and for the tests cargo-nextest.
+# what to install).
 . "$(dirname "${BASH_SOURCE[0]}")/apt.sh"
 
 ensure_redis() {
@@ -17,11 +17,4 @@ ensure_cargo() {
     echo "cargo is missing: install Rust (https://rustup.rs), then run this again" >&2
     return 1
   fi
-}
-
-# The test runner of scripts/test, from crates.io when missing.
-ensure_nextest() {
-  command -v cargo-nextest >/dev/null 2>&1 && return 0
-  echo "installing cargo-nextest (the test runner) from crates.io" >&2
-  cargo install --locked cargo-nextest
 }
