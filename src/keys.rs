@@ -80,6 +80,19 @@ pub(crate) fn periodic(name: &ServiceName) -> String {
     format!("{{{name}}}:periodic")
 }
 
+/// The service's task tracking (docs/design.md §14): a hash of `on`
+/// (`1` or `0`), `keep_ms` and `keep_count`, which consumers create from
+/// their builder's value and operators change on a running service.
+pub(crate) fn tracking(name: &ServiceName) -> String {
+    format!("{{{name}}}:tracking")
+}
+
+/// The channel the owners of a service's partitions hear user cancels on:
+/// each message is a task handle, `<partition>/<task id>`.
+pub(crate) fn cancels(name: &ServiceName) -> String {
+    format!("{{{name}}}:cancels")
+}
+
 /// The consumer group of every partition stream.
 pub(crate) const GROUP: &str = "peerq";
 
@@ -119,6 +132,30 @@ pub(crate) fn failures(name: &ServiceName, p: u32) -> String {
     format!("{{{name}/{p}}}:failures")
 }
 
+/// The prefix of partition `p`'s task records (`{N/p}:task:<task id>`):
+/// the scripts that write many records take it rather than every key.
+pub(crate) fn task_prefix(name: &ServiceName, p: u32) -> String {
+    format!("{{{name}/{p}}}:task:")
+}
+
+/// The record of task `id` in partition `p`: a hash of its state, result
+/// and progress (docs/design.md §14).
+pub(crate) fn task(name: &ServiceName, p: u32, id: &str) -> String {
+    format!("{{{name}/{p}}}:task:{id}")
+}
+
+/// The final tasks of partition `p` whose records are kept, scored by the
+/// time they ended (Unix ms): how the records' count is bounded.
+pub(crate) fn finished(name: &ServiceName, p: u32) -> String {
+    format!("{{{name}/{p}}}:finished")
+}
+
+/// The channel that hears the id of each task of partition `p` that
+/// became final (sharded on a Cluster: it lives in the partition's slot).
+pub(crate) fn final_channel(name: &ServiceName, p: u32) -> String {
+    format!("{{{name}/{p}}}:final")
+}
+
 /// The dead letters of partition `p`.
 pub(crate) fn dead(name: &ServiceName, p: u32) -> String {
     format!("{{{name}/{p}}}:dead")
@@ -151,6 +188,12 @@ mod tests {
         assert_eq!(delayed(&n, 7), "{mail-sender/7}:delayed");
         assert_eq!(failures(&n, 7), "{mail-sender/7}:failures");
         assert_eq!(dedup(&n, 7, "order-1"), "{mail-sender/7}:dedup:order-1");
+        assert_eq!(tracking(&n), "{mail-sender}:tracking");
+        assert_eq!(cancels(&n), "{mail-sender}:cancels");
+        assert_eq!(task(&n, 7, "t1"), format!("{}t1", task_prefix(&n, 7)));
+        assert_eq!(task(&n, 7, "t1"), "{mail-sender/7}:task:t1");
+        assert_eq!(finished(&n, 7), "{mail-sender/7}:finished");
+        assert_eq!(final_channel(&n, 7), "{mail-sender/7}:final");
     }
 
     #[test]

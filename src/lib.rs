@@ -152,6 +152,7 @@ pub mod producer;
 mod retry;
 mod shutdown;
 mod timing;
+pub mod tracking;
 mod transition;
 
 pub use assignment::{Assignment, Assignor};

@@ -22,7 +22,8 @@ pub const OWNED_PARTITIONS: &str = "peerq_owned_partitions";
 /// `outcome`: handler runs by how they ended (`ok`, `failed`: an error or
 /// a panic, `interrupted`: cut off at a drain timeout, a lapsed lease or a
 /// fence, Redis's or the handler's (`Disposition::Stale`); it runs again
-/// and spends none of `max_attempts`), and failed or unreadable tasks by
+/// and spends none of `max_attempts`; `cancelled`: stopped by a user's
+/// cancel, tracked tasks only), and failed or unreadable tasks by
 /// where they went (`retried`: enqueued for another attempt, `dead`: moved
 /// to the dead letters).
 pub const TASKS_TOTAL: &str = "peerq_tasks_total";
@@ -84,7 +85,7 @@ pub fn describe() {
     metrics::describe_gauge!(OWNED_PARTITIONS, "partitions this instance fetches");
     metrics::describe_counter!(
         TASKS_TOTAL,
-        "task runs by outcome: ok, failed, interrupted; and retried or dead"
+        "task runs by outcome: ok, failed, interrupted, cancelled; and retried or dead"
     );
     metrics::describe_histogram!(
         TASK_DURATION_SECONDS,

@@ -34,6 +34,7 @@ mod partitions;
 mod periodic;
 mod services;
 mod status;
+mod tasks;
 
 use std::collections::HashMap;
 use std::fmt;

@@ -17,6 +17,7 @@ use deadpool_redis::redis::{
 
 use super::node::NodeSettings;
 use super::pipeline::{self, Nodes};
+use super::redact::not_a_url;
 use super::tls::{self, Tls};
 use super::{CONNECT_TIMEOUT, RESPONSE_TIMEOUT, Wait, redact};
 use crate::error::{Error, Result};
@@ -35,6 +36,9 @@ const CLUSTER_MAX_RETRY_WAIT_MS: u64 = 1000;
 pub(crate) struct Backend {
     pub(crate) servers: Servers,
     pub(crate) wait: Option<Wait>,
+    /// How to open a pub/sub connection; `None` for a pool given by the
+    /// caller (its URL is not known).
+    pub(crate) pubsub: Option<super::subscriber::Source>,
 }
 
 /// The servers of a [`Backend`].
@@ -68,6 +72,7 @@ impl From<Pool> for Backend {
         Backend {
             servers: Servers::Node(pool),
             wait: None,
+            pubsub: None,
         }
     }
 }
@@ -85,19 +90,6 @@ impl Servers {
         };
         Ok(Servers::Node(pool))
     }
-}
-
-/// A URL that does not parse, as an invalid `setting`, shown without its
-/// password.
-pub(super) fn not_a_url(setting: &'static str, url: &str, e: impl fmt::Display) -> Error {
-    Error::invalid(
-        setting,
-        format!(
-            "`{}` is not a Redis URL ({e}); use redis://[user:password@]host[:port][/db], \
-             or rediss:// for TLS",
-            redact(url)
-        ),
-    )
 }
 
 impl Cluster {

@@ -19,6 +19,7 @@ mod redact;
 mod redis;
 mod replicated;
 mod shared;
+pub(crate) mod subscriber;
 mod tls;
 
 use std::time::Duration;
@@ -103,7 +104,7 @@ pub(crate) fn client(url: &str, tls: Option<&Tls>, setting: &'static str) -> Res
         Some(tls) => tls::client(url, tls),
         #[cfg(not(feature = "tls"))]
         Some(_) => Err(tls::unavailable()),
-        None => Client::open(url).map_err(|e| backend::not_a_url(setting, url, e)),
+        None => Client::open(url).map_err(|e| redact::not_a_url(setting, url, e)),
     }
 }
 

@@ -1,5 +1,9 @@
 //! Redis URLs as errors and logs show them: without passwords.
 
+use std::fmt;
+
+use crate::error::Error;
+
 /// `url` with its password replaced by `***`: in the user info
 /// (`redis://user:***@host/`) and in a `pass` or `password` query parameter
 /// (`redis+unix:///run/redis.sock?pass=***`). Errors and logs show URLs only
@@ -51,6 +55,19 @@ pub(crate) fn redact(url: &str) -> String {
         None => out.push_str(rest),
     }
     out
+}
+
+/// A URL that does not parse, as an invalid `setting`, shown without its
+/// password.
+pub(crate) fn not_a_url(setting: &'static str, url: &str, e: impl fmt::Display) -> Error {
+    Error::invalid(
+        setting,
+        format!(
+            "`{}` is not a Redis URL ({e}); use redis://[user:password@]host[:port][/db], \
+             or rediss:// for TLS",
+            redact(url)
+        ),
+    )
 }
 
 #[cfg(test)]

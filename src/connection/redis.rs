@@ -13,6 +13,7 @@ use std::time::Duration;
 use deadpool_redis::Pool;
 
 use super::backend::{Cluster, Servers};
+use super::subscriber::Source;
 use super::tls::Tls;
 use super::{Backend, Wait, redact};
 use crate::error::{Error, Result};
@@ -155,6 +156,11 @@ impl Redis {
     /// [`Error::InvalidSetting`] naming the setting and what would work.
     pub(crate) fn backend(self) -> Result<Backend> {
         let tls = self.tls;
+        let pubsub = match &self.target {
+            Target::Url(url) => Some(Source::Node(url.clone(), tls.clone())),
+            Target::Cluster(seeds) => Some(Source::Cluster(seeds.clone(), tls.clone())),
+            _ => None,
+        };
         let servers = match self.target {
             Target::Built { backend, .. } => return Ok(backend),
             Target::Pool(_) if tls.is_some() => {
@@ -184,6 +190,7 @@ impl Redis {
         Ok(Backend {
             servers,
             wait: self.wait,
+            pubsub,
         })
     }
 }

@@ -52,10 +52,12 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, error, warn};
 
-use super::store::{self, AckReply, PartitionStore};
+use super::store::{self, AckGroup, AckReply, PartitionStore};
 use crate::config::ServiceName;
 use crate::connection::SharedConnection;
+use crate::entry::TaskId;
 use crate::retry::Pauses;
+use crate::tracking::Tracking;
 
 /// Most ids acked in one pipeline (an [`Ack`] with more goes alone).
 /// With `IN_FLIGHT`, it bounds the finished tasks waiting for acks
@@ -78,11 +80,23 @@ pub(crate) struct Ack {
     released: CancellationToken,
     /// Their stream entry ids (at least one).
     ids: Vec<String>,
+    /// With tracking on: each id's task and result, in `ids`' order, and
+    /// the tracking they were run under.
+    tracked: Option<Tracked>,
     /// Told the ids and the outcome once the ack has landed or was fenced
     /// (or given up, as the acker stops); `None` once told.
     reply: Option<Replies>,
     /// The pauses before it is sent again while it does not land.
     retries: Pauses,
+}
+
+/// The tracked tasks of an [`Ack`] (docs/design.md §14): the ack script
+/// writes each one's end, and its result, with its ack.
+#[derive(Debug)]
+pub(crate) struct Tracked {
+    pub(crate) tracking: Tracking,
+    /// Task id and encoded result (empty: none), one per id of the ack.
+    pub(crate) tasks: Vec<(TaskId, Vec<u8>)>,
 }
 
 /// Where the outcomes of acks go back: the stream entry ids of one
@@ -91,17 +105,20 @@ pub(crate) type Replies = mpsc::UnboundedSender<(Vec<String>, Acked)>;
 
 impl Ack {
     /// Entries `ids` of the partition of `store` (with its token),
-    /// released when `released` fires, whose outcome goes to `reply`.
+    /// released when `released` fires, whose outcome goes to `reply`;
+    /// `tracked`: their tasks' records are written too.
     pub(crate) fn new(
         store: Arc<PartitionStore>,
         released: CancellationToken,
         ids: Vec<String>,
+        tracked: Option<Tracked>,
         reply: Replies,
     ) -> Ack {
         Ack {
             store,
             released,
             ids,
+            tracked,
             reply: Some(reply),
             retries: PAUSES,
         }
@@ -281,11 +298,28 @@ async fn ack_groups(
     conn: &SharedConnection,
     groups: &[(Arc<PartitionStore>, Vec<Ack>)],
 ) -> Vec<Option<Acked>> {
-    let ids: Vec<(&PartitionStore, Vec<&str>)> = groups
+    let ids: Vec<AckGroup<'_>> = groups
         .iter()
         .map(|(store, acks)| {
-            let ids = acks.iter().flat_map(|a| &a.ids).map(String::as_str);
-            (&**store, ids.collect())
+            let mut group = AckGroup {
+                store,
+                ids: Vec::new(),
+                tracked: Vec::new(),
+                tracking: None,
+            };
+            for ack in acks {
+                match &ack.tracked {
+                    None => group.ids.extend(ack.ids.iter().map(String::as_str)),
+                    Some(tracked) => {
+                        group.tracking = Some(tracked.tracking);
+                        let tasks = ack.ids.iter().zip(&tracked.tasks);
+                        group.tracked.extend(tasks.map(|(id, (task, result))| {
+                            (id.as_str(), task.as_str(), result.as_slice())
+                        }));
+                    }
+                }
+            }
+            group
         })
         .collect();
     match store::ack(conn, &ids).await {
@@ -364,7 +398,7 @@ mod tests {
         }
         let ids = (0..n).map(|i| format!("1-{i}")).collect();
         let (reply, _) = mpsc::unbounded_channel();
-        Ack::new(Arc::new(store), token, ids, reply)
+        Ack::new(Arc::new(store), token, ids, None, reply)
     }
 
     fn partitions(batch: &[Ack]) -> Vec<u32> {

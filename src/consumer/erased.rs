@@ -7,10 +7,12 @@
 //! is compiled once, and a change to it reads without type parameters. The
 //! price is one boxed future per task, which is small beside a round trip.
 
+use std::any::TypeId;
 use std::marker::PhantomData;
 use std::sync::Arc;
 
 use futures_util::future::BoxFuture;
+use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tower::{Service, ServiceExt};
 
@@ -21,13 +23,18 @@ use crate::handler::{BoxError, Task, TaskContext};
 /// A handler service the runtime can drive: a tower service of `Task<T>`
 /// that can be cloned per task and sent across threads.
 pub(crate) trait TaskService<T>:
-    Service<Task<T>, Response = (), Error: Into<BoxError>, Future: Send> + Clone + Send + Sync + 'static
+    Service<Task<T>, Response: Serialize + Send + 'static, Error: Into<BoxError>, Future: Send>
+    + Clone
+    + Send
+    + Sync
+    + 'static
 {
 }
 
 impl<T, S> TaskService<T> for S
 where
-    S: Service<Task<T>, Response = ()> + Clone + Send + Sync + 'static,
+    S: Service<Task<T>> + Clone + Send + Sync + 'static,
+    S::Response: Serialize + Send + 'static,
     S::Error: Into<BoxError>,
     S::Future: Send,
 {
@@ -41,8 +48,9 @@ impl<T: DeserializeOwned + Send + 'static> Payload for T {}
 /// one boxed future, polled to run it.
 pub(crate) type Call = BoxFuture<'static, HandlerResult>;
 
-/// What the handler service returned.
-pub(crate) type HandlerResult = Result<(), BoxError>;
+/// What the handler service returned: with tracking on, its result
+/// encoded with the service's codec (`None`: none to keep, such as `()`).
+pub(crate) type HandlerResult = Result<Option<Vec<u8>>, BoxError>;
 
 /// Decodes an entry's payload and prepares the call of the handler.
 trait Prepare: Send + Sync {
@@ -62,10 +70,23 @@ impl<T: Payload, S: TaskService<T>, C: Codec> Prepare for Typed<T, S, C> {
         // A clone per task, as tower's services expect (`ConcurrencyLimit`
         // takes its permit in `poll_ready` and gives it back on drop).
         let mut service = self.service.clone();
+        // Results are kept only for tracked tasks, and `()` never.
+        let keep = cx.tracked.is_some() && TypeId::of::<S::Response>() != TypeId::of::<()>();
+        let codec = self.codec.clone();
         // One allocation per task: the call's future, boxed once.
         Ok(Box::pin(async move {
             let service = service.ready().await.map_err(Into::into)?;
-            service.call(Task { payload, cx }).await.map_err(Into::into)
+            let output = service
+                .call(Task { payload, cx })
+                .await
+                .map_err(Into::into)?;
+            if !keep {
+                return Ok(None);
+            }
+            let encoded = codec
+                .encode(&output)
+                .map_err(|e| format!("the handler's result does not encode: {e}"))?;
+            Ok(Some(encoded))
         }))
     }
 }

@@ -22,6 +22,7 @@ use super::lease::Lease;
 use super::meters::{QueueGauges, TaskMetrics};
 use super::policy::Order;
 use super::room::Room;
+use super::running::{self, Running};
 use super::scheduler;
 use super::settings::ConsumerSettings;
 use super::shared::Shared;
@@ -35,6 +36,7 @@ use crate::indexer::IndexerSettings;
 use crate::indexer::Liveness;
 use crate::instance::InstanceId;
 use crate::presence::Presence;
+use crate::tracking;
 
 /// How long leaving at once waits for interrupted tasks to be enqueued again
 /// and finished ones to be acked.
@@ -111,7 +113,34 @@ where
         info!(service = %name, instance = %id, "stopped before redis could be reached");
         return Ok(());
     };
+    let first = loop {
+        let ensured = tokio::select! {
+            _ = &mut signal => {
+                info!(service = %name, instance = %id, "stopped before it could read whether tasks are tracked");
+                indexer.stop().await;
+                return Ok(());
+            }
+            ensured = tracking::ensure(&conn, &name, settings.tracking) => ensured,
+        };
+        match ensured {
+            Ok(first) => break first,
+            // Redis answered the start's reads just now: a short outage.
+            Err(e @ (Error::Redis(_) | Error::Pool(_) | Error::Timeout(_))) => {
+                warn!(service = %name, cause = %e, "cannot read whether tasks are tracked; trying again");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(e) => return Err(e),
+        }
+    };
     let (acks, mut acker) = acker::spawn(name.clone(), conn.clone());
+    let (tracked, tracking_watcher) = tracking::watch::watch(name.clone(), conn.clone(), first);
+    let running = Arc::new(Running::default());
+    let cancels = running::listen(
+        name.clone(),
+        conn.backend().pubsub.clone(),
+        tracked.clone(),
+        running.clone(),
+    );
     // Seen within one interval or one second, whichever is shorter.
     let (gate, gate_watcher) = gate::watch(
         name.clone(),
@@ -152,6 +181,8 @@ where
         acks,
         reports,
         settings,
+        tracking: tracked,
+        running,
     });
     info!(service = %name, instance = %id, "consumer started");
 
@@ -231,6 +262,8 @@ where
     stop_jobs.cancel();
     drop(jobs);
     drop(gate_watcher);
+    drop(tracking_watcher);
+    drop(cancels);
     drop(due_watcher);
     drop(lanes_let_go);
     indexer.stop().await;

@@ -19,6 +19,7 @@ pub(crate) struct TaskMetrics {
     ok: Counter,
     failed: Counter,
     interrupted: Counter,
+    cancelled: Counter,
     retried: Counter,
     dead: Counter,
     duration: Histogram,
@@ -36,6 +37,8 @@ pub(crate) enum Ended {
     /// Cut off by a drain timeout, a lapsed lease, a fence or a leave at
     /// once (or refused by the handler's fence, `Stale`): no failure.
     Interrupted,
+    /// Stopped by a user's cancel (tracked tasks).
+    Cancelled,
 }
 
 impl TaskMetrics {
@@ -48,6 +51,7 @@ impl TaskMetrics {
             ok: outcome("ok"),
             failed: outcome("failed"),
             interrupted: outcome("interrupted"),
+            cancelled: outcome("cancelled"),
             retried: outcome("retried"),
             dead: outcome("dead"),
             duration: metrics::histogram!(m::TASK_DURATION_SECONDS, "service" => service.clone()),
@@ -79,6 +83,7 @@ impl TaskMetrics {
             Ended::Ok => self.ok.increment(1),
             Ended::Failed => self.failed.increment(1),
             Ended::Interrupted => self.interrupted.increment(1),
+            Ended::Cancelled => self.cancelled.increment(1),
         }
     }
 

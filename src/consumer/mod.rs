@@ -68,6 +68,7 @@ mod ownership;
 mod policy;
 mod room;
 mod run;
+mod running;
 mod scheduler;
 mod settings;
 mod settle;

@@ -11,6 +11,7 @@ use crate::indexer::IndexerSettings;
 use crate::partition::DEFAULT_PARTITIONS;
 use crate::periodic::Registered;
 use crate::retry::Backoff;
+use crate::tracking::Tracking;
 
 /// Default tasks in flight per instance.
 pub const DEFAULT_CONCURRENCY: usize = 64;
@@ -50,6 +51,10 @@ pub(crate) struct ConsumerSettings {
     pub(crate) allow_eviction: bool,
     /// Larger entries are dead-lettered (`too_large`) undecoded.
     pub(crate) max_entry_bytes: usize,
+    /// Task tracking's first value for a service that has none yet.
+    pub(crate) tracking: Tracking,
+    /// A tracked task's largest encoded result.
+    pub(crate) max_result_bytes: usize,
 }
 
 impl Default for ConsumerSettings {
@@ -68,6 +73,8 @@ impl Default for ConsumerSettings {
             leave_timeout: None,
             allow_eviction: false,
             max_entry_bytes: DEFAULT_MAX_ENTRY_BYTES,
+            tracking: Tracking::off(),
+            max_result_bytes: crate::tracking::DEFAULT_MAX_RESULT,
         }
     }
 }
@@ -125,6 +132,17 @@ impl ConsumerSettings {
         }
         self.backoff.validate()?;
         crate::entry::validate_max_entry_bytes(self.max_entry_bytes)?;
+        self.tracking.validate()?;
+        if !(1..=512 * 1024 * 1024).contains(&self.max_result_bytes) {
+            return Err(Error::invalid(
+                "max_result_bytes",
+                format!(
+                    "{} bytes is out of range; use 1 to 536870912 (512 MiB), and keep results small: \
+                     each is kept in Redis with its task's record",
+                    self.max_result_bytes
+                ),
+            ));
+        }
         for registered in &self.periodic {
             registered.job.validate()?;
         }

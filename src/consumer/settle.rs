@@ -10,12 +10,12 @@ use std::time::Duration;
 
 use tracing::{error, warn};
 
-use super::acker::{Ack, Replies};
+use super::acker::{Ack, Replies, Tracked};
 use super::ownership::Ownership;
 use super::shared::Shared;
-use super::store::{Fields, Moved, To};
+use super::store::{Fields, Moved, To, Track};
 use crate::dead_letters;
-use crate::entry::Entry;
+use crate::entry::{Entry, TaskId};
 use crate::handler::Disposition;
 
 /// Settles the entries of one partition, as one worker owns it. Each
@@ -43,14 +43,16 @@ impl Settle<'_> {
         self.ownership.store.partition()
     }
 
-    /// Acks entries `ids` (their tasks succeeded) in the acker's next
-    /// batch; the outcome comes back on `reply`, and goes to
+    /// Acks entries `ids` (their tasks succeeded, or a user cancelled
+    /// them) in the acker's next batch, with their records when `tracked`;
+    /// the outcome comes back on `reply`, and goes to
     /// [`acks_ended`](Self::acks_ended).
-    pub(crate) fn ack(&self, ids: Vec<String>, reply: &Replies) {
+    pub(crate) fn ack(&self, ids: Vec<String>, tracked: Option<Tracked>, reply: &Replies) {
         let ack = Ack::new(
             self.ownership.store.clone(),
             self.ownership.stop.clone(),
             ids,
+            tracked,
             reply.clone(),
         );
         // Refused only once the acker has stopped: the ack, dropped, tells
@@ -120,7 +122,11 @@ impl Settle<'_> {
                 }
                 written != Written::Not
             }
-            Err(reason) => self.dead_letter(id, failed.fields(), reason, error).await,
+            Err(reason) => {
+                let task = Some((&failed.id, failed.attempt));
+                self.dead_letter(id, failed.fields(), reason, error, task)
+                    .await
+            }
         }
     }
 
@@ -142,7 +148,12 @@ impl Settle<'_> {
             attempt: entry.attempt + 1,
             ..entry.clone()
         };
-        let retried = self.ownership.store.retry(id, delay, &next).await;
+        let track = self.track(&next.id, next.attempt, "", why);
+        let retried = self
+            .ownership
+            .store
+            .retry(id, delay, &next, track.as_ref())
+            .await;
         if matches!(retried, Ok(Moved::Yes)) && !delay.is_zero() {
             self.ownership.delayed.notify_one();
         }
@@ -159,38 +170,45 @@ impl Settle<'_> {
             attempt: entry.attempt + 1,
             ..entry.clone()
         };
+        let track = self.track(&next.id, next.attempt, "", "");
         let moved = self
             .ownership
             .store
-            .move_entry(To::Stream, id, &next.fields())
+            .move_entry(To::Stream, id, &next.fields(), track.as_ref())
             .await;
         self.moved(moved, "taking over a claimed entry") != Written::Not
     }
 
     /// Enqueues a fetched but never started entry again as it is, and acks
-    /// this copy, so the partition's next owner runs it.
+    /// this copy, so the partition's next owner runs it; `task` (its id
+    /// and attempt), if it could be read, has its record say `waiting`.
     pub(crate) async fn hand_back<K: Into<String>>(
         &self,
         id: &str,
         fields: Vec<(K, Vec<u8>)>,
+        task: Option<(&TaskId, u32)>,
     ) -> bool {
         let fields: Fields = fields.into_iter().map(|(k, v)| (k.into(), v)).collect();
+        let track = task.and_then(|(task, attempt)| self.track(task, attempt, "", ""));
         let moved = self
             .ownership
             .store
-            .move_entry(To::Stream, id, &fields)
+            .move_entry(To::Stream, id, &fields, track.as_ref())
             .await;
         self.moved(moved, "handing back an unstarted task") != Written::Not
     }
 
     /// Moves the entry (`fields`) to the partition's dead letters with the
-    /// reason and the error, and acks it, in one fenced script.
+    /// reason and the error, and acks it, in one fenced script; `task`
+    /// (its id and attempt), if it could be read, has its record say
+    /// `dead`.
     pub(crate) async fn dead_letter<K: Into<String>>(
         &self,
         id: &str,
         fields: Vec<(K, Vec<u8>)>,
         reason: &str,
         error: &str,
+        task: Option<(&TaskId, u32)>,
     ) -> bool {
         error!(
             partition = self.partition(),
@@ -201,10 +219,11 @@ impl Settle<'_> {
         );
         let fields: Fields = fields.into_iter().map(|(k, v)| (k.into(), v)).collect();
         let fields = dead_letters::letter(fields, reason, error, Some(id));
+        let track = task.and_then(|(task, attempt)| self.track(task, attempt, reason, error));
         let moved = self
             .ownership
             .store
-            .move_entry(To::DeadLetters, id, &fields)
+            .move_entry(To::DeadLetters, id, &fields, track.as_ref())
             .await;
         let written = self.moved(moved, "moving to the dead letters");
         if written == Written::Now {
@@ -214,6 +233,25 @@ impl Settle<'_> {
             self.shared.metrics.dead(failed);
         }
         written != Written::Not
+    }
+
+    /// What a fenced move writes into task `task`'s record, if tracking is
+    /// on (docs/design.md §14).
+    fn track<'b>(
+        &self,
+        task: &'b TaskId,
+        attempt: u32,
+        reason: &'b str,
+        error: &'b str,
+    ) -> Option<Track<'b>> {
+        let tracking = self.shared.tracking.on()?;
+        Some(Track {
+            tracking,
+            task: task.as_str(),
+            reason,
+            error,
+            attempt,
+        })
     }
 
     /// What a fenced write's result means for this worker. On an error

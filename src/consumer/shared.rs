@@ -18,10 +18,12 @@ use super::meters::{QueueGauges, TaskMetrics};
 use super::ownership::Report;
 use super::policy::Order;
 use super::room::Room;
+use super::running::Running;
 use super::settings::ConsumerSettings;
 use crate::config::ServiceName;
 use crate::connection::SharedConnection;
 use crate::instance::InstanceId;
+use crate::tracking::watch::Watched;
 
 /// What the workers of one instance share.
 pub(crate) struct Shared {
@@ -56,4 +58,8 @@ pub(crate) struct Shared {
     /// The indexer's round interval: the queue gauges are refreshed at
     /// least this often.
     pub(crate) interval: Duration,
+    /// Whether tasks are tracked (docs/design.md §14), as last read.
+    pub(crate) tracking: Watched,
+    /// The tracked tasks running here, for their users' cancels.
+    pub(crate) running: Arc<Running>,
 }

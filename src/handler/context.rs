@@ -29,6 +29,35 @@ pub struct TaskContext {
     pub(crate) tenure: Arc<dyn Tenure>,
     /// Set by [`TaskContext::finished`].
     pub(crate) finished: Arc<AtomicBool>,
+    /// With tracking on (docs/design.md §14): the task's user-cancel
+    /// signal and its progress.
+    pub(crate) tracked: Option<Arc<dyn Tracker>>,
+}
+
+/// Why a task's [`cancelled`](TaskContext::cancelled) signal fired.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum CancelReason {
+    /// A user cancelled the task (`peerq task cancel`, the dashboard,
+    /// [`Service::cancel`](crate::admin::Service::cancel)): it ends
+    /// `cancelled`, never retried nor dead-lettered.
+    User,
+    /// The run is interrupted (a drain timeout, a lapsed lease, a fence, a
+    /// leave at once): the task runs again, on the partition's next owner.
+    Interrupted,
+}
+
+/// What a tracked task's context asks of the instance running it: its
+/// user-cancel signal and where its progress goes.
+pub(crate) trait Tracker: fmt::Debug + Send + Sync {
+    /// Fires on a user's cancel or on an interruption.
+    fn either(&self) -> &CancellationToken;
+    /// Whether a user cancelled the task.
+    fn user_cancelled(&self) -> bool;
+    /// The service's codec's name (progress is encoded with it).
+    fn codec(&self) -> &'static str;
+    /// Records the task's progress, encoded.
+    fn progress(self: Arc<Self>, value: Vec<u8>);
 }
 
 /// What [`TaskContext::still_owned`] asks: the task's cancellation, the
@@ -94,6 +123,7 @@ impl TaskContext {
                 service: "test".to_owned(),
             }),
             finished: Arc::default(),
+            tracked: None,
         }
     }
 
@@ -232,14 +262,71 @@ impl TaskContext {
     /// runs again.
     ///
     /// [`finished`]: TaskContext::finished
+    ///
+    /// With tracking on, it fires on a user's cancel too: see
+    /// [`cancel_reason`](Self::cancel_reason).
     pub fn is_cancelled(&self) -> bool {
-        self.tenure.cancel().is_cancelled()
+        self.signal().is_cancelled()
     }
 
     /// Resolves when the handler's stop signal fires: the run is being
-    /// interrupted (see [`is_cancelled`](Self::is_cancelled)).
+    /// interrupted, or a user cancelled the task (see
+    /// [`is_cancelled`](Self::is_cancelled)).
     pub fn cancelled(&self) -> WaitForCancellationFuture<'_> {
-        self.tenure.cancel().cancelled()
+        self.signal().cancelled()
+    }
+
+    /// Why the stop signal fired: a user's cancel or an interruption;
+    /// `None` while it has not.
+    ///
+    /// ```
+    /// use peerq::handler::CancelReason;
+    /// let stop = tokio_util::sync::CancellationToken::new();
+    /// let cx = peerq::TaskContext::for_test("t", stop.clone());
+    /// assert_eq!(cx.cancel_reason(), None);
+    /// stop.cancel();
+    /// assert_eq!(cx.cancel_reason(), Some(CancelReason::Interrupted));
+    /// ```
+    pub fn cancel_reason(&self) -> Option<CancelReason> {
+        match &self.tracked {
+            Some(tracked) if tracked.user_cancelled() => Some(CancelReason::User),
+            _ if self.signal().is_cancelled() => Some(CancelReason::Interrupted),
+            _ => None,
+        }
+    }
+
+    /// Reports the task's progress (any serde value: a percentage, a
+    /// count, a step's name), readable with its state (`peerq task show`,
+    /// [`Service::task`](crate::admin::Service::task)). Written at most
+    /// every 250 ms per task, the last value always (before the task's
+    /// end is written); it never waits for Redis. Without tracking, or
+    /// for a value the service's codec cannot encode, it does nothing.
+    ///
+    /// ```
+    /// let cx = peerq::TaskContext::for_test("t", Default::default());
+    /// cx.progress(&50u8); // not tracked: nothing to write
+    /// ```
+    pub fn progress<P: serde::Serialize + ?Sized>(&self, value: &P) {
+        let Some(tracked) = &self.tracked else {
+            return;
+        };
+        let encoded = match tracked.codec() {
+            "json" => crate::codec::Codec::encode(&crate::codec::Json, &value),
+            _ => crate::codec::Codec::encode(&crate::codec::Bincode, &value),
+        };
+        match encoded {
+            Ok(bytes) => tracked.clone().progress(bytes),
+            Err(e) => tracing::warn!(task = %self.task_id, cause = %e, "progress not encoded"),
+        }
+    }
+
+    /// The signal the handler waits on: with tracking, the task's own
+    /// (user cancel or interruption), else the partition's.
+    fn signal(&self) -> &CancellationToken {
+        match &self.tracked {
+            Some(tracked) => tracked.either(),
+            None => self.tenure.cancel(),
+        }
     }
 
     /// Whether this instance may still act on the task: its lease holds,

@@ -12,12 +12,13 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 mod context;
 
-pub use context::TaskContext;
-pub(crate) use context::Tenure;
+pub use context::{CancelReason, TaskContext};
+pub(crate) use context::{Tenure, Tracker};
 
 /// The error type tower services and layers use.
 pub type BoxError = Box<dyn StdError + Send + Sync + 'static>;
@@ -224,6 +225,57 @@ pub trait Handler: Send + Sync + 'static {
     ) -> impl Future<Output = Result<(), HandlerError>> + Send;
 }
 
+/// A handler that returns a result: with tracking on, the result is
+/// encoded with the service's codec and kept with the task's record, for
+/// [`Service::task`](crate::admin::Service::task), `wait` and `peerq task
+/// show` (docs/design.md §14). Every [`Handler`] is one, with the result
+/// `()`, which is not stored.
+///
+/// ```
+/// use peerq::handler::HandlerWithResult;
+/// use peerq::{HandlerError, TaskContext};
+///
+/// struct Resize;
+///
+/// #[derive(serde::Serialize)]
+/// struct Resized { url: String, bytes: u64 }
+///
+/// impl HandlerWithResult for Resize {
+///     type Task = String;
+///     type Output = Resized;
+///     async fn handle(&self, image: String, cx: TaskContext) -> Result<Resized, HandlerError> {
+///         cx.progress(&50u8);
+///         Ok(Resized { url: format!("{image}-small"), bytes: 1024 })
+///     }
+/// }
+/// ```
+pub trait HandlerWithResult: Send + Sync + 'static {
+    /// The task type; decoded from the entry's payload with the service's codec.
+    type Task: DeserializeOwned + Send + 'static;
+    /// The result, encoded with the service's codec.
+    type Output: Serialize + Send + 'static;
+
+    /// Runs one task. An `Err` (or a panic) is a failed attempt.
+    fn handle(
+        &self,
+        task: Self::Task,
+        cx: TaskContext,
+    ) -> impl Future<Output = Result<Self::Output, HandlerError>> + Send;
+}
+
+impl<H: Handler> HandlerWithResult for H {
+    type Task = H::Task;
+    type Output = ();
+
+    fn handle(
+        &self,
+        task: Self::Task,
+        cx: TaskContext,
+    ) -> impl Future<Output = Result<(), HandlerError>> + Send {
+        Handler::handle(self, task, cx)
+    }
+}
+
 /// A decoded task and its context: the request a handler service receives.
 #[derive(Debug)]
 pub struct Task<T> {
@@ -233,7 +285,8 @@ pub struct Task<T> {
     pub cx: TaskContext,
 }
 
-/// A [`Handler`] as a `tower::Service<Task<H::Task>>`.
+/// A [`Handler`] (or a [`HandlerWithResult`]) as a
+/// `tower::Service<Task<H::Task>>`.
 #[derive(Debug)]
 pub struct HandlerService<H> {
     handler: Arc<H>,
@@ -256,10 +309,10 @@ impl<H> Clone for HandlerService<H> {
     }
 }
 
-impl<H: Handler> tower::Service<Task<H::Task>> for HandlerService<H> {
-    type Response = ();
+impl<H: HandlerWithResult> tower::Service<Task<H::Task>> for HandlerService<H> {
+    type Response = H::Output;
     type Error = HandlerError;
-    type Future = Pin<Box<dyn Future<Output = Result<(), HandlerError>> + Send>>;
+    type Future = Pin<Box<dyn Future<Output = Result<H::Output, HandlerError>> + Send>>;
 
     fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         Poll::Ready(Ok(()))
@@ -267,6 +320,6 @@ impl<H: Handler> tower::Service<Task<H::Task>> for HandlerService<H> {
 
     fn call(&mut self, task: Task<H::Task>) -> Self::Future {
         let handler = self.handler.clone();
-        Box::pin(async move { handler.handle(task.payload, task.cx).await })
+        Box::pin(async move { HandlerWithResult::handle(&*handler, task.payload, task.cx).await })
     }
 }

@@ -30,7 +30,9 @@ use crate::codec::Codec;
 use crate::connection::{Carriers, Conn};
 use crate::entry::{self, TaskId};
 use crate::error::Result;
+use crate::keys;
 use crate::partition::partition_of;
+use crate::tracking::STALE;
 
 /// Entries per part (`enqueue_batch`'s doc names it). Small enough that Redis starts on a batch soon after
 /// its encoding (the first part is built while Redis waits), large enough
@@ -55,6 +57,10 @@ impl<C: Codec> Producer<C> {
         let conn = self.conn.get().await?;
         // One time for the batch: its entries are enqueued together.
         let enqueued_at = entry::now_ms().to_string();
+        // Tracked: each entry's record goes just before it, in the same
+        // part (docs/design.md §14): an entry is only read once added, so
+        // no start is written before its record.
+        let tracked = self.tracking.on(&self.conn, &self.name).await.is_some();
         let mut ids = Vec::with_capacity(payloads.len());
         let carriers = Carriers::default();
         let mut sending = FuturesUnordered::new();
@@ -66,10 +72,17 @@ impl<C: Codec> Producer<C> {
                 // yields, which would hold every part back until the last.
                 tokio::task::yield_now().await;
             }
-            let mut pipe = Pipeline::with_capacity(part.len());
+            let mut pipe = Pipeline::with_capacity(part.len() * if tracked { 3 } else { 1 });
             for payload in part {
                 let id = TaskId::generate();
                 let p = partition_of(id.as_str().as_bytes(), self.partitions) as usize;
+                if tracked {
+                    record(
+                        &mut pipe,
+                        &keys::task(&self.name, p as u32, id.as_str()),
+                        &enqueued_at,
+                    );
+                }
                 let fields = entry::first_attempt(id.as_str(), &enqueued_at, C::NAME, payload);
                 pipe.add_command(xadd(&self.streams[p], &fields));
                 ids.push(id);
@@ -101,6 +114,24 @@ impl<C: Codec> Producer<C> {
         let sent: RedisResult<()> = conn.write_part(&pipe, carriers).await;
         Ok(sent.inspect_err(|e| self.conn.reset_after(e))?)
     }
+}
+
+/// A tracked task's record as its enqueue writes it: `waiting`, attempt 1.
+/// `HSET`, so a cancel request made before the task existed stays.
+fn record(pipe: &mut Pipeline, key: &str, enqueued_at: &str) {
+    pipe.cmd("HSET")
+        .arg(key)
+        .arg("state")
+        .arg("waiting")
+        .arg("attempt")
+        .arg(1)
+        .arg("enqueued_at")
+        .arg(enqueued_at)
+        .ignore();
+    pipe.cmd("PEXPIRE")
+        .arg(key)
+        .arg(STALE.as_millis() as u64)
+        .ignore();
 }
 
 /// `XADD <stream> * <fields>`, its buffers allocated once at their size.

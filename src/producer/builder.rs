@@ -151,6 +151,7 @@ impl<C: Codec> ProducerBuilder<C> {
             codec: C::default(),
             max_payload: self.max_payload,
             idempotency_ttl: self.idempotency_ttl,
+            tracking: Default::default(),
         })
     }
 }

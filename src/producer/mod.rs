@@ -31,6 +31,8 @@ use crate::connection::{Redis, SharedConnection};
 use crate::entry::{Entry, TaskId};
 use crate::error::{Error, Result};
 use crate::partition::partition_of;
+use crate::tracking::TaskHandle;
+use crate::tracking::watch::Cached;
 
 pub use builder::ProducerBuilder;
 pub use options::Options;
@@ -73,6 +75,8 @@ pub struct Producer<C: Codec = Bincode> {
     codec: C,
     max_payload: usize,
     idempotency_ttl: Duration,
+    /// Whether tasks are tracked, as last read.
+    tracking: Cached,
     /// Tasks enqueued, and failed calls.
     enqueued: metrics::Counter,
     errors: metrics::Counter,
@@ -164,6 +168,24 @@ impl<C: Codec> Producer<C> {
     /// The service's number of partitions.
     pub fn partitions(&self) -> u32 {
         self.partitions
+    }
+
+    /// The handle of task `id` enqueued with partition key `key` (`None`:
+    /// without one), for [`Service::task`](crate::admin::Service::task),
+    /// `wait` and `cancel`.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> peerq::Result<()> {
+    /// use peerq::producer::{Options, Producer};
+    ///
+    /// let producer = Producer::connect("redis://127.0.0.1/", "mail-sender").await?;
+    /// let id = producer.enqueue_with("hi", Options::new().key("user-42")).await?;
+    /// println!("enqueued {}", producer.handle_of(&id, Some("user-42")));
+    /// # Ok(()) }
+    /// ```
+    pub fn handle_of(&self, id: &TaskId, key: Option<&str>) -> TaskHandle {
+        let key = key.unwrap_or(id.as_str());
+        TaskHandle::new(partition_of(key.as_bytes(), self.partitions), id.clone())
     }
 
     /// A first attempt of `task` with a new id, or the error of

@@ -14,9 +14,10 @@ use crate::codec::Codec;
 use crate::entry::{Entry, TaskId};
 use crate::error::Result;
 use crate::keys;
+use crate::tracking::{STALE, tracked_script};
 
-static ENQUEUE: LazyLock<redis::Script> =
-    LazyLock::new(|| redis::Script::new(include_str!("../scripts/enqueue.lua")));
+pub(super) static ENQUEUE: LazyLock<redis::Script> =
+    LazyLock::new(|| redis::Script::new(tracked_script!("enqueue.lua")));
 
 impl<C: Codec> Producer<C> {
     /// Enqueues one task; its id, and whether it is new (not a repeat of an
@@ -48,7 +49,9 @@ impl<C: Codec> Producer<C> {
         let id = entry.id.clone();
         let p = self.partition_of(&entry);
         let stream = keys::stream(&self.name, p);
-        if options.scripted() || once.is_some() {
+        // A tracked task's record is written with its entry, by the script.
+        let tracked = self.tracking.on(&self.conn, &self.name).await.is_some();
+        if options.scripted() || once.is_some() || tracked {
             // The dedup records and the delayed set live in the task's
             // partition, so one script checks, delays and adds.
             let dedup = options.idempotency_key.as_deref().unwrap_or_default();
@@ -72,11 +75,13 @@ impl<C: Codec> Producer<C> {
                 .key(keys::delayed(&self.name, p))
                 .key(keys::dedup(&self.name, p, dedup))
                 .key(keys::dedup(&self.name, p, once_key))
+                .key(keys::task(&self.name, p, id.as_str()))
                 .arg(ttl)
                 .arg(id.as_str())
                 .arg(at)
                 .arg(delay)
-                .arg(until_ms);
+                .arg(until_ms)
+                .arg(if tracked { STALE.as_millis() as u64 } else { 0 });
             for (k, v) in entry.fields() {
                 script.arg(k).arg(v);
             }

@@ -10,27 +10,21 @@
 -- writes nothing, so a relay that froze mid-claim cannot send once the row
 -- may have been moved by another and its record expired.
 -- KEYS[1] = {N/p}:stream     KEYS[2] = {N/p}:delayed     KEYS[3] = {N/p}:dedup:<key>
--- KEYS[4] = {N/p}:dedup:outbox:<task id>
+-- KEYS[4] = {N/p}:dedup:outbox:<task id>     KEYS[5] = {N/p}:task:<task id>
 -- ARGV[1] = dedup TTL (ms; 0: no idempotency key)     ARGV[2] = task id
 -- ARGV[3] = due time (Unix ms; 0: none)     ARGV[4] = delay (ms, by Redis's clock)
 -- ARGV[5] = the outbox relay's deadline (Unix ms, Redis's clock; 0: no
 --           outbox record)
--- ARGV[6..] = field, value, ...
+-- ARGV[6] = with tracking on (docs/design.md §14), the expiry of the task's
+--           record while it is not final (ms); 0: no record
+-- ARGV[7..] = field, value, ...
 -- Returns { the id of the task enqueued: this one, or the earlier one under
 -- either dedup record; its due time (Unix ms) if this call delayed it,
 -- else 0 }: the producer then adds the due index's notice (docs/design.md
 -- §6), a key of another slot. Past the deadline: { '', 0 }, nothing written.
 local ttl = tonumber(ARGV[1])
 local until_ms = tonumber(ARGV[5])
-local now = nil
-local function clock()
-  if not now then
-    local t = redis.call('TIME')
-    now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-  end
-  return now
-end
-if until_ms > 0 and clock() > until_ms then
+if until_ms > 0 and now_ms() > until_ms then
   return { '', 0 }
 end
 local found = (ttl > 0 and redis.call('GET', KEYS[3]))
@@ -47,15 +41,25 @@ local at = tonumber(ARGV[3])
 local delay = tonumber(ARGV[4])
 local due = 0
 if at > 0 or delay > 0 then
-  due = at > 0 and at or clock() + delay
+  due = at > 0 and at or now_ms() + delay
 end
-local delayed = due > 0 and due > clock()
+local delayed = due > 0 and due > now_ms()
 if delayed then
   local fields = {}
-  for i = 6, #ARGV do fields[#fields + 1] = ARGV[i] end
+  for i = 7, #ARGV do fields[#fields + 1] = ARGV[i] end
   redis.call('ZADD', KEYS[2], due, cmsgpack.pack(fields))
 else
-  redis.call('XADD', KEYS[1], '*', unpack(ARGV, 6))
+  redis.call('XADD', KEYS[1], '*', unpack(ARGV, 7))
+end
+if tonumber(ARGV[6]) > 0 then
+  -- HSET, not a new hash: a cancel request made before the task existed
+  -- stays, so the task never starts.
+  redis.call('HSET', KEYS[5], 'state', delayed and 'delayed' or 'waiting',
+    'attempt', 1, 'enqueued_at', now_ms())
+  if delayed then
+    redis.call('HSET', KEYS[5], 'due_at', due)
+  end
+  redis.call('PEXPIRE', KEYS[5], ARGV[6])
 end
 if ttl > 0 then
   redis.call('SET', KEYS[3], ARGV[2], 'PX', ARGV[1])

@@ -1,17 +1,38 @@
--- Rule 8 (docs/design.md §4): move an entry (a retry, a dead letter, a hand-back)
--- only while this instance is the partition's recorded owner: ack it in the
--- partition's stream and add its new form to the destination, atomically.
+-- Rule 8 (docs/design.md §4): move an entry (a dead letter, a hand-back, a
+-- take-over) only while this instance is the partition's recorded owner:
+-- ack it in the partition's stream and add its new form to the destination,
+-- atomically. A tracked task (docs/design.md §14) is written `waiting`
+-- (back in the stream) or `dead` (with its reason, error and dead letter),
+-- or, if a cancel request came first, `cancelled` and not added anywhere.
 -- KEYS[1] = {N/p}:stream     KEYS[2] = {N/p}:owner     KEYS[3] = destination
 -- ({N/p}:stream or {N/p}:dead)
 -- ARGV[1] = '<token>:<instance id>'     ARGV[2] = group     ARGV[3] = entry id
--- ARGV[4..] = the new entry's field, value, ...
--- Returns 1 when moved, 0 when the entry was no longer pending (a retried
--- call whose first reply was lost: it is not added twice), -1 when fenced.
+-- ARGV[4] = task id ('': untracked)     ARGV[5] = 'waiting' or 'dead'
+-- ARGV[6] = the reason     ARGV[7] = the error     ARGV[8] = the attempt
+-- ARGV[9..15] = the tracking block     ARGV[16..] = the new entry's field,
+-- value, ...
+-- Returns 1 when moved (or cancelled), 0 when the entry was no longer
+-- pending (a retried call whose first reply was lost: it is not added
+-- twice), -1 when fenced.
 if redis.call('GET', KEYS[2]) ~= ARGV[1] then
   return -1
 end
 local acked = redis.call('XACK', KEYS[1], ARGV[2], ARGV[3])
-if acked == 1 then
-  redis.call('XADD', KEYS[3], '*', unpack(ARGV, 4))
+if acked == 0 then
+  return 0
 end
-return acked
+local t = ARGV[4] ~= '' and tracking(9)
+local key = t and unless_cancelled(t, ARGV[4])
+if t and not key then
+  return 1
+end
+local added = redis.call('XADD', KEYS[3], '*', unpack(ARGV, 16))
+if t then
+  if ARGV[5] == 'dead' then
+    finish(t, ARGV[4], key, 'dead', 'attempt', ARGV[8], 'reason', ARGV[6],
+      'error', ARGV[7], 'dead_id', added)
+  else
+    set_state(t, key, 'waiting', 'attempt', ARGV[8])
+  end
+end
+return 1

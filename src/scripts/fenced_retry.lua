@@ -2,12 +2,20 @@
 -- ack of the failed entry, only while this instance is the partition's
 -- recorded owner. With a delay the next attempt waits in the partition's
 -- delayed set (scored by Redis's clock, so instance clocks do not matter);
--- the partition's owner moves it into the stream when due.
+-- the partition's owner moves it into the stream when due. A tracked task
+-- (docs/design.md §14) is written `retrying` (or `waiting`, after an
+-- interrupted run) with its next attempt and due time, or, if a cancel
+-- request came first, `cancelled` and not enqueued again.
 -- KEYS[1] = {N/p}:stream     KEYS[2] = {N/p}:owner     KEYS[3] = {N/p}:delayed
 -- ARGV[1] = '<token>:<instance id>'     ARGV[2] = group     ARGV[3] = entry id
--- ARGV[4] = delay (ms)     ARGV[5..] = the next attempt's field, value, ...
--- Returns 1 when retried, 0 when the entry was no longer pending (a call
--- repeated after a lost reply: nothing is added twice), -1 when fenced.
+-- ARGV[4] = delay (ms)     ARGV[5] = task id ('': untracked)
+-- ARGV[6] = the state it waits in     ARGV[7] = (unused: a reason)
+-- ARGV[8] = the error     ARGV[9] = the next attempt
+-- ARGV[10..16] = the tracking block
+-- ARGV[17..] = the next attempt's field, value, ...
+-- Returns 1 when retried (or cancelled), 0 when the entry was no longer
+-- pending (a call repeated after a lost reply: nothing is added twice), -1
+-- when fenced.
 if redis.call('GET', KEYS[2]) ~= ARGV[1] then
   return -1
 end
@@ -15,14 +23,21 @@ local acked = redis.call('XACK', KEYS[1], ARGV[2], ARGV[3])
 if acked == 0 then
   return 0
 end
-local delay = tonumber(ARGV[4])
-if delay <= 0 then
-  redis.call('XADD', KEYS[1], '*', unpack(ARGV, 5))
+local t = ARGV[5] ~= '' and tracking(10)
+local key = t and unless_cancelled(t, ARGV[5])
+if t and not key then
   return 1
 end
-local fields = {}
-for i = 5, #ARGV do fields[#fields + 1] = ARGV[i] end
-local now = redis.call('TIME')
-local due = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000) + delay
-redis.call('ZADD', KEYS[3], due, cmsgpack.pack(fields))
+local delay = tonumber(ARGV[4])
+local due = now_ms() + delay
+if delay <= 0 then
+  redis.call('XADD', KEYS[1], '*', unpack(ARGV, 17))
+else
+  local fields = {}
+  for i = 17, #ARGV do fields[#fields + 1] = ARGV[i] end
+  redis.call('ZADD', KEYS[3], due, cmsgpack.pack(fields))
+end
+if t then
+  set_state(t, key, ARGV[6], 'attempt', ARGV[9], 'due_at', due, 'error', ARGV[8])
+end
 return 1

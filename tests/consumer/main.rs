@@ -22,3 +22,4 @@ mod producer;
 mod release_marks;
 mod scheduling;
 mod startup;
+mod tracking;

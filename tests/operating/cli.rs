@@ -12,6 +12,7 @@
 
 mod ids;
 mod migrate;
+mod task;
 use std::collections::BTreeSet;
 use std::future::Future;
 use std::process::Command;

@@ -88,6 +88,18 @@ pub(crate) enum Command {
     },
     /// Resumes a paused service.
     Resume(Named),
+    /// One tracked task: its state, result and progress; cancel it; wait
+    /// for its end.
+    Task {
+        #[command(subcommand)]
+        command: TaskCommand,
+    },
+    /// Task tracking on a running service: show it, switch it on or off
+    /// (every instance follows within a second).
+    Tracking {
+        #[command(subcommand)]
+        command: TrackingCommand,
+    },
     /// Applies peerq's PostgreSQL migrations (the outbox's and inbox's
     /// tables) that the database lacks; needs no Redis. Safe to run twice,
     /// and from several places at once.
@@ -284,6 +296,56 @@ pub(crate) struct Enqueue {
     /// by default).
     #[arg(long, value_name = "KEY")]
     pub(crate) idempotency_key: Option<String>,
+}
+
+#[derive(Subcommand)]
+pub(crate) enum TaskCommand {
+    /// A task's record: state, attempt, instance, progress, result, error.
+    Show(TaskArgs),
+    /// Cancels a task: one not started never starts, a running one is
+    /// stopped; it ends `cancelled`. Exit 0 when cancelled (or already
+    /// final), printing which.
+    Cancel(TaskArgs),
+    /// Waits until a task is final and prints its record; exit 1 on a
+    /// timeout or an unknown task.
+    Wait {
+        #[command(flatten)]
+        task: TaskArgs,
+        /// How long to wait at most: 500ms, 10s, 5m, 2h, 1d.
+        #[arg(long, value_parser = delay, default_value = "30s")]
+        timeout: Duration,
+    },
+}
+
+// One task of one service.
+#[derive(Args)]
+pub(crate) struct TaskArgs {
+    #[command(flatten)]
+    pub(crate) named: Named,
+    /// The task: its handle (`<partition>/<task id>`) or its id.
+    #[arg(long, value_name = "HANDLE")]
+    pub(crate) id: String,
+}
+
+#[derive(Subcommand)]
+pub(crate) enum TrackingCommand {
+    /// Whether tasks are tracked, and for how long final records are kept.
+    Show(Named),
+    /// Tracks every task from now on.
+    On {
+        #[command(flatten)]
+        named: Named,
+        /// Keep a final task's record this long: 1h, 1d, … (default 1d,
+        /// or what is set).
+        #[arg(long, value_parser = delay)]
+        keep: Option<Duration>,
+        /// Keep at most this many final records per partition (default
+        /// 1000, or what is set).
+        #[arg(long, value_name = "N")]
+        keep_count: Option<u32>,
+    },
+    /// Stops tracking: nothing is written per task from now on.
+    Off(Named),
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]

@@ -13,6 +13,10 @@
 //! peerq enqueue --name N --json '{…}' [--key K] [--delay 10s] [--idempotency-key K]
 //! peerq pause --name N [--by WHO] [--json]
 //! peerq resume --name N [--json]
+//! peerq task show|cancel --name N --id HANDLE [--json]
+//! peerq task wait --name N --id HANDLE [--timeout 30s] [--json]
+//! peerq tracking show|off --name N [--json]
+//! peerq tracking on --name N [--keep 1d] [--keep-count 1000] [--json]
 //! peerq dashboard [--listen 127.0.0.1:8080] [--read-only]
 //! peerq migrate --postgres URL [--json]
 //! peerq ids status|repair --servers URL,URL,URL --key K [--json]
@@ -36,6 +40,7 @@ mod ids;
 mod migrate;
 mod show;
 mod table;
+mod task;
 
 use std::io::{Read, Write};
 use std::process::ExitCode;
@@ -241,6 +246,8 @@ async fn run(redis: Redis, command: Command) -> Result<String, String> {
         Command::Migrate(_) | Command::Ids { .. } => {
             unreachable!("`main` runs it without a Redis")
         }
+        Command::Task { command } => task::task(&admin, command).await,
+        Command::Tracking { command } => task::tracking(&admin, command).await,
         Command::Resume(named) => {
             let service = service(&admin, &named.name).await?;
             let resumed = Resumed {
@@ -314,7 +321,7 @@ async fn act(service: Service, which: Which, replay: bool) -> Result<String, Str
 }
 
 /// Service `name` of `admin`'s Redis.
-async fn service(admin: &Admin, name: &str) -> Result<Service, String> {
+pub(crate) async fn service(admin: &Admin, name: &str) -> Result<Service, String> {
     admin.service(name).await.map_err(failed)
 }
 
@@ -372,7 +379,7 @@ fn user_at_host() -> String {
 
 /// The message of a failed library call, with what to do where the
 /// library cannot say it.
-fn failed(e: peerq::Error) -> String {
+pub(crate) fn failed(e: peerq::Error) -> String {
     match e {
         peerq::Error::UnknownService { .. } => {
             format!("{e}; `peerq services` lists the services there")

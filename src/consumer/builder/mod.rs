@@ -7,6 +7,7 @@ mod periodic;
 #[cfg(feature = "postgres")]
 mod postgres;
 mod run;
+mod tracking;
 
 use std::fmt;
 use std::marker::PhantomData;
@@ -26,7 +27,9 @@ use crate::codec::{Bincode, Codec};
 use crate::config::{ServiceName, name_and_redis_setters};
 use crate::connection::Redis;
 use crate::error::Result;
-use crate::handler::{Handler, HandlerService, Task};
+#[cfg(doc)]
+use crate::handler::Handler;
+use crate::handler::{HandlerService, HandlerWithResult, Task};
 use crate::indexer::IndexerSettings;
 use crate::periodic::Periodic;
 use crate::retry::Backoff;
@@ -300,8 +303,12 @@ impl<T, S, C: Codec> ConsumerBuilder<T, S, C> {
         }
     }
 
-    /// The handler, adapted into a tower service.
-    pub fn handler<H: Handler>(self, handler: H) -> ConsumerBuilder<H::Task, HandlerService<H>, C> {
+    /// The handler, adapted into a tower service: a [`Handler`], or a
+    /// [`HandlerWithResult`] whose results tracking keeps.
+    pub fn handler<H: HandlerWithResult>(
+        self,
+        handler: H,
+    ) -> ConsumerBuilder<H::Task, HandlerService<H>, C> {
         self.service(HandlerService::new(handler))
     }
 

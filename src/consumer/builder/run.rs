@@ -2,6 +2,7 @@
 
 use std::future::Future;
 
+use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tower::Service;
 
@@ -19,7 +20,8 @@ use crate::instance::InstanceId;
 impl<T, S, C> ConsumerBuilder<T, S, C>
 where
     T: DeserializeOwned + Send + 'static,
-    S: Service<Task<T>, Response = ()> + Clone + Send + Sync + 'static,
+    S: Service<Task<T>> + Clone + Send + Sync + 'static,
+    S::Response: Serialize + Send + 'static,
     S::Error: Into<BoxError>,
     S::Future: Send,
     C: Codec,

@@ -21,12 +21,13 @@ use tokio::sync::SemaphorePermit;
 use tracing::{Instrument, Span, info_span, warn};
 
 use super::{Batch, Ran, Source};
-use crate::consumer::erased::Call;
+use crate::consumer::erased::{Call, HandlerResult};
 use crate::consumer::meters::Ended;
 use crate::consumer::policy::Unfinished;
+use crate::consumer::running::RunningTask;
 use crate::consumer::store::{Attempts, Deliveries, Fetched, Unreadable};
 use crate::entry::Entry;
-use crate::handler::{BoxError, Disposition, TaskContext, Tenure, disposition_of};
+use crate::handler::{Disposition, TaskContext, Tenure, Tracker, disposition_of};
 
 /// How long an interrupted handler may take to notice its cancellation
 /// signal and return before it is aborted. Kept within the 50 ms that
@@ -35,7 +36,12 @@ const CANCEL_GRACE: Duration = Duration::from_millis(20);
 
 /// How a handler run ended.
 enum Outcome {
-    Succeeded,
+    /// With its encoded result, when tracked and not `()`.
+    Succeeded(Option<Vec<u8>>),
+    /// A user cancelled it (tracked): acked, and its record says
+    /// `cancelled` (the ack script reads the request), whatever the
+    /// handler returned.
+    Cancelled,
     Failed(String, Disposition),
     /// Interrupted (drain timeout, lapsed lease, fence, leave at once):
     /// its cancellation signal fired before it returned (and it did not
@@ -46,8 +52,9 @@ enum Outcome {
 
 /// How an entry's execution ended.
 enum Executed {
-    /// The handler succeeded: the entry is to be acked.
-    Succeeded,
+    /// The handler succeeded (or a user cancelled it): the entry is to be
+    /// acked, with the result.
+    Succeeded(Vec<u8>),
     /// Settled here (true), or left pending (false).
     Done(bool),
 }
@@ -57,11 +64,13 @@ impl Batch {
     /// `permit` it was given; without one it did not start (the partition
     /// was released first) and is handed back, or it is a claimed entry,
     /// taken over.
+    /// `track` is a tracked task's registration (its start written).
     pub(super) async fn entry(
         &self,
         fetched: Fetched,
         permit: Option<SemaphorePermit<'_>>,
         tenure: &Arc<dyn Tenure>,
+        track: Option<Arc<RunningTask>>,
     ) -> Ran {
         let Fetched { id, entry } = fetched;
         let Some(permit) = permit else {
@@ -73,13 +82,17 @@ impl Batch {
             };
             return Ran::Done(id, settled);
         };
-        match self.execute(&id, entry, tenure).await {
-            Executed::Succeeded => {
+        let task = match (&track, &entry) {
+            (Some(_), Ok(entry)) => Some(entry.id.clone()),
+            _ => None,
+        };
+        match self.execute(&id, entry, tenure, track).await {
+            Executed::Succeeded(result) => {
                 // The ack's slot before the handler's permit: while acks do
                 // not land, handlers' permits are held, and so are reads.
                 self.shared.room.ack_slot().await;
                 drop(permit);
-                Ran::Succeeded(id)
+                Ran::Succeeded(id, task.map(|task| (task, result)))
             }
             Executed::Done(settled) => Ran::Done(id, settled),
         }
@@ -136,8 +149,11 @@ impl Batch {
             return false;
         }
         match entry {
-            Ok(entry) => self.settle().hand_back(id, entry.fields()).await,
-            Err(unreadable) => self.settle().hand_back(id, unreadable.fields).await,
+            Ok(entry) => {
+                let task = Some((&entry.id, entry.attempt));
+                self.settle().hand_back(id, entry.fields(), task).await
+            }
+            Err(unreadable) => self.settle().hand_back(id, unreadable.fields, None).await,
         }
     }
 
@@ -148,6 +164,7 @@ impl Batch {
         id: &str,
         entry: Result<Entry, Unreadable>,
         tenure: &Arc<dyn Tenure>,
+        track: Option<Arc<RunningTask>>,
     ) -> Executed {
         let settle = self.settle();
         // Dead-lettered as it was: too large (never decoded) or malformed.
@@ -156,7 +173,7 @@ impl Batch {
             Err(unreadable) => {
                 let why = unreadable.why;
                 let (reason, error) = (why.reason(), why.to_string());
-                let dead = settle.dead_letter(id, unreadable.fields, reason, &error);
+                let dead = settle.dead_letter(id, unreadable.fields, reason, &error, None);
                 return Executed::Done(Box::pin(dead).await);
             }
         };
@@ -189,12 +206,14 @@ impl Batch {
                 fencing_token: self.ownership.store.token(),
                 tenure: tenure.clone(),
                 finished: finished.clone(),
+                tracked: track.clone().map(|t| t as Arc<dyn Tracker>),
             };
             let call = match self.shared.runner.prepare(&entry, cx) {
                 Ok(call) => call,
                 Err(e) => {
                     let (reason, error) = (e.reason(), e.to_string());
-                    let dead = settle.dead_letter(id, entry.fields(), reason, &error);
+                    let task = Some((&entry.id, entry.attempt));
+                    let dead = settle.dead_letter(id, entry.fields(), reason, &error, task);
                     return Executed::Done(Box::pin(dead).await);
                 }
             };
@@ -214,10 +233,34 @@ impl Batch {
                 counted = entry.attempt;
             }
             let outcome = self
-                .call(&entry, call, &finished, tenure, span.clone())
+                .call(
+                    &entry,
+                    call,
+                    &finished,
+                    tenure,
+                    track.as_deref(),
+                    span.clone(),
+                )
                 .await;
+            if let Some(track) = &track {
+                // Its last progress lands before its end.
+                Box::pin(track.flush()).await;
+            }
             let (error, disposition) = match outcome {
-                Outcome::Succeeded => return Executed::Succeeded,
+                Outcome::Succeeded(Some(result))
+                    if result.len() > self.shared.settings.max_result_bytes =>
+                {
+                    let limit = self.shared.settings.max_result_bytes;
+                    let error = format!(
+                        "the handler's result of {} bytes exceeds the limit of {limit} bytes (`max_result_bytes`)",
+                        result.len()
+                    );
+                    (error, Disposition::Backoff)
+                }
+                Outcome::Succeeded(result) => {
+                    return Executed::Succeeded(result.unwrap_or_default());
+                }
+                Outcome::Cancelled => return Executed::Succeeded(Vec::new()),
                 Outcome::Failed(error, disposition) => (error, disposition),
                 Outcome::Interrupted => {
                     // Left pending (ordered: it runs first on the next
@@ -249,7 +292,8 @@ impl Batch {
             let delay = match settle.next_attempt(&entry, &error, disposition) {
                 Ok(delay) => delay,
                 Err(reason) => {
-                    let dead = settle.dead_letter(id, entry.fields(), reason, &error);
+                    let task = Some((&entry.id, entry.attempt));
+                    let dead = settle.dead_letter(id, entry.fields(), reason, &error, task);
                     return Executed::Done(Box::pin(dead.instrument(span)).await);
                 }
             };
@@ -342,14 +386,16 @@ impl Batch {
         call: Call,
         finished: &AtomicBool,
         tenure: &Arc<dyn Tenure>,
+        track: Option<&RunningTask>,
         span: Span,
     ) -> Outcome {
         let metrics = &self.shared.metrics;
         let running = metrics.start(UNIX_EPOCH + entry.enqueued_at);
-        let outcome = call_handler(call, finished, &**tenure, span).await;
+        let outcome = call_handler(call, finished, &**tenure, track, span).await;
         drop(running);
         metrics.ended(match outcome {
-            Outcome::Succeeded => Ended::Ok,
+            Outcome::Succeeded(_) => Ended::Ok,
+            Outcome::Cancelled => Ended::Cancelled,
             // Not a failure of the task: it runs again on the new owner.
             Outcome::Failed(_, Disposition::Stale) => Ended::Interrupted,
             Outcome::Failed(..) => Ended::Failed,
@@ -366,9 +412,15 @@ async fn call_handler(
     call: Call,
     finished: &AtomicBool,
     tenure: &dyn Tenure,
+    track: Option<&RunningTask>,
     span: Span,
 ) -> Outcome {
-    let cancel = tenure.cancel();
+    // Tracked, the task's own signal: a user's cancel, or the partition's
+    // interruption.
+    let cancel = match track {
+        Some(track) => track.either(),
+        None => tenure.cancel(),
+    };
     // Run inline, a panic caught as a failed attempt; dropping the future
     // is the cancellation (it stops at its next `.await`).
     let handler = AssertUnwindSafe(call.instrument(span)).catch_unwind();
@@ -382,7 +434,8 @@ async fn call_handler(
             match Box::pin(tokio::time::timeout(CANCEL_GRACE, &mut handler)).await {
                 Ok(result) => result,
                 // Dropped: done only if it said so before.
-                Err(_) if finished.load(Ordering::SeqCst) => return Outcome::Succeeded,
+                Err(_) if track.is_some_and(|t| t.user_cancelled()) => return Outcome::Cancelled,
+                Err(_) if finished.load(Ordering::SeqCst) => return Outcome::Succeeded(None),
                 Err(_) => return Outcome::Interrupted,
             }
         }
@@ -394,6 +447,10 @@ async fn call_handler(
     if !cancel.is_cancelled() && tenure.holds() {
         return outcome(result);
     }
+    // A user's cancel: the task ends `cancelled`, whatever it returned.
+    if track.is_some_and(|t| t.user_cancelled()) {
+        return Outcome::Cancelled;
+    }
     // Interrupted: its cancellation fired before it returned. It runs
     // again with `attempt + 1` (never dead-lettered for it), whatever it
     // returned, unless the handler said its effect was done. A handler
@@ -401,15 +458,15 @@ async fn call_handler(
     // number counts the run (it may have had effects); the failure count,
     // which `max_attempts` bounds, does not.
     match outcome(result) {
-        Outcome::Succeeded if finished.load(Ordering::SeqCst) => Outcome::Succeeded,
+        Outcome::Succeeded(result) if finished.load(Ordering::SeqCst) => Outcome::Succeeded(result),
         _ => Outcome::Interrupted,
     }
 }
 
 /// How a handler run's result reads.
-fn outcome(result: Result<Result<(), BoxError>, Box<dyn Any + Send>>) -> Outcome {
+fn outcome(result: Result<HandlerResult, Box<dyn Any + Send>>) -> Outcome {
     match result {
-        Ok(Ok(())) => Outcome::Succeeded,
+        Ok(Ok(result)) => Outcome::Succeeded(result),
         Ok(Err(e)) => Outcome::Failed(e.to_string(), disposition_of(&e)),
         Err(panic) => {
             let message = crate::error::panic_message(&*panic);

@@ -21,7 +21,7 @@
 
 mod entry;
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -30,16 +30,21 @@ use futures_util::stream::FuturesUnordered;
 use futures_util::{FutureExt, StreamExt};
 use tokio::sync::{SemaphorePermit, mpsc};
 
-use super::acker::Acked;
+use super::acker::{Acked, Tracked};
 use super::held::Held;
 use super::lease::Lease;
 use super::ownership::Ownership;
 use super::room::Room;
+use super::running::RunningTask;
 use super::settle::Settle;
 use super::shared::Shared;
-use super::store::Fetched;
+use super::store::{Fetched, Starting};
+use tracing::warn;
+
 use crate::assignment::Place;
+use crate::entry::TaskId;
 use crate::handler::Tenure;
+use crate::tracking::Tracking;
 
 /// Where a batch's entries come from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -72,8 +77,10 @@ pub(crate) struct Batch {
 
 /// How one entry's run ended.
 enum Ran {
-    /// Its handler succeeded, and it holds an ack slot: to be acked.
-    Succeeded(String),
+    /// Its handler succeeded (or a user cancelled it), and it holds an ack
+    /// slot: to be acked; tracked, with its task id and encoded result
+    /// (empty: none).
+    Succeeded(String, Option<(TaskId, Vec<u8>)>),
     /// Done here: settled (no longer pending), or left pending.
     Done(String, bool),
 }
@@ -90,20 +97,33 @@ impl Batch {
     /// of waiters would hold every permit given back until its task was
     /// polled again, and the no-op handlers of a benchmark ran at half
     /// speed behind it).
-    pub(crate) async fn run(self, entries: Vec<Fetched>) -> bool {
+    pub(crate) async fn run(self, mut entries: Vec<Fetched>) -> bool {
         let tenure: Arc<dyn Tenure> = Arc::new(TaskTenure {
             shared: self.shared.clone(),
             lease: self.lease.clone(),
             ownership: self.ownership.clone(),
         });
         let settle = self.settle();
+        // Tracked: the tasks' records say `running` before any starts,
+        // and those a user cancelled first leave here.
+        let mut tracks = HashMap::new();
+        let tracking = match self.source {
+            Source::Claimed => None,
+            _ => self.shared.tracking.on(),
+        };
+        if let Some(tracking) = tracking {
+            match Box::pin(self.start(&tracking, &mut entries)).await {
+                Some(started) => tracks = started,
+                None => return false,
+            }
+        }
         let mut running = FuturesUnordered::new();
         let mut waiting = VecDeque::with_capacity(entries.len());
         for fetched in entries {
             // A claimed entry is taken over without running here (unless
             // it cannot be read: it runs to the dead letters).
             if self.source == Source::Claimed && fetched.entry.is_ok() {
-                running.push(self.entry(fetched, None, &tenure));
+                running.push(self.entry(fetched, None, &tenure, None));
             } else {
                 waiting.push_back(fetched);
             }
@@ -127,7 +147,8 @@ impl Batch {
             if next.is_none() {
                 while let Some(permit) = waiting.front().and_then(|_| self.ready_at_once()) {
                     let fetched = waiting.pop_front().expect("checked");
-                    running.push(self.entry(fetched, Some(permit), &tenure));
+                    let track = tracks.remove(&fetched.id);
+                    running.push(self.entry(fetched, Some(permit), &tenure, track));
                 }
                 if !waiting.is_empty() {
                     next = Some(Box::pin(self.ready()));
@@ -145,24 +166,26 @@ impl Batch {
                     match permit {
                         Some(permit) => {
                             let fetched = waiting.pop_front().expect("waits only for an entry");
-                            running.push(self.entry(fetched, Some(permit), &tenure));
+                            let track = tracks.remove(&fetched.id);
+                            running.push(self.entry(fetched, Some(permit), &tenure, track));
                         }
                         // Released before they started: every waiting entry
                         // is handed back.
                         None => {
                             for fetched in waiting.drain(..) {
-                                running.push(self.entry(fetched, None, &tenure));
+                                running.push(self.entry(fetched, None, &tenure, None));
                             }
                         }
                     }
                 }
                 Some(ran) = running.next(), if !running.is_empty() => {
                     // Every entry that finished by now goes in one ack.
-                    let mut succeeded = Vec::new();
+                    let (mut succeeded, mut tracked) = (Vec::new(), Vec::new());
                     let mut next = Some(ran);
                     while let Some(one) = next {
                         match one {
-                            Ran::Succeeded(id) => succeeded.push(id),
+                            Ran::Succeeded(id, None) => succeeded.push(id),
+                            Ran::Succeeded(id, Some(task)) => tracked.push((id, task)),
                             Ran::Done(id, settled) => {
                                 all_settled &= settled;
                                 self.held.release(&id, settled);
@@ -171,9 +194,15 @@ impl Batch {
                         // The next one finished already, if any; no wait.
                         next = running.next().now_or_never().flatten();
                     }
+                    let reply = reply.as_ref().expect("open while entries run");
                     if !succeeded.is_empty() {
                         slots.taken += succeeded.len();
-                        settle.ack(succeeded, reply.as_ref().expect("open while entries run"));
+                        settle.ack(succeeded, None, reply);
+                    }
+                    if let (false, Some(tracking)) = (tracked.is_empty(), tracking) {
+                        slots.taken += tracked.len();
+                        let (ids, tasks) = tracked.into_iter().unzip();
+                        settle.ack(ids, Some(Tracked { tracking, tasks }), reply);
                     }
                 }
                 n = replies.recv_many(&mut told, usize::MAX), if slots.taken > 0 => {
@@ -198,6 +227,57 @@ impl Batch {
             }
         }
         all_settled
+    }
+
+    /// Tracked: registers `entries`' tasks (so a user's cancel finds them
+    /// from now on) and writes their start; those a user cancelled first
+    /// were acked by that write and leave `entries`. `None` when none may
+    /// run now: fenced, or Redis did not answer (they stay pending).
+    async fn start(
+        &self,
+        tracking: &Tracking,
+        entries: &mut Vec<Fetched>,
+    ) -> Option<HashMap<String, Arc<RunningTask>>> {
+        let store = &self.ownership.store;
+        let codec = self.shared.runner.codec();
+        let mut tracks = HashMap::with_capacity(entries.len());
+        let mut starting: Vec<Starting<'_>> = Vec::with_capacity(entries.len());
+        for fetched in entries.iter() {
+            if let Ok(entry) = &fetched.entry {
+                let track = self.shared.running.register(
+                    &entry.id,
+                    &self.ownership.cancel,
+                    store.clone(),
+                    codec,
+                );
+                tracks.insert(fetched.id.clone(), track);
+                starting.push((&fetched.id, entry.id.as_str(), entry.attempt));
+            }
+        }
+        if starting.is_empty() {
+            return Some(tracks);
+        }
+        let skipped = match store.start(tracking, &starting).await {
+            Ok(Some(skipped)) => skipped,
+            Ok(None) => {
+                self.ownership.fenced("starting tracked tasks");
+                self.held
+                    .release_all(entries.iter().map(|f| (f.id.as_str(), false)));
+                return None;
+            }
+            Err(e) => {
+                warn!(partition = self.partition, cause = %e, "cannot write the tasks' start; they stay pending and are read again");
+                self.held
+                    .release_all(entries.iter().map(|f| (f.id.as_str(), false)));
+                return None;
+            }
+        };
+        for id in &skipped {
+            tracks.remove(id);
+            self.held.release(id, true);
+        }
+        entries.retain(|f| !skipped.contains(&f.id));
+        Some(tracks)
     }
 
     /// Settles this batch's entries.

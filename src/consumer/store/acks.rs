@@ -10,9 +10,13 @@ use deadpool_redis::redis::{self, RedisError, Script, ScriptInvocation, Value};
 use super::PartitionStore;
 use crate::connection::{SharedConnection, Waited};
 use crate::keys;
+use crate::tracking::{Tracking, tracked_script};
 
-static FENCED_ACK: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../../scripts/fenced_ack.lua")));
+/// The script's text: a pipeline does not load a script by itself, so
+/// after a Redis restart the acks load it again.
+const FENCED_ACK_LUA: &str = tracked_script!("fenced_ack.lua");
+
+static FENCED_ACK: LazyLock<Script> = LazyLock::new(|| Script::new(FENCED_ACK_LUA));
 
 /// Error replies that say "not now" rather than "no": Redis is loading its
 /// data, failing over or busy.
@@ -41,16 +45,35 @@ pub(crate) enum AckReply {
     Refused(String),
 }
 
+/// One partition's acks in one script: its untracked entries' ids, and
+/// its tracked tasks (docs/design.md §14) with the service's tracking.
+#[derive(Debug)]
+pub(crate) struct AckGroup<'a> {
+    pub(crate) store: &'a PartitionStore,
+    pub(crate) ids: Vec<&'a str>,
+    /// Stream id, task id and encoded result (empty: none) of each.
+    pub(crate) tracked: Vec<(&'a str, &'a str, &'a [u8])>,
+    /// Set when `tracked` is not empty.
+    pub(crate) tracking: Option<Tracking>,
+}
+
 impl PartitionStore {
-    /// The fenced ack of `ids`, for a pipeline; replies the number acked,
-    /// or -1 when fenced.
-    pub(super) fn ack_script<'a>(&'a self, ids: &[&str]) -> ScriptInvocation<'a> {
+    /// The fenced ack of `group`, for a pipeline; replies the number
+    /// acked, or -1 when fenced.
+    pub(super) fn ack_script<'a>(&'a self, group: &AckGroup<'_>) -> ScriptInvocation<'a> {
         let mut script = FENCED_ACK.key(&self.stream);
         script
             .key(&self.owner)
             .arg(&self.record)
             .arg(keys::GROUP)
-            .arg(ids);
+            .arg(group.ids.len())
+            .arg(&group.ids);
+        if let (Some(tracking), false) = (&group.tracking, group.tracked.is_empty()) {
+            self.block(&mut script, tracking);
+            for (stream_id, task, result) in &group.tracked {
+                script.arg(*stream_id).arg(*task).arg(*result);
+            }
+        }
         script
     }
 }
@@ -67,19 +90,18 @@ impl PartitionStore {
 /// would run their tasks again.
 pub(crate) async fn ack(
     conn: &SharedConnection,
-    groups: &[(&PartitionStore, Vec<&str>)],
+    groups: &[AckGroup<'_>],
 ) -> Result<Vec<AckReply>, String> {
     let mut pipe = redis::pipe();
-    for (store, ids) in groups {
-        pipe.invoke_script(&store.ack_script(ids));
+    for group in groups {
+        pipe.invoke_script(&group.store.ack_script(group));
     }
     let mut sent = send(conn, &mut pipe).await?;
     if sent.replies().iter().any(is_noscript) {
         // Redis restarted and forgot the script: pipelines do not load
         // scripts by themselves.
         let mut load = redis::cmd("SCRIPT");
-        load.arg("LOAD")
-            .arg(include_str!("../../scripts/fenced_ack.lua"));
+        load.arg("LOAD").arg(FENCED_ACK_LUA);
         conn.query::<String>(&load)
             .await
             .map_err(|e| e.to_string())?;

@@ -25,6 +25,7 @@ mod acks;
 mod attempts;
 pub(crate) mod marks;
 mod reader;
+mod records;
 mod reply;
 mod sizes;
 #[cfg(test)]
@@ -35,9 +36,10 @@ use std::time::Duration;
 
 use deadpool_redis::redis::{self, FromRedisValue, Script, Value};
 
-pub(crate) use self::acks::{AckReply, ack};
+pub(crate) use self::acks::{AckGroup, AckReply, ack};
 pub(crate) use self::attempts::{Attempts, Deliveries};
 pub(crate) use self::reader::{BlockingReads, Fetched, Unreadable, is_nogroup, unblock};
+pub(crate) use self::records::{Starting, Track};
 use self::reply::AutoClaim;
 pub(crate) use self::sizes::{Group, Sizes};
 use crate::config::ServiceName;
@@ -46,17 +48,18 @@ use crate::entry::Entry;
 use crate::error::Result;
 use crate::instance::InstanceId;
 use crate::keys;
+use crate::tracking::{PartitionKeys, tracked_script};
 
 static ACQUIRE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../scripts/acquire.lua")));
 static FENCED_MOVE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../../scripts/fenced_move.lua")));
+    LazyLock::new(|| Script::new(tracked_script!("fenced_move.lua")));
 static FENCED_CLAIM: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../scripts/fenced_claim.lua")));
 static FENCED_KEEP: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../scripts/fenced_keep.lua")));
 static FENCED_RETRY: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../../scripts/fenced_retry.lua")));
+    LazyLock::new(|| Script::new(tracked_script!("fenced_retry.lua")));
 static PROMOTE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../scripts/promote.lua")));
 static TRIM: LazyLock<Script> =
@@ -130,6 +133,8 @@ pub(crate) struct PartitionStore {
     record: String,
     /// Larger entries are not parsed (`too_large`).
     max_entry_bytes: usize,
+    /// The partition's task records (docs/design.md §14).
+    records: PartitionKeys,
     /// What the store knows of the partition's sizes.
     known: Mutex<sizes::Known>,
 }
@@ -146,6 +151,7 @@ impl PartitionStore {
         max_entry_bytes: usize,
     ) -> Self {
         PartitionStore {
+            records: PartitionKeys::new(name, p, conn.backend().is_cluster()),
             conn,
             partition: p,
             token,
@@ -190,12 +196,13 @@ impl PartitionStore {
 
     /// Acks entry `id` and adds `fields` as a new entry `to` the stream or
     /// the dead letters, atomically and only while this instance is the
-    /// owner.
+    /// owner; a tracked task's record says where it went (`track`).
     pub(crate) async fn move_entry<K, V>(
         &self,
         to: To,
         id: &str,
         fields: &[(K, V)],
+        track: Option<&Track<'_>>,
     ) -> Result<Moved>
     where
         K: redis::ToRedisArgs,
@@ -212,6 +219,11 @@ impl PartitionStore {
             .arg(&self.record)
             .arg(keys::GROUP)
             .arg(id);
+        let state = match to {
+            To::Stream => "waiting",
+            To::DeadLetters => "dead",
+        };
+        self.track_args(&mut script, track, state);
         for (k, v) in fields {
             script.arg(k).arg(v);
         }
@@ -224,8 +236,14 @@ impl PartitionStore {
 
     /// Acks entry `id` (a failed attempt) and enqueues `next` (the next
     /// attempt) after `delay`, atomically and only while this instance is
-    /// the owner.
-    pub(crate) async fn retry(&self, id: &str, delay: Duration, next: &Entry) -> Result<Moved> {
+    /// the owner; a tracked task's record says it waits (`track`).
+    pub(crate) async fn retry(
+        &self,
+        id: &str,
+        delay: Duration,
+        next: &Entry,
+        track: Option<&Track<'_>>,
+    ) -> Result<Moved> {
         let mut script = FENCED_RETRY.key(&self.stream);
         script
             .key(&self.owner)
@@ -234,6 +252,14 @@ impl PartitionStore {
             .arg(keys::GROUP)
             .arg(id)
             .arg(delay.as_millis() as u64);
+        // After an interrupted run (no delay, no failure) it waits as any
+        // task not started.
+        let state = if delay.is_zero() {
+            "waiting"
+        } else {
+            "retrying"
+        };
+        self.track_args(&mut script, track, state);
         for (k, v) in next.fields() {
             script.arg(k).arg(v);
         }

@@ -241,12 +241,17 @@ mod tests {
         // Its own writes count at once: a dead letter, a delayed retry, one
         // due at once.
         let fields = [("k", "v")];
-        let moved = store.move_entry(To::DeadLetters, &ids[0], &fields).await;
+        let moved = store
+            .move_entry(To::DeadLetters, &ids[0], &fields, None)
+            .await;
         assert_eq!(moved.unwrap(), Moved::Yes);
         assert_eq!(store.sizes(), Some(sizes(2, 1, 0)));
         let next = Entry::new(TaskId::generate(), None, "bincode", vec![1]);
         let hour = Duration::from_secs(3600);
-        assert_eq!(store.retry(&ids[1], hour, &next).await.unwrap(), Moved::Yes);
+        assert_eq!(
+            store.retry(&ids[1], hour, &next, None).await.unwrap(),
+            Moved::Yes
+        );
         assert_eq!(store.sizes(), Some(sizes(1, 1, 1)));
         let due = store.take_retry_due().expect("a retry was delayed");
         assert!(due > Instant::now() + hour - Duration::from_secs(5));
@@ -264,7 +269,10 @@ mod tests {
         let ms = Duration::from_millis(1);
         // Another task: a member of its own in the delayed set.
         let soon = Entry::new(TaskId::generate(), None, "bincode", vec![2]);
-        assert_eq!(store.retry(&ids[2], ms, &soon).await.unwrap(), Moved::Yes);
+        assert_eq!(
+            store.retry(&ids[2], ms, &soon, None).await.unwrap(),
+            Moved::Yes
+        );
         assert_eq!(store.sizes(), Some(sizes(0, 1, 3)));
         tokio::time::sleep(10 * ms).await;
         let (moved, wait) = store.promote(10).await.unwrap();

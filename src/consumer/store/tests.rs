@@ -113,7 +113,13 @@ async fn moved_on(
 }
 
 async fn run_ack(conn: &SharedConnection, store: &PartitionStore, id: &str) -> i64 {
-    conn.invoke(&store.ack_script(&[id])).await.unwrap()
+    let group = super::AckGroup {
+        store,
+        ids: vec![id],
+        tracked: Vec::new(),
+        tracking: None,
+    };
+    conn.invoke(&store.ack_script(&group)).await.unwrap()
 }
 
 #[tokio::test]
@@ -137,7 +143,7 @@ async fn a_stale_owner_can_neither_move_nor_claim_nor_keep() {
     let fields = [("k", "v2")];
     assert_eq!(
         stale
-            .move_entry(To::DeadLetters, &id, &fields)
+            .move_entry(To::DeadLetters, &id, &fields, None)
             .await
             .unwrap(),
         Moved::Fenced
@@ -169,14 +175,14 @@ async fn a_stale_owner_can_neither_move_nor_claim_nor_keep() {
     assert!(owner.keep(std::slice::from_ref(&id)).await.unwrap());
     assert_eq!(
         owner
-            .move_entry(To::DeadLetters, &id, &fields)
+            .move_entry(To::DeadLetters, &id, &fields, None)
             .await
             .unwrap(),
         Moved::Yes
     );
     assert_eq!(
         owner
-            .move_entry(To::DeadLetters, &id, &fields)
+            .move_entry(To::DeadLetters, &id, &fields, None)
             .await
             .unwrap(),
         Moved::NotPending

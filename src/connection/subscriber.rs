@@ -1,0 +1,182 @@
+//! Pub/sub connections (docs/design.md §14): what wakes a task's owner on
+//! a user's cancel and a caller of `wait` when the task ends, so neither
+//! polls. On one server, `SUBSCRIBE` on a RESP3 connection of its own; on
+//! a Cluster, `SSUBSCRIBE` (a sharded channel lives in the slot of its
+//! hash tag, so the scripts that publish in a partition's slot can), through
+//! redis-rs's Cluster client, which follows the channel's slot and
+//! subscribes again after a failover.
+//!
+//! A connection that breaks is made again with backoff and subscribes
+//! again; meanwhile messages are lost, so every reconnection is told to the
+//! subscriber as [`Event::Again`], and a reader that waits for a state reads
+//! it once more.
+
+use std::time::Duration;
+
+use deadpool_redis::redis::{
+    AsyncConnectionConfig, Client, IntoConnectionInfo, ProtocolVersion, PushInfo, PushKind, Value,
+};
+use tokio::sync::mpsc;
+use tokio_util::task::AbortOnDropHandle;
+use tracing::{Instrument, warn};
+
+use super::tls::Tls;
+use super::{CONNECT_TIMEOUT, RESPONSE_TIMEOUT};
+use crate::error::{Error, Result};
+use crate::retry::Pauses;
+
+/// Where pub/sub connections go: the server's URL or the Cluster's seeds,
+/// with their TLS settings.
+#[derive(Clone, Debug)]
+pub(crate) enum Source {
+    Node(String, Option<Tls>),
+    Cluster(Vec<String>, Option<Tls>),
+}
+
+/// What a subscription hears.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Event {
+    /// A message on the channel.
+    Message(Vec<u8>),
+    /// Subscribed again after a broken connection: messages may have been
+    /// missed.
+    Again,
+}
+
+/// One channel's subscription; unsubscribed (its connection closed) when
+/// dropped.
+#[derive(Debug)]
+pub(crate) struct Subscription {
+    events: mpsc::UnboundedReceiver<Event>,
+    _task: AbortOnDropHandle<()>,
+}
+
+impl Subscription {
+    /// The next event; `None` never (the task lives as long as this).
+    pub(crate) async fn next(&mut self) -> Option<Event> {
+        self.events.recv().await
+    }
+}
+
+/// Subscribes to `channel` (sharded on a Cluster); returns once Redis has
+/// confirmed it, so a read made after this call cannot miss a message
+/// published after that read.
+pub(crate) async fn subscribe(source: Option<&Source>, channel: String) -> Result<Subscription> {
+    let Some(source) = source.cloned() else {
+        return Err(Error::invalid(
+            "redis",
+            "waiting for a task and cancelling a running one need pub/sub; give the Redis \
+             by its URL or as a Cluster, not as a pool",
+        ));
+    };
+    let (events, rx) = mpsc::unbounded_channel();
+    let (pushes, mut heard) = mpsc::unbounded_channel::<PushInfo>();
+    let mut held = connect(&source, &channel, pushes.clone()).await?;
+    let task = async move {
+        let mut pauses = Pauses::new(Duration::from_millis(100), Duration::from_secs(5));
+        while let Some(push) = heard.recv().await {
+            match push.kind {
+                PushKind::Message | PushKind::SMessage => {
+                    if let Some(Value::BulkString(payload)) = push.data.into_iter().nth(1) {
+                        let _ = events.send(Event::Message(payload));
+                    }
+                }
+                // The Cluster client subscribes again by itself.
+                PushKind::SSubscribe if matches!(source, Source::Cluster(..)) => {
+                    let _ = events.send(Event::Again);
+                }
+                PushKind::Disconnection if matches!(source, Source::Node(..)) => loop {
+                    tokio::time::sleep(pauses.take()).await;
+                    match connect(&source, &channel, pushes.clone()).await {
+                        Ok(again) => {
+                            held = again;
+                            pauses.reset();
+                            let _ = events.send(Event::Again);
+                            break;
+                        }
+                        Err(e) => warn!(channel, cause = %e, "cannot subscribe again; retrying"),
+                    }
+                },
+                _ => {}
+            }
+        }
+        drop(held);
+    };
+    Ok(Subscription {
+        events: rx,
+        _task: AbortOnDropHandle::new(tokio::spawn(task.in_current_span())),
+    })
+}
+
+/// A connection that holds the subscription: kept only to be dropped (which
+/// unsubscribes).
+struct Held(#[allow(dead_code)] Box<dyn std::any::Any + Send>);
+
+async fn connect(
+    source: &Source,
+    channel: &str,
+    pushes: mpsc::UnboundedSender<PushInfo>,
+) -> Result<Held> {
+    match source {
+        Source::Node(url, tls) => {
+            let client = node_client(url, tls.as_ref())?;
+            let config = AsyncConnectionConfig::new()
+                .set_push_sender(pushes)
+                .set_connection_timeout(Some(CONNECT_TIMEOUT))
+                .set_response_timeout(Some(RESPONSE_TIMEOUT));
+            let mut conn = client
+                .get_multiplexed_async_connection_with_config(&config)
+                .await?;
+            conn.subscribe(channel).await?;
+            Ok(Held(Box::new(conn)))
+        }
+        Source::Cluster(seeds, tls) => {
+            let mut infos = Vec::with_capacity(seeds.len());
+            for url in seeds {
+                infos.push(
+                    url.as_str()
+                        .into_connection_info()
+                        .map_err(|e| super::redact::not_a_url("redis_cluster", url, e))?,
+                );
+            }
+            let builder = deadpool_redis::redis::cluster::ClusterClientBuilder::new(infos)
+                .use_protocol(ProtocolVersion::RESP3)
+                .push_sender(pushes)
+                .connection_timeout(CONNECT_TIMEOUT);
+            #[cfg(feature = "tls")]
+            let builder = match tls {
+                Some(tls) => builder.certs(tls.certificates()?),
+                None => builder,
+            };
+            #[cfg(not(feature = "tls"))]
+            if tls.is_some() {
+                return Err(super::tls::unavailable());
+            }
+            let client = builder
+                .build()
+                .map_err(|e| Error::invalid("redis_cluster", e.to_string()))?;
+            let mut conn = client.get_async_connection().await?;
+            conn.ssubscribe(channel).await?;
+            Ok(Held(Box::new(conn)))
+        }
+    }
+}
+
+/// A client of the server at `url` that speaks RESP3 (pushes).
+fn node_client(url: &str, tls: Option<&Tls>) -> Result<Client> {
+    let info = url
+        .into_connection_info()
+        .map_err(|e| super::redact::not_a_url("redis", url, e))?;
+    let settings = info
+        .redis_settings()
+        .clone()
+        .set_protocol(ProtocolVersion::RESP3);
+    let info = info.set_redis_settings(settings);
+    match tls {
+        #[cfg(feature = "tls")]
+        Some(tls) => super::tls::client(info, tls),
+        #[cfg(not(feature = "tls"))]
+        Some(_) => Err(super::tls::unavailable()),
+        None => Client::open(info).map_err(|e| super::redact::not_a_url("redis", url, e)),
+    }
+}

@@ -1,0 +1,241 @@
+//! What a tracked task holds while it runs: its user-cancel signal (beside
+//! the interruption signal every task has) and its progress, written at
+//! most every 250 ms, the last value always (docs/design.md §14).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::AbortOnDropHandle;
+use tracing::{Instrument, debug, warn};
+
+use super::store::PartitionStore;
+use crate::config::ServiceName;
+use crate::connection::subscriber::{self, Event, Source, Subscription};
+use crate::entry::TaskId;
+use crate::handler::Tracker;
+use crate::retry::Pauses;
+use crate::tracking::watch::Watched;
+
+/// How often a task's progress is written at most.
+pub(crate) const PROGRESS_EVERY: Duration = Duration::from_millis(250);
+
+/// The tracked tasks that run on this instance, by task id: where a cancel
+/// heard on `{N}:cancels` finds its task.
+#[derive(Debug, Default)]
+pub(crate) struct Running {
+    tasks: Mutex<HashMap<TaskId, Signals>>,
+}
+
+/// A running task's two signals.
+#[derive(Debug, Clone)]
+struct Signals {
+    /// Fires on a user's cancel only.
+    user: CancellationToken,
+    /// Fires on a user's cancel or an interruption: what the handler
+    /// waits on (a child of the partition's interruption signal).
+    either: CancellationToken,
+}
+
+impl Running {
+    /// Registers task `id`, run under the partition's `interrupt` signal,
+    /// until the returned handle is dropped.
+    pub(crate) fn register(
+        self: &Arc<Self>,
+        id: &TaskId,
+        interrupt: &CancellationToken,
+        store: Arc<PartitionStore>,
+        codec: &'static str,
+    ) -> Arc<RunningTask> {
+        let signals = Signals {
+            user: CancellationToken::new(),
+            either: interrupt.child_token(),
+        };
+        self.tasks
+            .lock()
+            .expect("not poisoned")
+            .insert(id.clone(), signals.clone());
+        Arc::new(RunningTask {
+            id: id.clone(),
+            signals,
+            running: self.clone(),
+            store,
+            codec,
+            progress: Mutex::default(),
+            writing: tokio::sync::Mutex::new(()),
+        })
+    }
+
+    /// A user cancelled task `id`: if it runs here, its signals fire.
+    pub(crate) fn cancel(&self, id: &str) -> bool {
+        let tasks = self.tasks.lock().expect("not poisoned");
+        match tasks.get(&TaskId::from(id)) {
+            Some(signals) => {
+                signals.user.cancel();
+                signals.either.cancel();
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+/// One tracked task while it runs (shared by its context's clones).
+#[derive(Debug)]
+pub(crate) struct RunningTask {
+    id: TaskId,
+    signals: Signals,
+    running: Arc<Running>,
+    store: Arc<PartitionStore>,
+    codec: &'static str,
+    progress: Mutex<Progress>,
+    /// Held while a progress write is underway, so the last one is never
+    /// overtaken by an earlier one, and the end waits for it.
+    writing: tokio::sync::Mutex<()>,
+}
+
+/// A task's progress not yet written, and when the last write was.
+#[derive(Debug, Default)]
+struct Progress {
+    pending: Option<Vec<u8>>,
+    last: Option<Instant>,
+    /// A writer task is underway.
+    writer: bool,
+}
+
+impl Drop for RunningTask {
+    fn drop(&mut self) {
+        let mut tasks = self.running.tasks.lock().expect("not poisoned");
+        // Only its own entry: the task may run again (a retry in place)
+        // under a newer registration.
+        if tasks
+            .get(&self.id)
+            .is_some_and(|s| s.either == self.signals.either)
+        {
+            tasks.remove(&self.id);
+        }
+    }
+}
+
+impl Tracker for RunningTask {
+    fn either(&self) -> &CancellationToken {
+        &self.signals.either
+    }
+
+    fn user_cancelled(&self) -> bool {
+        self.signals.user.is_cancelled()
+    }
+
+    fn codec(&self) -> &'static str {
+        self.codec
+    }
+
+    /// Written now if the last write is 250 ms old, else when it is; a
+    /// newer value replaces one not yet written.
+    fn progress(self: Arc<Self>, value: Vec<u8>) {
+        let mut progress = self.progress.lock().expect("not poisoned");
+        progress.pending = Some(value);
+        if progress.writer {
+            return;
+        }
+        progress.writer = true;
+        drop(progress);
+        tokio::spawn(self.write_progress());
+    }
+}
+
+impl RunningTask {
+    /// Writes pending progress until none is left, at most every 250 ms.
+    async fn write_progress(self: Arc<Self>) {
+        loop {
+            let last = self.progress.lock().expect("not poisoned").last;
+            if let Some(last) = last {
+                tokio::time::sleep_until(last + PROGRESS_EVERY).await;
+            }
+            if !self.write_pending().await {
+                let mut progress = self.progress.lock().expect("not poisoned");
+                // Checked under the lock `progress` sets values under: a
+                // value that came in meanwhile is written by this loop.
+                if progress.pending.is_none() {
+                    progress.writer = false;
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Writes the pending value, if any; false when there was none.
+    async fn write_pending(&self) -> bool {
+        let _writing = self.writing.lock().await;
+        let Some(value) = self.progress.lock().expect("not poisoned").pending.take() else {
+            return false;
+        };
+        self.progress.lock().expect("not poisoned").last = Some(Instant::now());
+        if let Err(e) = self.store.progress(self.id.as_str(), &value).await {
+            debug!(task = %self.id, cause = %e, "progress not written");
+        }
+        true
+    }
+
+    /// Before the task's end is written: its last progress lands first.
+    pub(crate) async fn flush(&self) {
+        self.write_pending().await;
+    }
+}
+
+/// Listens on service `name`'s `{N}:cancels` while tracking is on (a
+/// connection of its own then, none while it is off), and fires the
+/// signals of the cancelled tasks that run here.
+pub(crate) fn listen(
+    name: ServiceName,
+    source: Option<Source>,
+    mut tracking: Watched,
+    running: Arc<Running>,
+) -> AbortOnDropHandle<()> {
+    let task = async move {
+        let mut subscription: Option<Subscription> = None;
+        let mut pauses = Pauses::new(Duration::from_millis(100), Duration::from_secs(5));
+        loop {
+            let on = tracking.on().is_some();
+            if on && subscription.is_none() {
+                let channel = crate::keys::cancels(&name);
+                match subscriber::subscribe(source.as_ref(), channel).await {
+                    Ok(s) => {
+                        subscription = Some(s);
+                        pauses.reset();
+                    }
+                    Err(e) => {
+                        warn!(service = %name, cause = %e, "cannot listen for cancels; running tasks hear of a cancel only as they end");
+                        tokio::select! {
+                            _ = tokio::time::sleep(pauses.take()) => {}
+                            _ = tracking.changed() => {}
+                        }
+                        continue;
+                    }
+                }
+            } else if !on {
+                subscription = None;
+            }
+            tokio::select! {
+                event = async { subscription.as_mut().expect("checked").next().await }, if subscription.is_some() => {
+                    match event {
+                        Some(Event::Message(handle)) => {
+                            let handle = String::from_utf8_lossy(&handle);
+                            let id = handle.split_once('/').map_or(&*handle, |(_, id)| id);
+                            if running.cancel(id) {
+                                debug!(service = %name, task = id, "cancelled by a user");
+                            }
+                        }
+                        Some(Event::Again) => {}
+                        // Its task ended: subscribe anew.
+                        None => subscription = None,
+                    }
+                }
+                _ = tracking.changed() => {}
+            }
+        }
+    };
+    AbortOnDropHandle::new(tokio::spawn(task.in_current_span()))
+}

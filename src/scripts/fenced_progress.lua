@@ -1,0 +1,18 @@
+-- docs/design.md §14: a running task's progress, written only while this
+-- instance is the partition's recorded owner and the record says the task
+-- runs with this token (a stale owner's progress never lands).
+-- KEYS[1] = {N/p}:owner     KEYS[2] = {N/p}:task:<id>
+-- ARGV[1] = '<token>:<instance id>'     ARGV[2] = token     ARGV[3] = the
+-- progress     ARGV[4] = the record's expiry while not final (ms)
+-- Returns 1 when written, 0 when the task is not running here, -1 when
+-- fenced.
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+  return -1
+end
+local r = redis.call('HMGET', KEYS[2], 'state', 'token')
+if r[1] ~= 'running' or r[2] ~= ARGV[2] then
+  return 0
+end
+redis.call('HSET', KEYS[2], 'progress', ARGV[3])
+redis.call('PEXPIRE', KEYS[2], ARGV[4])
+return 1

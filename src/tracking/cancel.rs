@@ -1,0 +1,89 @@
+//! A user's cancel (docs/design.md §14). The caller holds no fencing token,
+//! so it writes only the request into the task's record (and, for a task
+//! that is not running, its end), in `cancel.lua`; the fenced scripts that
+//! start, retry or finish a task read the request. Whichever of them and
+//! the cancel Redis ran first decides, on every path. A running task's
+//! owner is woken on `{N}:cancels`, wherever the task runs now.
+
+use deadpool_redis::redis::{self, Value};
+
+use super::handle::{TaskHandle, TaskState};
+use super::{CANCEL, PartitionKeys, Tracking};
+use crate::config::ServiceName;
+use crate::connection::SharedConnection;
+use crate::error::Result;
+use crate::keys;
+
+/// What a cancel did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum CancelOutcome {
+    /// It was waiting, delayed or retrying: it is `cancelled` now and
+    /// never starts.
+    Cancelled,
+    /// It is running: its owner stops it (its handler's `cancelled()`
+    /// fires), and it ends `cancelled`, never retried nor dead-lettered,
+    /// unless it finished first.
+    Requested {
+        /// The instance that ran it when cancelled.
+        instance: Option<String>,
+    },
+    /// It had ended already, in this state; nothing changed.
+    AlreadyFinal(TaskState),
+    /// No record: tracking was off when it was enqueued, or no such task.
+    /// The request is kept for a week, so such a task never starts.
+    Unknown,
+}
+
+/// Cancels `handle` (naming its partition) of service `name`, under
+/// `tracking` (its retention).
+pub(crate) async fn cancel(
+    conn: &SharedConnection,
+    name: &ServiceName,
+    handle: &TaskHandle,
+    partition: u32,
+    tracking: &Tracking,
+) -> Result<CancelOutcome> {
+    let sharded = conn.backend().is_cluster();
+    let records = PartitionKeys::new(name, partition, sharded);
+    let id = handle.id().as_str();
+    let mut script = CANCEL.key(records.record(id));
+    script.arg(id);
+    records.block(&mut script, Some(tracking));
+    let (what, state): (String, String) = conn.invoke(&script).await?;
+    Ok(match what.as_str() {
+        "final" => {
+            CancelOutcome::AlreadyFinal(TaskState::parse(&state).unwrap_or(TaskState::Cancelled))
+        }
+        "cancelled" => CancelOutcome::Cancelled,
+        "running" => {
+            wake(conn, name, partition, id).await?;
+            let mut hget = redis::cmd("HGET");
+            hget.arg(records.record(id)).arg("instance");
+            CancelOutcome::Requested {
+                instance: conn.query(&hget).await?,
+            }
+        }
+        _ => {
+            // It may be running untracked-at-enqueue: its start wrote no
+            // record yet, or it runs on an instance that will read the
+            // request when it ends. Wake the owners all the same.
+            wake(conn, name, partition, id).await?;
+            CancelOutcome::Unknown
+        }
+    })
+}
+
+/// Tells the service's instances that a user cancelled `<partition>/<id>`.
+async fn wake(conn: &SharedConnection, name: &ServiceName, partition: u32, id: &str) -> Result<()> {
+    let publish = if conn.backend().is_cluster() {
+        "SPUBLISH"
+    } else {
+        "PUBLISH"
+    };
+    let mut cmd = redis::cmd(publish);
+    cmd.arg(keys::cancels(name))
+        .arg(format!("{partition}/{id}"));
+    conn.query::<Value>(&cmd).await?;
+    Ok(())
+}

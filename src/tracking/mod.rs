@@ -1,0 +1,325 @@
+//! Task tracking (docs/design.md §14): a record per task, in the task's own
+//! partition slot, that says where the task is (`waiting`, `delayed`,
+//! `running`, `retrying`, and at the end `succeeded`, `dead` or
+//! `cancelled`), with its result, progress and last error; and a user's
+//! cancel.
+//!
+//! Tracking is switched on and off per service, on a running service, in
+//! `{N}:tracking` (the consumers' builder gives the first value, operators
+//! change it with `peerq tracking`); the instances and producers read it
+//! every second. Off, nothing is written per task.
+//!
+//! - here: the settings and the key that holds them, and the arguments the
+//!   scripts that write records take;
+//! - [`handle`]: what names a task (`<partition>/<task id>`) and what a
+//!   reader gets back;
+//! - `watch`: the instances' and producers' view of the settings;
+//! - `cancel`: a user's cancel, and how a running task hears it;
+//! - `read`: reading a record, and waiting for a task to end, woken
+//!   through Redis.
+//!
+//! The consumer's side (a running task's cancel signal and progress) is in
+//! the consumer's `running` module.
+
+pub(crate) mod cancel;
+pub mod handle;
+pub(crate) mod read;
+mod view;
+pub(crate) mod watch;
+
+use std::collections::HashMap;
+use std::sync::LazyLock;
+use std::time::Duration;
+
+use deadpool_redis::redis::{self, Script, ScriptInvocation};
+
+use crate::config::ServiceName;
+use crate::connection::SharedConnection;
+use crate::error::{Error, Result};
+use crate::keys;
+
+pub use cancel::CancelOutcome;
+pub use handle::{TaskHandle, TaskRecord, TaskState};
+pub use read::Waited;
+pub use view::TaskView;
+
+/// The functions every script that writes a record shares, prepended to it.
+macro_rules! tracked_script {
+    ($file:literal) => {
+        concat!(
+            include_str!(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/src/scripts/track.lua"
+            )),
+            include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/src/scripts/", $file))
+        )
+    };
+}
+pub(crate) use tracked_script;
+
+/// `cancel.lua`, a user's cancel.
+pub(crate) static CANCEL: LazyLock<Script> =
+    LazyLock::new(|| Script::new(tracked_script!("cancel.lua")));
+
+/// How long a record that is not final lives once nothing writes it: a
+/// task whose record stopped changing this long ago (tracking switched
+/// off, its service gone) is forgotten rather than kept for ever.
+pub(crate) const STALE: Duration = Duration::from_secs(7 * 24 * 3600);
+
+/// The default time a final task's record and result are kept.
+pub const DEFAULT_KEEP: Duration = Duration::from_secs(24 * 3600);
+
+/// The default number of final records a partition keeps (the oldest go
+/// first): with 64 partitions and records of about 300 bytes, about 20 MB.
+pub const DEFAULT_KEEP_COUNT: u32 = 1_000;
+
+/// The default largest encoded result a handler may return while tracked.
+pub const DEFAULT_MAX_RESULT: usize = 64 * 1024;
+
+/// Whether a service's tasks are tracked, and how long and how many final
+/// records each partition keeps.
+///
+/// ```
+/// use std::time::Duration;
+/// use peerq::tracking::Tracking;
+///
+/// let tracking = Tracking::on().keep(Duration::from_secs(3600)).keep_count(500);
+/// assert!(tracking.is_on());
+/// assert!(!Tracking::off().is_on());
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Tracking {
+    on: bool,
+    keep: Duration,
+    keep_count: u32,
+}
+
+impl Default for Tracking {
+    /// Off, with the default retention.
+    fn default() -> Self {
+        Tracking::off()
+    }
+}
+
+impl Tracking {
+    /// Tracked: every task has a record from its enqueue (or, if enqueued
+    /// while tracking was off, from its start) to its end.
+    pub fn on() -> Self {
+        Tracking {
+            on: true,
+            ..Tracking::off()
+        }
+    }
+
+    /// Not tracked: nothing is written per task.
+    pub fn off() -> Self {
+        Tracking {
+            on: false,
+            keep: DEFAULT_KEEP,
+            keep_count: DEFAULT_KEEP_COUNT,
+        }
+    }
+
+    /// Keep a final task's record (and result) this long (at least 1 s).
+    pub fn keep(mut self, keep: Duration) -> Self {
+        self.keep = keep;
+        self
+    }
+
+    /// Keep at most this many final records per partition (at least 1).
+    pub fn keep_count(mut self, count: u32) -> Self {
+        self.keep_count = count;
+        self
+    }
+
+    /// Whether tasks are tracked.
+    pub fn is_on(&self) -> bool {
+        self.on
+    }
+
+    /// How long a final record is kept.
+    pub fn kept_for(&self) -> Duration {
+        self.keep
+    }
+
+    /// How many final records a partition keeps.
+    pub fn kept_count(&self) -> u32 {
+        self.keep_count
+    }
+
+    /// Refused by name when out of range.
+    pub(crate) fn validate(&self) -> Result<()> {
+        if self.keep < Duration::from_secs(1) {
+            return Err(Error::invalid(
+                "tracking",
+                format!(
+                    "keep of {:?} is too short; keep final records at least 1s",
+                    self.keep
+                ),
+            ));
+        }
+        if self.keep_count == 0 {
+            return Err(Error::invalid(
+                "tracking",
+                "keep_count 0 would drop every record as it ends; keep at least 1",
+            ));
+        }
+        Ok(())
+    }
+
+    /// As `{N}:tracking` holds it.
+    fn fields(&self) -> [(&'static str, String); 3] {
+        [
+            ("on", if self.on { "1" } else { "0" }.to_owned()),
+            ("keep_ms", (self.keep.as_millis() as u64).to_string()),
+            ("keep_count", self.keep_count.to_string()),
+        ]
+    }
+
+    /// From `{N}:tracking`'s fields: `None` when there is no such key.
+    /// A field missing or unreadable (written by hand) has its default.
+    fn parse(fields: &HashMap<String, String>) -> Option<Tracking> {
+        if fields.is_empty() {
+            return None;
+        }
+        let number = |k: &str| fields.get(k).and_then(|v| v.trim().parse::<u64>().ok());
+        Some(Tracking {
+            on: fields.get("on").is_some_and(|v| v.trim() == "1"),
+            keep: number("keep_ms")
+                .filter(|ms| *ms >= 1000)
+                .map_or(DEFAULT_KEEP, Duration::from_millis),
+            keep_count: number("keep_count")
+                .filter(|n| *n >= 1)
+                .map_or(DEFAULT_KEEP_COUNT, |n| n.min(u32::MAX as u64) as u32),
+        })
+    }
+}
+
+/// Service `name`'s tracking as `{N}:tracking` says; `None` when never set
+/// (tracking is off).
+pub(crate) async fn read(conn: &SharedConnection, name: &ServiceName) -> Result<Option<Tracking>> {
+    let mut get = redis::cmd("HGETALL");
+    get.arg(keys::tracking(name));
+    let fields: HashMap<String, String> = conn.query(&get).await?;
+    Ok(Tracking::parse(&fields))
+}
+
+/// Sets service `name`'s tracking (an operator's change, seen by every
+/// instance within a second).
+pub(crate) async fn set(
+    conn: &SharedConnection,
+    name: &ServiceName,
+    tracking: Tracking,
+) -> Result<()> {
+    tracking.validate()?;
+    let mut hset = redis::cmd("HSET");
+    hset.arg(keys::tracking(name));
+    for (k, v) in tracking.fields() {
+        hset.arg(k).arg(v);
+    }
+    conn.query::<()>(&hset).await
+}
+
+/// Sets service `name`'s tracking to `tracking` unless it was set before
+/// (a consumer's start: the builder gives the first value, an operator's
+/// later change wins). Returns what holds now.
+pub(crate) async fn ensure(
+    conn: &SharedConnection,
+    name: &ServiceName,
+    tracking: Tracking,
+) -> Result<Tracking> {
+    tracking.validate()?;
+    let mut hsetnx = redis::cmd("HSETNX");
+    let [(on, value), ..] = tracking.fields();
+    hsetnx.arg(keys::tracking(name)).arg(on).arg(value);
+    let created: bool = conn.query(&hsetnx).await?;
+    if created {
+        set(conn, name, tracking).await?;
+        return Ok(tracking);
+    }
+    Ok(read(conn, name).await?.unwrap_or(tracking))
+}
+
+/// The keys and channel of one partition's records, and how its scripts
+/// publish.
+#[derive(Debug, Clone)]
+pub(crate) struct PartitionKeys {
+    prefix: String,
+    finished: String,
+    channel: String,
+    publish: &'static str,
+}
+
+impl PartitionKeys {
+    /// Partition `p` of `name`; on a Cluster (`sharded`), scripts publish
+    /// with `SPUBLISH`, as the channel lives in the partition's slot.
+    pub(crate) fn new(name: &ServiceName, p: u32, sharded: bool) -> Self {
+        PartitionKeys {
+            prefix: keys::task_prefix(name, p),
+            finished: keys::finished(name, p),
+            channel: keys::final_channel(name, p),
+            publish: if sharded { "SPUBLISH" } else { "PUBLISH" },
+        }
+    }
+
+    /// Task `id`'s record.
+    pub(crate) fn record(&self, id: &str) -> String {
+        format!("{}{id}", self.prefix)
+    }
+
+    /// Adds the tracking block (`track.lua`) for `tracking` to `script`; an
+    /// empty block (seven empty values) when `tracking` is `None`.
+    pub(crate) fn block(&self, script: &mut ScriptInvocation<'_>, tracking: Option<&Tracking>) {
+        match tracking {
+            Some(t) => {
+                script
+                    .arg(&self.prefix)
+                    .arg(STALE.as_millis() as u64)
+                    .arg(t.keep.as_millis() as u64)
+                    .arg(t.keep_count)
+                    .arg(&self.finished)
+                    .arg(self.publish)
+                    .arg(&self.channel);
+            }
+            None => {
+                for _ in 0..7 {
+                    script.arg("");
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn settings_read_back_as_written_and_bad_fields_take_their_defaults() {
+        let t = Tracking::on().keep(Duration::from_secs(60)).keep_count(7);
+        let fields: HashMap<String, String> = t
+            .fields()
+            .into_iter()
+            .map(|(k, v)| (k.to_owned(), v))
+            .collect();
+        assert_eq!(Tracking::parse(&fields), Some(t));
+        let odd: HashMap<String, String> = [("on", "yes"), ("keep_ms", "x"), ("keep_count", "0")]
+            .into_iter()
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+            .collect();
+        assert_eq!(Tracking::parse(&odd), Some(Tracking::off()));
+        assert_eq!(Tracking::parse(&HashMap::new()), None);
+    }
+
+    #[test]
+    fn out_of_range_settings_are_refused_by_name() {
+        for bad in [
+            Tracking::on().keep(Duration::ZERO),
+            Tracking::on().keep_count(0),
+        ] {
+            let e = bad.validate().unwrap_err().to_string();
+            assert!(e.contains("tracking"), "{e}");
+        }
+        Tracking::on().validate().unwrap();
+    }
+}

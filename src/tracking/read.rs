@@ -1,0 +1,102 @@
+//! Reading a task's record, and waiting for a task to end.
+//!
+//! `wait` subscribes to the partition's `{N/p}:final` channel first and
+//! reads the record after, so an end written after the read is heard and
+//! one written before is read; a message names the task that ended, and the
+//! record is read again only for this one. After a broken subscription it
+//! reads again (messages may have been lost meanwhile). No polling.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use deadpool_redis::redis;
+use tokio::time::Instant;
+
+use super::handle::{TaskHandle, TaskRecord};
+use crate::config::ServiceName;
+use crate::connection::SharedConnection;
+use crate::connection::subscriber::{self, Event};
+use crate::error::Result;
+use crate::keys;
+
+/// How a wait ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Waited {
+    /// The task is final: its record, with its result or error.
+    Final(TaskRecord),
+    /// The timeout passed first: the record as it was then.
+    TimedOut(TaskRecord),
+    /// No such task has a record (tracking was off when it was enqueued
+    /// and it has not started, or it never existed, or its record expired).
+    Unknown,
+}
+
+/// Task `id`'s record in partition `p`; `None` when it has none.
+pub(crate) async fn read(
+    conn: &SharedConnection,
+    name: &ServiceName,
+    p: u32,
+    id: &str,
+) -> Result<Option<TaskRecord>> {
+    let mut hgetall = redis::cmd("HGETALL");
+    hgetall.arg(keys::task(name, p, id));
+    let fields: HashMap<String, Vec<u8>> = conn.query(&hgetall).await?;
+    let handle = TaskHandle::new(p, id.into());
+    Ok(TaskRecord::from_fields(handle, fields))
+}
+
+/// Task `handle`'s record; a bare id is looked up in every one of the
+/// `partitions` in one pipeline (one command per partition, in its own
+/// slot on a Cluster).
+pub(crate) async fn find(
+    conn: &SharedConnection,
+    name: &ServiceName,
+    partitions: u32,
+    handle: &TaskHandle,
+) -> Result<Option<TaskRecord>> {
+    let id = handle.id().as_str();
+    if let Some(p) = handle.partition() {
+        return read(conn, name, p, id).await;
+    }
+    let mut pipe = redis::pipe();
+    for p in 0..partitions {
+        pipe.cmd("HGETALL").arg(keys::task(name, p, id));
+    }
+    let replies: Vec<HashMap<String, Vec<u8>>> = conn.query_pipe(&pipe).await?;
+    Ok(replies.into_iter().enumerate().find_map(|(p, fields)| {
+        TaskRecord::from_fields(TaskHandle::new(p as u32, id.into()), fields)
+    }))
+}
+
+/// Waits until task `id` of partition `p` is final, at most `timeout`.
+pub(crate) async fn wait(
+    conn: &SharedConnection,
+    name: &ServiceName,
+    p: u32,
+    id: &str,
+    timeout: Duration,
+) -> Result<Waited> {
+    let deadline = Instant::now() + timeout;
+    let channel = keys::final_channel(name, p);
+    let mut heard = subscriber::subscribe(conn.backend().pubsub.as_ref(), channel).await?;
+    loop {
+        let Some(record) = read(conn, name, p, id).await? else {
+            return Ok(Waited::Unknown);
+        };
+        if record.is_final() {
+            return Ok(Waited::Final(record));
+        }
+        loop {
+            tokio::select! {
+                event = heard.next() => match event {
+                    Some(Event::Message(ended)) if ended == id.as_bytes() => break,
+                    Some(Event::Again) => break,
+                    Some(Event::Message(_)) => {}
+                    None => break,
+                },
+                _ = tokio::time::sleep_until(deadline) => return Ok(Waited::TimedOut(record)),
+            }
+        }
+    }
+}

@@ -1,0 +1,291 @@
+//! Task tracking against a real redis-server (docs/design.md §14): each
+//! state a task reaches is in its record, written by the script that moves
+//! it; results, progress, `wait`, and a user's cancel of a waiting, delayed
+//! or running task.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use peerq::admin::{Admin, Service};
+use peerq::handler::{CancelReason, Task};
+use peerq::producer::{Options, Producer};
+use peerq::tracking::{CancelOutcome, TaskHandle, TaskRecord, TaskState, Tracking, Waited};
+use peerq::{Consumer, HandlerError, Json};
+use serde::{Deserialize, Serialize};
+use support::{RedisServer, unique_name};
+use tokio_util::sync::CancellationToken;
+
+const P: u32 = 4;
+const PATIENCE: Duration = Duration::from_secs(20);
+
+/// What a task asks its handler to do.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+enum Job {
+    /// Return `{"seq": n}`.
+    Succeed(u64),
+    /// Fail every attempt.
+    Fail(u64),
+    /// Report progress 1, 2, 3, then wait for a cancel; record the reason.
+    Hang(u64),
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct Done {
+    seq: u64,
+}
+
+/// Each seq's runs: (attempt, cancel reason seen).
+type Runs = Arc<Mutex<BTreeMap<u64, Vec<(u32, Option<CancelReason>)>>>>;
+
+fn start(
+    url: &str,
+    name: &str,
+    runs: &Runs,
+) -> (
+    CancellationToken,
+    tokio::task::JoinHandle<peerq::Result<()>>,
+) {
+    support::init_tracing();
+    let runs = runs.clone();
+    let service = tower::service_fn(move |task: Task<Job>| {
+        let runs = runs.clone();
+        async move {
+            let cx = task.cx;
+            let seq = match task.payload {
+                Job::Succeed(seq) | Job::Fail(seq) | Job::Hang(seq) => seq,
+            };
+            runs.lock()
+                .unwrap()
+                .entry(seq)
+                .or_default()
+                .push((cx.attempt(), None));
+            match task.payload {
+                Job::Succeed(seq) => Ok(Done { seq }),
+                Job::Fail(_) => Err(HandlerError::msg("boom")),
+                Job::Hang(seq) => {
+                    for step in 1..=3u8 {
+                        cx.progress(&step);
+                    }
+                    cx.cancelled().await;
+                    let reason = cx.cancel_reason();
+                    runs.lock()
+                        .unwrap()
+                        .get_mut(&seq)
+                        .unwrap()
+                        .last_mut()
+                        .unwrap()
+                        .1 = reason;
+                    Err(HandlerError::msg("stopped"))
+                }
+            }
+        }
+    });
+    let builder = Consumer::builder()
+        .name(name)
+        .redis(url)
+        .partitions(P)
+        .codec(Json)
+        .max_attempts(2)
+        .backoff(peerq::Backoff::exponential(
+            Duration::from_millis(50),
+            Duration::from_millis(50),
+        ))
+        .tracking(Tracking::on())
+        .service(service);
+    let stop = CancellationToken::new();
+    let task = tokio::spawn(builder.run_until(stop.clone().cancelled_owned()));
+    (stop, task)
+}
+
+async fn setup() -> (
+    RedisServer,
+    String,
+    Runs,
+    CancellationToken,
+    tokio::task::JoinHandle<peerq::Result<()>>,
+    Producer<Json>,
+    Service,
+) {
+    let server = RedisServer::start();
+    let name = unique_name("tracking");
+    let runs = Runs::default();
+    let (stop, task) = start(&server.url(), &name, &runs);
+    let admin = Admin::connect(server.url()).await.unwrap();
+    // The consumer's start writes `{N}:tracking`; a producer reads it on
+    // its first enqueue.
+    let mut service = None;
+    for _ in 0..200 {
+        if let Ok(s) = admin.service(&name).await
+            && s.tracking().await.unwrap().is_on()
+        {
+            service = Some(s);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let service = service.expect("the consumer switched tracking on");
+    let producer = Producer::builder()
+        .name(&name)
+        .redis(server.url())
+        .codec(Json)
+        .connect()
+        .await
+        .unwrap();
+    (server, name, runs, stop, task, producer, service)
+}
+
+async fn state(service: &Service, handle: &TaskHandle) -> Option<TaskState> {
+    service.task(handle).await.unwrap().and_then(|r| r.state)
+}
+
+async fn wait_for_state(service: &Service, handle: &TaskHandle, want: TaskState) {
+    until_record(service, handle, |r| r.state == Some(want)).await;
+}
+
+/// Waits until `handle`'s record satisfies `done`.
+async fn until_record(service: &Service, handle: &TaskHandle, done: impl Fn(&TaskRecord) -> bool) {
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        let record = service.task(handle).await.unwrap();
+        if record.as_ref().is_some_and(&done) {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{handle}: {record:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_task_goes_from_waiting_to_succeeded_with_its_result_and_wait_returns_it() {
+    let (_server, _name, runs, stop, task, producer, service) = setup().await;
+    service.pause("test").await.unwrap();
+    let id = producer.enqueue(&Job::Succeed(7)).await.unwrap();
+    let handle = producer.handle_of(&id, None);
+    let record = service
+        .task(&handle)
+        .await
+        .unwrap()
+        .expect("a record from the enqueue");
+    assert_eq!(record.state, Some(TaskState::Waiting));
+    assert_eq!(record.attempt, Some(1));
+    // A bare id finds it too.
+    let bare = TaskHandle::bare(id.clone());
+    assert_eq!(service.task(&bare).await.unwrap().unwrap().handle, handle);
+    let waiter = {
+        let (service, handle) = (service.clone(), handle.clone());
+        tokio::spawn(async move { service.wait(&handle, PATIENCE).await.unwrap() })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    service.resume().await.unwrap();
+    let Waited::Final(record) = waiter.await.unwrap() else {
+        panic!("wait timed out");
+    };
+    assert_eq!(record.state, Some(TaskState::Succeeded));
+    assert_eq!(
+        record.result_as::<Done, _>(&Json).unwrap().unwrap(),
+        Done { seq: 7 }
+    );
+    assert!(record.started_at.is_some() && record.finished_at.is_some());
+    assert!(record.instance.is_some() && record.token.is_some());
+    assert_eq!(runs.lock().unwrap()[&7].len(), 1);
+    stop.cancel();
+    task.await.unwrap().unwrap();
+}
+
+#[tokio::test]
+async fn a_failing_task_is_retrying_then_dead_with_its_reason_and_dead_letter() {
+    let (_server, _name, _runs, stop, task, producer, service) = setup().await;
+    let id = producer.enqueue(&Job::Fail(1)).await.unwrap();
+    let handle = producer.handle_of(&id, None);
+    let Waited::Final(record) = service.wait(&handle, PATIENCE).await.unwrap() else {
+        panic!("wait timed out");
+    };
+    assert_eq!(record.state, Some(TaskState::Dead));
+    assert_eq!(record.reason.as_deref(), Some("failed"));
+    assert_eq!(record.error.as_deref(), Some("boom"));
+    let dead_id = record.dead_id.expect("linked to its dead letter");
+    let cursor = peerq::dead_letters::Cursor {
+        partition: handle.partition().unwrap(),
+        id: dead_id,
+    };
+    let letter = service.dead_letters().get(&cursor).await.unwrap();
+    assert!(letter.is_some(), "the dead letter it names exists");
+    stop.cancel();
+    task.await.unwrap().unwrap();
+}
+
+#[tokio::test]
+async fn a_delayed_task_is_delayed_until_due_and_a_cancelled_one_never_runs() {
+    let (_server, _name, runs, stop, task, producer, service) = setup().await;
+    let options = Options::new().delay(Duration::from_secs(2));
+    let id = producer
+        .enqueue_with(&Job::Succeed(1), options.clone())
+        .await
+        .unwrap();
+    let handle = producer.handle_of(&id, None);
+    let record = service.task(&handle).await.unwrap().unwrap();
+    assert_eq!(record.state, Some(TaskState::Delayed));
+    assert!(record.due_at.is_some());
+    let other = producer
+        .enqueue_with(&Job::Succeed(2), options)
+        .await
+        .unwrap();
+    let other = producer.handle_of(&other, None);
+    assert_eq!(
+        service.cancel(&other).await.unwrap(),
+        CancelOutcome::Cancelled
+    );
+    assert_eq!(state(&service, &other).await, Some(TaskState::Cancelled));
+    wait_for_state(&service, &handle, TaskState::Succeeded).await;
+    // Its due time passed long ago: the cancelled one was promoted and
+    // acked without running.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(state(&service, &other).await, Some(TaskState::Cancelled));
+    assert!(
+        !runs.lock().unwrap().contains_key(&2),
+        "a cancelled task never starts"
+    );
+    // Final: a second cancel leaves it as it is.
+    assert_eq!(
+        service.cancel(&handle).await.unwrap(),
+        CancelOutcome::AlreadyFinal(TaskState::Succeeded)
+    );
+    stop.cancel();
+    task.await.unwrap().unwrap();
+}
+
+#[tokio::test]
+async fn a_running_task_hears_a_users_cancel_and_ends_cancelled_not_retried() {
+    let (_server, _name, runs, stop, task, producer, service) = setup().await;
+    let id = producer.enqueue(&Job::Hang(5)).await.unwrap();
+    let handle = producer.handle_of(&id, None);
+    wait_for_state(&service, &handle, TaskState::Running).await;
+    // Its progress lands (the last value always).
+    until_record(&service, &handle, |r| {
+        r.progress_as::<u8, _>(&Json)
+            .is_some_and(|p| p.unwrap() == 3)
+    })
+    .await;
+    let outcome = service.cancel(&handle).await.unwrap();
+    assert!(
+        matches!(outcome, CancelOutcome::Requested { .. }),
+        "{outcome:?}"
+    );
+    let Waited::Final(record) = service.wait(&handle, PATIENCE).await.unwrap() else {
+        panic!("wait timed out");
+    };
+    assert_eq!(record.state, Some(TaskState::Cancelled));
+    assert_eq!(record.reason.as_deref(), Some("user"));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        runs.lock().unwrap()[&5],
+        [(1, Some(CancelReason::User))],
+        "ran once, told it was a user's cancel, never retried"
+    );
+    stop.cancel();
+    task.await.unwrap().unwrap();
+}
