@@ -193,13 +193,15 @@ pub(crate) struct Registered {
 
 impl Registered {
     /// Claims due time `due` and enqueues the job's task, once across the
-    /// service; true if this call did it.
+    /// service (`tracked`: with its record, docs/design.md §14); true if
+    /// this call did it.
     pub(crate) async fn trigger(
         &self,
         conn: &SharedConnection,
         name: &ServiceName,
         partitions: u32,
         due: SystemTime,
+        tracked: bool,
     ) -> Result<bool> {
         let job = &self.job.name;
         let p = partition_of(job.as_bytes(), partitions);
@@ -210,7 +212,14 @@ impl Registered {
         let id = TaskId::from(format!("cron:{job}:{due_ms}").as_str());
         let entry = Entry::new(id, Some(job.clone()), self.codec, self.payload.clone());
         let mut script = TRIGGER.key(keys::stream(name, p));
-        script.key(keys::cron(name, p, job)).arg(due_ms);
+        script
+            .key(keys::cron(name, p, job))
+            .key(keys::task(name, p, entry.id.as_str()))
+            .arg(due_ms)
+            .arg(match tracked {
+                true => crate::tracking::STALE.as_millis() as u64,
+                false => 0,
+            });
         for (k, v) in entry.fields() {
             script.arg(k).arg(v);
         }
@@ -373,7 +382,7 @@ mod tests {
         let missed = job.missed_due(UNIX_EPOCH + registered).unwrap();
         assert_eq!(missed, at(1_800_000_000));
         assert!(
-            !job.trigger(&conn, &name, 8, missed).await.unwrap(),
+            !job.trigger(&conn, &name, 8, missed, false).await.unwrap(),
             "a due time from before the job existed: refused"
         );
         // A later registration (a restart) leaves the mark where it is.
@@ -382,7 +391,7 @@ mod tests {
             .await
             .unwrap();
         assert!(
-            job.trigger(&conn, &name, 8, at(1_800_000_060))
+            job.trigger(&conn, &name, 8, at(1_800_000_060), false)
                 .await
                 .unwrap(),
             "the first due time after the registration: triggered"
@@ -400,7 +409,7 @@ mod tests {
             codec: "bincode",
             payload: vec![1, 2, 3],
         };
-        let trigger = |secs| job.trigger(&conn, &name, 8, at(secs));
+        let trigger = |secs| job.trigger(&conn, &name, 8, at(secs), false);
         assert!(trigger(1_800_000_000).await.unwrap(), "first: triggered");
         assert!(
             !trigger(1_800_000_000).await.unwrap(),

@@ -188,10 +188,7 @@ where
 
     let stop_jobs = tokio_util::sync::CancellationToken::new();
     let jobs = scheduler::spawn(
-        shared.settings.periodic.clone(),
-        name.clone(),
-        shared.settings.partitions,
-        shared.conn.clone(),
+        &shared,
         clock.clone(),
         indexer.standing(),
         stop_jobs.clone(),

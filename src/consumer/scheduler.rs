@@ -16,27 +16,28 @@ use crate::config::ServiceName;
 use crate::connection::SharedConnection;
 use crate::periodic::Registered;
 use crate::retry::Pauses;
+use crate::tracking::watch::Watched;
+
+use super::shared::Shared;
 
 /// The pauses between two tries of a trigger: 50 ms, doubling, at most 5 s.
 const TRIGGER_PAUSES: Pauses = Pauses::new(Duration::from_millis(50), Duration::from_secs(5));
 
 /// Runs the jobs' schedules until `stop`.
 pub(super) fn spawn(
-    jobs: Vec<Registered>,
-    name: ServiceName,
-    partitions: u32,
-    conn: Arc<SharedConnection>,
+    shared: &Shared,
     clock: Arc<dyn Clock>,
     standing: watch::Receiver<Standing>,
     stop: CancellationToken,
 ) -> JoinSet<()> {
     let mut set = JoinSet::new();
-    for job in jobs {
+    for job in shared.settings.periodic.iter().cloned() {
         let schedule = Schedule {
             job,
-            name: name.clone(),
-            partitions,
-            conn: conn.clone(),
+            name: shared.name.clone(),
+            partitions: shared.settings.partitions,
+            conn: shared.conn.clone(),
+            tracking: shared.tracking.clone(),
             clock: clock.clone(),
             standing: standing.clone(),
         };
@@ -57,6 +58,8 @@ struct Schedule {
     name: ServiceName,
     partitions: u32,
     conn: Arc<SharedConnection>,
+    /// Tracked: a triggered task's record says `waiting` from the start.
+    tracking: Watched,
     clock: Arc<dyn Clock>,
     standing: watch::Receiver<Standing>,
 }
@@ -120,9 +123,10 @@ impl Schedule {
         let give_up = due + period / 2;
         let mut pauses = TRIGGER_PAUSES;
         loop {
+            let tracked = self.tracking.on().is_some();
             let triggered = self
                 .job
-                .trigger(&self.conn, &self.name, self.partitions, due);
+                .trigger(&self.conn, &self.name, self.partitions, due, tracked);
             match triggered.await {
                 Ok(true) => return debug!(job, ?due, why, "periodic job triggered"),
                 Ok(false) => return,

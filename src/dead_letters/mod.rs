@@ -28,6 +28,7 @@ use deadpool_redis::redis;
 
 use crate::config::ServiceName;
 use crate::connection::{self, Redis, SharedConnection};
+use crate::entry::TaskId;
 use crate::error::{Error, Result};
 use crate::keys;
 
@@ -149,10 +150,16 @@ impl DeadLetters {
     /// removes the letter, in one step; false if it was gone already (a
     /// replay happens once).
     pub async fn replay(&self, letter: &DeadLetter) -> Result<bool> {
-        let mut script = REPLAY.key(keys::dead(&self.name, letter.partition));
+        let p = letter.partition;
+        let task = letter.task_id.as_ref().map_or("", TaskId::as_str);
+        let mut script = REPLAY.key(keys::dead(&self.name, p));
         script
-            .key(keys::stream(&self.name, letter.partition))
-            .arg(&letter.id);
+            .key(keys::stream(&self.name, p))
+            .key(keys::task(&self.name, p, task))
+            .key(keys::finished(&self.name, p))
+            .arg(&letter.id)
+            .arg(task)
+            .arg(crate::tracking::STALE.as_millis() as u64);
         for (k, v) in letter.replayed() {
             script.arg(k).arg(v);
         }

@@ -13,6 +13,7 @@ extern crate peerq_test_support as support;
 mod failover;
 mod replicas;
 mod tls;
+mod tracking;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};

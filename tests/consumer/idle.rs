@@ -10,8 +10,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use deadpool_redis::redis;
+use peerq::admin::Admin;
 use peerq::consumer::PartitionChange;
 use peerq::producer::Producer;
+use peerq::tracking::Tracking;
 use peerq::{Consumer, Handler, HandlerError, TaskContext};
 use serde::{Deserialize, Serialize};
 use support::{RedisServer, unique_name, wait_until};
@@ -21,6 +23,9 @@ use tokio_util::sync::CancellationToken;
 const P: u32 = 128;
 /// The most connections an idle instance may hold.
 const MOST: usize = 4;
+/// The most an idle instance may hold with tracking on: one more, its
+/// subscription to `{N}:cancels`.
+const MOST_TRACKED: usize = MOST + 1;
 /// The most while it reads a backlog: two busy lanes more.
 const MOST_BUSY: usize = MOST + 2;
 /// How soon after its last read a busy lane is let go, at most (2 s, and
@@ -98,7 +103,7 @@ async fn enqueue(url: &str, name: &str, seqs: std::ops::Range<u64>) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_instance_holds_six_connections_busy_and_four_idle_and_every_idle_partition_gets_its_tasks()
+async fn an_instance_holds_six_connections_busy_and_four_idle_five_tracked_and_every_idle_partition_gets_its_tasks()
  {
     support::init_tracing();
     let server = RedisServer::start();
@@ -176,6 +181,34 @@ async fn an_instance_holds_six_connections_busy_and_four_idle_and_every_idle_par
     tokio::time::sleep(Duration::from_secs(3)).await;
     let idle = clients(&mut probe).await;
     assert!(idle <= MOST, "{idle} connections while idle");
+
+    // Tracking switched on while it runs: one connection more, the
+    // subscription to `{N}:cancels`, and no more (the admin's is closed).
+    {
+        let admin = Admin::connect(url.as_str()).await.unwrap();
+        let service = admin.service(&name).await.unwrap();
+        service.set_tracking(Tracking::on()).await.unwrap();
+    }
+    let switched = Instant::now();
+    loop {
+        let now = client_list(&mut probe).await;
+        if now.len() == idle + 1 {
+            break;
+        }
+        assert!(
+            switched.elapsed() < LET_GO,
+            "{} connections with tracking on, {} expected: {now:#?}",
+            now.len(),
+            idle + 1
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let tracked = clients(&mut probe).await;
+    assert!(
+        tracked <= MOST_TRACKED,
+        "{tracked} connections while idle with tracking on"
+    );
 
     // New tasks, a few at a time, reach partitions that all wait idle.
     const MORE: u64 = 600;

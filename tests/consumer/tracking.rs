@@ -11,13 +11,15 @@ use peerq::admin::{Admin, Service};
 use peerq::handler::{CancelReason, Task};
 use peerq::producer::{Options, Producer};
 use peerq::tracking::{CancelOutcome, TaskHandle, TaskRecord, TaskState, Tracking, Waited};
-use peerq::{Consumer, HandlerError, Json};
+use peerq::{Consumer, HandlerError, Json, Periodic};
 use serde::{Deserialize, Serialize};
 use support::{RedisServer, unique_name};
 use tokio_util::sync::CancellationToken;
 
 const P: u32 = 4;
 const PATIENCE: Duration = Duration::from_secs(20);
+/// The seq of the task that shows an instance runs tasks.
+const PROBE: u64 = 999_999;
 
 /// What a task asks its handler to do.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -26,6 +28,12 @@ enum Job {
     Succeed(u64),
     /// Fail every attempt.
     Fail(u64),
+    /// Succeed after `ms`.
+    Work(u64, u64),
+    /// Fail its first two runs (ever), then succeed.
+    FailTwice(u64),
+    /// Fail its first run (ever) after `ms`, then succeed after `ms`.
+    FailOnce(u64, u64),
     /// Report progress 1, 2, 3, then wait for a cancel; record the reason.
     Hang(u64),
 }
@@ -53,16 +61,35 @@ fn start(
         async move {
             let cx = task.cx;
             let seq = match task.payload {
-                Job::Succeed(seq) | Job::Fail(seq) | Job::Hang(seq) => seq,
+                Job::Succeed(seq)
+                | Job::Fail(seq)
+                | Job::FailTwice(seq)
+                | Job::FailOnce(seq, _)
+                | Job::Work(seq, _)
+                | Job::Hang(seq) => seq,
             };
-            runs.lock()
-                .unwrap()
-                .entry(seq)
-                .or_default()
-                .push((cx.attempt(), None));
+            let ran = {
+                let mut runs = runs.lock().unwrap();
+                let seq_runs = runs.entry(seq).or_default();
+                seq_runs.push((cx.attempt(), None));
+                seq_runs.len()
+            };
             match task.payload {
                 Job::Succeed(seq) => Ok(Done { seq }),
                 Job::Fail(_) => Err(HandlerError::msg("boom")),
+                Job::FailTwice(_) if ran <= 2 => Err(HandlerError::msg("not yet")),
+                Job::FailOnce(_, ms) => {
+                    tokio::time::sleep(Duration::from_millis(ms)).await;
+                    match ran {
+                        1 => Err(HandlerError::msg("not yet")),
+                        _ => Ok(Done { seq }),
+                    }
+                }
+                Job::FailTwice(seq) => Ok(Done { seq }),
+                Job::Work(seq, ms) => {
+                    tokio::time::sleep(Duration::from_millis(ms)).await;
+                    Ok(Done { seq })
+                }
                 Job::Hang(seq) => {
                     for step in 1..=3u8 {
                         cx.progress(&step);
@@ -92,11 +119,17 @@ fn start(
             Duration::from_millis(50),
         ))
         .tracking(Tracking::on())
+        .periodic(
+            Periodic::every("tick", Duration::from_secs(1)),
+            &Job::Succeed(1_000),
+        )
         .service(service);
     let stop = CancellationToken::new();
     let task = tokio::spawn(builder.run_until(stop.clone().cancelled_owned()));
     (stop, task)
 }
+
+mod races;
 
 async fn setup() -> (
     RedisServer,
@@ -132,6 +165,11 @@ async fn setup() -> (
         .connect()
         .await
         .unwrap();
+    // The instance owns its partitions once a first task ran.
+    let probe = producer.enqueue(&Job::Succeed(PROBE)).await.unwrap();
+    let probe = producer.handle_of(&probe, None);
+    let waited = service.wait(&probe, PATIENCE).await.unwrap();
+    assert!(matches!(waited, Waited::Final(_)), "{waited:?}");
     (server, name, runs, stop, task, producer, service)
 }
 
@@ -163,6 +201,8 @@ async fn until_record(service: &Service, handle: &TaskHandle, done: impl Fn(&Tas
 async fn a_task_goes_from_waiting_to_succeeded_with_its_result_and_wait_returns_it() {
     let (_server, _name, runs, stop, task, producer, service) = setup().await;
     service.pause("test").await.unwrap();
+    // The instance reads the pause within a second.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
     let id = producer.enqueue(&Job::Succeed(7)).await.unwrap();
     let handle = producer.handle_of(&id, None);
     let record = service
@@ -285,6 +325,67 @@ async fn a_running_task_hears_a_users_cancel_and_ends_cancelled_not_retried() {
         runs.lock().unwrap()[&5],
         [(1, Some(CancelReason::User))],
         "ran once, told it was a user's cancel, never retried"
+    );
+    stop.cancel();
+    task.await.unwrap().unwrap();
+}
+
+#[tokio::test]
+async fn a_replayed_task_follows_its_new_run_and_a_periodic_task_has_a_record() {
+    let (server, name, _runs, stop, task, producer, service) = setup().await;
+    let id = producer.enqueue(&Job::FailTwice(9)).await.unwrap();
+    let handle = producer.handle_of(&id, None);
+    let Waited::Final(record) = service.wait(&handle, PATIENCE).await.unwrap() else {
+        panic!("wait timed out");
+    };
+    assert_eq!(record.state, Some(TaskState::Dead));
+    let letters = service.dead_letters().list(10).await.unwrap();
+    assert_eq!(letters.len(), 1);
+    assert!(service.dead_letters().replay(&letters[0]).await.unwrap());
+    // Its record follows the new run: waiting (or already further), then
+    // succeeded at attempt 1 with its result.
+    let Waited::Final(record) = service.wait(&handle, PATIENCE).await.unwrap() else {
+        panic!("the replayed task did not end");
+    };
+    assert_eq!(record.state, Some(TaskState::Succeeded));
+    assert_eq!(record.attempt, Some(1));
+    assert_eq!(record.dead_id, None, "its dead letter is gone");
+    assert_eq!(
+        record.result_as::<Done, _>(&Json).unwrap().unwrap(),
+        Done { seq: 9 }
+    );
+
+    // A periodic job's task: its handle is `<p>/cron:<job>:<due ms>`, in
+    // the job's partition; find one among the finished records.
+    let p = peerq::partition_of(b"tick", P);
+    let mut conn = server.connection().await;
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    let cron = loop {
+        let finished: Vec<String> = deadpool_redis::redis::cmd("ZRANGE")
+            .arg(format!("{{{name}/{p}}}:finished"))
+            .arg(0)
+            .arg(-1)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        if let Some(id) = finished.into_iter().find(|id| id.starts_with("cron:tick:")) {
+            break id;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no periodic task ended"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let record = service
+        .task(&format!("{p}/{cron}").parse().unwrap())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(record.state, Some(TaskState::Succeeded));
+    assert!(
+        record.enqueued_at.is_some(),
+        "written by the trigger, not only at the start"
     );
     stop.cancel();
     task.await.unwrap().unwrap();

@@ -2,7 +2,9 @@
 //! (derived from every command and script in `src/`): a consumer, a
 //! producer, the CLI and the outbox relay work; a user missing one right
 //! gets a one-line error naming the command and what to grant; a wrong
-//! password is an authentication error without the password in it.
+//! password is an authentication error without the password in it. Task
+//! tracking (records, `wait`, a cancel heard by the running task) works as
+//! that user too.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -16,10 +18,11 @@ use tokio_util::sync::CancellationToken;
 /// The README's rule for a service's user, for service `name`.
 fn service_rule(user: &str, password: &str, name: &str) -> String {
     format!(
-        "{user} on >{password} resetkeys ~{{{name}}}:* ~{{{name}/*}}:* resetchannels -@all \
+        "{user} on >{password} resetkeys ~{{{name}}}:* ~{{{name}/*}}:* \
+         resetchannels &{{{name}}}:* &{{{name}/*}}:* -@all \
          +@stream +@hash +@sortedset +get +set +incr +del +exists +expire +pexpire \
          +evalsha +script|load +ping +time +wait +info +client|id +client|unblock \
-         +hello +auth"
+         +publish +subscribe +spublish +ssubscribe +hello +auth"
     )
 }
 
@@ -120,6 +123,95 @@ async fn a_consumer_a_producer_and_the_cli_work_as_a_least_privilege_user() {
     }
     cli(&url, &["status", "--name", &name, "--json"]);
     assert!(cli(&url, &["services", "--json"]).contains(&name));
+    stop.cancel();
+    running.await.unwrap().unwrap();
+}
+
+/// Waits for the end of a task on a tracked service; seq 7 waits for its
+/// cancel.
+#[derive(Clone, Default)]
+struct Cancellable;
+
+impl Handler for Cancellable {
+    type Task = Job;
+    async fn handle(&self, job: Job, cx: TaskContext) -> Result<(), HandlerError> {
+        if job.seq == 7 {
+            cx.progress(&50u8);
+            cx.cancelled().await;
+        }
+        Ok(())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tracking_wait_and_cancel_work_as_a_least_privilege_user() {
+    use peerq::tracking::{CancelOutcome, TaskState, Tracking, Waited};
+    support::init_tracing();
+    let server = RedisServer::start();
+    let name = unique_name("acl-tracking");
+    server.acl_setuser(&operator_rule("mail", "s3cret-pw", &name));
+    let url = server.url_as("mail", "s3cret-pw");
+    let stop = CancellationToken::new();
+    let consumer = Consumer::builder()
+        .redis(&url)
+        .name(&name)
+        .tracking(Tracking::on())
+        .handler(Cancellable);
+    let running = tokio::spawn(consumer.run_until(stop.clone().cancelled_owned()));
+    let admin = peerq::admin::Admin::connect(url.as_str()).await.unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let service = loop {
+        if let Ok(service) = admin.service(&name).await
+            && service.tracking().await.unwrap().is_on()
+        {
+            break service;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the consumer never started"
+        );
+        assert!(!running.is_finished(), "the consumer stopped");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let producer = Producer::builder()
+        .redis(&url)
+        .name(&name)
+        .connect()
+        .await
+        .unwrap();
+    let done = producer.enqueue(Job { seq: 1 }).await.unwrap();
+    let done = producer.handle_of(&done, None);
+    let waited = service.wait(&done, Duration::from_secs(20)).await.unwrap();
+    assert!(
+        matches!(&waited, Waited::Final(r) if r.state == Some(TaskState::Succeeded)),
+        "{waited:?}"
+    );
+    let hanging = producer.enqueue(Job { seq: 7 }).await.unwrap();
+    let hanging = producer.handle_of(&hanging, None);
+    loop {
+        let record = service.task(&hanging).await.unwrap();
+        if record.is_some_and(|r| r.progress.is_some()) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline + Duration::from_secs(10),
+            "seq 7 never ran"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let outcome = service.cancel(&hanging).await.unwrap();
+    assert!(
+        matches!(outcome, CancelOutcome::Requested { .. }),
+        "{outcome:?}"
+    );
+    let waited = service
+        .wait(&hanging, Duration::from_secs(20))
+        .await
+        .unwrap();
+    assert!(
+        matches!(&waited, Waited::Final(r) if r.state == Some(TaskState::Cancelled)),
+        "{waited:?}"
+    );
     stop.cancel();
     running.await.unwrap().unwrap();
 }
