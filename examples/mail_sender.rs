@@ -2,8 +2,8 @@
 //! name and a `produce`, and watch them split the work.
 //!
 //! ```text
-//! mail_sender consume --redis URL [--cluster] [--tls-ca FILE] [--tls-cert FILE --tls-key FILE] [--wait-for-replicas N] --name NAME [--partitions N] [--indexing ranked|incr] [--assignor modulo|rendezvous] [--weight N] [--interval-ms N] [--drain-ms N] [--skew-ms N] [--work-ms N] [--print-tasks] [--print-events] [--http ADDR]
-//! mail_sender produce --redis URL [--cluster] [--tls-ca FILE] [--tls-cert FILE --tls-key FILE] [--wait-for-replicas N] --name NAME [--partitions N] --count N [--batch N] [--rate N] [--print-enqueued]
+//! mail_sender consume --redis URL [--cluster] [--tls-ca FILE] [--tls-cert FILE --tls-key FILE] [--wait-for-replicas N] --name NAME [--partitions N] [--indexing ranked|incr] [--assignor modulo|rendezvous] [--weight N] [--interval-ms N] [--drain-ms N] [--skew-ms N] [--work-ms N] [--print-tasks] [--print-events] [--http ADDR] [--codec json|bincode] [--track]
+//! mail_sender produce --redis URL [--cluster] [--tls-ca FILE] [--tls-cert FILE --tls-key FILE] [--wait-for-replicas N] --name NAME [--partitions N] --count N [--batch N] [--rate N] [--print-enqueued] [--codec json|bincode] [--print-ids]
 //! ```
 //!
 //! With `--cluster`, `--redis` is a comma-separated list of a Redis
@@ -44,7 +44,17 @@
 //! (exclusive) once a batch's enqueue returned success: with
 //! `--wait-for-replicas`, once replicas confirmed it. (A batch sent again
 //! after a failure that landed, a replica that did not confirm in time
-//! included, is enqueued twice.)
+//! included, is enqueued twice.) With `--print-ids` it prints, at the same
+//! moment, `task seq=<seq> id=<handle>` for each task of the batch (the
+//! handle, `<partition>/<task id>`, is what `peerq task show|wait|cancel` take).
+//!
+//! `--codec json|bincode` (default `bincode`) encodes the tasks, results
+//! and progress; service-wide, so the consumers and producers of a name
+//! must agree. `--track` switches the service's task tracking on (also
+//! when it was switched off before): the handler then reports its progress
+//! in four steps over `--work-ms` (25, 50, 75 and 100), returns the result
+//! `{"seq": <seq>}`, and on a user's cancel stops at once and prints
+//! `cancelled seq=<seq> reason=user at=<µs>`.
 
 use std::io::{IsTerminal, Write};
 use std::net::SocketAddr;
@@ -53,10 +63,15 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use clap::{Parser, Subcommand, ValueEnum};
+use peerq::admin::Admin;
 use peerq::assignment::Standing;
 use peerq::consumer::{PartitionChange, PartitionEvent};
+use peerq::handler::{CancelReason, HandlerWithResult};
 use peerq::producer::Producer;
-use peerq::{Assignor, Consumer, Handler, HandlerError, Indexing, Redis, TaskContext, Tls};
+use peerq::tracking::Tracking;
+use peerq::{
+    Assignor, Bincode, Codec, Consumer, HandlerError, Indexing, Json, Redis, TaskContext, Tls,
+};
 use serde::{Deserialize, Serialize};
 
 #[derive(Parser)]
@@ -70,88 +85,117 @@ struct Cli {
 enum Command {
     /// Run one consumer instance until SIGTERM or ctrl-c.
     Consume {
-        /// Redis URL, e.g. redis://127.0.0.1:6379/ (with --cluster, a
-        /// comma-separated list of node URLs)
-        #[arg(long)]
-        redis: String,
-        /// --redis names nodes of a Redis Cluster.
-        #[arg(long)]
-        cluster: bool,
         #[command(flatten)]
-        tls: TlsArgs,
+        service: ServiceArgs,
         #[command(flatten)]
-        replicas: ReplicaArgs,
-        /// The service name.
-        #[arg(long)]
-        name: String,
-        /// The number of partitions; service-wide.
-        #[arg(long, default_value_t = peerq::DEFAULT_PARTITIONS)]
-        partitions: u32,
-        /// The indexer's mode; service-wide.
-        #[arg(long, value_enum, default_value_t = IndexingArg::Ranked)]
-        indexing: IndexingArg,
-        /// Who owns which partition: modulo or rendezvous; service-wide.
-        #[arg(long, default_value_t = Assignor::Modulo)]
-        assignor: Assignor,
-        /// This instance's weight under the rendezvous assignor (1 to 1000).
-        #[arg(long, default_value_t = 1)]
-        weight: u32,
-        /// The indexer's round interval.
-        #[arg(long, default_value_t = 1000)]
-        interval_ms: u64,
-        /// The drain timeout.
-        #[arg(long, default_value_t = 300)]
-        drain_ms: u64,
-        /// The tolerated clock skew.
-        #[arg(long, default_value_t = 50)]
-        skew_ms: u64,
-        /// How long each task takes.
-        #[arg(long, default_value_t = 0)]
-        work_ms: u64,
-        /// Print a line when each task starts and when it succeeded.
-        #[arg(long)]
-        print_tasks: bool,
-        /// Print the partitions' changes and the instance's standing.
-        #[arg(long)]
-        print_events: bool,
-        /// Serve metrics and health checks over HTTP at this address (needs
-        /// the `http` feature).
-        #[arg(long, value_name = "ADDR")]
-        http: Option<SocketAddr>,
+        settings: Settings,
     },
     /// Enqueue `count` mails with sequence numbers 0..count.
     Produce {
-        /// Redis URL, e.g. redis://127.0.0.1:6379/ (with --cluster, a
-        /// comma-separated list of node URLs)
-        #[arg(long)]
-        redis: String,
-        /// --redis names nodes of a Redis Cluster.
-        #[arg(long)]
-        cluster: bool,
         #[command(flatten)]
-        tls: TlsArgs,
+        service: ServiceArgs,
         #[command(flatten)]
-        replicas: ReplicaArgs,
-        /// The service name.
-        #[arg(long)]
-        name: String,
-        /// The number of partitions of a new service (default: the
-        /// service's, 64 for a new one).
-        #[arg(long)]
-        partitions: Option<u32>,
-        /// How many tasks.
-        #[arg(long)]
-        count: u64,
-        /// Tasks per pipelined batch.
-        #[arg(long, default_value_t = 100)]
-        batch: u64,
-        /// Tasks per second (0: as fast as possible).
-        #[arg(long, default_value_t = 0)]
-        rate: u64,
-        /// Print a line per batch once its enqueue returned success.
-        #[arg(long)]
-        print_enqueued: bool,
+        plan: Plan,
     },
+}
+
+/// What both commands take: the Redis, the service and its codec.
+#[derive(clap::Args)]
+struct ServiceArgs {
+    /// Redis URL, e.g. redis://127.0.0.1:6379/ (with --cluster, a
+    /// comma-separated list of node URLs)
+    #[arg(long)]
+    redis: String,
+    /// --redis names nodes of a Redis Cluster.
+    #[arg(long)]
+    cluster: bool,
+    #[command(flatten)]
+    tls: TlsArgs,
+    #[command(flatten)]
+    replicas: ReplicaArgs,
+    /// The service name.
+    #[arg(long)]
+    name: String,
+    /// How tasks, results and progress are encoded; service-wide.
+    #[arg(long, value_enum, default_value_t = CodecArg::Bincode)]
+    codec: CodecArg,
+}
+
+/// A consumer's partitions, indexing and timing settings, what it prints,
+/// where it serves HTTP, and whether it switches tracking on.
+#[derive(clap::Args)]
+struct Settings {
+    /// The number of partitions; service-wide.
+    #[arg(long, default_value_t = peerq::DEFAULT_PARTITIONS)]
+    partitions: u32,
+    /// The indexer's mode; service-wide.
+    #[arg(long, value_enum, default_value_t = IndexingArg::Ranked)]
+    indexing: IndexingArg,
+    /// Who owns which partition: modulo or rendezvous; service-wide.
+    #[arg(long, default_value_t = Assignor::Modulo)]
+    assignor: Assignor,
+    /// This instance's weight under the rendezvous assignor (1 to 1000).
+    #[arg(long, default_value_t = 1)]
+    weight: u32,
+    /// The indexer's round interval.
+    #[arg(long, default_value_t = 1000)]
+    interval_ms: u64,
+    /// The drain timeout.
+    #[arg(long, default_value_t = 300)]
+    drain_ms: u64,
+    /// The tolerated clock skew.
+    #[arg(long, default_value_t = 50)]
+    skew_ms: u64,
+    /// How long each task takes.
+    #[arg(long, default_value_t = 0)]
+    work_ms: u64,
+    /// Print a line when each task starts and when it succeeded.
+    #[arg(long)]
+    print_tasks: bool,
+    /// Print the partitions' changes and the instance's standing.
+    #[arg(long)]
+    print_events: bool,
+    /// Serve metrics and health checks over HTTP at this address (needs
+    /// the `http` feature).
+    #[arg(long, value_name = "ADDR")]
+    http: Option<SocketAddr>,
+    /// Switch the service's task tracking on (even if it was switched
+    /// off): report progress, return results, stop on a user's cancel.
+    #[arg(long)]
+    track: bool,
+}
+
+/// What a producer enqueues, how fast, and what it prints.
+#[derive(clap::Args)]
+struct Plan {
+    /// The number of partitions of a new service (default: the
+    /// service's, 64 for a new one).
+    #[arg(long)]
+    partitions: Option<u32>,
+    /// How many tasks.
+    #[arg(long)]
+    count: u64,
+    /// Tasks per pipelined batch.
+    #[arg(long, default_value_t = 100)]
+    batch: u64,
+    /// Tasks per second (0: as fast as possible).
+    #[arg(long, default_value_t = 0)]
+    rate: u64,
+    /// Print a line per batch once its enqueue returned success.
+    #[arg(long)]
+    print_enqueued: bool,
+    /// Print each task's handle once its batch's enqueue returned success.
+    #[arg(long)]
+    print_ids: bool,
+}
+
+/// `--codec`: how tasks are encoded, as named on the command line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum CodecArg {
+    /// Compact, for producers and consumers in Rust.
+    Bincode,
+    /// Readable, and what producers in other languages write.
+    Json,
 }
 
 /// `--indexing`: the indexer's mode, as named on the command line.
@@ -179,17 +223,24 @@ struct Mail {
     to: String,
 }
 
-/// "Sends" a mail: waits `work`, then reports it.
+/// "Sends" a mail: waits `work`, in four steps, then reports it.
 struct SendMail {
     work: Duration,
     print: bool,
     handled: Arc<AtomicU64>,
 }
 
-impl Handler for SendMail {
-    type Task = Mail;
+/// What sending a mail returns: with tracking on, the task's result.
+#[derive(Debug, Serialize)]
+struct Sent {
+    seq: u64,
+}
 
-    async fn handle(&self, mail: Mail, cx: TaskContext) -> Result<(), HandlerError> {
+impl HandlerWithResult for SendMail {
+    type Task = Mail;
+    type Output = Sent;
+
+    async fn handle(&self, mail: Mail, cx: TaskContext) -> Result<Sent, HandlerError> {
         if self.print {
             say(&format!(
                 "start seq={} partition={} epoch={} token={} attempt={} at={}",
@@ -201,13 +252,18 @@ impl Handler for SendMail {
                 micros(SystemTime::now())
             ))?;
         }
-        if !self.work.is_zero() {
-            // A real sender would stop between steps; give up when the
-            // partition's drain timeout (or a lapsed lease) interrupts us.
-            tokio::select! {
-                _ = tokio::time::sleep(self.work) => {}
-                _ = cx.cancelled() => return Err(HandlerError::msg("interrupted")),
+        // Four steps, each reported as progress in percent (nothing is
+        // written with tracking off). A real sender would stop between
+        // steps; give up when a user cancels the task, or when the
+        // partition's drain timeout (or a lapsed lease) interrupts us.
+        for percent in [25u8, 50, 75, 100] {
+            if !self.work.is_zero() {
+                tokio::select! {
+                    _ = tokio::time::sleep(self.work / 4) => {}
+                    _ = cx.cancelled() => return Err(stop(&mail, &cx, "interrupted")),
+                }
             }
+            cx.progress(&percent);
         }
         // Right before the effect (printing `handled`): may this instance
         // still act? After a freeze longer than the lease it may not, and
@@ -216,7 +272,7 @@ impl Handler for SendMail {
         // and the clock read would otherwise date the check after it.
         let checked_at = micros(SystemTime::now());
         if !cx.still_owned() {
-            return Err(HandlerError::msg("no longer the partition's owner"));
+            return Err(stop(&mail, &cx, "no longer the partition's owner"));
         }
         if self.print {
             say(&format!(
@@ -236,7 +292,21 @@ impl Handler for SendMail {
         // again.
         cx.finished();
         self.handled.fetch_add(1, Ordering::Relaxed);
-        Ok(())
+        Ok(Sent { seq: mail.seq })
+    }
+}
+
+/// The error of a run that stops before its effect: on a user's cancel,
+/// once `cancelled seq=<seq> reason=user at=<µs>` is printed (the task
+/// ends `cancelled`, never retried); otherwise `why` (it runs again).
+fn stop(mail: &Mail, cx: &TaskContext, why: &str) -> HandlerError {
+    if cx.cancel_reason() != Some(CancelReason::User) {
+        return HandlerError::msg(why);
+    }
+    let at = micros(SystemTime::now());
+    match say(&format!("cancelled seq={} reason=user at={at}", mail.seq)) {
+        Ok(()) => HandlerError::msg("cancelled by a user"),
+        Err(e) => e.into(),
     }
 }
 
@@ -263,53 +333,22 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
         )
         .init();
+    // The codec is part of the consumer's and the producer's types: one
+    // call for each.
     match Cli::parse().command {
-        Command::Consume {
-            redis,
-            cluster,
-            tls,
-            replicas,
-            name,
-            partitions,
-            indexing,
-            assignor,
-            weight,
-            interval_ms,
-            drain_ms,
-            skew_ms,
-            work_ms,
-            print_tasks,
-            print_events,
-            http,
-        } => {
-            let settings = Settings {
-                partitions,
-                indexing: indexing.into(),
-                assignor,
-                weight,
-                interval: Duration::from_millis(interval_ms),
-                drain: Duration::from_millis(drain_ms),
-                skew: Duration::from_millis(skew_ms),
-                work: Duration::from_millis(work_ms),
-                http,
-            };
-            let redis = redis_from_flags(redis, cluster, tls, replicas);
-            consume(redis, name, settings, print_tasks, print_events).await?
+        Command::Consume { service, settings } => {
+            let redis = redis_from_flags(&service);
+            match service.codec {
+                CodecArg::Bincode => consume(Bincode, redis, service.name, settings).await?,
+                CodecArg::Json => consume(Json, redis, service.name, settings).await?,
+            }
         }
-        Command::Produce {
-            redis,
-            cluster,
-            tls,
-            replicas,
-            name,
-            partitions,
-            count,
-            batch,
-            rate,
-            print_enqueued,
-        } => {
-            let redis = redis_from_flags(redis, cluster, tls, replicas);
-            produce(redis, name, partitions, count, batch, rate, print_enqueued).await?
+        Command::Produce { service, plan } => {
+            let redis = redis_from_flags(&service);
+            match service.codec {
+                CodecArg::Bincode => produce(Bincode, redis, service.name, plan).await?,
+                CodecArg::Json => produce(Json, redis, service.name, plan).await?,
+            }
         }
     }
     Ok(())
@@ -346,61 +385,52 @@ const WAIT_TIMEOUT: Duration = Duration::from_millis(100);
 /// `--wait-for-replicas` give: one server's URL, or a Cluster's node URLs,
 /// with TLS settings if any were given, and the replicas writes wait for,
 /// if any.
-fn redis_from_flags(url: String, cluster: bool, flags: TlsArgs, replicas: ReplicaArgs) -> Redis {
-    let mut redis = match cluster {
-        true => Redis::cluster(url.split(',').map(str::trim)),
-        false => Redis::url(url),
+fn redis_from_flags(flags: &ServiceArgs) -> Redis {
+    let mut redis = match flags.cluster {
+        true => Redis::cluster(flags.redis.split(',').map(str::trim)),
+        false => Redis::url(&flags.redis),
     };
-    if flags.tls_ca.is_some() || flags.tls_cert.is_some() {
-        let tls = flags.tls_ca.into_iter().fold(Tls::new(), Tls::ca_file);
-        redis = redis.tls(match flags.tls_cert.zip(flags.tls_key) {
+    let files = &flags.tls;
+    if files.tls_ca.is_some() || files.tls_cert.is_some() {
+        let tls = files.tls_ca.iter().fold(Tls::new(), Tls::ca_file);
+        redis = redis.tls(match files.tls_cert.as_ref().zip(files.tls_key.as_ref()) {
             Some((cert, key)) => tls.client_cert(cert, key),
             None => tls,
         });
     }
-    match replicas.wait_for_replicas {
+    match flags.replicas.wait_for_replicas {
         Some(n) => redis.wait_for_replicas(n, WAIT_TIMEOUT),
         None => redis,
     }
 }
 
-/// A consumer's partitions, indexing and timing settings, and where it
-/// serves HTTP.
-struct Settings {
-    partitions: u32,
-    indexing: Indexing,
-    assignor: Assignor,
-    weight: u32,
-    interval: Duration,
-    drain: Duration,
-    skew: Duration,
-    work: Duration,
-    http: Option<SocketAddr>,
-}
-
-async fn consume(
+async fn consume<C: Codec>(
+    codec: C,
     redis: Redis,
     name: String,
     settings: Settings,
-    print_tasks: bool,
-    print_events: bool,
 ) -> peerq::Result<()> {
     let handled = Arc::new(AtomicU64::new(0));
-    let builder = Consumer::builder()
-        .redis(redis)
+    let mut builder = Consumer::builder()
+        .redis(redis.clone())
         .name(&name)
+        .codec(codec)
         .partitions(settings.partitions)
-        .indexing(settings.indexing)
+        .indexing(settings.indexing.into())
         .assignor(settings.assignor)
         .weight(settings.weight)
-        .interval(settings.interval)
-        .drain_timeout(settings.drain)
-        .skew(settings.skew)
+        .interval(Duration::from_millis(settings.interval_ms))
+        .drain_timeout(Duration::from_millis(settings.drain_ms))
+        .skew(Duration::from_millis(settings.skew_ms))
         .handler(SendMail {
-            work: settings.work,
-            print: print_tasks,
+            work: Duration::from_millis(settings.work_ms),
+            print: settings.print_tasks,
             handled: handled.clone(),
         });
+    if settings.track {
+        builder = builder.tracking(Tracking::on());
+        track(redis, &name).await?;
+    }
     let builder = match settings.http {
         #[cfg(feature = "http")]
         Some(addr) => builder.http(addr),
@@ -415,15 +445,31 @@ async fn consume(
         }
         None => builder,
     };
-    if print_events {
+    if settings.print_events {
         tokio::spawn(events(builder.partition_events(), builder.standing()));
-    } else if !print_tasks {
+    } else if !settings.print_tasks {
         let standing = builder.standing();
         tokio::spawn(status(name, settings.partitions, standing, handled.clone()));
     }
     builder.run().await?;
     eprintln!("stopped: handled {} tasks", handled.load(Ordering::Relaxed));
     Ok(())
+}
+
+/// Switches tracking on for service `name`, its retention kept, if it has
+/// settings already: the builder's `tracking` is only a new service's
+/// first value, and `{N}:tracking` (which `peerq tracking` sets) decides.
+async fn track(redis: Redis, name: &str) -> peerq::Result<()> {
+    let service = match Admin::connect(redis).await?.service(name).await {
+        Ok(service) => service,
+        Err(peerq::Error::UnknownService { .. }) => return Ok(()),
+        Err(e) => return Err(e),
+    };
+    let was = service.tracking().await?;
+    let on = Tracking::on()
+        .keep(was.kept_for())
+        .keep_count(was.kept_count());
+    service.set_tracking(on).await
 }
 
 /// Prints the partitions' changes and the instance's standing as they come.
@@ -504,24 +550,16 @@ async fn status(
     }
 }
 
-async fn produce(
-    redis: Redis,
-    name: String,
-    partitions: Option<u32>,
-    count: u64,
-    batch: u64,
-    rate: u64,
-    print: bool,
-) -> peerq::Result<()> {
-    let builder = Producer::builder().redis(redis).name(&name);
-    let producer = match partitions {
+async fn produce<C: Codec>(codec: C, redis: Redis, name: String, plan: Plan) -> peerq::Result<()> {
+    let builder = Producer::builder().codec(codec).redis(redis).name(&name);
+    let producer = match plan.partitions {
         Some(partitions) => builder.partitions(partitions),
         None => builder,
     }
     .connect()
     .await?;
     let started = Instant::now();
-    let batch = batch.max(1);
+    let (count, batch, rate) = (plan.count, plan.batch.max(1), plan.rate);
     let mut seq = 0;
     while seq < count {
         let end = (seq + batch).min(count);
@@ -536,13 +574,25 @@ async fn produce(
         // failure, where the batch landed but the reply was lost or no
         // replica confirmed it in time, enqueues it twice.)
         let mut backoff = Duration::from_millis(50);
-        while let Err(e) = producer.enqueue_batch(&mails).await {
-            eprintln!("enqueue failed ({e}); retrying in {backoff:?}");
+        let ids = loop {
+            match producer.enqueue_batch(&mails).await {
+                Ok(ids) => break ids,
+                Err(e) => eprintln!("enqueue failed ({e}); retrying in {backoff:?}"),
+            }
             tokio::time::sleep(backoff).await;
             backoff = (backoff * 2).min(Duration::from_secs(1));
-        }
-        if print {
+        };
+        if plan.print_enqueued {
             let _ = say(&format!("enqueued from={seq} to={end}"));
+        }
+        if plan.print_ids {
+            // The mails were sent without a key: their ids place them.
+            let lines: Vec<String> = (mails.iter().zip(&ids))
+                .map(|(mail, id)| {
+                    format!("task seq={} id={}", mail.seq, producer.handle_of(id, None))
+                })
+                .collect();
+            let _ = say(&lines.join("\n"));
         }
         seq = end;
         if rate > 0 {

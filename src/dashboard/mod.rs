@@ -1,6 +1,7 @@
 //! The web dashboard (feature `dashboard`): every service on a Redis, a
 //! service's members and partitions, its dead letters (search, replay,
-//! purge), delayed tasks, periodic jobs, and pause and resume.
+//! purge), delayed tasks, periodic jobs, a tracked task (and its cancel),
+//! and pause and resume.
 //!
 //! Server-rendered HTML (maud) on axum, with one stylesheet and one small
 //! script of its own, served by the dashboard itself: nothing is loaded
@@ -36,6 +37,7 @@ mod overview;
 mod periodic;
 mod search;
 mod service;
+mod task;
 
 use std::sync::Arc;
 
@@ -117,6 +119,8 @@ pub fn router(admin: Admin, settings: Settings) -> Router {
         .route("/services/{name}/delayed", get(delayed::list))
         .route("/services/{name}/delayed/act", post(delayed::act))
         .route("/services/{name}/periodic", get(periodic::list))
+        .route("/services/{name}/task", get(task::show))
+        .route("/services/{name}/task/cancel", post(task::cancel))
         .route("/assets/style.css", get(style))
         .route("/assets/dashboard.js", get(script))
         .layer(middleware::from_fn_with_state(

@@ -27,6 +27,10 @@ pub(crate) async fn show(
             h1 { (name) }
             (tabs(&base, &name, ""))
             (pause_bar(&dash, &base, &status))
+            form.filter method="get" action=(base.service(&name, "task")) {
+                input type="search" name="id" size="48" placeholder="task handle: <partition>/<task id>";
+                button type="submit" id="find-task" { "Find task" }
+            }
             div data-refresh=(base.service(&name, "live")) data-every="3000" {
                 (live(&status))
             }

@@ -130,6 +130,7 @@ fn start(
 }
 
 mod races;
+mod retention;
 
 async fn setup() -> (
     RedisServer,

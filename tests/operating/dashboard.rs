@@ -1,10 +1,12 @@
 //! The dashboard (feature `dashboard`) against a real Redis with a running
 //! consumer: over plain HTTP (mounted under a prefix, actions refused
 //! without the CSRF token or when read-only, credentials, the search's
-//! bound), and in a real browser (`dashboard/browser.rs`: headless
-//! Chromium through ChromeDriver).
+//! bound), a tracked task's page (`dashboard/task.rs`), and in a real
+//! browser (`dashboard/browser.rs`: headless Chromium through
+//! ChromeDriver).
 
 mod browser;
+mod task;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

@@ -1,16 +1,21 @@
 //! The `mail_sender` example itself, as a person would run it: three
-//! consumers as child processes, a producer of 5,000 tasks; and with
+//! consumers as child processes, a producer of 5,000 tasks; with
 //! `--wait-for-replicas`, on one server and on a Cluster, a producer that
-//! prints a batch only once a replica has it.
+//! prints a batch only once a replica has it; and with `--track` and
+//! `--codec json`, tasks' progress, results and a user's cancel.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
+use std::sync::mpsc::Receiver;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use deadpool_redis::redis;
+use peerq::Json;
+use peerq::admin::Admin;
+use peerq::tracking::{CancelOutcome, TaskHandle, TaskState, Waited};
 use support::{Proc, RedisServer, unique_name};
 
 fn example_binary() -> PathBuf {
@@ -487,4 +492,175 @@ fn wait_for_replicas_0_is_refused_naming_the_setting() {
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(err.contains("wait_for_replicas"), "{command:?}: {err}");
     }
+}
+
+/// Starts `mail_sender consume` of `name` at `url` with a short interval,
+/// `--codec json` and `flags`; returns it with its stdout's lines (its
+/// warnings go to the test's stderr).
+fn json_consumer(url: &str, name: &str, flags: &[&str]) -> (Proc, Receiver<String>) {
+    let mut child = Command::new(example_binary())
+        .args(["consume", "--redis", url, "--name", name])
+        .args([
+            "--interval-ms",
+            "500",
+            "--drain-ms",
+            "200",
+            "--codec",
+            "json",
+        ])
+        .args(flags)
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("start a consumer");
+    let printed = lines(child.stdout.take().unwrap());
+    (Proc(child), printed)
+}
+
+/// The fields of a printed `<kind> key=value …` line, if it is one.
+fn fields<'a>(line: &'a str, kind: &str) -> Option<BTreeMap<&'a str, &'a str>> {
+    let rest = line.strip_prefix(kind)?.strip_prefix(' ')?;
+    Some(
+        rest.split(' ')
+            .filter_map(|kv| kv.split_once('='))
+            .collect(),
+    )
+}
+
+/// What `read` gives once it gives something, tried for at most 20 s.
+fn eventually<T>(what: &str, mut read: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Some(value) = read() {
+            return value;
+        }
+        assert!(Instant::now() < deadline, "never: {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn with_track_a_task_reports_progress_returns_its_seq_and_stops_at_once_on_a_users_cancel() {
+    let server = RedisServer::start();
+    let url = server.url();
+    let name = unique_name("track");
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let admin = rt.block_on(Admin::connect(url.clone())).unwrap();
+
+    // A first consumer, without --track, records the service with tracking
+    // off; a later --track switches it on all the same. (It is stopped
+    // once assigned: a consumer still starting may not have installed its
+    // SIGTERM handler yet.)
+    let (mut untracked, events) = json_consumer(&url, &name, &["--print-events"]);
+    while !events
+        .recv_timeout(Duration::from_secs(20))
+        .expect("the first consumer assigned")
+        .starts_with("standing kind=assigned ")
+    {}
+    let service = rt.block_on(admin.service(&name)).unwrap();
+    assert!(!rt.block_on(service.tracking()).unwrap().is_on());
+    let record = |handle: &TaskHandle| rt.block_on(service.task(handle)).unwrap();
+    sigterm(&untracked.0);
+    exited(&mut untracked, Duration::from_secs(10));
+    let flags = ["--track", "--work-ms", "2000", "--print-tasks"];
+    let (mut consumer, printed) = json_consumer(&url, &name, &flags);
+    eventually("tracking switched on", || {
+        rt.block_on(service.tracking())
+            .unwrap()
+            .is_on()
+            .then_some(())
+    });
+
+    let produced = Command::new(example_binary())
+        .args([
+            "produce", "--redis", &url, "--name", &name, "--codec", "json",
+        ])
+        .args(["--count", "3", "--print-enqueued", "--print-ids"])
+        .output()
+        .expect("run the producer");
+    assert!(produced.status.success(), "the producer failed");
+    let stdout = String::from_utf8(produced.stdout).unwrap();
+    let mut produced = stdout.lines();
+    assert_eq!(produced.next(), Some("enqueued from=0 to=3"));
+    let handles: BTreeMap<u64, TaskHandle> = produced
+        .map(|line| {
+            let task = fields(line, "task").unwrap_or_else(|| panic!("unexpected line: {line}"));
+            (task["seq"].parse().unwrap(), task["id"].parse().unwrap())
+        })
+        .collect();
+    assert_eq!(handles.keys().copied().collect::<Vec<_>>(), [0, 1, 2]);
+    assert!(
+        handles.values().all(|h| h.partition().is_some()),
+        "{handles:?}"
+    );
+
+    // Each task starts at once (64 may run together): cancel seq 0's run.
+    let mut started: BTreeMap<u64, u128> = BTreeMap::new();
+    while started.len() < 3 {
+        let line = printed
+            .recv_timeout(Duration::from_secs(20))
+            .expect("every task started");
+        if let Some(start) = fields(&line, "start") {
+            started.insert(start["seq"].parse().unwrap(), start["at"].parse().unwrap());
+        }
+    }
+    let cancelled = &handles[&0];
+    eventually("seq 0 running", || {
+        let state = record(cancelled).and_then(|r| r.state);
+        (state == Some(TaskState::Running)).then_some(())
+    });
+    let outcome = rt.block_on(service.cancel(cancelled)).unwrap();
+    assert!(
+        matches!(outcome, CancelOutcome::Requested { .. }),
+        "{outcome:?}"
+    );
+
+    // Its progress is readable while a task runs.
+    let running = eventually("seq 1's progress", || {
+        record(&handles[&1]).filter(|r| r.progress.is_some())
+    });
+    assert_eq!(running.state, Some(TaskState::Running), "{running:?}");
+    let progress: serde_json::Value = running.progress_as(&Json).unwrap().unwrap();
+    assert!(
+        matches!(progress.as_u64(), Some(25 | 50 | 75 | 100)),
+        "{progress}"
+    );
+
+    // The cancelled run stops at once, long before its 2 s of work end.
+    let line = loop {
+        let line = printed
+            .recv_timeout(Duration::from_secs(10))
+            .expect("a `cancelled` line");
+        if line.starts_with("cancelled ") {
+            break line;
+        }
+    };
+    let at = line
+        .strip_prefix("cancelled seq=0 reason=user at=")
+        .and_then(|at| at.parse::<u128>().ok())
+        .unwrap_or_else(|| panic!("unexpected line: {line}"));
+    assert!(
+        at < started[&0] + 2_000_000,
+        "stopped {} µs after its start",
+        at - started[&0]
+    );
+
+    let patience = Duration::from_secs(20);
+    match rt.block_on(service.wait(cancelled, patience)).unwrap() {
+        Waited::Final(r) => assert_eq!(r.state, Some(TaskState::Cancelled), "{r:?}"),
+        other => panic!("seq 0 did not end: {other:?}"),
+    }
+    for seq in [1, 2] {
+        let done = match rt.block_on(service.wait(&handles[&seq], patience)).unwrap() {
+            Waited::Final(r) => r,
+            other => panic!("seq {seq} did not end: {other:?}"),
+        };
+        assert_eq!(done.state, Some(TaskState::Succeeded), "{done:?}");
+        let result = done.result_as::<serde_json::Value, _>(&Json);
+        assert_eq!(result.unwrap().unwrap(), serde_json::json!({ "seq": seq }));
+        let progress = done.progress_as::<serde_json::Value, _>(&Json);
+        assert_eq!(progress.unwrap().unwrap(), 100, "the last progress lands");
+    }
+
+    sigterm(&consumer.0);
+    exited(&mut consumer, Duration::from_secs(10));
 }

@@ -93,7 +93,7 @@ async fn cancels_racing_starts_acks_and_retries_leave_exactly_one_final_state_ea
             (Some(CancelOutcome::AlreadyFinal(TaskState::Succeeded)), TaskState::Succeeded) => {}
             (outcome, state) => panic!("task {seq}: cancel said {outcome:?}, it ended {state:?}"),
         }
-        assert_eq!(record.is_final(), true);
+        assert!(record.is_final());
     }
     // Nothing runs after its end.
     let before = runs.lock().unwrap().clone();

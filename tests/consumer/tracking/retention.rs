@@ -1,0 +1,112 @@
+//! Retention of final records (docs/design.md §14): at most `keep_count`
+//! per partition, none after `keep`, whatever the number of tasks; the
+//! settings changed on the running service reach its instances; and what a
+//! record costs Redis.
+
+use super::*;
+
+/// Keys of the service's task records.
+async fn records(
+    conn: &mut deadpool_redis::redis::aio::MultiplexedConnection,
+    name: &str,
+) -> Vec<String> {
+    let mut found = Vec::new();
+    let mut cursor = 0u64;
+    loop {
+        let (next, keys): (u64, Vec<String>) = deadpool_redis::redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(format!("{{{name}/*}}:task:*"))
+            .arg("COUNT")
+            .arg(1000)
+            .query_async(conn)
+            .await
+            .unwrap();
+        found.extend(keys);
+        if next == 0 {
+            return found;
+        }
+        cursor = next;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn final_records_are_bounded_by_count_and_time_and_cost_a_few_hundred_bytes() {
+    let (server, name, runs, stop, task, producer, service) = setup().await;
+    let mut conn = server.connection().await;
+    // Switched on the running service: 10 per partition, 2 s.
+    const KEEP: u32 = 10;
+    let tracking = Tracking::on().keep(Duration::from_secs(2)).keep_count(KEEP);
+    service.set_tracking(tracking).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    const N: u64 = 400;
+    let jobs: Vec<Job> = (0..N).map(Job::Succeed).collect();
+    producer.enqueue_batch(&jobs).await.unwrap();
+    // (`wait` would not do: a task's record may be gone, beyond the count,
+    // by the time it is read.)
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while (0..N).any(|seq| !runs.lock().unwrap().contains_key(&seq)) {
+        assert!(tokio::time::Instant::now() < deadline, "not every task ran");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Every task ended: at most KEEP final records per partition remain.
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    let kept = loop {
+        let kept = records(&mut conn, &name).await;
+        let per_partition = (0..P).map(|p| {
+            kept.iter()
+                .filter(|k| k.starts_with(&format!("{{{name}/{p}}}:")))
+                .count()
+        });
+        if per_partition.clone().all(|n| n <= KEEP as usize) {
+            break kept;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "records per partition: {:?}",
+            per_partition.collect::<Vec<_>>()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(
+        kept.len() >= P as usize,
+        "the newest are kept: {}",
+        kept.len()
+    );
+    for p in 0..P {
+        let members: u64 = deadpool_redis::redis::cmd("ZCARD")
+            .arg(format!("{{{name}/{p}}}:finished"))
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert!(
+            members <= u64::from(KEEP),
+            "partition {p}: {members} in its finished set"
+        );
+    }
+    // What one final record with a small result costs.
+    let mut bytes = Vec::new();
+    for key in &kept {
+        let used: Option<u64> = deadpool_redis::redis::cmd("MEMORY")
+            .arg("USAGE")
+            .arg(key)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        bytes.extend(used);
+    }
+    let mean = bytes.iter().sum::<u64>() / bytes.len().max(1) as u64;
+    eprintln!(
+        "a final record with a small result: {mean} bytes on average ({} records)",
+        bytes.len()
+    );
+    assert!(mean < 512, "{mean} bytes per record");
+    // After `keep`, none is left.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    // (The periodic job's tasks go on ending: theirs are newer.)
+    let mut left = records(&mut conn, &name).await;
+    left.retain(|k| !k.contains(":task:cron:"));
+    assert!(left.is_empty(), "records left after keep: {left:?}");
+    stop.cancel();
+    task.await.unwrap().unwrap();
+}
