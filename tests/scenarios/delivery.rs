@@ -170,6 +170,10 @@ struct Fleet {
     indexing: &'static str,
     /// The consumers' assignor: `modulo` or `rendezvous`.
     assignor: &'static str,
+    /// Task tracking on (`--track`, JSON codec), and the handle the
+    /// producer printed for each seq (`--print-ids`).
+    track: bool,
+    handles: Arc<Mutex<BTreeMap<u64, String>>>,
 }
 
 impl Fleet {
@@ -187,6 +191,17 @@ impl Fleet {
             work_ms: WORK_MS,
             indexing: "ranked",
             assignor: "modulo",
+            track: false,
+            handles: Arc::default(),
+        }
+    }
+
+    /// What the fleet's processes take for task tracking, if on.
+    fn tracking_args(&self, produce: bool) -> Vec<&'static str> {
+        match (self.track, produce) {
+            (false, _) => vec![],
+            (true, false) => vec!["--track", "--codec", "json"],
+            (true, true) => vec!["--print-ids", "--codec", "json"],
         }
     }
 
@@ -208,6 +223,7 @@ impl Fleet {
             .args(["--indexing", self.indexing])
             .args(["--assignor", self.assignor])
             .args(["--print-tasks", "--print-events"])
+            .args(self.tracking_args(false))
             // Plain log lines, each starting with its time.
             .env("NO_COLOR", "1")
             .stdout(Stdio::piped())
@@ -348,6 +364,7 @@ impl Fleet {
             ])
             .args(["--count", &count.to_string(), "--batch", "50"])
             .args(["--rate", &rate.to_string(), "--print-enqueued"])
+            .args(self.tracking_args(true))
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()
@@ -355,8 +372,16 @@ impl Fleet {
         let out = child.stdout.take().unwrap();
         let enqueued: Arc<Mutex<BTreeSet<u64>>> = Arc::default();
         let e = enqueued.clone();
+        let handles = self.handles.clone();
         std::thread::spawn(move || {
             for line in BufReader::new(out).lines().map_while(Result::ok) {
+                if let Some(rest) = line.strip_prefix("task ") {
+                    let seq = restarts::field(rest, "seq").and_then(|s| s.parse().ok());
+                    if let (Some(seq), Some(id)) = (seq, restarts::field(rest, "id")) {
+                        handles.lock().unwrap().insert(seq, id.to_owned());
+                    }
+                    continue;
+                }
                 let Some(rest) = line.strip_prefix("enqueued ") else {
                     continue;
                 };
@@ -764,6 +789,80 @@ fn graceful_churn(indexing: &'static str, assignor: &'static str) {
             "a {kind} paused a partition for {max:?}"
         );
     }
+}
+
+/// 10,000 tracked tasks under graceful churn (3 -> 6 -> 2): each runs once
+/// and its record ends `succeeded` with its result (docs/design.md §14),
+/// whoever ran it, across every handover.
+#[test]
+fn tracked_tasks_under_graceful_churn_end_succeeded_with_their_results() {
+    let _serial = serial();
+    let mut rng = Rng::from_env();
+    let mut fleet = Fleet::new("tracked", ServerOptions::default());
+    fleet.track = true;
+    for _ in 0..3 {
+        fleet.join();
+    }
+    std::thread::sleep(Duration::from_millis(2500));
+    let count = 10_000;
+    let (producer, _) = fleet.produce(count, 2000);
+    std::thread::sleep(rng.between(Duration::from_millis(500), Duration::from_secs(1)));
+    for _ in 0..3 {
+        fleet.join();
+        std::thread::sleep(rng.between(Duration::from_millis(100), Duration::from_millis(500)));
+    }
+    std::thread::sleep(rng.between(Duration::from_secs(1), Duration::from_secs(2)));
+    let mut leaving = Vec::new();
+    for _ in 0..4 {
+        let running: Vec<usize> = fleet
+            .running()
+            .into_iter()
+            .filter(|i| !leaving.contains(i))
+            .collect();
+        let id = rng.pick(&running);
+        fleet.leave(id);
+        leaving.push(id);
+        std::thread::sleep(rng.between(Duration::from_millis(100), Duration::from_millis(800)));
+    }
+    for id in leaving {
+        fleet.wait_exit(id, Duration::from_secs(20));
+    }
+    drop(wait_child(producer, Duration::from_secs(60)));
+    fleet.wait_handled(|| (0..count).collect(), Duration::from_secs(60));
+    fleet.wait_nothing_pending();
+    fleet.stop_all();
+    fleet.assert_exactly_once(count);
+
+    let handles = fleet.handles.lock().unwrap().clone();
+    assert_eq!(handles.len() as u64, count, "a handle for every task");
+    let mut conn = fleet.server.client().get_connection().unwrap();
+    let mut pipe = redis::pipe();
+    for handle in handles.values() {
+        let (p, id) = handle.split_once('/').expect("<partition>/<task id>");
+        pipe.cmd("HMGET")
+            .arg(format!("{{{}/{p}}}:task:{id}", fleet.name))
+            .arg("state")
+            .arg("result");
+    }
+    let records: Vec<(Option<String>, Option<String>)> = pipe.query(&mut conn).unwrap();
+    let wrong: Vec<_> = handles
+        .keys()
+        .zip(&records)
+        .filter(|(seq, (state, result))| {
+            let want = serde_json::json!({ "seq": seq });
+            let result: Option<serde_json::Value> =
+                result.as_deref().and_then(|r| serde_json::from_str(r).ok());
+            state.as_deref() != Some("succeeded") || result != Some(want)
+        })
+        .take(5)
+        .collect();
+    assert!(
+        wrong.is_empty(),
+        "records not succeeded with their seq: {wrong:?}"
+    );
+    println!(
+        "{count} tracked tasks under graceful churn: each ran once and ended succeeded with its result"
+    );
 }
 
 /// Waits for a child to exit successfully.

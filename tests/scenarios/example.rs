@@ -664,3 +664,89 @@ fn with_track_a_task_reports_progress_returns_its_seq_and_stops_at_once_on_a_use
     sigterm(&consumer.0);
     exited(&mut consumer, Duration::from_secs(10));
 }
+
+/// A cancel reaches a task after its owner was killed (SIGKILL): the next
+/// owner takes it over (attempt 2), runs it, and stops it on the cancel;
+/// the record ends `cancelled`, once (docs/design.md §14).
+#[test]
+fn a_cancel_reaches_a_task_taken_over_from_a_killed_owner() {
+    let server = RedisServer::start();
+    let url = server.url();
+    let name = unique_name("track-kill");
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let admin = rt.block_on(Admin::connect(url.clone())).unwrap();
+    let flags = ["--track", "--work-ms", "60000", "--print-tasks"];
+    let (first, printed) = json_consumer(&url, &name, &flags);
+    let service = eventually("the service", || rt.block_on(admin.service(&name)).ok());
+    eventually("tracking switched on", || {
+        rt.block_on(service.tracking())
+            .unwrap()
+            .is_on()
+            .then_some(())
+    });
+    let produced = Command::new(example_binary())
+        .args([
+            "produce", "--redis", &url, "--name", &name, "--codec", "json",
+        ])
+        .args(["--count", "1", "--print-ids"])
+        .output()
+        .expect("run the producer");
+    assert!(produced.status.success(), "the producer failed");
+    let stdout = String::from_utf8(produced.stdout).unwrap();
+    let task = stdout
+        .lines()
+        .find_map(|l| fields(l, "task"))
+        .expect("a task line");
+    let handle: TaskHandle = task["id"].parse().unwrap();
+    loop {
+        let line = printed
+            .recv_timeout(Duration::from_secs(20))
+            .expect("seq 0 started");
+        if fields(&line, "start").is_some() {
+            break;
+        }
+    }
+    let record = |handle: &TaskHandle| rt.block_on(service.task(handle)).unwrap();
+    let killed = record(&handle)
+        .and_then(|r| r.instance)
+        .expect("running on the first");
+    support::signal(first.0.id(), "KILL");
+    drop(first);
+
+    let (mut second, printed) = json_consumer(&url, &name, &flags);
+    let running = eventually("taken over and running again", || {
+        record(&handle)
+            .filter(|r| r.state == Some(TaskState::Running) && r.instance.as_ref() != Some(&killed))
+    });
+    assert_eq!(
+        running.attempt,
+        Some(2),
+        "it may have run on the killed owner"
+    );
+    let outcome = rt.block_on(service.cancel(&handle)).unwrap();
+    assert!(
+        matches!(outcome, CancelOutcome::Requested { .. }),
+        "{outcome:?}"
+    );
+    let line = loop {
+        let line = printed
+            .recv_timeout(Duration::from_secs(20))
+            .expect("a `cancelled` line");
+        if line.starts_with("cancelled ") {
+            break line;
+        }
+    };
+    assert!(
+        line.starts_with("cancelled seq=0 reason=user at="),
+        "{line}"
+    );
+    match rt
+        .block_on(service.wait(&handle, Duration::from_secs(20)))
+        .unwrap()
+    {
+        Waited::Final(r) => assert_eq!(r.state, Some(TaskState::Cancelled), "{r:?}"),
+        other => panic!("it did not end: {other:?}"),
+    }
+    sigterm(&second.0);
+    exited(&mut second, Duration::from_secs(10));
+}

@@ -293,3 +293,84 @@ async fn reads_parse_entries_keep_deleted_ones_and_say_when_the_group_is_gone() 
     let err = store.read(&conn, ">", 10).await.unwrap_err();
     assert!(is_nogroup(&err), "{err:?}");
 }
+
+/// Task `task`'s record field `field` in partition 0.
+async fn record_field(
+    server: &support::RedisServer,
+    name: &ServiceName,
+    task: &str,
+    field: &str,
+) -> Option<String> {
+    let mut raw = server.pool().get().await.unwrap();
+    raw.hget(keys::task(name, 0, task), field).await.unwrap()
+}
+
+#[tokio::test]
+async fn a_stale_owner_writes_no_task_record_and_the_owner_does() {
+    let (server, conn, name) = setup().await;
+    let (id, stale, owner) = moved_on(&server, &conn, &name).await;
+    let tracking = crate::tracking::Tracking::on();
+    let group = |store| super::AckGroup {
+        store,
+        ids: Vec::new(),
+        tracked: vec![(id.as_str(), "t1", b"42".as_slice())],
+        tracking: Some(tracking),
+    };
+    // The old owner: its start, progress and ack are refused, and write
+    // nothing.
+    assert_eq!(
+        stale.start(&tracking, &[(&id, "t1", 1)]).await.unwrap(),
+        None
+    );
+    assert!(!stale.progress("t1", b"7").await.unwrap());
+    let refused: i64 = conn
+        .invoke(&stale.ack_script(&group(&stale)))
+        .await
+        .unwrap();
+    assert_eq!(refused, -1);
+    assert_eq!(record_field(&server, &name, "t1", "state").await, None);
+    // The owner: running under its token, its progress, then succeeded
+    // with the result, as the ack acked the entry.
+    assert_eq!(
+        owner.start(&tracking, &[(&id, "t1", 1)]).await.unwrap(),
+        Some(vec![])
+    );
+    assert_eq!(
+        record_field(&server, &name, "t1", "state").await.as_deref(),
+        Some("running")
+    );
+    assert_eq!(
+        record_field(&server, &name, "t1", "token").await,
+        Some(owner.token().to_string())
+    );
+    assert!(owner.progress("t1", b"7").await.unwrap());
+    assert!(!stale.progress("t1", b"8").await.unwrap(), "still refused");
+    let acked: i64 = conn
+        .invoke(&owner.ack_script(&group(&owner)))
+        .await
+        .unwrap();
+    assert_eq!(acked, 1);
+    assert_eq!(
+        record_field(&server, &name, "t1", "state").await.as_deref(),
+        Some("succeeded")
+    );
+    assert_eq!(
+        record_field(&server, &name, "t1", "result")
+            .await
+            .as_deref(),
+        Some("42")
+    );
+    assert_eq!(
+        record_field(&server, &name, "t1", "progress")
+            .await
+            .as_deref(),
+        Some("7")
+    );
+    // Not pending any more: an ack sent again acks nothing and leaves the
+    // record as it is.
+    let again: i64 = conn
+        .invoke(&owner.ack_script(&group(&owner)))
+        .await
+        .unwrap();
+    assert_eq!(again, 0);
+}
