@@ -14,8 +14,16 @@
 -- KEYS[1] = {N/p}:stream     KEYS[2] = {N/p}:owner     KEYS[3] = {N/p}:failures
 -- ARGV[1] = '<token>:<instance id>'     ARGV[2] = group     ARGV[3] = consumer
 -- ARGV[4] = entry id     ARGV[5] = the delivery count, or 'unstarted'
--- ARGV[6] = the failure count (optional)
--- Returns 1 when recorded, 0 when the entry is not pending, -1 when fenced.
+-- ARGV[6] = the failure count ('': none)
+-- ARGV[7] = a tracked task's id ('': untracked; docs/design.md §14), then
+-- ARGV[8] = its state: 'retrying' (after a failed attempt, until its next
+-- one) or 'running' (as the next attempt starts)     ARGV[9] = the error
+-- ARGV[10] = the attempt     ARGV[11] = the backoff (ms)
+-- ARGV[12] = instance id     ARGV[13] = token     ARGV[14..20] = the
+-- tracking block (track.lua)
+-- Returns 1 when recorded, 0 when the entry is not pending, -1 when fenced,
+-- 2 when recorded but a user's cancel request came first (the task must
+-- not run again: the caller acks it, and the ack ends it `cancelled`).
 if redis.call('GET', KEYS[2]) ~= ARGV[1] then
   return -1
 end
@@ -28,7 +36,21 @@ if count == 'unstarted' then
   count = math.max(pending[1][4] - 1, 0)
 end
 local recorded = #redis.call('XCLAIM', KEYS[1], ARGV[2], ARGV[3], 0, ARGV[4], 'RETRYCOUNT', count, 'JUSTID')
-if recorded == 1 and ARGV[6] then
+if recorded == 1 and ARGV[6] ~= '' then
   redis.call('HSET', KEYS[3], ARGV[4], ARGV[6])
+end
+local t = recorded == 1 and ARGV[7] ~= '' and tracking(14)
+if t then
+  local key, _, cancel = record_of(t, ARGV[7])
+  if cancel then
+    return 2
+  end
+  if ARGV[8] == 'retrying' then
+    set_state(t, key, 'retrying', 'attempt', ARGV[10], 'error', ARGV[9],
+      'due_at', now_ms() + tonumber(ARGV[11]))
+  else
+    set_state(t, key, 'running', 'attempt', ARGV[10], 'instance', ARGV[12],
+      'token', ARGV[13], 'started_at', now_ms())
+  end
 end
 return recorded

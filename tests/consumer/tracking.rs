@@ -30,6 +30,8 @@ enum Job {
     Fail(u64),
     /// Succeed after `ms`.
     Work(u64, u64),
+    /// Fail its first run, asking for a retry after 1.5 s; then succeed.
+    RetryLater(u64),
     /// Fail its first two runs (ever), then succeed.
     FailTwice(u64),
     /// Fail its first run (ever) after `ms`, then succeed after `ms`.
@@ -50,6 +52,7 @@ fn start(
     url: &str,
     name: &str,
     runs: &Runs,
+    ordered: bool,
 ) -> (
     CancellationToken,
     tokio::task::JoinHandle<peerq::Result<()>>,
@@ -66,6 +69,7 @@ fn start(
                 | Job::FailTwice(seq)
                 | Job::FailOnce(seq, _)
                 | Job::Work(seq, _)
+                | Job::RetryLater(seq)
                 | Job::Hang(seq) => seq,
             };
             let ran = {
@@ -86,6 +90,10 @@ fn start(
                     }
                 }
                 Job::FailTwice(seq) => Ok(Done { seq }),
+                Job::RetryLater(_) if ran == 1 => {
+                    Err(HandlerError::msg("later").retry_after(Duration::from_millis(1500)))
+                }
+                Job::RetryLater(seq) => Ok(Done { seq }),
                 Job::Work(seq, ms) => {
                     tokio::time::sleep(Duration::from_millis(ms)).await;
                     Ok(Done { seq })
@@ -119,6 +127,7 @@ fn start(
             Duration::from_millis(50),
         ))
         .tracking(Tracking::on())
+        .ordered(ordered)
         .periodic(
             Periodic::every("tick", Duration::from_secs(1)),
             &Job::Succeed(1_000),
@@ -129,6 +138,7 @@ fn start(
     (stop, task)
 }
 
+mod ordered;
 mod races;
 mod retention;
 
@@ -141,10 +151,25 @@ async fn setup() -> (
     Producer<Json>,
     Service,
 ) {
+    setup_with(false).await
+}
+
+/// With `ordered` partitions (retries in place).
+async fn setup_with(
+    ordered: bool,
+) -> (
+    RedisServer,
+    String,
+    Runs,
+    CancellationToken,
+    tokio::task::JoinHandle<peerq::Result<()>>,
+    Producer<Json>,
+    Service,
+) {
     let server = RedisServer::start();
     let name = unique_name("tracking");
     let runs = Runs::default();
-    let (stop, task) = start(&server.url(), &name, &runs);
+    let (stop, task) = start(&server.url(), &name, &runs, ordered);
     let admin = Admin::connect(server.url()).await.unwrap();
     // The consumer's start writes `{N}:tracking`; a producer reads it on
     // its first enqueue.

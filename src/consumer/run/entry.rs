@@ -20,12 +20,13 @@ use futures_util::FutureExt;
 use tokio::sync::SemaphorePermit;
 use tracing::{Instrument, Span, info_span, warn};
 
+use super::in_place::Waited;
 use super::{Batch, Ran, Source};
 use crate::consumer::erased::{Call, HandlerResult};
 use crate::consumer::meters::Ended;
 use crate::consumer::policy::Unfinished;
 use crate::consumer::running::RunningTask;
-use crate::consumer::store::{Attempts, Deliveries, Fetched, Unreadable};
+use crate::consumer::store::{Attempts, Deliveries, Fetched, Recorded, Unreadable};
 use crate::entry::Entry;
 use crate::handler::{Disposition, TaskContext, Tenure, Tracker, disposition_of};
 
@@ -145,7 +146,8 @@ impl Batch {
         if self.shared.order.unfinished() == Unfinished::LeavePending {
             // Its read counted a delivery: taken back, so that the next
             // owner runs it with the attempt it would have run here.
-            self.record_attempts(id, Deliveries::Unstarted, None).await;
+            self.record_attempts(id, Deliveries::Unstarted, None, None)
+                .await;
             return false;
         }
         match entry {
@@ -227,8 +229,11 @@ impl Batch {
             );
             if order.attempts_in_redis() && entry.attempt > counted {
                 let starts = Deliveries::Runs(entry.attempt);
-                if !Box::pin(self.record_attempts(id, starts, None)).await {
-                    return Executed::Done(false);
+                let in_place = self.in_place(&entry, &track, "", Duration::ZERO);
+                match Box::pin(self.record_attempts(id, starts, None, in_place.as_ref())).await {
+                    Some(Recorded::Yes) => {}
+                    Some(Recorded::Cancelled) => return Executed::Succeeded(Vec::new()),
+                    Some(Recorded::NotPending) | None => return Executed::Done(false),
                 }
                 counted = entry.attempt;
             }
@@ -300,82 +305,21 @@ impl Batch {
             // The failure is recorded before the backoff: a release during
             // the backoff must not forget it.
             let (ran, failed) = (Deliveries::Runs(entry.attempt), Some(entry.failures));
-            let recorded = self.record_attempts(id, ran, failed);
-            if !Box::pin(recorded.instrument(span.clone())).await {
-                return Executed::Done(false);
+            let in_place = self.in_place(&entry, &track, &error, delay);
+            let recorded = self.record_attempts(id, ran, failed, in_place.as_ref());
+            match Box::pin(recorded.instrument(span.clone())).await {
+                Some(Recorded::Yes) => {}
+                Some(Recorded::Cancelled) => return Executed::Succeeded(Vec::new()),
+                Some(Recorded::NotPending) | None => return Executed::Done(false),
             }
             warn!(parent: &span, error, retry_in = ?delay, "task failed; retried in place");
             self.shared.metrics.retried();
-            if !Box::pin(self.wait_in_place(delay)).await {
-                return Executed::Done(false);
+            match Box::pin(self.wait_in_place(delay, track.as_deref())).await {
+                Waited::Go => {}
+                Waited::Leave => return Executed::Done(false),
+                Waited::Cancelled => return Executed::Succeeded(Vec::new()),
             }
             entry.attempt += 1;
-        }
-    }
-
-    /// Waits out an in-place retry's backoff, and the pause gate; false
-    /// when the entry must be left pending instead: the partition was
-    /// released (the next owner runs it first), the task cancelled, or the
-    /// lease lapsed meanwhile (rule 6 again).
-    async fn wait_in_place(&self, delay: Duration) -> bool {
-        let (stop, cancel) = (&self.ownership.stop, &self.ownership.cancel);
-        tokio::select! {
-            _ = tokio::time::sleep(delay) => {}
-            _ = stop.cancelled() => return false,
-            _ = cancel.cancelled() => return false,
-        }
-        // Paused meanwhile: the next attempt waits, in place.
-        tokio::select! {
-            _ = self.shared.gate.opened() => {}
-            _ = stop.cancelled() => return false,
-            _ = cancel.cancelled() => return false,
-        }
-        self.lease.valid()
-    }
-
-    /// What Redis records of the entry's attempts: its delivery count
-    /// and its failure count. The first read counts 1 delivery; each
-    /// attempt after the first is recorded as it starts, each failure
-    /// before its backoff, and a release before the entry started takes
-    /// its read's delivery back ([`record_attempts`](Self::record_attempts));
-    /// every later delivery (a re-read of the pending list, here or on the
-    /// next owner after a crash, an interrupted run, a lost ack or a
-    /// handover) counts one more, the attempt that may have run. Claims
-    /// leave the count alone. `None` when Redis does not say.
-    async fn attempts(&self, id: &str) -> Option<Attempts> {
-        match self.ownership.store.attempts(id).await {
-            Ok(attempts) => Some(attempts),
-            Err(e) => {
-                warn!(partition = self.partition, cause = %e, "cannot read the delivery and failure counts");
-                None
-            }
-        }
-    }
-
-    /// Records in Redis the entry's delivery count (`deliveries`) and, after
-    /// a failed attempt, its failure count, so that the partition's next
-    /// owner continues them. False when the task must not run now: the
-    /// partition has a newer owner, the entry is not pending any more, or
-    /// Redis did not answer (the entry stays pending and is read again,
-    /// which counts one more delivery, rather than run with counts Redis
-    /// does not know).
-    async fn record_attempts(
-        &self,
-        id: &str,
-        deliveries: Deliveries,
-        failures: Option<u32>,
-    ) -> bool {
-        let store = &self.ownership.store;
-        match store.record_attempts(id, deliveries, failures).await {
-            Ok(Some(pending)) => pending,
-            Ok(None) => {
-                self.ownership.fenced("recording the attempt");
-                false
-            }
-            Err(e) => {
-                warn!(partition = self.partition, ?deliveries, failures, cause = %e, "cannot record the attempt");
-                false
-            }
         }
     }
 

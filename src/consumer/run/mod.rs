@@ -20,6 +20,7 @@
 //! rule 1).
 
 mod entry;
+mod in_place;
 
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;

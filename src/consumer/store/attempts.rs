@@ -10,12 +10,13 @@ use std::sync::LazyLock;
 use deadpool_redis::redis::streams::StreamPendingCountReply;
 use deadpool_redis::redis::{self, Script};
 
-use super::PartitionStore;
+use super::{PartitionStore, Track};
 use crate::error::Result;
 use crate::keys;
+use crate::tracking::tracked_script;
 
 static FENCED_ATTEMPT: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../../scripts/fenced_attempt.lua")));
+    LazyLock::new(|| Script::new(tracked_script!("fenced_attempt.lua")));
 
 /// What Redis records of a pending entry's attempts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -25,6 +26,28 @@ pub(crate) struct Attempts {
     pub(crate) deliveries: u32,
     /// Its failed runs.
     pub(crate) failures: u32,
+}
+
+/// What recording an ordered entry's attempts found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Recorded {
+    /// Recorded: the entry may run (or wait for its next attempt).
+    Yes,
+    /// The entry is not pending any more.
+    NotPending,
+    /// Recorded, but a user cancelled the tracked task: it must not run
+    /// again; acked, it ends `cancelled`.
+    Cancelled,
+}
+
+/// A tracked ordered task's record as its attempts are recorded
+/// (docs/design.md §14): `retrying` after a failed attempt, until its next
+/// one after `backoff`; `running` as that one starts.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct InPlace<'a> {
+    pub(crate) track: Track<'a>,
+    pub(crate) retrying: bool,
+    pub(crate) backoff: std::time::Duration,
 }
 
 /// The delivery count an ordered entry's record sets.
@@ -72,15 +95,15 @@ impl PartitionStore {
     /// Ordered mode: records what Redis must know of entry `id` (held by
     /// this instance) for its next run, here or on the next owner: its
     /// delivery count (see [`Deliveries`]; a later delivery adds one, the
-    /// attempt it runs) and, after a failed attempt, its failure count.
-    /// `Ok(None)` when fenced, `Ok(Some(false))` when the entry is not
-    /// pending.
+    /// attempt it runs) and, after a failed attempt, its failure count;
+    /// tracked (`in_place`), its record too. `Ok(None)` when fenced.
     pub(crate) async fn record_attempts(
         &self,
         id: &str,
         deliveries: Deliveries,
         failures: Option<u32>,
-    ) -> Result<Option<bool>> {
+        in_place: Option<&InPlace<'_>>,
+    ) -> Result<Option<Recorded>> {
         let mut script = FENCED_ATTEMPT.key(&self.stream);
         script
             .key(&self.owner)
@@ -93,10 +116,37 @@ impl PartitionStore {
             Deliveries::Runs(runs) => script.arg(runs),
             Deliveries::Unstarted => script.arg("unstarted"),
         };
-        if let Some(failures) = failures {
-            script.arg(failures);
+        match failures {
+            Some(failures) => script.arg(failures),
+            None => script.arg(""),
+        };
+        match in_place {
+            Some(in_place) => {
+                let track = &in_place.track;
+                script
+                    .arg(track.task)
+                    .arg(if in_place.retrying {
+                        "retrying"
+                    } else {
+                        "running"
+                    })
+                    .arg(track.error)
+                    .arg(track.attempt)
+                    .arg(in_place.backoff.as_millis() as u64)
+                    .arg(&self.consumer)
+                    .arg(self.token);
+                self.block(&mut script, &track.tracking);
+            }
+            None => {
+                script.arg("");
+            }
         }
         let reply: i64 = self.conn.invoke(&script).await?;
-        Ok((reply >= 0).then_some(reply > 0))
+        Ok(match reply {
+            -1 => None,
+            0 => Some(Recorded::NotPending),
+            2 => Some(Recorded::Cancelled),
+            _ => Some(Recorded::Yes),
+        })
     }
 }

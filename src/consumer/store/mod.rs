@@ -37,7 +37,7 @@ use std::time::Duration;
 use deadpool_redis::redis::{self, FromRedisValue, Script, Value};
 
 pub(crate) use self::acks::{AckGroup, AckReply, ack};
-pub(crate) use self::attempts::{Attempts, Deliveries};
+pub(crate) use self::attempts::{Attempts, Deliveries, InPlace, Recorded};
 pub(crate) use self::reader::{BlockingReads, Fetched, Unreadable, is_nogroup, unblock};
 pub(crate) use self::records::{Starting, Track};
 use self::reply::AutoClaim;

@@ -205,7 +205,7 @@ async fn an_attempt_record_is_the_owners_alone_and_a_just_ids_claim_keeps_it() {
     let (server, conn, name) = setup().await;
     let (id, stale, owner) = moved_on(&server, &conn, &name).await;
     let starts = |n| Deliveries::Runs(n);
-    let recorded = stale.record_attempts(&id, starts(5), Some(1)).await;
+    let recorded = stale.record_attempts(&id, starts(5), Some(1), None).await;
     assert_eq!(recorded.unwrap(), None, "fenced");
     let before = owner.attempts(&id).await.unwrap();
     assert_eq!((before.deliveries, before.failures), (1, 0));
@@ -218,12 +218,12 @@ async fn an_attempt_record_is_the_owners_alone_and_a_just_ids_claim_keeps_it() {
     assert_eq!(claimed.entries.len(), 1);
     assert_eq!(claimed.entries[0].id, id);
     assert_eq!(delivery_count(&server, &name, &id).await, 1);
-    let recorded = owner.record_attempts(&id, starts(5), None).await;
-    assert_eq!(recorded.unwrap(), Some(true));
+    let recorded = owner.record_attempts(&id, starts(5), None, None).await;
+    assert_eq!(recorded.unwrap(), Some(Recorded::Yes));
     assert_eq!(delivery_count(&server, &name, &id).await, 5);
     // Attempt 5 failed: its count stays, its failure is recorded.
-    let recorded = owner.record_attempts(&id, starts(5), Some(2)).await;
-    assert_eq!(recorded.unwrap(), Some(true));
+    let recorded = owner.record_attempts(&id, starts(5), Some(2), None).await;
+    assert_eq!(recorded.unwrap(), Some(Recorded::Yes));
     let failed = owner.attempts(&id).await.unwrap();
     assert_eq!((failed.deliveries, failed.failures), (5, 2));
     // Delivered again and released before it started: the delivery that
@@ -231,9 +231,9 @@ async fn an_attempt_record_is_the_owners_alone_and_a_just_ids_claim_keeps_it() {
     let _ = owner.read(&conn, "0", 10).await.unwrap();
     assert_eq!(delivery_count(&server, &name, &id).await, 6);
     let released = owner
-        .record_attempts(&id, Deliveries::Unstarted, None)
+        .record_attempts(&id, Deliveries::Unstarted, None, None)
         .await;
-    assert_eq!(released.unwrap(), Some(true));
+    assert_eq!(released.unwrap(), Some(Recorded::Yes));
     let released = owner.attempts(&id).await.unwrap();
     assert_eq!((released.deliveries, released.failures), (5, 2));
     let failures = keys::failures(&name, 0);
@@ -244,10 +244,10 @@ async fn an_attempt_record_is_the_owners_alone_and_a_just_ids_claim_keeps_it() {
     assert_eq!(run_ack(&conn, &owner, &id).await, 1);
     assert_eq!(
         owner
-            .record_attempts(&id, starts(6), Some(3))
+            .record_attempts(&id, starts(6), Some(3), None)
             .await
             .unwrap(),
-        Some(false),
+        Some(Recorded::NotPending),
         "not pending any more"
     );
     let gone = owner.attempts(&id).await.unwrap();

@@ -114,7 +114,7 @@ async fn a_cancel_reaches_a_task_after_a_graceful_handover_and_while_paused() {
     let first = service.task(&handle).await.unwrap().unwrap().instance;
     // A second instance joins, the first leaves: its run is interrupted
     // (not cancelled) and the task runs again on the second.
-    let (stop_b, task_b) = start(&server.url(), &name, &runs);
+    let (stop_b, task_b) = start(&server.url(), &name, &runs, false);
     tokio::time::sleep(Duration::from_millis(1500)).await;
     stop_a.cancel();
     task_a.await.unwrap().unwrap();
