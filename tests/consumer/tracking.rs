@@ -416,3 +416,28 @@ async fn a_replayed_task_follows_its_new_run_and_a_periodic_task_has_a_record() 
     stop.cancel();
     task.await.unwrap().unwrap();
 }
+
+#[tokio::test]
+async fn a_failed_attempt_is_retrying_with_its_due_time_and_error_until_its_retry_runs() {
+    let (_server, _name, runs, stop, task, producer, service) = setup().await;
+    let id = producer.enqueue(&Job::RetryLater(11)).await.unwrap();
+    let handle = producer.handle_of(&id, None);
+    until_record(&service, &handle, |r| r.state == Some(TaskState::Retrying)).await;
+    let record = service.task(&handle).await.unwrap().unwrap();
+    assert_eq!(record.attempt, Some(2), "the attempt it runs next");
+    assert_eq!(record.error.as_deref(), Some("later"));
+    let due = record.due_at.expect("its due time");
+    let enqueued = record.enqueued_at.unwrap();
+    assert!(
+        due > enqueued + Duration::from_secs(1),
+        "{due:?} after {enqueued:?}"
+    );
+    let Waited::Final(record) = service.wait(&handle, PATIENCE).await.unwrap() else {
+        panic!("the retried task did not end");
+    };
+    assert_eq!(record.state, Some(TaskState::Succeeded));
+    assert_eq!(record.attempt, Some(2));
+    assert_eq!(runs.lock().unwrap()[&11].len(), 2);
+    stop.cancel();
+    task.await.unwrap().unwrap();
+}
