@@ -163,6 +163,25 @@ impl Conn {
         }
     }
 
+    /// Runs `pipe` as [`write_part`](Self::write_part) does, but returns
+    /// each reply in its place, error replies included (a part with
+    /// scripts, whose replies say what they did, or `NOSCRIPT`).
+    pub(crate) async fn write_part_each(
+        &mut self,
+        pipe: &mut Pipeline,
+        carriers: &Carriers,
+    ) -> RedisResult<Vec<Value>> {
+        pipe.ignore_errors();
+        match self {
+            Conn::Node(conn) => pipe.query_async(conn).await,
+            Conn::Cluster(conn, cluster) => {
+                let (replies, _) =
+                    pipeline::write_pipe(conn, &cluster.nodes, pipe, None, Some(carriers)).await?;
+                Ok(replies)
+            }
+        }
+    }
+
     /// A `WAIT` for `wait`'s replicas after parts sent with
     /// [`write_part`](Self::write_part), on this connection (one server),
     /// or on each connection in `carriers` (a Cluster): the fewest replicas

@@ -1,5 +1,8 @@
-//! A batch's enqueue: many tasks without options, pipelined in parts that
-//! go out while the next ones are built.
+//! A batch's enqueue: many tasks, each with its options or none, pipelined
+//! in parts that go out while the next ones are built. A task without
+//! options (or with a partition key only) is an `XADD`; one with an
+//! idempotency key or a delay goes through the enqueue script, in the same
+//! part, so a batch of plain tasks costs what it did before options.
 //!
 //! Every task is encoded and checked against `max_payload` first, so a task
 //! that cannot be enqueued fails the batch before anything is sent. The
@@ -20,15 +23,22 @@
 //! would hold the connection, and the parts behind it, for a replica's
 //! round trip each.
 
-use deadpool_redis::redis::{Cmd, Pipeline, RedisResult};
+use std::collections::BTreeMap;
+
+use deadpool_redis::redis::{self, Cmd, Pipeline, ScriptInvocation, Value};
 use futures_util::stream::FuturesUnordered;
 use futures_util::{FutureExt, StreamExt};
 use serde::Serialize;
 
-use super::Producer;
+use std::sync::atomic::Ordering;
+
+use tracing::warn;
+
+use super::send::ENQUEUE;
+use super::{Options, Producer};
 use crate::codec::Codec;
 use crate::connection::{Carriers, Conn};
-use crate::entry::{self, TaskId};
+use crate::entry::{self, Entry, TaskId};
 use crate::error::Result;
 use crate::keys;
 use crate::partition::partition_of;
@@ -41,15 +51,58 @@ use crate::tracking::STALE;
 /// about 0.1 of the raw producer's rate slower.
 const PART: usize = 128;
 
+/// One task of a batch: its encoded payload and its options, if any.
+pub(super) type Item<'a> = (Vec<u8>, Option<&'a Options>);
+
+/// What a batch enqueued: each task's id in the batch's order (for a
+/// repeat of an idempotency key, the earlier task's), and how many are new.
+pub(super) struct Sent {
+    pub(super) ids: Vec<TaskId>,
+    pub(super) new: usize,
+}
+
+/// A task of a part that went through the enqueue script: where its reply
+/// is in the part's, its place in the batch, its partition, and the call
+/// (sent again if Redis no longer knows the script).
+struct Scripted {
+    reply: usize,
+    task: usize,
+    partition: u32,
+    script: ScriptInvocation<'static>,
+}
+
 impl<C: Codec> Producer<C> {
     /// Encodes every task, then sends them in parts (see `enqueue_batch`).
     pub(super) async fn send_batch<T: Serialize>(&self, tasks: &[T]) -> Result<Vec<TaskId>> {
-        let payloads = tasks
+        let items = tasks
             .iter()
-            .map(|task| self.payload(task))
+            .map(|task| Ok((self.payload(task)?, None)))
             .collect::<Result<Vec<_>>>()?;
-        if payloads.is_empty() {
-            return Ok(Vec::new());
+        Ok(self.send_items(items).await?.ids)
+    }
+
+    /// Encodes every task, then sends them with their options in parts
+    /// (see `enqueue_batch_with`).
+    pub(super) async fn send_batch_with<T: Serialize>(
+        &self,
+        tasks: &[(T, Options)],
+    ) -> Result<Sent> {
+        let items = tasks
+            .iter()
+            .map(|(task, options)| Ok((self.payload(task)?, Some(options))))
+            .collect::<Result<Vec<_>>>()?;
+        self.send_items(items).await
+    }
+
+    /// Sends `items` in parts: a task without options (or with a key only)
+    /// as an `XADD`, one with an idempotency key or a delay through the
+    /// enqueue script, in the same part.
+    async fn send_items(&self, items: Vec<Item<'_>>) -> Result<Sent> {
+        if items.is_empty() {
+            return Ok(Sent {
+                ids: Vec::new(),
+                new: 0,
+            });
         }
         // One connection for the whole batch, taken once: after a reset,
         // parts that each took their own would race to the pool and could
@@ -61,11 +114,23 @@ impl<C: Codec> Producer<C> {
         // part (docs/design.md §14): an entry is only read once added, so
         // no start is written before its record.
         let tracked = self.tracking.on(&self.conn, &self.name).await.is_some();
-        let mut ids = Vec::with_capacity(payloads.len());
+        if items.iter().any(|(_, o)| o.is_some_and(Options::scripted))
+            && !self.script_loaded.load(Ordering::Relaxed)
+        {
+            // Loaded before the parts go: a `NOSCRIPT` sent again would
+            // land after the tasks behind it, out of their key's order.
+            let mut conn = conn.clone();
+            let loaded = ENQUEUE.prepare_invoke().load_async(&mut conn).await;
+            loaded.inspect_err(|e| self.conn.reset_after(e))?;
+            self.script_loaded.store(true, Ordering::Relaxed);
+        }
+        let mut ids = Vec::with_capacity(items.len());
+        let mut scripted: Vec<Vec<Scripted>> = Vec::new();
         let carriers = Carriers::default();
         let mut sending = FuturesUnordered::new();
+        let mut replies: Vec<Option<Vec<Value>>> = Vec::new();
         let mut failed = None;
-        for (i, part) in payloads.chunks(PART).enumerate() {
+        for (i, part) in items.chunks(PART).enumerate() {
             if i > 0 {
                 // Lets the connection's task write the part just handed to
                 // it: a task woken from this thread runs only once this one
@@ -73,46 +138,182 @@ impl<C: Codec> Producer<C> {
                 tokio::task::yield_now().await;
             }
             let mut pipe = Pipeline::with_capacity(part.len() * if tracked { 3 } else { 1 });
-            for payload in part {
+            let mut commands = 0;
+            let mut part_scripted = Vec::new();
+            for (payload, options) in part {
                 let id = TaskId::generate();
-                let p = partition_of(id.as_str().as_bytes(), self.partitions) as usize;
-                if tracked {
-                    record(
-                        &mut pipe,
-                        &keys::task(&self.name, p as u32, id.as_str()),
-                        &enqueued_at,
-                    );
+                let key = options.and_then(|o| o.partition_key());
+                let placed = key.unwrap_or(id.as_str());
+                let p = partition_of(placed.as_bytes(), self.partitions);
+                match options {
+                    Some(options) if options.scripted() => {
+                        let entry =
+                            Entry::new(id.clone(), options.key.clone(), C::NAME, payload.clone());
+                        let script = self.enqueue_script(&entry, p, options, None, tracked);
+                        pipe.invoke_script(&script);
+                        part_scripted.push(Scripted {
+                            reply: commands,
+                            task: ids.len(),
+                            partition: p,
+                            script,
+                        });
+                        commands += 1;
+                    }
+                    _ => {
+                        if tracked {
+                            let record_key = keys::task(&self.name, p, id.as_str());
+                            record(&mut pipe, &record_key, &enqueued_at);
+                            commands += 2;
+                        }
+                        let fields =
+                            entry::first_attempt(id.as_str(), &enqueued_at, C::NAME, payload);
+                        let stream = &self.streams[p as usize];
+                        match options.and_then(|o| o.key.as_deref()) {
+                            Some(key) => pipe.add_command(xadd_keyed(stream, &fields, key)),
+                            None => pipe.add_command(xadd(stream, &fields)),
+                        };
+                        commands += 1;
+                    }
                 }
-                let fields = entry::first_attempt(id.as_str(), &enqueued_at, C::NAME, payload);
-                pipe.add_command(xadd(&self.streams[p], &fields));
                 ids.push(id);
             }
-            sending.push(self.send_part(conn.clone(), pipe, &carriers));
+            let each = !part_scripted.is_empty();
+            scripted.push(part_scripted);
+            replies.push(None);
+            sending.push(self.send_part(conn.clone(), pipe, &carriers, each, i));
             // One poll hands the part to the connection (and collects any
             // part already answered); the rest is waited for below.
             while let Some(Some(sent)) = sending.next().now_or_never() {
-                failed = failed.or(sent.err());
+                collect(sent, &mut replies, &mut failed);
             }
         }
         while let Some(sent) = sending.next().await {
-            failed = failed.or(sent.err());
+            collect(sent, &mut replies, &mut failed);
         }
         if let Some(error) = failed {
             return Err(error);
         }
+        let scripted: Vec<Scripted> = scripted.into_iter().flatten().collect();
+        let new = self
+            .scripted_replies(conn.clone(), scripted, replies, &carriers, &mut ids)
+            .await?;
         if let Some(wait) = self.conn.wait() {
             let waited = conn.clone().wait_after(&carriers, wait).await;
             wait.confirmed(waited.inspect_err(|e| self.conn.reset_after(e))?)?;
         }
-        Ok(ids)
+        Ok(Sent { new, ids })
     }
 
-    /// Sends one part on `conn`, the producer's connection (on a Cluster,
+    /// Reads the enqueue scripts' replies of every part: each task's id
+    /// (the earlier one under an idempotency key), the due index's notices
+    /// of delayed ones; a script Redis no longer knew (`NOSCRIPT`: it ran
+    /// nothing) is loaded and those calls sent again. Returns how many of
+    /// the batch's tasks are new.
+    async fn scripted_replies(
+        &self,
+        mut conn: Conn,
+        scripted: Vec<Scripted>,
+        replies: Vec<Option<Vec<Value>>>,
+        carriers: &Carriers,
+        ids: &mut [TaskId],
+    ) -> Result<usize> {
+        let mut repeats = 0;
+        let mut due: BTreeMap<u32, u64> = BTreeMap::new();
+        let mut again = Vec::new();
+        let part_of = |task: usize| task / PART;
+        let mut read =
+            |s: &Scripted, reply: &Value, again: &mut Vec<usize>, k: usize| -> Result<()> {
+                match reply {
+                    Value::ServerError(e) if e.code() == "NOSCRIPT" => again.push(k),
+                    _ => {
+                        let (enqueued, at): (String, u64) = redis::from_redis_value(reply.clone())
+                            .map_err(redis::RedisError::from)?;
+                        if enqueued != ids[s.task].as_str() {
+                            repeats += 1;
+                            ids[s.task] = TaskId::from(enqueued.as_str());
+                        }
+                        if at > 0 {
+                            let min = due.entry(s.partition).or_insert(at);
+                            *min = (*min).min(at);
+                        }
+                    }
+                }
+                Ok(())
+            };
+        for (k, s) in scripted.iter().enumerate() {
+            let part = replies[part_of(s.task)]
+                .as_ref()
+                .expect("a scripted part's replies");
+            read(s, &part[s.reply], &mut again, k)?;
+        }
+        if !again.is_empty() {
+            // Redis restarted and forgot the script: pipelines do not load
+            // scripts, and a `NOSCRIPT` ran nothing, so these go again,
+            // after the batch's other tasks (a key's order can differ from
+            // the batch's for them: said in `enqueue_batch_with`'s doc).
+            warn!(
+                service = %self.name,
+                tasks = again.len(),
+                "redis no longer knew the enqueue script; those tasks were sent again after the rest of their batch"
+            );
+            scripted[again[0]]
+                .script
+                .load_async(&mut conn)
+                .await
+                .inspect_err(|e| self.conn.reset_after(e))?;
+            let mut pipe = Pipeline::with_capacity(again.len());
+            for k in &again {
+                pipe.invoke_script(&scripted[*k].script);
+            }
+            let sent = conn.write_part_each(&mut pipe, carriers).await;
+            let sent = sent.inspect_err(|e| self.conn.reset_after(e))?;
+            let mut still = Vec::new();
+            for (reply, k) in sent.iter().zip(&again) {
+                read(&scripted[*k], reply, &mut still, *k)?;
+            }
+            if !still.is_empty() {
+                return Err(redis::RedisError::from((
+                    redis::ErrorKind::Server(redis::ServerErrorKind::NoScript),
+                    "the enqueue script is unknown to Redis after loading it",
+                ))
+                .into());
+            }
+        }
+        for (p, at) in due {
+            self.notice(p, at).await;
+        }
+        Ok(ids.len() - repeats)
+    }
+
+    /// Sends part `i` on `conn`, the producer's connection (on a Cluster,
     /// one pipeline per master, whose connections go in `carriers`), and
-    /// forgets the connection if the error says it may be broken.
-    async fn send_part(&self, mut conn: Conn, pipe: Pipeline, carriers: &Carriers) -> Result<()> {
-        let sent: RedisResult<()> = conn.write_part(&pipe, carriers).await;
-        Ok(sent.inspect_err(|e| self.conn.reset_after(e))?)
+    /// forgets the connection if the error says it may be broken; `each`:
+    /// its replies, each in its place (a part with scripts).
+    async fn send_part(
+        &self,
+        mut conn: Conn,
+        mut pipe: Pipeline,
+        carriers: &Carriers,
+        each: bool,
+        i: usize,
+    ) -> Result<(usize, Option<Vec<Value>>)> {
+        let sent = match each {
+            true => conn.write_part_each(&mut pipe, carriers).await.map(Some),
+            false => conn.write_part(&pipe, carriers).await.map(|()| None),
+        };
+        Ok((i, sent.inspect_err(|e| self.conn.reset_after(e))?))
+    }
+}
+
+/// Keeps a part's replies, or the first error.
+fn collect(
+    sent: Result<(usize, Option<Vec<Value>>)>,
+    replies: &mut [Option<Vec<Value>>],
+    failed: &mut Option<crate::error::Error>,
+) {
+    match sent {
+        Ok((i, part)) => replies[i] = part,
+        Err(e) => *failed = failed.take().or(Some(e)),
     }
 }
 
@@ -126,12 +327,15 @@ fn record(pipe: &mut Pipeline, key: &str, enqueued_at: &str) {
         .arg("attempt")
         .arg(1)
         .arg("enqueued_at")
-        .arg(enqueued_at)
-        .ignore();
-    pipe.cmd("PEXPIRE")
-        .arg(key)
-        .arg(STALE.as_millis() as u64)
-        .ignore();
+        .arg(enqueued_at);
+    pipe.cmd("PEXPIRE").arg(key).arg(STALE.as_millis() as u64);
+}
+
+/// `XADD <stream> * <fields> key <key>`: a task with a partition key.
+fn xadd_keyed(stream: &str, fields: &[(&str, &[u8])], key: &str) -> Cmd {
+    let mut cmd = xadd(stream, fields);
+    cmd.arg(crate::entry::field::KEY).arg(key);
+    cmd
 }
 
 /// `XADD <stream> * <fields>`, its buffers allocated once at their size.

@@ -152,6 +152,7 @@ impl<C: Codec> ProducerBuilder<C> {
             max_payload: self.max_payload,
             idempotency_ttl: self.idempotency_ttl,
             tracking: Default::default(),
+            script_loaded: Default::default(),
         })
     }
 }

@@ -77,6 +77,11 @@ pub struct Producer<C: Codec = Bincode> {
     idempotency_ttl: Duration,
     /// Whether tasks are tracked, as last read.
     tracking: Cached,
+    /// Whether this producer loaded the enqueue script into Redis: a
+    /// batch's scripted tasks go as `EVALSHA` in its parts, which do not
+    /// load it, and one sent again after a `NOSCRIPT` would land after the
+    /// tasks behind it.
+    script_loaded: std::sync::atomic::AtomicBool,
     /// Tasks enqueued, and failed calls.
     enqueued: metrics::Counter,
     errors: metrics::Counter,
@@ -163,6 +168,47 @@ impl<C: Codec> Producer<C> {
             Err(_) => self.errors.increment(1),
         }
         sent
+    }
+
+    /// Enqueues many tasks, each with its options (a partition key, an
+    /// idempotency key, a delay), pipelined as [`enqueue_batch`] does;
+    /// returns their ids in the tasks' order (for a repeat of an
+    /// idempotency key, the earlier task's id). Tasks without options, or
+    /// with a partition key only, cost what they cost in
+    /// [`enqueue_batch`]; the others go through the enqueue script, in the
+    /// same parts, so tasks with one key land in the batch's order (unless
+    /// Redis lost its scripts, a restart, since this producer loaded the
+    /// enqueue script: those tasks are then sent again after the rest of
+    /// the batch, with a warning).
+    ///
+    /// ```no_run
+    /// # async fn demo() -> peerq::Result<()> {
+    /// use std::time::Duration;
+    /// use peerq::producer::{Options, Producer};
+    ///
+    /// let producer = Producer::connect("redis://127.0.0.1/", "mail-sender").await?;
+    /// let ids = producer
+    ///     .enqueue_batch_with(&[
+    ///         ("welcome", Options::new().key("user-42")),
+    ///         ("reminder", Options::new().key("user-42").delay(Duration::from_secs(3600))),
+    ///         ("receipt", Options::new().idempotency_key("order-1041")),
+    ///     ])
+    ///     .await?;
+    /// assert_eq!(ids.len(), 3);
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// [`enqueue_batch`]: Self::enqueue_batch
+    pub async fn enqueue_batch_with<T: Serialize>(
+        &self,
+        tasks: &[(T, Options)],
+    ) -> Result<Vec<TaskId>> {
+        let sent = self.send_batch_with(tasks).await;
+        match &sent {
+            Ok(sent) => self.enqueued.increment(sent.new as u64),
+            Err(_) => self.errors.increment(1),
+        }
+        sent.map(|sent| sent.ids)
     }
 
     /// The service's number of partitions.

@@ -52,39 +52,7 @@ impl<C: Codec> Producer<C> {
         // A tracked task's record is written with its entry, by the script.
         let tracked = self.tracking.on(&self.conn, &self.name).await.is_some();
         if options.scripted() || once.is_some() || tracked {
-            // The dedup records and the delayed set live in the task's
-            // partition, so one script checks, delays and adds.
-            let dedup = options.idempotency_key.as_deref().unwrap_or_default();
-            let ttl = match options.idempotency_key {
-                Some(_) => self.idempotency_ttl.as_millis() as u64,
-                None => 0,
-            };
-            let (once_key, until_ms) = once.unwrap_or_default();
-            let at = options
-                .at
-                .map(|at| {
-                    at.duration_since(UNIX_EPOCH)
-                        .unwrap_or_default()
-                        .as_millis()
-                        .max(1) as u64
-                })
-                .unwrap_or(0);
-            let delay = options.delay.map(|d| d.as_millis() as u64).unwrap_or(0);
-            let mut script = ENQUEUE.key(&stream);
-            script
-                .key(keys::delayed(&self.name, p))
-                .key(keys::dedup(&self.name, p, dedup))
-                .key(keys::dedup(&self.name, p, once_key))
-                .key(keys::task(&self.name, p, id.as_str()))
-                .arg(ttl)
-                .arg(id.as_str())
-                .arg(at)
-                .arg(delay)
-                .arg(until_ms)
-                .arg(if tracked { STALE.as_millis() as u64 } else { 0 });
-            for (k, v) in entry.fields() {
-                script.arg(k).arg(v);
-            }
+            let script = self.enqueue_script(&entry, p, options, once, tracked);
             let (enqueued, due): (String, u64) = self.conn.write_script(&script).await?;
             if enqueued.is_empty() {
                 return Ok(None);
@@ -101,13 +69,62 @@ impl<C: Codec> Producer<C> {
         Ok(Some((id, true)))
     }
 
+    /// The enqueue script's call for `entry` in partition `p` with
+    /// `options` (and the outbox relay's `once`; `tracked`: with its
+    /// record). It replies `{ the id enqueued (or the earlier one, or ''
+    /// past the deadline), its due time if delayed, else 0 }`.
+    pub(super) fn enqueue_script(
+        &self,
+        entry: &Entry,
+        p: u32,
+        options: &Options,
+        once: Option<(&str, u64)>,
+        tracked: bool,
+    ) -> redis::ScriptInvocation<'static> {
+        // The dedup records and the delayed set live in the task's
+        // partition, so one script checks, delays and adds.
+        let dedup = options.idempotency_key.as_deref().unwrap_or_default();
+        let ttl = match options.idempotency_key {
+            Some(_) => self.idempotency_ttl.as_millis() as u64,
+            None => 0,
+        };
+        let (once_key, until_ms) = once.unwrap_or_default();
+        let at = options
+            .at
+            .map(|at| {
+                at.duration_since(UNIX_EPOCH)
+                    .unwrap_or_default()
+                    .as_millis()
+                    .max(1) as u64
+            })
+            .unwrap_or(0);
+        let delay = options.delay.map(|d| d.as_millis() as u64).unwrap_or(0);
+        let id = entry.id.as_str();
+        let mut script = ENQUEUE.key(keys::stream(&self.name, p));
+        script
+            .key(keys::delayed(&self.name, p))
+            .key(keys::dedup(&self.name, p, dedup))
+            .key(keys::dedup(&self.name, p, once_key))
+            .key(keys::task(&self.name, p, id))
+            .arg(ttl)
+            .arg(id)
+            .arg(at)
+            .arg(delay)
+            .arg(until_ms)
+            .arg(if tracked { STALE.as_millis() as u64 } else { 0 });
+        for (k, v) in entry.fields() {
+            script.arg(k).arg(v);
+        }
+        script
+    }
+
     /// Tells the owner of partition `p`, through the due index, that a task
     /// there is delayed until `due_ms`, so it moves the task when due
     /// rather than at its slow check of the delayed set (docs/design.md
     /// §6). The task is enqueued already: a failure here only delays it
     /// more, so it is logged, not returned (an error would have the caller
     /// enqueue the task twice).
-    async fn notice(&self, p: u32, due_ms: u64) {
+    pub(super) async fn notice(&self, p: u32, due_ms: u64) {
         let notice = crate::due::notice(&self.name, p, due_ms);
         if let Err(e) = self.conn.query::<()>(&notice).await {
             warn!(service = %self.name, partition = p, cause = %e, "a delayed task's notice to the due index failed; it runs up to 30 s late");

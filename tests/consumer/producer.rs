@@ -4,6 +4,8 @@
 //! place (the ambiguity `enqueue_batch`'s doc warns of). A task refused late
 //! in a large batch: `tests/consumer/consumer.rs`, with the payload limit.
 
+mod options;
+
 use std::collections::HashMap;
 use std::time::{SystemTime, UNIX_EPOCH};
 
