@@ -144,6 +144,21 @@ pub(crate) fn task(name: &ServiceName, p: u32, id: &str) -> String {
     format!("{{{name}/{p}}}:task:{id}")
 }
 
+/// The tracked tasks of partition `p` that run: task id →
+/// `instance|token|attempt|started_at` (docs/design.md §14), set for a
+/// batch at its start and removed as each task moves or ends.
+pub(crate) fn running(name: &ServiceName, p: u32) -> String {
+    format!("{{{name}/{p}}}:running")
+}
+
+/// The cancel requests of partition `p`'s tasks not yet final: task id
+/// scored by the request's time (Unix ms). The scripts derive it from the
+/// records' prefix (`track.lua`); it is named here for the layout's test.
+#[cfg_attr(not(test), allow(dead_code))]
+pub(crate) fn cancel_requests(name: &ServiceName, p: u32) -> String {
+    format!("{{{name}/{p}}}:cancel_requests")
+}
+
 /// The final tasks of partition `p` whose records are kept, scored by the
 /// time they ended (Unix ms): how the records' count is bounded.
 pub(crate) fn finished(name: &ServiceName, p: u32) -> String {
@@ -193,6 +208,8 @@ mod tests {
         assert_eq!(task(&n, 7, "t1"), format!("{}t1", task_prefix(&n, 7)));
         assert_eq!(task(&n, 7, "t1"), "{mail-sender/7}:task:t1");
         assert_eq!(finished(&n, 7), "{mail-sender/7}:finished");
+        assert_eq!(running(&n, 7), "{mail-sender/7}:running");
+        assert_eq!(cancel_requests(&n, 7), "{mail-sender/7}:cancel_requests");
         assert_eq!(final_channel(&n, 7), "{mail-sender/7}:final");
     }
 

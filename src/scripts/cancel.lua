@@ -1,9 +1,10 @@
 -- docs/design.md §14: a user's cancel of one task. The caller holds no
--- fencing token, so this writes only the request (the `cancel` field) and,
--- for a task that is not running, its end: the scripts that start, retry
--- or finish a task read the request, so whichever of them and this ran
--- first decides. A running task ends `cancelled` when its owner's next
--- script for it runs; the caller wakes the owner on `{N}:cancels`.
+-- fencing token, so this writes only the request (`{N/p}:cancel_requests`, and the
+-- record's `cancel` time) and, for a task that is not running, its end:
+-- the scripts that start, retry or finish a task read the request, so
+-- whichever of them and this ran first decides. A running task ends
+-- `cancelled` when its owner's next script for it runs; the caller wakes
+-- the owner on `{N}:cancels`.
 -- KEYS[1] = {N/p}:task:<id>
 -- ARGV[1] = task id     ARGV[2..8] = the tracking block
 -- Returns { what: 'final' (left as it was), 'cancelled' (now final),
@@ -11,19 +12,25 @@
 -- request is kept for the stale time, so the task never starts if it
 -- exists), the state }.
 local t = tracking(2)
-local key, state, cancel = record_of(t, ARGV[1])
+local id = ARGV[1]
+local key = KEYS[1]
+local state = redis.call('HGET', key, 'state')
 if state and FINAL[state] then
   return { 'final', state }
 end
-if not cancel then
-  redis.call('HSET', key, 'cancel', now_ms())
+local now = now_ms()
+-- Requests older than the stale time are of tasks that never existed.
+redis.call('ZREMRANGEBYSCORE', t.cancels, '-inf', now - tonumber(t.stale))
+redis.call('ZADD', t.cancels, 'NX', now, id)
+redis.call('HSETNX', key, 'cancel', now)
+if redis.call('HEXISTS', t.running, id) == 1 then
+  redis.call('PEXPIRE', key, t.stale)
+  return { 'running', 'running' }
 end
 if not state then
   redis.call('PEXPIRE', key, t.stale)
   return { 'unknown', '' }
 end
-if state == 'running' then
-  return { 'running', state }
-end
-cancelled(t, ARGV[1], key, state)
+cancelled(t, id, key, false)
+flush(t)
 return { 'cancelled', 'cancelled' }

@@ -41,16 +41,16 @@ if recorded == 1 and ARGV[6] ~= '' then
 end
 local t = recorded == 1 and ARGV[7] ~= '' and tracking(14)
 if t then
-  local key, _, cancel = record_of(t, ARGV[7])
-  if cancel then
+  local id = ARGV[7]
+  if asked(t, id) then
     return 2
   end
   if ARGV[8] == 'retrying' then
-    set_state(t, key, 'retrying', 'attempt', ARGV[10], 'error', ARGV[9],
+    set_state(t, id, t.prefix .. id, 'retrying', 'attempt', ARGV[10], 'error', ARGV[9],
       'due_at', now_ms() + tonumber(ARGV[11]))
   else
-    set_state(t, key, 'running', 'attempt', ARGV[10], 'instance', ARGV[12],
-      'token', ARGV[13], 'started_at', now_ms())
+    redis.call('HSET', t.running, id,
+      ARGV[12] .. '|' .. ARGV[13] .. '|' .. ARGV[10] .. '|' .. now_ms())
   end
 end
 return recorded

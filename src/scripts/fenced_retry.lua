@@ -26,6 +26,7 @@ end
 local t = ARGV[5] ~= '' and tracking(10)
 local key = t and unless_cancelled(t, ARGV[5])
 if t and not key then
+  flush(t)
   return 1
 end
 local delay = tonumber(ARGV[4])
@@ -38,6 +39,6 @@ else
   redis.call('ZADD', KEYS[3], due, cmsgpack.pack(fields))
 end
 if t then
-  set_state(t, key, ARGV[6], 'attempt', ARGV[9], 'due_at', due, 'error', ARGV[8])
+  set_state(t, ARGV[5], key, ARGV[6], 'attempt', ARGV[9], 'due_at', due, 'error', ARGV[8])
 end
 return 1

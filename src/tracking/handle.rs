@@ -202,12 +202,15 @@ pub struct TaskRecord {
 }
 
 impl TaskRecord {
-    /// From the record hash's fields; `None` when it has none.
+    /// From the record hash's fields and the task's `{N/p}:running` value
+    /// (`instance|token|attempt|started_at`), which, present, says it runs
+    /// now; `None` when there is neither.
     pub(crate) fn from_fields(
         handle: TaskHandle,
         mut fields: HashMap<String, Vec<u8>>,
+        running: Option<String>,
     ) -> Option<TaskRecord> {
-        if fields.is_empty() {
+        if fields.is_empty() && running.is_none() {
             return None;
         }
         let mut text = |k: &str| {
@@ -219,7 +222,8 @@ impl TaskRecord {
             v.and_then(|v| v.parse::<u64>().ok())
                 .map(|ms| UNIX_EPOCH + Duration::from_millis(ms))
         };
-        Some(TaskRecord {
+        let ran_field = text("ran");
+        let mut record = TaskRecord {
             handle,
             state: text("state").as_deref().and_then(TaskState::parse),
             attempt: text("attempt").and_then(|v| v.parse().ok()),
@@ -235,7 +239,24 @@ impl TaskRecord {
             finished_at: time(text("finished_at")),
             progress: fields.remove("progress"),
             result: fields.remove("result"),
-        })
+        };
+        // What it runs as now (the running hash), else what it last ran as
+        // (a final record's `ran`): `instance|token|attempt|started_at`.
+        let runs = running.is_some();
+        let ran = running.or(ran_field).unwrap_or_default();
+        if let [instance, token, attempt, started] = ran.split('|').collect::<Vec<_>>()[..] {
+            if runs {
+                record.state = Some(TaskState::Running);
+            }
+            record.instance = Some(instance.to_owned());
+            record.token = token.parse().ok();
+            // A dead record says its last attempt itself.
+            if runs || record.attempt.is_none() {
+                record.attempt = attempt.parse().ok();
+            }
+            record.started_at = time(Some(started.to_owned()));
+        }
+        Some(record)
     }
 
     /// Whether the task is final.

@@ -245,6 +245,7 @@ pub(crate) async fn ensure(
 #[derive(Debug, Clone)]
 pub(crate) struct PartitionKeys {
     prefix: String,
+    running: String,
     finished: String,
     channel: String,
     publish: &'static str,
@@ -256,6 +257,7 @@ impl PartitionKeys {
     pub(crate) fn new(name: &ServiceName, p: u32, sharded: bool) -> Self {
         PartitionKeys {
             prefix: keys::task_prefix(name, p),
+            running: keys::running(name, p),
             finished: keys::finished(name, p),
             channel: keys::final_channel(name, p),
             publish: if sharded { "SPUBLISH" } else { "PUBLISH" },
@@ -265,6 +267,11 @@ impl PartitionKeys {
     /// Task `id`'s record.
     pub(crate) fn record(&self, id: &str) -> String {
         format!("{}{id}", self.prefix)
+    }
+
+    /// The partition's running tracked tasks.
+    pub(crate) fn running(&self) -> &str {
+        &self.running
     }
 
     /// Adds the tracking block (`track.lua`) for `tracking` to `script`; an

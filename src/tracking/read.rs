@@ -9,7 +9,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use deadpool_redis::redis;
+use deadpool_redis::redis::{self, Value};
 use tokio::time::Instant;
 
 use super::handle::{TaskHandle, TaskRecord};
@@ -39,11 +39,12 @@ pub(crate) async fn read(
     p: u32,
     id: &str,
 ) -> Result<Option<TaskRecord>> {
-    let mut hgetall = redis::cmd("HGETALL");
-    hgetall.arg(keys::task(name, p, id));
-    let fields: HashMap<String, Vec<u8>> = conn.query(&hgetall).await?;
+    let mut pipe = redis::pipe();
+    ask(&mut pipe, name, p, id);
+    let (fields, running): (HashMap<String, Vec<u8>>, Option<String>) =
+        conn.query_pipe(&pipe).await?;
     let handle = TaskHandle::new(p, id.into());
-    Ok(TaskRecord::from_fields(handle, fields))
+    Ok(TaskRecord::from_fields(handle, fields, running))
 }
 
 /// Task `handle`'s record; a bare id is looked up in every one of the
@@ -61,12 +62,34 @@ pub(crate) async fn find(
     }
     let mut pipe = redis::pipe();
     for p in 0..partitions {
-        pipe.cmd("HGETALL").arg(keys::task(name, p, id));
+        ask(&mut pipe, name, p, id);
     }
-    let replies: Vec<HashMap<String, Vec<u8>>> = conn.query_pipe(&pipe).await?;
-    Ok(replies.into_iter().enumerate().find_map(|(p, fields)| {
-        TaskRecord::from_fields(TaskHandle::new(p as u32, id.into()), fields)
-    }))
+    // Two replies per partition: its record, its running field.
+    let replies: Vec<Value> = conn.query_pipe(&pipe).await?;
+    let mut replies = replies.into_iter();
+    for p in 0..partitions {
+        let (Some(fields), Some(running)) = (replies.next(), replies.next()) else {
+            break;
+        };
+        let fields: HashMap<String, Vec<u8>> =
+            redis::from_redis_value(fields).map_err(redis::RedisError::from)?;
+        let running: Option<String> =
+            redis::from_redis_value(running).map_err(redis::RedisError::from)?;
+        let handle = TaskHandle::new(p, id.into());
+        if let Some(record) = TaskRecord::from_fields(handle, fields, running) {
+            return Ok(Some(record));
+        }
+    }
+    Ok(None)
+}
+
+/// Adds the reads of task `id`'s record and its running field to `pipe`.
+fn ask(pipe: &mut redis::Pipeline, name: &ServiceName, p: u32, id: &str) {
+    pipe.cmd("HGETALL")
+        .arg(keys::task(name, p, id))
+        .cmd("HGET")
+        .arg(keys::running(name, p))
+        .arg(id);
 }
 
 /// Waits until task `id` of partition `p` is final, at most `timeout`.
@@ -90,7 +113,8 @@ pub(crate) async fn wait(
         loop {
             tokio::select! {
                 event = heard.next() => match event {
-                    Some(Event::Message(ended)) if ended == id.as_bytes() => break,
+                    Some(Event::Message(ended))
+                        if ended.split(|b| *b == b' ').any(|one| one == id.as_bytes()) => break,
                     Some(Event::Again) => break,
                     Some(Event::Message(_)) => {}
                     None => break,

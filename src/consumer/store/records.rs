@@ -63,8 +63,7 @@ impl PartitionStore {
         }
     }
 
-    /// Writes `running` into the records of `tasks`, which start now on
-    /// this instance; returns the stream ids of those that must not run (a
+    /// Writes that `tasks` start now on this instance (`{N/p}:running`); returns the stream ids of those that must not run (a
     /// cancel request came first: acked and `cancelled` in the same step),
     /// or `Ok(None)` when fenced.
     pub(crate) async fn start(
@@ -99,10 +98,12 @@ impl PartitionStore {
         let mut script = FENCED_PROGRESS.key(&self.owner);
         script
             .key(self.records.record(task))
+            .key(self.records.running())
             .arg(&self.record)
             .arg(self.token)
             .arg(progress)
-            .arg(STALE.as_millis() as u64);
+            .arg(STALE.as_millis() as u64)
+            .arg(task);
         let written: i64 = self.conn.invoke(&script).await?;
         Ok(written == 1)
     }

@@ -335,13 +335,12 @@ async fn a_stale_owner_writes_no_task_record_and_the_owner_does() {
         owner.start(&tracking, &[(&id, "t1", 1)]).await.unwrap(),
         Some(vec![])
     );
-    assert_eq!(
-        record_field(&server, &name, "t1", "state").await.as_deref(),
-        Some("running")
-    );
-    assert_eq!(
-        record_field(&server, &name, "t1", "token").await,
-        Some(owner.token().to_string())
+    let mut raw = server.pool().get().await.unwrap();
+    let running: Option<String> = raw.hget(keys::running(&name, 0), "t1").await.unwrap();
+    let running = running.expect("running here");
+    assert!(
+        running.contains(&format!("|{}|1|", owner.token())),
+        "{running}"
     );
     assert!(owner.progress("t1", b"7").await.unwrap());
     assert!(!stale.progress("t1", b"8").await.unwrap(), "still refused");
@@ -354,6 +353,12 @@ async fn a_stale_owner_writes_no_task_record_and_the_owner_does() {
         record_field(&server, &name, "t1", "state").await.as_deref(),
         Some("succeeded")
     );
+    let ran = record_field(&server, &name, "t1", "ran")
+        .await
+        .expect("what it ran as");
+    assert!(ran.contains(&format!("|{}|1|", owner.token())), "{ran}");
+    let running: Option<String> = raw.hget(keys::running(&name, 0), "t1").await.unwrap();
+    assert_eq!(running, None, "it runs no more");
     assert_eq!(
         record_field(&server, &name, "t1", "result")
             .await
