@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! mail_sender consume --redis URL [--cluster] [--tls-ca FILE] [--tls-cert FILE --tls-key FILE] [--wait-for-replicas N] --name NAME [--partitions N] [--indexing ranked|incr] [--assignor modulo|rendezvous] [--weight N] [--interval-ms N] [--drain-ms N] [--skew-ms N] [--work-ms N] [--print-tasks] [--print-events] [--http ADDR] [--codec json|bincode] [--track]
-//! mail_sender produce --redis URL [--cluster] [--tls-ca FILE] [--tls-cert FILE --tls-key FILE] [--wait-for-replicas N] --name NAME [--partitions N] --count N [--batch N] [--rate N] [--print-enqueued] [--codec json|bincode] [--print-ids]
+//! mail_sender produce --redis URL [--cluster] [--tls-ca FILE] [--tls-cert FILE --tls-key FILE] [--wait-for-replicas N] --name NAME [--partitions N] --count N [--batch N] [--rate N] [--print-enqueued] [--codec json|bincode] [--print-ids] [--keys K] [--first-seq N]
 //! ```
 //!
 //! With `--cluster`, `--redis` is a comma-separated list of a Redis
@@ -18,8 +18,8 @@
 //!
 //! With `--print-tasks` a consumer prints, on stdout, a line when a task's
 //! handler starts and one when it succeeded (before the task is acked):
-//! `start seq=<seq> partition=<p> epoch=<e> token=<t> attempt=<a> at=<µs>` and
-//! `handled seq=<seq> id=<task id> partition=<p> index=<i> replicas=<r> epoch=<e> token=<t> attempt=<a> checked_at=<µs> at=<µs>`
+//! `start seq=<seq> [key=<key>] partition=<p> epoch=<e> token=<t> attempt=<a> at=<µs>` and
+//! `handled seq=<seq> [key=<key>] id=<task id> partition=<p> index=<i> replicas=<r> epoch=<e> token=<t> attempt=<a> checked_at=<µs> at=<µs>`
 //! (`at`: microseconds since the Unix epoch; `checked_at`: right before the
 //! `TaskContext::still_owned` check that passed, before the line is printed). With `--print-events` it prints
 //! its partitions' changes, `event partition=<p> change=started|stopped|drained token=<t> at=<µs>`,
@@ -67,7 +67,7 @@ use peerq::admin::Admin;
 use peerq::assignment::Standing;
 use peerq::consumer::{PartitionChange, PartitionEvent};
 use peerq::handler::{CancelReason, HandlerWithResult};
-use peerq::producer::Producer;
+use peerq::producer::{Options, Producer};
 use peerq::tracking::Tracking;
 use peerq::{
     Assignor, Bincode, Codec, Consumer, HandlerError, Indexing, Json, Redis, TaskContext, Tls,
@@ -187,6 +187,14 @@ struct Plan {
     /// Print each task's handle once its batch's enqueue returned success.
     #[arg(long)]
     print_ids: bool,
+    /// Give task `seq` the partition key `k<seq % K>` (0: no key; the
+    /// task's id places it).
+    #[arg(long, default_value_t = 0, value_name = "K")]
+    keys: u64,
+    /// Number the tasks from this seq, so that two producer runs can be
+    /// told apart.
+    #[arg(long, default_value_t = 0, value_name = "N")]
+    first_seq: u64,
 }
 
 /// `--codec`: how tasks are encoded, as named on the command line.
@@ -243,8 +251,9 @@ impl HandlerWithResult for SendMail {
     async fn handle(&self, mail: Mail, cx: TaskContext) -> Result<Sent, HandlerError> {
         if self.print {
             say(&format!(
-                "start seq={} partition={} epoch={} token={} attempt={} at={}",
+                "start seq={}{} partition={} epoch={} token={} attempt={} at={}",
                 mail.seq,
+                keyed(&cx),
                 cx.partition(),
                 cx.epoch(),
                 cx.fencing_token(),
@@ -276,8 +285,9 @@ impl HandlerWithResult for SendMail {
         }
         if self.print {
             say(&format!(
-                "handled seq={} id={} partition={} index={} replicas={} epoch={} token={} attempt={} checked_at={checked_at} at={}",
+                "handled seq={}{} id={} partition={} index={} replicas={} epoch={} token={} attempt={} checked_at={checked_at} at={}",
                 mail.seq,
+                keyed(&cx),
                 cx.task_id(),
                 cx.partition(),
                 cx.index(),
@@ -319,6 +329,12 @@ fn say(line: &str) -> std::io::Result<()> {
 }
 
 /// Microseconds since the Unix epoch.
+/// ` key=<key>` for a task with a partition key, else nothing: the `start`
+/// and `handled` lines name it.
+fn keyed(cx: &TaskContext) -> String {
+    cx.key().map(|k| format!(" key={k}")).unwrap_or_default()
+}
+
 fn micros(t: SystemTime) -> u128 {
     t.duration_since(UNIX_EPOCH).unwrap_or_default().as_micros()
 }
@@ -560,13 +576,21 @@ async fn produce<C: Codec>(codec: C, redis: Redis, name: String, plan: Plan) -> 
     .await?;
     let started = Instant::now();
     let (count, batch, rate) = (plan.count, plan.batch.max(1), plan.rate);
-    let mut seq = 0;
-    while seq < count {
-        let end = (seq + batch).min(count);
-        let mails: Vec<Mail> = (seq..end)
-            .map(|s| Mail {
-                seq: s,
-                to: format!("user-{s}@example.com"),
+    let (first, last) = (plan.first_seq, plan.first_seq.saturating_add(count));
+    let key = |seq: u64| (plan.keys > 0).then(|| format!("k{}", seq % plan.keys));
+    let mut seq = first;
+    while seq < last {
+        let end = (seq + batch).min(last);
+        // Each with its options (here a key, or none), through the batch
+        // path.
+        let mails: Vec<(Mail, Options)> = (seq..end)
+            .map(|s| {
+                let mail = Mail {
+                    seq: s,
+                    to: format!("user-{s}@example.com"),
+                };
+                let options = key(s).map_or_else(Options::new, |k| Options::new().key(k));
+                (mail, options)
             })
             .collect();
         // Until it lands (with --wait-for-replicas, until replicas confirm
@@ -575,7 +599,7 @@ async fn produce<C: Codec>(codec: C, redis: Redis, name: String, plan: Plan) -> 
         // replica confirmed it in time, enqueues it twice.)
         let mut backoff = Duration::from_millis(50);
         let ids = loop {
-            match producer.enqueue_batch(&mails).await {
+            match producer.enqueue_batch_with(&mails).await {
                 Ok(ids) => break ids,
                 Err(e) => eprintln!("enqueue failed ({e}); retrying in {backoff:?}"),
             }
@@ -586,10 +610,11 @@ async fn produce<C: Codec>(codec: C, redis: Redis, name: String, plan: Plan) -> 
             let _ = say(&format!("enqueued from={seq} to={end}"));
         }
         if plan.print_ids {
-            // The mails were sent without a key: their ids place them.
+            // A mail's key places it, else its id.
             let lines: Vec<String> = (mails.iter().zip(&ids))
-                .map(|(mail, id)| {
-                    format!("task seq={} id={}", mail.seq, producer.handle_of(id, None))
+                .map(|((mail, _), id)| {
+                    let handle = producer.handle_of(id, key(mail.seq).as_deref());
+                    format!("task seq={} id={handle}", mail.seq)
                 })
                 .collect();
             let _ = say(&lines.join("\n"));

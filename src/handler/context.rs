@@ -17,6 +17,8 @@ use crate::entry::TaskId;
 #[derive(Debug, Clone)]
 pub struct TaskContext {
     pub(crate) task_id: TaskId,
+    /// The partition key the producer gave, if any.
+    pub(crate) key: Option<String>,
     pub(crate) attempt: u32,
     pub(crate) failures: u32,
     pub(crate) partition: u32,
@@ -112,6 +114,7 @@ impl TaskContext {
     pub fn for_test(task_id: &str, cancel: CancellationToken) -> Self {
         TaskContext {
             task_id: TaskId::from(task_id),
+            key: None,
             attempt: 1,
             failures: 0,
             partition: 0,
@@ -154,6 +157,14 @@ impl TaskContext {
     /// The task's id.
     pub fn task_id(&self) -> &TaskId {
         &self.task_id
+    }
+
+    /// The partition key the producer gave ([`Options::key`]), if any:
+    /// tasks with one key run in its partition, in enqueue order.
+    ///
+    /// [`Options::key`]: crate::Options::key
+    pub fn key(&self) -> Option<&str> {
+        self.key.as_deref()
     }
 
     /// Which run of the task this is, from 1. Above 1, the task may have

@@ -750,3 +750,76 @@ fn a_cancel_reaches_a_task_taken_over_from_a_killed_owner() {
     sigterm(&second.0);
     exited(&mut second, Duration::from_secs(10));
 }
+
+/// `produce --keys K --first-seq N`: tasks numbered from N, task `seq`
+/// keyed `k<seq % K>` (in that key's partition), all through the batch
+/// path with options; the consumer's `start` and `handled` lines name the
+/// key.
+#[test]
+fn keys_and_first_seq_place_the_tasks_and_the_lines_name_their_keys() {
+    let server = RedisServer::start();
+    let url = server.url();
+    let name = unique_name("keys");
+    let (mut consumer, printed) = json_consumer(&url, &name, &["--print-tasks"]);
+    let produced = Command::new(example_binary())
+        .args([
+            "produce", "--redis", &url, "--name", &name, "--codec", "json",
+        ])
+        .args([
+            "--count",
+            "30",
+            "--batch",
+            "7",
+            "--keys",
+            "3",
+            "--first-seq",
+            "100",
+        ])
+        .args(["--print-enqueued", "--print-ids"])
+        .output()
+        .expect("run the producer");
+    assert!(produced.status.success(), "the producer failed");
+    let stdout = String::from_utf8(produced.stdout).unwrap();
+    let enqueued: Vec<&str> = stdout
+        .lines()
+        .filter(|l| l.starts_with("enqueued "))
+        .collect();
+    assert_eq!(enqueued.first(), Some(&"enqueued from=100 to=107"));
+    assert_eq!(enqueued.last(), Some(&"enqueued from=128 to=130"));
+    // Each task's handle names its key's partition.
+    let partitions = 64;
+    for task in stdout.lines().filter_map(|l| fields(l, "task")) {
+        let seq: u64 = task["seq"].parse().unwrap();
+        let handle: TaskHandle = task["id"].parse().unwrap();
+        let key = format!("k{}", seq % 3);
+        assert_eq!(
+            handle.partition(),
+            Some(peerq::partition_of(key.as_bytes(), partitions))
+        );
+    }
+    let mut handled = BTreeMap::new();
+    while handled.len() < 30 {
+        let line = printed
+            .recv_timeout(Duration::from_secs(20))
+            .expect("every task handled");
+        for kind in ["start", "handled"] {
+            if let Some(f) = fields(&line, kind) {
+                let seq: u64 = f["seq"].parse().unwrap();
+                assert_eq!(
+                    f.get("key").copied(),
+                    Some(format!("k{}", seq % 3).as_str()),
+                    "{line}"
+                );
+                if kind == "handled" {
+                    handled.insert(seq, ());
+                }
+            }
+        }
+    }
+    assert_eq!(
+        handled.keys().copied().collect::<Vec<_>>(),
+        (100..130).collect::<Vec<_>>()
+    );
+    sigterm(&consumer.0);
+    exited(&mut consumer, Duration::from_secs(10));
+}

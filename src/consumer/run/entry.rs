@@ -200,6 +200,7 @@ impl Batch {
             let finished = Arc::new(AtomicBool::new(false));
             let cx = TaskContext {
                 task_id: entry.id.clone(),
+                key: entry.key.clone(),
                 attempt: entry.attempt,
                 failures: entry.failures,
                 partition: self.partition,
