@@ -352,7 +352,12 @@ async fn an_instance_whose_acks_cannot_land_stops_reading_at_its_bound() {
     };
     fill(&server, &name, P, TOTAL, &mail).await;
     let proxy = support::Proxy::start(server.port());
-    let fenced_ack = redis::Script::new(include_str!("../../src/scripts/fenced_ack.lua"));
+    // The ack script as the consumer sends it: the tracking functions
+    // first (`tracked_script!`).
+    let fenced_ack = redis::Script::new(concat!(
+        include_str!("../../src/scripts/track.lua"),
+        include_str!("../../src/scripts/fenced_ack.lua")
+    ));
     proxy.hold_on(fenced_ack.get_hash().as_bytes());
     let runs = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let handler = {
