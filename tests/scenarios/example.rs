@@ -823,3 +823,41 @@ fn keys_and_first_seq_place_the_tasks_and_the_lines_name_their_keys() {
     sigterm(&consumer.0);
     exited(&mut consumer, Duration::from_secs(10));
 }
+
+/// A SIGTERM that comes while a consumer is still starting (its first
+/// attempt underway: here its groups' creation held by a proxy) stops it
+/// gracefully once that attempt ends, rather than killing it: the signal's
+/// handler is installed as `run()` starts, not when the stop signal is
+/// first polled (which, during the start, is only between attempts).
+#[test]
+fn a_sigterm_while_a_consumer_starts_stops_it_gracefully() {
+    let server = RedisServer::start();
+    let proxy = support::Proxy::start(server.port());
+    let name = unique_name("starting");
+    proxy.hold_on(b"XGROUP");
+    let (mut consumer, _printed) = json_consumer(&proxy.url(), &name, &[]);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while proxy.held() == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the consumer never created its groups"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    sigterm(&consumer.0);
+    // Held a moment longer: the signal comes well within the attempt.
+    std::thread::sleep(Duration::from_millis(200));
+    proxy.restore();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(status) = consumer.0.try_wait().unwrap() {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "the consumer did not stop");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(
+        status.success(),
+        "stopped by the signal's default action: {status}"
+    );
+}
