@@ -53,6 +53,7 @@ pub use status::{MinuteCounts, Rates, Status, Totals};
 
 use crate::codec::Json;
 use crate::config::ServiceName;
+use crate::connection::channels::Channels;
 use crate::connection::{self, Redis, SharedConnection};
 use crate::dead_letters::DeadLetters;
 use crate::entry::TaskId;
@@ -70,6 +71,8 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 #[derive(Clone)]
 pub struct Admin {
     conn: Arc<SharedConnection>,
+    /// One pub/sub connection for every `wait` made through it.
+    channels: Arc<Channels>,
     /// The URL without its password, for messages.
     redis: Arc<str>,
 }
@@ -100,6 +103,7 @@ impl Admin {
             Err(_) => return Err(connection::at(&shown, Error::Timeout(CONNECT_TIMEOUT))),
         };
         Ok(Admin {
+            channels: Arc::new(Channels::new(conn.backend().pubsub.clone())),
             conn: Arc::new(conn),
             redis: shown,
         })

@@ -30,12 +30,14 @@ impl Service {
     }
 
     /// Waits until task `handle` is final, at most `timeout`; woken
-    /// through Redis pub/sub when it ends (a connection of its own while
-    /// it waits), never by polling.
+    /// through Redis pub/sub when it ends, never by polling. Every wait of
+    /// one [`Admin`](super::Admin) (and the services it gave) shares one
+    /// pub/sub connection, made at the first wait.
     pub async fn wait(&self, handle: &TaskHandle, timeout: Duration) -> Result<Waited> {
         let partition = self.partition_of(handle).await?;
         let id = handle.id().as_str();
-        read::wait(&self.admin.conn, &self.name, partition, id, timeout).await
+        let (conn, channels) = (&self.admin.conn, &self.admin.channels);
+        read::wait(conn, channels, &self.name, partition, id, timeout).await
     }
 
     /// The service's tracking as `{N}:tracking` holds it (off, with the

@@ -12,6 +12,7 @@
 //! use it: a blocking command stalls every other command on its connection.
 
 mod backend;
+pub(crate) mod channels;
 pub(crate) mod cluster;
 mod node;
 mod pipeline;

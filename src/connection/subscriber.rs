@@ -63,11 +63,7 @@ impl Subscription {
 /// published after that read.
 pub(crate) async fn subscribe(source: Option<&Source>, channel: String) -> Result<Subscription> {
     let Some(source) = source.cloned() else {
-        return Err(Error::invalid(
-            "redis",
-            "waiting for a task and cancelling a running one need pub/sub; give the Redis \
-             by its URL or as a Cluster, not as a pool",
-        ));
+        return Err(no_pubsub());
     };
     let (events, rx) = mpsc::unbounded_channel();
     let (pushes, mut heard) = mpsc::unbounded_channel::<PushInfo>();
@@ -108,27 +104,58 @@ pub(crate) async fn subscribe(source: Option<&Source>, channel: String) -> Resul
     })
 }
 
-/// A connection that holds the subscription: kept only to be dropped (which
-/// unsubscribes).
-struct Held(#[allow(dead_code)] Box<dyn std::any::Any + Send>);
+/// The error for a Redis given as a pool: its URL is not known, so no
+/// pub/sub connection can be made.
+pub(crate) fn no_pubsub() -> Error {
+    Error::invalid(
+        "redis",
+        "waiting for a task and cancelling a running one need pub/sub; give the Redis \
+         by its URL or as a Cluster, not as a pool",
+    )
+}
+
+/// A connection that holds subscriptions (dropping it unsubscribes).
+pub(crate) enum Held {
+    Node(deadpool_redis::redis::aio::MultiplexedConnection),
+    Cluster(deadpool_redis::redis::cluster_async::ClusterConnection),
+}
+
+impl Held {
+    /// Subscribes to one more channel (sharded on a Cluster).
+    pub(crate) async fn subscribe(&mut self, channel: &str) -> Result<()> {
+        match self {
+            Held::Node(conn) => conn.subscribe(channel).await?,
+            Held::Cluster(conn) => conn.ssubscribe(channel).await?,
+        }
+        Ok(())
+    }
+}
 
 async fn connect(
     source: &Source,
     channel: &str,
     pushes: mpsc::UnboundedSender<PushInfo>,
 ) -> Result<Held> {
-    match source {
+    connect_many(source, &[channel.to_owned()], pushes).await
+}
+
+/// A connection subscribed to `channels` whose messages go to `pushes`.
+pub(crate) async fn connect_many(
+    source: &Source,
+    channels: &[String],
+    pushes: mpsc::UnboundedSender<PushInfo>,
+) -> Result<Held> {
+    let mut held = match source {
         Source::Node(url, tls) => {
             let client = node_client(url, tls.as_ref())?;
             let config = AsyncConnectionConfig::new()
                 .set_push_sender(pushes)
                 .set_connection_timeout(Some(CONNECT_TIMEOUT))
                 .set_response_timeout(Some(RESPONSE_TIMEOUT));
-            let mut conn = client
+            let conn = client
                 .get_multiplexed_async_connection_with_config(&config)
                 .await?;
-            conn.subscribe(channel).await?;
-            Ok(Held(Box::new(conn)))
+            Held::Node(conn)
         }
         Source::Cluster(seeds, tls) => {
             let mut infos = Vec::with_capacity(seeds.len());
@@ -155,11 +182,13 @@ async fn connect(
             let client = builder
                 .build()
                 .map_err(|e| Error::invalid("redis_cluster", e.to_string()))?;
-            let mut conn = client.get_async_connection().await?;
-            conn.ssubscribe(channel).await?;
-            Ok(Held(Box::new(conn)))
+            Held::Cluster(client.get_async_connection().await?)
         }
+    };
+    for channel in channels {
+        held.subscribe(channel).await?;
     }
+    Ok(held)
 }
 
 /// A client of the server at `url` that speaks RESP3 (pushes).

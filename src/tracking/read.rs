@@ -1,7 +1,7 @@
 //! Reading a task's record, and waiting for a task to end.
 //!
-//! `wait` subscribes to the partition's `{N/p}:final` channel first and
-//! reads the record after, so an end written after the read is heard and
+//! `wait` listens on the partition's `{N/p}:final` channel first (on the
+//! connection its `Admin` shares for every wait) and reads the record after, so an end written after the read is heard and
 //! one written before is read; a message names the task that ended, and the
 //! record is read again only for this one. After a broken subscription it
 //! reads again (messages may have been lost meanwhile). No polling.
@@ -10,13 +10,15 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use deadpool_redis::redis::{self, Value};
+use tokio::sync::broadcast::error::RecvError;
 use tokio::time::Instant;
 
 use super::handle::{TaskHandle, TaskRecord};
 use crate::config::ServiceName;
 use crate::connection::SharedConnection;
-use crate::connection::subscriber::{self, Event};
-use crate::error::Result;
+use crate::connection::channels::Channels;
+use crate::connection::subscriber::Event;
+use crate::error::{Error, Result};
 use crate::keys;
 
 /// How a wait ended.
@@ -92,9 +94,11 @@ fn ask(pipe: &mut redis::Pipeline, name: &ServiceName, p: u32, id: &str) {
         .arg(id);
 }
 
-/// Waits until task `id` of partition `p` is final, at most `timeout`.
+/// Waits until task `id` of partition `p` is final, at most `timeout`,
+/// listening on `channels` (shared by every wait of an `Admin`).
 pub(crate) async fn wait(
     conn: &SharedConnection,
+    channels: &Channels,
     name: &ServiceName,
     p: u32,
     id: &str,
@@ -102,7 +106,16 @@ pub(crate) async fn wait(
 ) -> Result<Waited> {
     let deadline = Instant::now() + timeout;
     let channel = keys::final_channel(name, p);
-    let mut heard = subscriber::subscribe(conn.backend().pubsub.as_ref(), channel).await?;
+    let heard = tokio::time::timeout_at(deadline, channels.listen(&channel)).await;
+    let Ok(heard) = heard else {
+        // Not subscribed in time (Redis unreachable): what the record says.
+        return Ok(match read(conn, name, p, id).await? {
+            None => Waited::Unknown,
+            Some(record) if record.is_final() => Waited::Final(record),
+            Some(record) => Waited::TimedOut(record),
+        });
+    };
+    let mut heard = heard?;
     loop {
         let Some(record) = read(conn, name, p, id).await? else {
             return Ok(Waited::Unknown);
@@ -112,12 +125,16 @@ pub(crate) async fn wait(
         }
         loop {
             tokio::select! {
-                event = heard.next() => match event {
-                    Some(Event::Message(ended))
+                event = heard.recv() => match event {
+                    // A message names the tasks that ended in one script.
+                    Ok(Event::Message(ended))
                         if ended.split(|b| *b == b' ').any(|one| one == id.as_bytes()) => break,
-                    Some(Event::Again) => break,
-                    Some(Event::Message(_)) => {}
-                    None => break,
+                    Ok(Event::Message(_)) => {}
+                    // Subscribed again, or fell behind: messages may be lost.
+                    Ok(Event::Again) | Err(RecvError::Lagged(_)) => break,
+                    Err(RecvError::Closed) => {
+                        return Err(Error::Runtime("the pub/sub connection's task ended".into()));
+                    }
                 },
                 _ = tokio::time::sleep_until(deadline) => return Ok(Waited::TimedOut(record)),
             }

@@ -441,3 +441,43 @@ async fn a_failed_attempt_is_retrying_with_its_due_time_and_error_until_its_retr
     stop.cancel();
     task.await.unwrap().unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fifty_waits_share_one_pubsub_connection_and_each_hears_its_task() {
+    let (server, _name, _runs, stop, task, producer, service) = setup().await;
+    service.pause("test").await.unwrap();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let mut handles = Vec::new();
+    for seq in 0..50 {
+        let id = producer.enqueue(&Job::Succeed(2_000 + seq)).await.unwrap();
+        handles.push(producer.handle_of(&id, None));
+    }
+    let waits: Vec<_> = handles
+        .iter()
+        .map(|handle| {
+            let (service, handle) = (service.clone(), handle.clone());
+            tokio::spawn(async move { service.wait(&handle, PATIENCE).await.unwrap() })
+        })
+        .collect();
+    // Every wait subscribed (the tasks wait: the service is paused).
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut conn = server.connection().await;
+    let pubsub: String = deadpool_redis::redis::cmd("CLIENT")
+        .arg("LIST")
+        .arg("TYPE")
+        .arg("pubsub")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    // The consumer's subscription to its cancels, and the waits' one.
+    assert_eq!(pubsub.lines().count(), 2, "{pubsub}");
+    service.resume().await.unwrap();
+    for (wait, handle) in waits.into_iter().zip(&handles) {
+        let Waited::Final(record) = wait.await.unwrap() else {
+            panic!("{handle} did not end");
+        };
+        assert_eq!(record.state, Some(TaskState::Succeeded), "{handle}");
+    }
+    stop.cancel();
+    task.await.unwrap().unwrap();
+}
