@@ -20,6 +20,7 @@ use crate::connection::channels::Channels;
 use crate::connection::subscriber::Event;
 use crate::error::{Error, Result};
 use crate::keys;
+use crate::retry::Pauses;
 
 /// How a wait ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -85,6 +86,29 @@ pub(crate) async fn find(
     Ok(None)
 }
 
+/// Task `id`'s record, read again while Redis cannot be reached (a broken
+/// connection is made again), until `deadline`: a wait outlives an outage
+/// shorter than its timeout.
+async fn read_until(
+    conn: &SharedConnection,
+    name: &ServiceName,
+    p: u32,
+    id: &str,
+    deadline: Instant,
+) -> Result<Option<TaskRecord>> {
+    let mut pauses = Pauses::new(Duration::from_millis(50), Duration::from_secs(1));
+    loop {
+        match read(conn, name, p, id).await {
+            Err(Error::Redis(_) | Error::Pool(_) | Error::Timeout(_))
+                if Instant::now() + pauses.upcoming() < deadline =>
+            {
+                tokio::time::sleep(pauses.take()).await;
+            }
+            read => return read,
+        }
+    }
+}
+
 /// Adds the reads of task `id`'s record and its running field to `pipe`.
 fn ask(pipe: &mut redis::Pipeline, name: &ServiceName, p: u32, id: &str) {
     pipe.cmd("HGETALL")
@@ -117,7 +141,7 @@ pub(crate) async fn wait(
     };
     let mut heard = heard?;
     loop {
-        let Some(record) = read(conn, name, p, id).await? else {
+        let Some(record) = read_until(conn, name, p, id, deadline).await? else {
             return Ok(Waited::Unknown);
         };
         if record.is_final() {

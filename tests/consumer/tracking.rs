@@ -481,3 +481,34 @@ async fn fifty_waits_share_one_pubsub_connection_and_each_hears_its_task() {
     stop.cancel();
     task.await.unwrap().unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_hears_its_task_end_after_its_pubsub_connection_was_cut() {
+    let (server, name, _runs, stop, task, producer, service) = setup().await;
+    service.pause("test").await.unwrap();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let id = producer.enqueue(&Job::Succeed(3_000)).await.unwrap();
+    let handle = producer.handle_of(&id, None);
+    // The waiter's connections go through a proxy that will cut them.
+    let proxy = support::Proxy::start(server.port());
+    let through = Admin::connect(proxy.url()).await.unwrap();
+    let waiting = through.service(&name).await.unwrap();
+    let wait = {
+        let handle = handle.clone();
+        tokio::spawn(async move { waiting.wait(&handle, PATIENCE).await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    proxy.cut();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    proxy.restore();
+    // Subscribed again (with backoff); then the task runs and ends.
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    service.resume().await.unwrap();
+    let waited = wait.await.unwrap().unwrap();
+    let Waited::Final(record) = waited else {
+        panic!("the wait did not hear the end: {waited:?}");
+    };
+    assert_eq!(record.state, Some(TaskState::Succeeded));
+    stop.cancel();
+    task.await.unwrap().unwrap();
+}
