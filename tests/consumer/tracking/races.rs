@@ -144,3 +144,38 @@ async fn a_cancel_reaches_a_task_after_a_graceful_handover_and_while_paused() {
     stop_b.cancel();
     task_b.await.unwrap().unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_reaches_a_task_on_an_instance_whose_connections_were_cut() {
+    let (server, name, runs, stop_a, task_a, producer, service) = setup().await;
+    // A second instance, through a proxy; the first leaves, so the second
+    // owns every partition.
+    let proxy = support::Proxy::start(server.port());
+    let (stop_b, task_b) = start(&proxy.url(), &name, &runs, false);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    stop_a.cancel();
+    task_a.await.unwrap().unwrap();
+    let id = producer.enqueue(&Job::Hang(7)).await.unwrap();
+    let handle = producer.handle_of(&id, None);
+    wait_for_state(&service, &handle, TaskState::Running).await;
+    // Its subscription to the cancels breaks with the rest, and is made
+    // again.
+    proxy.cut();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    proxy.restore();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    wait_for_state(&service, &handle, TaskState::Running).await;
+    service.cancel(&handle).await.unwrap();
+    let Waited::Final(record) = service.wait(&handle, PATIENCE).await.unwrap() else {
+        panic!("the cancelled task did not end");
+    };
+    assert_eq!(record.state, Some(TaskState::Cancelled));
+    let last = runs.lock().unwrap()[&7].last().copied();
+    assert_eq!(
+        last.map(|(_, why)| why),
+        Some(Some(CancelReason::User)),
+        "{last:?}"
+    );
+    stop_b.cancel();
+    task_b.await.unwrap().unwrap();
+}
