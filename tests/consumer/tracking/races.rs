@@ -164,7 +164,25 @@ async fn a_cancel_reaches_a_task_on_an_instance_whose_connections_were_cut() {
     tokio::time::sleep(Duration::from_millis(200)).await;
     proxy.restore();
     tokio::time::sleep(Duration::from_millis(1500)).await;
-    wait_for_state(&service, &handle, TaskState::Running).await;
+    // The cut may have interrupted the run (a lapsed lease): then the task
+    // runs again. Either way a handler of it is running now, and its
+    // record says so.
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        let running = runs.lock().unwrap()[&7].last().copied();
+        let record = service.task(&handle).await.unwrap().unwrap();
+        if let Some((attempt, None)) = running
+            && record.state == Some(TaskState::Running)
+            && record.attempt == Some(attempt)
+        {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{running:?} {record:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     service.cancel(&handle).await.unwrap();
     let Waited::Final(record) = service.wait(&handle, PATIENCE).await.unwrap() else {
         panic!("the cancelled task did not end");
