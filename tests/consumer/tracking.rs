@@ -512,3 +512,25 @@ async fn a_wait_hears_its_task_end_after_its_pubsub_connection_was_cut() {
     stop.cancel();
     task.await.unwrap().unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_enqueued_while_tracking_was_off_has_a_record_from_its_start() {
+    let (_server, _name, _runs, stop, task, producer, service) = setup().await;
+    service.set_tracking(Tracking::off()).await.unwrap();
+    service.pause("test").await.unwrap();
+    // The producer and the instance read the switch within a second.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let id = producer.enqueue(&Job::Succeed(4_000)).await.unwrap();
+    let handle = producer.handle_of(&id, None);
+    assert_eq!(service.task(&handle).await.unwrap(), None, "no record yet");
+    service.set_tracking(Tracking::on()).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    service.resume().await.unwrap();
+    // Its record appears at its start, and ends succeeded.
+    until_record(&service, &handle, |r| r.state == Some(TaskState::Succeeded)).await;
+    let record = service.task(&handle).await.unwrap().unwrap();
+    assert_eq!(record.enqueued_at, None, "not written by its enqueue");
+    assert!(record.started_at.is_some() && record.instance.is_some());
+    stop.cancel();
+    task.await.unwrap().unwrap();
+}
