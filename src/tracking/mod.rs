@@ -70,7 +70,8 @@ pub(crate) const STALE: Duration = Duration::from_secs(7 * 24 * 3600);
 pub const DEFAULT_KEEP: Duration = Duration::from_secs(24 * 3600);
 
 /// The default number of final records a partition keeps (the oldest go
-/// first): with 64 partitions and records of about 300 bytes, about 20 MB.
+/// first): with 64 partitions, about 400 bytes each (the record and its
+/// member of the finished set), about 26 MB.
 pub const DEFAULT_KEEP_COUNT: u32 = 1_000;
 
 /// The default largest encoded result a handler may return while tracked.
