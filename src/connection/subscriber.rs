@@ -6,24 +6,18 @@
 //! redis-rs's Cluster client, which follows the channel's slot and
 //! subscribes again after a failover.
 //!
-//! A connection that breaks is made again with backoff and subscribes
-//! again; meanwhile messages are lost, so every reconnection is told to the
-//! subscriber as [`Event::Again`], and a reader that waits for a state reads
-//! it once more.
-
-use std::time::Duration;
+//! This module makes such connections; `channels` shares one among many
+//! listeners, and makes it again after a break (telling them
+//! [`Event::Again`], as messages may have been lost meanwhile).
 
 use deadpool_redis::redis::{
-    AsyncConnectionConfig, Client, IntoConnectionInfo, ProtocolVersion, PushInfo, PushKind, Value,
+    AsyncConnectionConfig, Client, IntoConnectionInfo, ProtocolVersion, PushInfo,
 };
 use tokio::sync::mpsc;
-use tokio_util::task::AbortOnDropHandle;
-use tracing::{Instrument, warn};
 
 use super::tls::Tls;
 use super::{CONNECT_TIMEOUT, RESPONSE_TIMEOUT};
 use crate::error::{Error, Result};
-use crate::retry::Pauses;
 
 /// Where pub/sub connections go: the server's URL or the Cluster's seeds,
 /// with their TLS settings.
@@ -41,67 +35,6 @@ pub(crate) enum Event {
     /// Subscribed again after a broken connection: messages may have been
     /// missed.
     Again,
-}
-
-/// One channel's subscription; unsubscribed (its connection closed) when
-/// dropped.
-#[derive(Debug)]
-pub(crate) struct Subscription {
-    events: mpsc::UnboundedReceiver<Event>,
-    _task: AbortOnDropHandle<()>,
-}
-
-impl Subscription {
-    /// The next event; `None` never (the task lives as long as this).
-    pub(crate) async fn next(&mut self) -> Option<Event> {
-        self.events.recv().await
-    }
-}
-
-/// Subscribes to `channel` (sharded on a Cluster); returns once Redis has
-/// confirmed it, so a read made after this call cannot miss a message
-/// published after that read.
-pub(crate) async fn subscribe(source: Option<&Source>, channel: String) -> Result<Subscription> {
-    let Some(source) = source.cloned() else {
-        return Err(no_pubsub());
-    };
-    let (events, rx) = mpsc::unbounded_channel();
-    let (pushes, mut heard) = mpsc::unbounded_channel::<PushInfo>();
-    let mut held = connect(&source, &channel, pushes.clone()).await?;
-    let task = async move {
-        let mut pauses = Pauses::new(Duration::from_millis(100), Duration::from_secs(5));
-        while let Some(push) = heard.recv().await {
-            match push.kind {
-                PushKind::Message | PushKind::SMessage => {
-                    if let Some(Value::BulkString(payload)) = push.data.into_iter().nth(1) {
-                        let _ = events.send(Event::Message(payload));
-                    }
-                }
-                // The Cluster client subscribes again by itself.
-                PushKind::SSubscribe if matches!(source, Source::Cluster(..)) => {
-                    let _ = events.send(Event::Again);
-                }
-                PushKind::Disconnection if matches!(source, Source::Node(..)) => loop {
-                    tokio::time::sleep(pauses.take()).await;
-                    match connect(&source, &channel, pushes.clone()).await {
-                        Ok(again) => {
-                            held = again;
-                            pauses.reset();
-                            let _ = events.send(Event::Again);
-                            break;
-                        }
-                        Err(e) => warn!(channel, cause = %e, "cannot subscribe again; retrying"),
-                    }
-                },
-                _ => {}
-            }
-        }
-        drop(held);
-    };
-    Ok(Subscription {
-        events: rx,
-        _task: AbortOnDropHandle::new(tokio::spawn(task.in_current_span())),
-    })
 }
 
 /// The error for a Redis given as a pool: its URL is not known, so no
@@ -129,14 +62,6 @@ impl Held {
         }
         Ok(())
     }
-}
-
-async fn connect(
-    source: &Source,
-    channel: &str,
-    pushes: mpsc::UnboundedSender<PushInfo>,
-) -> Result<Held> {
-    connect_many(source, &[channel.to_owned()], pushes).await
 }
 
 /// A connection subscribed to `channels` whose messages go to `pushes`.

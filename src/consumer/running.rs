@@ -6,6 +6,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use tokio::sync::broadcast;
+use tokio::sync::broadcast::error::RecvError;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
@@ -13,7 +15,8 @@ use tracing::{Instrument, debug, warn};
 
 use super::store::PartitionStore;
 use crate::config::ServiceName;
-use crate::connection::subscriber::{self, Event, Source, Subscription};
+use crate::connection::channels::Channels;
+use crate::connection::subscriber::{Event, Source};
 use crate::entry::TaskId;
 use crate::handler::Tracker;
 use crate::retry::Pauses;
@@ -186,8 +189,9 @@ impl RunningTask {
 }
 
 /// Listens on service `name`'s `{N}:cancels` while tracking is on (a
-/// connection of its own then, none while it is off), and fires the
-/// signals of the cancelled tasks that run here.
+/// pub/sub connection of its own then, `Channels`, which makes itself
+/// again after a break; none while it is off), and fires the signals of
+/// the cancelled tasks that run here.
 pub(crate) fn listen(
     name: ServiceName,
     source: Option<Source>,
@@ -195,15 +199,21 @@ pub(crate) fn listen(
     running: Arc<Running>,
 ) -> AbortOnDropHandle<()> {
     let task = async move {
-        let mut subscription: Option<Subscription> = None;
+        let channel = crate::keys::cancels(&name);
+        // The connection, and what it hears of the channel.
+        let mut heard: Option<(Channels, broadcast::Receiver<Event>)> = None;
         let mut pauses = Pauses::new(Duration::from_millis(100), Duration::from_secs(5));
         loop {
             let on = tracking.on().is_some();
-            if on && subscription.is_none() {
-                let channel = crate::keys::cancels(&name);
-                match subscriber::subscribe(source.as_ref(), channel).await {
-                    Ok(s) => {
-                        subscription = Some(s);
+            if on && heard.is_none() {
+                let channels = Channels::new(source.clone());
+                let listened = tokio::select! {
+                    listened = channels.listen(&channel) => listened,
+                    _ = tracking.changed() => continue,
+                };
+                match listened {
+                    Ok(receiver) => {
+                        heard = Some((channels, receiver));
                         pauses.reset();
                     }
                     Err(e) => {
@@ -216,21 +226,23 @@ pub(crate) fn listen(
                     }
                 }
             } else if !on {
-                subscription = None;
+                heard = None;
             }
             tokio::select! {
-                event = async { subscription.as_mut().expect("checked").next().await }, if subscription.is_some() => {
+                event = async { heard.as_mut().expect("checked").1.recv().await }, if heard.is_some() => {
                     match event {
-                        Some(Event::Message(handle)) => {
+                        Ok(Event::Message(handle)) => {
                             let handle = String::from_utf8_lossy(&handle);
                             let id = handle.split_once('/').map_or(&*handle, |(_, id)| id);
                             if running.cancel(id) {
                                 debug!(service = %name, task = id, "cancelled by a user");
                             }
                         }
-                        Some(Event::Again) => {}
-                        // Its task ended: subscribe anew.
-                        None => subscription = None,
+                        // Messages may have been missed: such a task ends
+                        // `cancelled` all the same, as its end reads the
+                        // request.
+                        Ok(Event::Again) | Err(RecvError::Lagged(_)) => {}
+                        Err(RecvError::Closed) => heard = None,
                     }
                 }
                 _ = tracking.changed() => {}

@@ -10,7 +10,8 @@
 -- Returns { what: 'final' (left as it was), 'cancelled' (now final),
 -- 'running' (requested; its owner stops it), 'unknown' (no record: the
 -- request is kept for the stale time, so the task never starts if it
--- exists), the state }.
+-- exists), and the final state, or for 'running' its `{N/p}:running`
+-- value (`instance|token|attempt|started_at`) }.
 local t = tracking(2)
 local id = ARGV[1]
 local key = KEYS[1]
@@ -23,9 +24,10 @@ local now = now_ms()
 redis.call('ZREMRANGEBYSCORE', t.cancels, '-inf', now - tonumber(t.stale))
 redis.call('ZADD', t.cancels, 'NX', now, id)
 redis.call('HSETNX', key, 'cancel', now)
-if redis.call('HEXISTS', t.running, id) == 1 then
+local running = redis.call('HGET', t.running, id)
+if running then
   redis.call('PEXPIRE', key, t.stale)
-  return { 'running', 'running' }
+  return { 'running', running }
 end
 if not state then
   redis.call('PEXPIRE', key, t.stale)

@@ -51,6 +51,7 @@ pub(crate) async fn cancel(
     script.arg(id);
     records.block(&mut script, Some(tracking));
     let (what, state): (String, String) = conn.invoke(&script).await?;
+    // `state` is the final state for 'final', the running value for 'running'.
     Ok(match what.as_str() {
         "final" => {
             CancelOutcome::AlreadyFinal(TaskState::parse(&state).unwrap_or(TaskState::Cancelled))
@@ -58,10 +59,11 @@ pub(crate) async fn cancel(
         "cancelled" => CancelOutcome::Cancelled,
         "running" => {
             wake(conn, name, partition, id).await?;
-            let mut hget = redis::cmd("HGET");
-            hget.arg(records.record(id)).arg("instance");
+            // The script replied the task's running value,
+            // `instance|token|attempt|started_at`.
+            let instance = state.split('|').next().filter(|i| !i.is_empty());
             CancelOutcome::Requested {
-                instance: conn.query(&hget).await?,
+                instance: instance.map(str::to_owned),
             }
         }
         _ => {

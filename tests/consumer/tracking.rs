@@ -534,3 +534,57 @@ async fn a_task_enqueued_while_tracking_was_off_has_a_record_from_its_start() {
     stop.cancel();
     task.await.unwrap().unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_result_larger_than_max_result_bytes_is_a_failed_attempt_that_says_so() {
+    support::init_tracing();
+    let server = RedisServer::start();
+    let name = unique_name("big-result");
+    let service = tower::service_fn(|_: Task<Job>| async {
+        Ok::<String, HandlerError>("a result of more than sixteen bytes".into())
+    });
+    let stop = CancellationToken::new();
+    let run = Consumer::builder()
+        .name(&name)
+        .redis(server.url())
+        .partitions(P)
+        .codec(Json)
+        .max_attempts(1)
+        .max_result_bytes(16)
+        .tracking(Tracking::on())
+        .service(service)
+        .run_until(stop.clone().cancelled_owned());
+    let run = tokio::spawn(run);
+    let admin = Admin::connect(server.url()).await.unwrap();
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    let service = loop {
+        if let Ok(s) = admin.service(&name).await
+            && s.tracking().await.unwrap().is_on()
+        {
+            break s;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the consumer never started"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let producer = Producer::builder()
+        .name(&name)
+        .redis(server.url())
+        .codec(Json)
+        .connect()
+        .await
+        .unwrap();
+    let id = producer.enqueue(&Job::Succeed(1)).await.unwrap();
+    let handle = producer.handle_of(&id, None);
+    let Waited::Final(record) = service.wait(&handle, PATIENCE).await.unwrap() else {
+        panic!("the task did not end");
+    };
+    assert_eq!(record.state, Some(TaskState::Dead));
+    let error = record.error.unwrap_or_default();
+    assert!(error.contains("max_result_bytes"), "{error}");
+    assert_eq!(record.result, None);
+    stop.cancel();
+    run.await.unwrap().unwrap();
+}
