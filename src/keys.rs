@@ -132,16 +132,11 @@ pub(crate) fn failures(name: &ServiceName, p: u32) -> String {
     format!("{{{name}/{p}}}:failures")
 }
 
-/// The prefix of partition `p`'s task records (`{N/p}:task:<task id>`):
-/// the scripts that write many records take it rather than every key.
-pub(crate) fn task_prefix(name: &ServiceName, p: u32) -> String {
-    format!("{{{name}/{p}}}:task:")
-}
-
-/// The record of task `id` in partition `p`: a hash of its state, result
-/// and progress (docs/design.md §14).
-pub(crate) fn task(name: &ServiceName, p: u32, id: &str) -> String {
-    format!("{{{name}/{p}}}:task:{id}")
+/// The records of partition `p`'s tracked tasks, one hash: task id → its
+/// record, MessagePack names and values (state, result, progress, …;
+/// `tracking::packed`, docs/design.md §14).
+pub(crate) fn tasks(name: &ServiceName, p: u32) -> String {
+    format!("{{{name}/{p}}}:tasks")
 }
 
 /// The tracked tasks of partition `p` that run: task id →
@@ -159,10 +154,17 @@ pub(crate) fn cancel_requests(name: &ServiceName, p: u32) -> String {
     format!("{{{name}/{p}}}:cancel_requests")
 }
 
-/// The final tasks of partition `p` whose records are kept, scored by the
-/// time they ended (Unix ms): how the records' count is bounded.
-pub(crate) fn finished(name: &ServiceName, p: u32) -> String {
-    format!("{{{name}/{p}}}:finished")
+/// The ids of partition `p`'s final tasks whose records are kept, oldest
+/// first: how the records' count is bounded.
+pub(crate) fn ended(name: &ServiceName, p: u32) -> String {
+    format!("{{{name}/{p}}}:ended")
+}
+
+/// When the ids of `ended` ended: `<end, Unix ms> <how many>`, one item per
+/// script that ended tasks, in the same order: how the records' time is
+/// bounded. The scripts name it after `ended` (`track.lua`).
+pub(crate) fn ended_at(name: &ServiceName, p: u32) -> String {
+    format!("{{{name}/{p}}}:ended_at")
 }
 
 /// The channel that hears the id of each task of partition `p` that
@@ -205,9 +207,9 @@ mod tests {
         assert_eq!(dedup(&n, 7, "order-1"), "{mail-sender/7}:dedup:order-1");
         assert_eq!(tracking(&n), "{mail-sender}:tracking");
         assert_eq!(cancels(&n), "{mail-sender}:cancels");
-        assert_eq!(task(&n, 7, "t1"), format!("{}t1", task_prefix(&n, 7)));
-        assert_eq!(task(&n, 7, "t1"), "{mail-sender/7}:task:t1");
-        assert_eq!(finished(&n, 7), "{mail-sender/7}:finished");
+        assert_eq!(tasks(&n, 7), "{mail-sender/7}:tasks");
+        assert_eq!(ended(&n, 7), "{mail-sender/7}:ended");
+        assert_eq!(ended_at(&n, 7), format!("{}_at", ended(&n, 7)));
         assert_eq!(running(&n, 7), "{mail-sender/7}:running");
         assert_eq!(cancel_requests(&n, 7), "{mail-sender/7}:cancel_requests");
         assert_eq!(final_channel(&n, 7), "{mail-sender/7}:final");

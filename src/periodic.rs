@@ -214,12 +214,9 @@ impl Registered {
         let mut script = TRIGGER.key(keys::stream(name, p));
         script
             .key(keys::cron(name, p, job))
-            .key(keys::task(name, p, entry.id.as_str()))
+            .key(keys::tasks(name, p))
             .arg(due_ms)
-            .arg(match tracked {
-                true => crate::tracking::STALE.as_millis() as u64,
-                false => 0,
-            });
+            .arg(if tracked { entry.id.as_str() } else { "" });
         for (k, v) in entry.fields() {
             script.arg(k).arg(v);
         }

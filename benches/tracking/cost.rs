@@ -1,22 +1,21 @@
 //! What tracking costs Redis per task: the commands Redis counted (inside
 //! scripts too, [`meter`](crate::meter)), the bytes it read and wrote on
-//! the network (`INFO stats`), and the bytes a task's record and its place
-//! in `{N/p}:finished` hold (`MEMORY USAGE ... SAMPLES 0`).
+//! the network (`INFO stats`), and the bytes a task's record and its item
+//! in `{N/p}:ended` hold (`MEMORY USAGE ... SAMPLES 0`).
 //!
-//! It knows the records' key names (docs/design.md §14) as the throughput
-//! bench knows the streams': `{N/p}:task:<id>` and `{N/p}:finished`.
+//! It knows the records' layout (docs/design.md §14) as the throughput
+//! bench knows the streams': a field per task of `{N/p}:tasks`, and the
+//! list `{N/p}:ended`.
 
 use std::time::Duration;
 
 use deadpool_redis::redis::{self, aio::MultiplexedConnection};
-use peerq::{DEFAULT_PARTITIONS, TaskId, partition_of};
+use peerq::DEFAULT_PARTITIONS;
 
 use crate::meter::{self, Cost};
 
 /// Commands listed per task, at least this many calls per task in a run.
 const LISTED: f64 = 0.005;
-/// Final records sampled per partition.
-const PER_PARTITION: isize = 10;
 
 /// Counters read at one moment: Redis's commands and CPU, this process's
 /// CPU, and Redis's network bytes.
@@ -135,7 +134,8 @@ pub(crate) fn print_spent(runs: &[(&str, &Spent)]) {
     println!();
 }
 
-/// Bytes of some keys: mean, least and most, over `n`.
+/// Bytes per record: the mean of the partitions' (their `{N/p}:tasks`'s
+/// bytes over the records it holds), least and most, over `n` partitions.
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct Bytes {
     n: usize,
@@ -162,7 +162,7 @@ impl std::fmt::Display for Bytes {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{:.0} ({}–{}, {} records)",
+            "{:.0} ({}–{}, {} partitions)",
             self.mean, self.min, self.max, self.n
         )
     }
@@ -177,7 +177,8 @@ pub(crate) struct Records {
     pub(crate) succeeded: Bytes,
     /// Final, `succeeded` with the result `Done { seq }`.
     pub(crate) with_result: Bytes,
-    /// A member of `{N/p}:finished`: the sets' bytes over their members.
+    /// An item of `{N/p}:ended`: the lists' bytes (with `{N/p}:ended_at`)
+    /// over their items.
     pub(crate) member: f64,
     /// Final records kept once a consume run ended.
     pub(crate) kept: u64,
@@ -186,7 +187,7 @@ pub(crate) struct Records {
 impl Records {
     pub(crate) fn print(&self, tasks: u64) {
         println!(
-            "| bytes in Redis per tracked task (`MEMORY USAGE`) | mean (least–most, records sampled) |"
+            "| bytes in Redis per tracked task (`MEMORY USAGE` of `{{N/p}}:tasks` over its records) | mean (least–most over the partitions) |"
         );
         println!("|---|---|");
         println!(
@@ -202,7 +203,7 @@ impl Records {
             self.with_result
         );
         println!(
-            "| its member in `{{N/p}}:finished` (the sets' bytes / their members) | {:.0} |",
+            "| its id in `{{N/p}}:ended` (the lists' bytes, `ended_at` too, / their ids) | {:.0} |",
             self.member
         );
         println!(
@@ -228,46 +229,52 @@ async fn memory(conn: &mut MultiplexedConnection, keys: &[String]) -> Vec<u64> {
     sizes.into_iter().flatten().collect()
 }
 
-/// The bytes of the records of tasks `ids` (enqueued without a key) of
-/// service `name`.
-pub(crate) async fn records_of(
-    conn: &mut MultiplexedConnection,
-    name: &str,
-    ids: &[TaskId],
-) -> Bytes {
-    let keys: Vec<String> = ids
-        .iter()
-        .map(|id| {
-            let p = partition_of(id.as_str().as_bytes(), DEFAULT_PARTITIONS);
-            format!("{{{name}/{p}}}:task:{id}")
-        })
+/// Per partition of service `name`: its records' bytes (`{N/p}:tasks`)
+/// over how many records it holds (its fields).
+async fn per_record(conn: &mut MultiplexedConnection, name: &str) -> Bytes {
+    let hashes: Vec<String> = (0..DEFAULT_PARTITIONS)
+        .map(|p| format!("{{{name}/{p}}}:tasks"))
         .collect();
-    Bytes::of(&memory(conn, &keys).await)
+    let bytes = memory(conn, &hashes).await;
+    let mut pipe = redis::pipe();
+    for hash in &hashes {
+        pipe.cmd("HLEN").arg(hash);
+    }
+    let records: Vec<u64> = pipe.query_async(conn).await.unwrap();
+    let per: Vec<u64> = bytes
+        .iter()
+        .zip(records.iter().filter(|n| **n > 0))
+        .map(|(bytes, records)| bytes / records)
+        .collect();
+    Bytes::of(&per)
 }
 
-/// The bytes of service `name`'s final records (a few of each partition's
-/// newest), of a member of its `{N/p}:finished` sets, and how many final
-/// records it keeps.
+/// The bytes per record of service `name`'s records (as its enqueue left
+/// them).
+pub(crate) async fn records_of(conn: &mut MultiplexedConnection, name: &str) -> Bytes {
+    per_record(conn, name).await
+}
+
+/// The bytes per record of service `name`'s final records, of an item of
+/// its `{N/p}:ended` lists, and how many final records it keeps.
 pub(crate) async fn finished(conn: &mut MultiplexedConnection, name: &str) -> (Bytes, f64, u64) {
-    let sets: Vec<String> = (0..DEFAULT_PARTITIONS)
-        .map(|p| format!("{{{name}/{p}}}:finished"))
+    let lists: Vec<String> = (0..DEFAULT_PARTITIONS)
+        .map(|p| format!("{{{name}/{p}}}:ended"))
         .collect();
     let mut pipe = redis::pipe();
-    for set in &sets {
-        pipe.cmd("ZCARD").arg(set);
-        pipe.cmd("ZRANGE").arg(set).arg(-PER_PARTITION).arg(-1);
+    for list in &lists {
+        pipe.cmd("LLEN").arg(list);
     }
-    let replies: Vec<redis::Value> = pipe.query_async(conn).await.unwrap();
-    let mut kept = 0;
-    let mut keys = Vec::new();
-    for (p, pair) in replies.chunks(2).enumerate() {
-        kept += redis::from_redis_value::<u64>(pair[0].clone()).unwrap();
-        let ids: Vec<String> = redis::from_redis_value(pair[1].clone()).unwrap();
-        keys.extend(ids.iter().map(|id| format!("{{{name}/{p}}}:task:{id}")));
-    }
-    let set_bytes: u64 = memory(conn, &sets).await.iter().sum();
-    let records = Bytes::of(&memory(conn, &keys).await);
-    (records, set_bytes as f64 / kept.max(1) as f64, kept)
+    let lengths: Vec<u64> = pipe.query_async(conn).await.unwrap();
+    let kept: u64 = lengths.iter().sum();
+    // With their runs' times (`{N/p}:ended_at`).
+    let both: Vec<String> = lists
+        .iter()
+        .flat_map(|l| [l.clone(), format!("{l}_at")])
+        .collect();
+    let list_bytes: u64 = memory(conn, &both).await.iter().sum();
+    let records = per_record(conn, name).await;
+    (records, list_bytes as f64 / kept.max(1) as f64, kept)
 }
 
 /// The 1-minute load average, as `/proc/loadavg` says (`?` without it).

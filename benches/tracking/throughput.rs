@@ -70,9 +70,9 @@ pub(crate) async fn repeat(
     sample: bool,
 ) -> Repeat {
     let (batch_off, off, _) = enqueue_batch(server, admin, conn, Tracking::off(), tasks).await;
-    let (batch_on, on, last) = enqueue_batch(server, admin, conn, Tracking::on(), tasks).await;
+    let (batch_on, on, _) = enqueue_batch(server, admin, conn, Tracking::on(), tasks).await;
     let waiting = match sample {
-        true => Some(cost::records_of(conn, on.name(), &last).await),
+        true => Some(cost::records_of(conn, on.name()).await),
         false => None,
     };
     let (_, with_result, _) = enqueue_batch(server, admin, conn, Tracking::on(), tasks).await;

@@ -201,18 +201,8 @@ fn task(partition: u32, member: &[u8], due_at_ms: u64, now_ms: u64) -> DelayedTa
 /// Decodes a MessagePack array of strings (or binaries), as Redis's
 /// `cmsgpack.pack` writes a Lua list of strings; `None` for anything else.
 fn unpack_strings(mut bytes: &[u8]) -> Option<Vec<Vec<u8>>> {
-    fn take<'a>(bytes: &mut &'a [u8], n: usize) -> Option<&'a [u8]> {
-        if bytes.len() < n {
-            return None;
-        }
-        let (head, tail) = bytes.split_at(n);
-        *bytes = tail;
-        Some(head)
-    }
-    fn number(bytes: &mut &[u8], width: usize) -> Option<usize> {
-        let raw = take(bytes, width)?;
-        Some(raw.iter().fold(0usize, |n, b| (n << 8) | usize::from(*b)))
-    }
+    use crate::tracking::packed::{take, unsigned};
+    let number = |bytes: &mut &[u8], width| unsigned(bytes, width).map(|n| n as usize);
     let marker = *take(&mut bytes, 1)?.first()?;
     let len = match marker {
         0x90..=0x9f => usize::from(marker & 0x0f),

@@ -1,7 +1,7 @@
 //! A worker's housekeeping, apart from its fetch loop: keep the entries it
 //! runs fresh, look at the partition's consumer group, trim what was
-//! acknowledged, move due delayed entries into the stream, and keep the
-//! queue gauges.
+//! acknowledged, move due delayed entries into the stream, forget task
+//! records that stopped changing, and keep the queue gauges.
 //!
 //! What an idle partition costs (issue 26): a look at its group
 //! (`XINFO GROUPS`) every 10 s, and the sizes of its dead letters and
@@ -36,6 +36,18 @@ const COUNT_EVERY: Duration = Duration::from_secs(30);
 const PROMOTE_AGAIN: Duration = Duration::from_secs(1);
 /// Most delayed entries moved in one script call.
 const PROMOTE_BATCH: usize = 500;
+/// How often a slice of the partition's task records is swept for records
+/// that stopped changing (sweep.lua) while a pass is underway, how long a
+/// finished pass rests (and how often a partition without final records
+/// looks again, at the most), and how many fields a slice looks at: a
+/// pass over 100,000 tracked tasks takes about an hour, at about 1 ms of
+/// Redis per slice, and an idle partition costs one call every 5 minutes.
+const SWEEP_EVERY: Duration = Duration::from_secs(10);
+const SWEEP_REST: Duration = Duration::from_secs(300);
+const SWEEP_SLICE: usize = 1000;
+/// How late after its time a final record goes, at the least: its end's
+/// script and this look may see different milliseconds.
+const EVICT_SLACK: Duration = Duration::from_millis(50);
 /// Most entry ids kept fresh in one script call (Lua's `unpack` has a limit
 /// of about 8,000 values).
 const KEEP_CHUNK: usize = 1000;
@@ -45,6 +57,8 @@ struct Due {
     keep: Instant,
     look: Instant,
     count: Instant,
+    /// The care of the task records (sweep.lua).
+    records: Instant,
     /// `None`: no delayed entry is known to wait.
     promote: Option<Instant>,
 }
@@ -54,7 +68,7 @@ impl Due {
         if stopped {
             return self.keep;
         }
-        let next = self.keep.min(self.look).min(self.count);
+        let next = self.keep.min(self.look).min(self.count).min(self.records);
         self.promote.map_or(next, |at| next.min(at))
     }
 
@@ -103,6 +117,7 @@ pub(super) async fn housekeeping(
         keep: now + keep_every,
         look: now,
         count: now,
+        records: now,
         // At once: retries the previous owner delayed may be due.
         promote: Some(now),
     };
@@ -113,6 +128,13 @@ pub(super) async fn housekeeping(
     let mut looked: Option<Group> = None;
     let mut trimmed: Option<Group> = None;
     let mut published: Option<Sizes> = None;
+    // A retention changed on the running service is applied at once.
+    let mut tracking = shared.tracking.clone();
+    let mut records = Records {
+        cursor: "0".into(),
+        // Partitions acquired together do not sweep together.
+        sweep: now + SWEEP_REST.mul_f64(rand::random::<f64>()),
+    };
     loop {
         tokio::select! {
             _ = done.cancelled() => return,
@@ -123,6 +145,7 @@ pub(super) async fn housekeeping(
                 }
             }
             _ = noticed(notices.as_ref()) => due.promote_by(Instant::now()),
+            _ = tracking.changed() => due.records = Instant::now(),
         }
         let now = Instant::now();
         if now >= due.keep {
@@ -167,6 +190,9 @@ pub(super) async fn housekeeping(
                     now + look_busy
                 }
             };
+        }
+        if now >= due.records {
+            due.records = records.tend(&shared, &ownership, now).await;
         }
         if due.promote.is_some_and(|at| now >= at) {
             let (moved, next) = promote(&ownership).await;
@@ -263,6 +289,47 @@ async fn trim(ownership: &Ownership) -> bool {
     }
 }
 
+/// Where the care of a partition's task records is.
+struct Records {
+    /// The sweep's HSCAN cursor.
+    cursor: String,
+    /// When the next slice is swept.
+    sweep: Instant,
+}
+
+impl Records {
+    /// Evicts the final records past the retention and, when due, sweeps
+    /// the next slice; returns when to come back: when the oldest final
+    /// record left is due to go, or the next slice, whichever first.
+    async fn tend(&mut self, shared: &Shared, ownership: &Ownership, now: Instant) -> Instant {
+        let partition = ownership.store.partition();
+        let settings = shared.tracking.settings();
+        let sweeping = now >= self.sweep;
+        let cursor = sweeping.then_some(self.cursor.as_str());
+        match ownership.store.sweep(&settings, cursor, SWEEP_SLICE).await {
+            Ok((next, forgotten, evict)) => {
+                if forgotten > 0 {
+                    debug!(
+                        partition,
+                        forgotten, "forgot task records that stopped changing"
+                    );
+                }
+                if sweeping {
+                    let rest = if next == "0" { SWEEP_REST } else { SWEEP_EVERY };
+                    self.cursor = next;
+                    self.sweep = now + rest;
+                }
+                let evict = evict.map_or(settings.kept_for().min(SWEEP_REST), |d| d + EVICT_SLACK);
+                self.sweep.min(now + evict)
+            }
+            Err(e) => {
+                debug!(partition, cause = %e, "cannot tend the task records");
+                now + SWEEP_EVERY
+            }
+        }
+    }
+}
+
 /// Takes a partition out of the queue gauges when its housekeeping ends.
 struct Forget<'a>(&'a Shared, u32);
 
@@ -284,6 +351,7 @@ mod tests {
             keep: now + 3 * s,
             look: now + s,
             count: now + 2 * s,
+            records: now + 4 * s,
             promote: None,
         };
         assert_eq!(due.next(false), now + s);

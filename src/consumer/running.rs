@@ -17,9 +17,10 @@ use super::store::PartitionStore;
 use crate::config::ServiceName;
 use crate::connection::channels::Channels;
 use crate::connection::subscriber::{Event, Source};
-use crate::entry::TaskId;
+use crate::entry::{self, TaskId};
 use crate::handler::Tracker;
 use crate::retry::Pauses;
+use crate::tracking::packed;
 use crate::tracking::watch::Watched;
 
 /// How often a task's progress is written at most.
@@ -43,11 +44,12 @@ struct Signals {
 }
 
 impl Running {
-    /// Registers task `id`, run under the partition's `interrupt` signal,
-    /// until the returned handle is dropped.
+    /// Registers task `id`, run under the partition's `interrupt` signal as
+    /// `run` says, until the returned handle is dropped.
     pub(crate) fn register(
         self: &Arc<Self>,
         id: &TaskId,
+        run: Run,
         interrupt: &CancellationToken,
         store: Arc<PartitionStore>,
         codec: &'static str,
@@ -62,6 +64,7 @@ impl Running {
             .insert(id.clone(), signals.clone());
         Arc::new(RunningTask {
             id: id.clone(),
+            run: Mutex::new(run),
             signals,
             running: self.clone(),
             store,
@@ -85,10 +88,22 @@ impl Running {
     }
 }
 
+/// What a tracked task runs as, for its final record.
+#[derive(Debug, Clone)]
+pub(crate) struct Run {
+    /// `instance|token|attempt|started_at` (`PartitionStore::running`).
+    pub(crate) ran: String,
+    pub(crate) attempt: u32,
+    /// As its entry says (Unix ms).
+    pub(crate) enqueued_at: u64,
+}
+
 /// One tracked task while it runs (shared by its context's clones).
 #[derive(Debug)]
 pub(crate) struct RunningTask {
     id: TaskId,
+    /// Its attempt's, which an ordered task's retry in place renews.
+    run: Mutex<Run>,
     signals: Signals,
     running: Arc<Running>,
     store: Arc<PartitionStore>,
@@ -99,10 +114,11 @@ pub(crate) struct RunningTask {
     writing: tokio::sync::Mutex<()>,
 }
 
-/// A task's progress not yet written, and when the last write was.
+/// A task's progress not yet written, the last written, and when that was.
 #[derive(Debug, Default)]
 struct Progress {
     pending: Option<Vec<u8>>,
+    written: Option<Vec<u8>>,
     last: Option<Instant>,
     /// A writer task is underway.
     writer: bool,
@@ -176,10 +192,42 @@ impl RunningTask {
             return false;
         };
         self.progress.lock().expect("not poisoned").last = Some(Instant::now());
-        if let Err(e) = self.store.progress(self.id.as_str(), &value).await {
-            debug!(task = %self.id, cause = %e, "progress not written");
+        match self.store.progress(self.id.as_str(), &value).await {
+            Ok(true) => self.progress.lock().expect("not poisoned").written = Some(value),
+            Ok(false) => {}
+            Err(e) => debug!(task = %self.id, cause = %e, "progress not written"),
         }
         true
+    }
+
+    /// Its final record as its ack writes it, `succeeded` with `result`
+    /// (encoded; empty for none), now: the ack script writes it whole, so
+    /// it carries the record's other fields too (docs/design.md §14).
+    pub(crate) fn succeeded(&self, result: &[u8]) -> Vec<u8> {
+        let progress = self.progress.lock().expect("not poisoned");
+        let run = self.run.lock().expect("not poisoned");
+        packed::Finished {
+            state: "succeeded",
+            enqueued_at: run.enqueued_at,
+            attempt: run.attempt,
+            ran: &run.ran,
+            finished_at: entry::now_ms(),
+            progress: progress.written.as_deref(),
+            result,
+        }
+        .encode()
+    }
+
+    /// What it runs as (`instance|token|attempt|started_at`).
+    pub(crate) fn ran(&self) -> String {
+        self.run.lock().expect("not poisoned").ran.clone()
+    }
+
+    /// An ordered task's next attempt starts in place, running as `ran`.
+    pub(crate) fn restarted(&self, ran: &str, attempt: u32) {
+        let mut run = self.run.lock().expect("not poisoned");
+        run.ran = ran.to_owned();
+        run.attempt = attempt;
     }
 
     /// Before the task's end is written: its last progress lands first.

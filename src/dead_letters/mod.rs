@@ -33,7 +33,7 @@ use crate::error::{Error, Result};
 use crate::keys;
 
 static REPLAY: LazyLock<redis::Script> =
-    LazyLock::new(|| redis::Script::new(include_str!("../scripts/replay.lua")));
+    LazyLock::new(|| redis::Script::new(crate::tracking::tracked_script!("replay.lua")));
 
 /// A service's dead letters.
 ///
@@ -155,11 +155,11 @@ impl DeadLetters {
         let mut script = REPLAY.key(keys::dead(&self.name, p));
         script
             .key(keys::stream(&self.name, p))
-            .key(keys::task(&self.name, p, task))
-            .key(keys::finished(&self.name, p))
+            .key(keys::tasks(&self.name, p))
+            .key(keys::ended(&self.name, p))
+            .key(keys::ended_at(&self.name, p))
             .arg(&letter.id)
-            .arg(task)
-            .arg(crate::tracking::STALE.as_millis() as u64);
+            .arg(task);
         for (k, v) in letter.replayed() {
             script.arg(k).arg(v);
         }

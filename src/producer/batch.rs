@@ -42,7 +42,7 @@ use crate::entry::{self, Entry, TaskId};
 use crate::error::Result;
 use crate::keys;
 use crate::partition::partition_of;
-use crate::tracking::STALE;
+use crate::tracking::packed;
 
 /// Entries per part (`enqueue_batch`'s doc names it). Small enough that Redis starts on a batch soon after
 /// its encoding (the first part is built while Redis waits), large enough
@@ -109,10 +109,9 @@ impl<C: Codec> Producer<C> {
         // go over different connections, out of order.
         let conn = self.conn.get().await?;
         // One time for the batch: its entries are enqueued together.
-        let enqueued_at = entry::now_ms().to_string();
-        // Tracked: each entry's record goes just before it, in the same
-        // part (docs/design.md §14): an entry is only read once added, so
-        // no start is written before its record.
+        let enqueued_ms = entry::now_ms();
+        let enqueued_at = enqueued_ms.to_string();
+        // Tracked: the entries' records go first (docs/design.md §14).
         let tracked = self.tracking.on(&self.conn, &self.name).await.is_some();
         if items.iter().any(|(_, o)| o.is_some_and(Options::scripted))
             && !self.script_loaded.load(Ordering::Relaxed)
@@ -130,6 +129,8 @@ impl<C: Codec> Producer<C> {
         let mut sending = FuturesUnordered::new();
         let mut replies: Vec<Option<Vec<Value>>> = Vec::new();
         let mut failed = None;
+        let mut placed = self.place(&items).into_iter();
+        let mut records = tracked.then(|| self.records(&items, placed.as_slice(), enqueued_ms));
         for (i, part) in items.chunks(PART).enumerate() {
             if i > 0 {
                 // Lets the connection's task write the part just handed to
@@ -140,11 +141,17 @@ impl<C: Codec> Producer<C> {
             let mut pipe = Pipeline::with_capacity(part.len() * if tracked { 3 } else { 1 });
             let mut commands = 0;
             let mut part_scripted = Vec::new();
-            for (payload, options) in part {
-                let id = TaskId::generate();
-                let key = options.and_then(|o| o.partition_key());
-                let placed = key.unwrap_or(id.as_str());
-                let p = partition_of(placed.as_bytes(), self.partitions);
+            if let Some(records) = records.take() {
+                // The batch's records first, in its first part: an entry is
+                // only read once added, so no start is written before its
+                // record.
+                commands += records.len();
+                for hset in records {
+                    pipe.add_command(hset);
+                }
+            }
+            let placed = placed.by_ref().take(part.len());
+            for ((payload, options), (id, p)) in part.iter().zip(placed) {
                 match options {
                     Some(options) if options.scripted() => {
                         let entry =
@@ -160,11 +167,6 @@ impl<C: Codec> Producer<C> {
                         commands += 1;
                     }
                     _ => {
-                        if tracked {
-                            let record_key = keys::task(&self.name, p, id.as_str());
-                            record(&mut pipe, &record_key, &enqueued_at);
-                            commands += 2;
-                        }
                         let fields =
                             entry::first_attempt(id.as_str(), &enqueued_at, C::NAME, payload);
                         let stream = &self.streams[p as usize];
@@ -202,6 +204,40 @@ impl<C: Codec> Producer<C> {
             wait.confirmed(waited.inspect_err(|e| self.conn.reset_after(e))?)?;
         }
         Ok(Sent { new, ids })
+    }
+
+    /// Each task's new id and partition (its key's, else its id's).
+    fn place(&self, items: &[Item<'_>]) -> Vec<(TaskId, u32)> {
+        items
+            .iter()
+            .map(|(_, options)| {
+                let id = TaskId::generate();
+                let key = options.and_then(|o| o.partition_key());
+                let p = partition_of(key.unwrap_or(id.as_str()).as_bytes(), self.partitions);
+                (id, p)
+            })
+            .collect()
+    }
+
+    /// Tracked: the `waiting` records of the tasks that go without the
+    /// enqueue script (which writes its own), one `HSET` per partition for
+    /// the whole batch (docs/design.md §14). A batch that fails part-way
+    /// leaves the records of tasks never added, which the owners' sweep
+    /// forgets; nobody has their ids.
+    fn records(&self, items: &[Item<'_>], placed: &[(TaskId, u32)], enqueued_ms: u64) -> Vec<Cmd> {
+        let mut records: BTreeMap<u32, Cmd> = BTreeMap::new();
+        let record = packed::waiting(enqueued_ms);
+        for ((_, options), (id, p)) in items.iter().zip(placed) {
+            if !options.is_some_and(Options::scripted) {
+                let hset = records.entry(*p).or_insert_with(|| {
+                    let mut hset = redis::cmd("HSET");
+                    hset.arg(keys::tasks(&self.name, *p));
+                    hset
+                });
+                hset.arg(id.as_str()).arg(&record);
+            }
+        }
+        records.into_values().collect()
     }
 
     /// Reads the enqueue scripts' replies of every part: each task's id
@@ -315,20 +351,6 @@ fn collect(
         Ok((i, part)) => replies[i] = part,
         Err(e) => *failed = failed.take().or(Some(e)),
     }
-}
-
-/// A tracked task's record as its enqueue writes it: `waiting`, attempt 1.
-/// `HSET`, so a cancel request made before the task existed stays.
-fn record(pipe: &mut Pipeline, key: &str, enqueued_at: &str) {
-    pipe.cmd("HSET")
-        .arg(key)
-        .arg("state")
-        .arg("waiting")
-        .arg("attempt")
-        .arg(1)
-        .arg("enqueued_at")
-        .arg(enqueued_at);
-    pipe.cmd("PEXPIRE").arg(key).arg(STALE.as_millis() as u64);
 }
 
 /// `XADD <stream> * <fields> key <key>`: a task with a partition key.

@@ -14,7 +14,7 @@ use crate::codec::Codec;
 use crate::entry::{Entry, TaskId};
 use crate::error::Result;
 use crate::keys;
-use crate::tracking::{STALE, tracked_script};
+use crate::tracking::tracked_script;
 
 pub(super) static ENQUEUE: LazyLock<redis::Script> =
     LazyLock::new(|| redis::Script::new(tracked_script!("enqueue.lua")));
@@ -105,13 +105,13 @@ impl<C: Codec> Producer<C> {
             .key(keys::delayed(&self.name, p))
             .key(keys::dedup(&self.name, p, dedup))
             .key(keys::dedup(&self.name, p, once_key))
-            .key(keys::task(&self.name, p, id))
+            .key(keys::tasks(&self.name, p))
             .arg(ttl)
             .arg(id)
             .arg(at)
             .arg(delay)
             .arg(until_ms)
-            .arg(if tracked { STALE.as_millis() as u64 } else { 0 });
+            .arg(u8::from(tracked));
         for (k, v) in entry.fields() {
             script.arg(k).arg(v);
         }

@@ -5,34 +5,35 @@
 -- whichever of them and this ran first decides. A running task ends
 -- `cancelled` when its owner's next script for it runs; the caller wakes
 -- the owner on `{N}:cancels`.
--- KEYS[1] = {N/p}:task:<id>
+-- KEYS[1] = {N/p}:tasks (as the tracking block names it: a key must be
+-- declared)
 -- ARGV[1] = task id     ARGV[2..8] = the tracking block
 -- Returns { what: 'final' (left as it was), 'cancelled' (now final),
 -- 'running' (requested; its owner stops it), 'unknown' (no record: the
--- request is kept for the stale time, so the task never starts if it
+-- request is kept for the sweep time, so the task never starts if it
 -- exists), and the final state, or for 'running' its `{N/p}:running`
 -- value (`instance|token|attempt|started_at`) }.
 local t = tracking(2)
 local id = ARGV[1]
-local key = KEYS[1]
-local state = redis.call('HGET', key, 'state')
-if state and FINAL[state] then
-  return { 'final', state }
+local record = redis.call('HGET', t.tasks, id)
+local was = decoded(record)
+if FINAL[was.s] then
+  return { 'final', was.s }
 end
 local now = now_ms()
--- Requests older than the stale time are of tasks that never existed.
+-- Requests older than the sweep time are of tasks that never existed.
 redis.call('ZREMRANGEBYSCORE', t.cancels, '-inf', now - tonumber(t.stale))
 redis.call('ZADD', t.cancels, 'NX', now, id)
-redis.call('HSETNX', key, 'cancel', now)
 local running = redis.call('HGET', t.running, id)
-if running then
-  redis.call('PEXPIRE', key, t.stale)
-  return { 'running', running }
-end
-if not state then
-  redis.call('PEXPIRE', key, t.stale)
+if not running and not was.s then
   return { 'unknown', '' }
 end
-cancelled(t, id, key, false)
+if not was.c then
+  append(t.tasks, id, cmsgpack.pack('c', now))
+end
+if running then
+  return { 'running', running }
+end
+cancelled(t, id, false)
 flush(t)
 return { 'cancelled', 'cancelled' }

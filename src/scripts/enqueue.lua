@@ -10,13 +10,13 @@
 -- writes nothing, so a relay that froze mid-claim cannot send once the row
 -- may have been moved by another and its record expired.
 -- KEYS[1] = {N/p}:stream     KEYS[2] = {N/p}:delayed     KEYS[3] = {N/p}:dedup:<key>
--- KEYS[4] = {N/p}:dedup:outbox:<task id>     KEYS[5] = {N/p}:task:<task id>
+-- KEYS[4] = {N/p}:dedup:outbox:<task id>     KEYS[5] = {N/p}:tasks
 -- ARGV[1] = dedup TTL (ms; 0: no idempotency key)     ARGV[2] = task id
 -- ARGV[3] = due time (Unix ms; 0: none)     ARGV[4] = delay (ms, by Redis's clock)
 -- ARGV[5] = the outbox relay's deadline (Unix ms, Redis's clock; 0: no
 --           outbox record)
--- ARGV[6] = with tracking on (docs/design.md §14), the expiry of the task's
---           record while it is not final (ms); 0: no record
+-- ARGV[6] = 1 with tracking on (docs/design.md §14): the task's record is
+--           written; 0: no record
 -- ARGV[7..] = field, value, ...
 -- Returns { the id of the task enqueued: this one, or the earlier one under
 -- either dedup record; its due time (Unix ms) if this call delayed it,
@@ -52,14 +52,14 @@ else
   redis.call('XADD', KEYS[1], '*', unpack(ARGV, 7))
 end
 if tonumber(ARGV[6]) > 0 then
-  -- HSET, not a new hash: a cancel request made before the task existed
-  -- stays, so the task never starts.
-  redis.call('HSET', KEYS[5], 'state', delayed and 'delayed' or 'waiting',
-    'attempt', 1, 'enqueued_at', now_ms())
+  -- (A cancel request made before the task existed is not in its record
+  -- but in the partition's cancel requests: the task never starts.)
   if delayed then
-    redis.call('HSET', KEYS[5], 'due_at', due)
+    redis.call('HSET', KEYS[5], ARGV[2],
+      cmsgpack.pack('s', 'delayed', 'a', 1, 'q', now_ms(), 'd', due))
+  else
+    redis.call('HSET', KEYS[5], ARGV[2], cmsgpack.pack('s', 'waiting', 'a', 1, 'q', now_ms()))
   end
-  redis.call('PEXPIRE', KEYS[5], ARGV[6])
 end
 if ttl > 0 then
   redis.call('SET', KEYS[3], ARGV[2], 'PX', ARGV[1])

@@ -1,15 +1,19 @@
 -- Rule 8: acknowledge entries only while this instance is the partition's
 -- recorded owner with this token; a stale owner learns it is fenced.
--- Tracked tasks (docs/design.md §14) are written `succeeded`, with their
--- results, or `cancelled` if a cancel request came first, only if this
--- call acked them (so no longer pending): when one `XACK` of them all acks
--- fewer than it was given (a call sent again after a lost reply), only
--- the tasks whose records are not final yet are written.
+-- Tracked tasks (docs/design.md §14) are written `succeeded`, or
+-- `cancelled` if a cancel request came first, only if this call acked them
+-- (so no longer pending): when one `XACK` of them all acks fewer than it
+-- was given (a call sent again after a lost reply), only the tasks whose
+-- records are not final yet are written. The instance sends each
+-- succeeded task's whole final record (its state, times, attempt, what it
+-- ran as, progress and result: it knows them all), so that the common
+-- case, no cancel request in the partition, writes them in one call with
+-- no work per task here.
 -- KEYS[1] = {N/p}:stream     KEYS[2] = {N/p}:owner
 -- ARGV[1] = '<token>:<instance id>'     ARGV[2] = group
 -- ARGV[3] = n, the untracked entries' count     ARGV[4..3+n] = their ids
--- then, with tracked tasks: the tracking block (track.lua), and stream id,
--- task id, result ('' for none), ... of each.
+-- then, with tracked tasks: the tracking block (track.lua), m, the tracked
+-- tasks' count, their m stream ids, and m pairs of task id and record.
 -- Returns the number acknowledged, or -1 when fenced.
 if redis.call('GET', KEYS[2]) ~= ARGV[1] then
   return -1
@@ -21,31 +25,33 @@ for i = 4, 3 + n, 1000 do
 end
 local t = tracking(4 + n)
 if t then
-  local first = 11 + n
-  local streams, tasks = {}, {}
-  for i = first, #ARGV, 3 do
-    streams[#streams + 1] = ARGV[i]
-    tasks[#tasks + 1] = ARGV[i + 1]
-  end
+  local m = tonumber(ARGV[11 + n])
+  local streams = 12 + n
+  local pairs_ = streams + m
   local all = 0
-  for i = 1, #streams, 1000 do
-    all = all + redis.call('XACK', KEYS[1], ARGV[2], unpack(streams, i, math.min(i + 999, #streams)))
+  for i = streams, pairs_ - 1, 1000 do
+    all = all + redis.call('XACK', KEYS[1], ARGV[2], unpack(ARGV, i, math.min(i + 999, pairs_ - 1)))
   end
-  local ran = {}
-  for i = 1, #tasks, 1000 do
-    local part = redis.call('HMGET', t.running, unpack(tasks, i, math.min(i + 999, #tasks)))
-    for _, value in ipairs(part) do ran[#ran + 1] = value end
-  end
-  for k, id in ipairs(tasks) do
-    local key = t.prefix .. id
-    if all == #tasks or not FINAL[redis.call('HGET', key, 'state')] then
-      local result = ARGV[first + 3 * (k - 1) + 2]
-      if asked(t, id) then
-        cancelled(t, id, key, true)
-      elseif result ~= '' then
-        finish(t, id, key, 'succeeded', ran[k], 'result', result)
-      else
-        finish(t, id, key, 'succeeded', ran[k])
+  local last = pairs_ + 2 * m - 1
+  if all == m and redis.call('ZCARD', t.cancels) == 0 then
+    t.asked = false
+    for i = pairs_, last, 1000 do
+      redis.call('HSET', t.tasks, unpack(ARGV, i, math.min(i + 999, last)))
+    end
+    for i = pairs_, last, 2 do
+      t.ended[#t.ended + 1] = ARGV[i]
+    end
+  else
+    for i = pairs_, last, 2 do
+      local id = ARGV[i]
+      if all == m or not FINAL[state_of(t, id)] then
+        if asked(t, id) then
+          cancelled(t, id, true)
+        else
+          redis.call('HSET', t.tasks, id, ARGV[i + 1])
+          t.done[id] = 'succeeded'
+          t.ended[#t.ended + 1] = id
+        end
       end
     end
   end

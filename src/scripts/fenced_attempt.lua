@@ -19,8 +19,9 @@
 -- ARGV[8] = its state: 'retrying' (after a failed attempt, until its next
 -- one) or 'running' (as the next attempt starts)     ARGV[9] = the error
 -- ARGV[10] = the attempt     ARGV[11] = the backoff (ms)
--- ARGV[12] = instance id     ARGV[13] = token     ARGV[14..20] = the
--- tracking block (track.lua)
+-- ARGV[12] = what the attempt runs as ('running': its `{N/p}:running`
+-- value, `instance|token|attempt|started_at`, the instance's clock)
+-- ARGV[13..19] = the tracking block (track.lua)
 -- Returns 1 when recorded, 0 when the entry is not pending, -1 when fenced,
 -- 2 when recorded but a user's cancel request came first (the task must
 -- not run again: the caller acks it, and the ack ends it `cancelled`).
@@ -39,18 +40,17 @@ local recorded = #redis.call('XCLAIM', KEYS[1], ARGV[2], ARGV[3], 0, ARGV[4], 'R
 if recorded == 1 and ARGV[6] ~= '' then
   redis.call('HSET', KEYS[3], ARGV[4], ARGV[6])
 end
-local t = recorded == 1 and ARGV[7] ~= '' and tracking(14)
+local t = recorded == 1 and ARGV[7] ~= '' and tracking(13)
 if t then
   local id = ARGV[7]
   if asked(t, id) then
     return 2
   end
   if ARGV[8] == 'retrying' then
-    set_state(t, id, t.prefix .. id, 'retrying', 'attempt', ARGV[10], 'error', ARGV[9],
-      'due_at', now_ms() + tonumber(ARGV[11]))
+    set_state(t, id, 'retrying', 'a', ARGV[10], 'e', ARGV[9],
+      'd', now_ms() + tonumber(ARGV[11]))
   else
-    redis.call('HSET', t.running, id,
-      ARGV[12] .. '|' .. ARGV[13] .. '|' .. ARGV[10] .. '|' .. now_ms())
+    redis.call('HSET', t.running, id, ARGV[12])
   end
 end
 return recorded

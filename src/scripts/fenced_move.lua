@@ -22,19 +22,18 @@ if acked == 0 then
   return 0
 end
 local t = ARGV[4] ~= '' and tracking(9)
-local key = t and unless_cancelled(t, ARGV[4])
-if t and not key then
+if t and not unless_cancelled(t, ARGV[4]) then
   flush(t)
   return 1
 end
 local added = redis.call('XADD', KEYS[3], '*', unpack(ARGV, 16))
 if t then
   if ARGV[5] == 'dead' then
-    finish(t, ARGV[4], key, 'dead', redis.call('HGET', t.running, ARGV[4]),
-      'attempt', ARGV[8], 'reason', ARGV[6], 'error', ARGV[7], 'dead_id', added)
+    finish(t, ARGV[4], 'dead', redis.call('HGET', t.running, ARGV[4]),
+      'a', ARGV[8], 'w', ARGV[6], 'e', ARGV[7], 'x', added)
     flush(t)
   else
-    set_state(t, ARGV[4], key, 'waiting', 'attempt', ARGV[8])
+    set_state(t, ARGV[4], 'waiting', 'a', ARGV[8])
   end
 end
 return 1

@@ -24,8 +24,7 @@ if acked == 0 then
   return 0
 end
 local t = ARGV[5] ~= '' and tracking(10)
-local key = t and unless_cancelled(t, ARGV[5])
-if t and not key then
+if t and not unless_cancelled(t, ARGV[5]) then
   flush(t)
   return 1
 end
@@ -39,6 +38,6 @@ else
   redis.call('ZADD', KEYS[3], due, cmsgpack.pack(fields))
 end
 if t then
-  set_state(t, ARGV[5], key, ARGV[6], 'attempt', ARGV[9], 'due_at', due, 'error', ARGV[8])
+  set_state(t, ARGV[5], ARGV[6], 'a', ARGV[9], 'd', due, 'e', ARGV[8])
 end
 return 1

@@ -1,33 +1,47 @@
 -- docs/design.md §14: the tasks of a batch start, only while this instance
 -- is the partition's recorded owner: each tracked task runs here now, as
--- one field per task of `{N/p}:running` (`instance|token|attempt|start`),
--- all set in one call. A task with a cancel request does not start: its
--- entry is acked and its record says `cancelled` (if it did not already),
--- in this step.
+-- one field per task of `{N/p}:running` (`instance|token|attempt|start`,
+-- written by the instance), all set in one call. A task with a cancel
+-- request does not start: its entry is acked and its record says
+-- `cancelled` (if it did not already), in this step.
 -- KEYS[1] = {N/p}:stream     KEYS[2] = {N/p}:owner
 -- ARGV[1] = '<token>:<instance id>'     ARGV[2] = group
--- ARGV[3] = instance id     ARGV[4] = token
--- ARGV[5..11] = the tracking block (track.lua)
--- ARGV[12..] = stream id, task id, attempt, ... of each task
+-- ARGV[3..9] = the tracking block (track.lua)
+-- ARGV[10] = n, the tasks' count, then n pairs of task id and running
+-- value, then the n tasks' stream ids, in the same order
 -- Returns the stream ids of the tasks that must not run (cancelled), or -1
 -- when fenced.
 if redis.call('GET', KEYS[2]) ~= ARGV[1] then
   return -1
 end
-local t = tracking(5)
+local t = tracking(3)
+local n = tonumber(ARGV[10])
+-- The field '' (no task id is empty) holds a value longer than Redis keeps
+-- in a listpack (hash-max-listpack-value, 64 by default), so the running
+-- hash is always a hash table: in a listpack each of a batch's fields
+-- would be found by a scan of the others, and the batch's start and end
+-- would cost Redis time in the square of its size.
+local pad = string.rep('-', 80)
+if redis.call('ZCARD', t.cancels) == 0 then
+  -- No cancel request in the partition: every task starts, in one call.
+  for i = 11, 10 + 2 * n, 1000 do
+    redis.call('HSET', t.running, '', pad, unpack(ARGV, i, math.min(i + 999, 10 + 2 * n)))
+  end
+  return {}
+end
+t.asked = true
 local skip = {}
-local running = {}
-local as = ARGV[3] .. '|' .. ARGV[4] .. '|'
-local since = '|' .. now_ms()
-for i = 12, #ARGV, 3 do
-  local id = ARGV[i + 1]
+local running = { '', pad }
+for k = 1, n do
+  local id = ARGV[9 + 2 * k]
+  local stream_id = ARGV[10 + 2 * n + k]
   if asked(t, id) then
-    redis.call('XACK', KEYS[1], ARGV[2], ARGV[i])
-    cancelled(t, id, t.prefix .. id, true)
-    skip[#skip + 1] = ARGV[i]
+    redis.call('XACK', KEYS[1], ARGV[2], stream_id)
+    cancelled(t, id, true)
+    skip[#skip + 1] = stream_id
   else
     running[#running + 1] = id
-    running[#running + 1] = as .. ARGV[i + 2] .. since
+    running[#running + 1] = ARGV[10 + 2 * k]
   end
 end
 chunked('HSET', t.running, running)

@@ -3,27 +3,49 @@
 -- (after a lost reply, or by two operators) enqueues it once. The letter is
 -- removed only once the task is enqueued (a script that fails half-way is
 -- not rolled back). A tracked task's record (docs/design.md §14), if it has
--- one, follows the new run: `waiting` at attempt 1, out of the finished
--- set, its end forgotten (its last error kept).
--- KEYS[1] = {N/p}:dead     KEYS[2] = {N/p}:stream
--- KEYS[3] = {N/p}:task:<task id>     KEYS[4] = {N/p}:finished
+-- one, follows the new run: `waiting` at attempt 1, its end forgotten (its
+-- enqueue time and last error kept), and out of the ended lists, so that
+-- the eviction of its earlier end does not take it (track.lua is
+-- prepended).
+-- KEYS[1] = {N/p}:dead     KEYS[2] = {N/p}:stream     KEYS[3] = {N/p}:tasks
+-- KEYS[4] = {N/p}:ended     KEYS[5] = {N/p}:ended_at
 -- ARGV[1] = the dead letter's id     ARGV[2] = the task id ('': none)
--- ARGV[3] = a record's expiry while not final (ms)
--- ARGV[4..] = the task's field, value, ...
+-- ARGV[3..] = the task's field, value, ...
 -- Returns 1 when replayed, 0 when it was not there (any more), -1 when it
 -- has no fields to replay.
 if #redis.call('XRANGE', KEYS[1], ARGV[1], ARGV[1]) == 0 then
   return 0
 end
-if #ARGV < 5 then
+if #ARGV < 4 then
   return -1
 end
-redis.call('XADD', KEYS[2], '*', unpack(ARGV, 4))
+redis.call('XADD', KEYS[2], '*', unpack(ARGV, 3))
 redis.call('XDEL', KEYS[1], ARGV[1])
-if ARGV[2] ~= '' and redis.call('EXISTS', KEYS[3]) == 1 then
-  redis.call('HDEL', KEYS[3], 'finished_at', 'reason', 'dead_id', 'result', 'progress')
-  redis.call('HSET', KEYS[3], 'state', 'waiting', 'attempt', 1)
-  redis.call('PEXPIRE', KEYS[3], ARGV[3])
-  redis.call('ZREM', KEYS[4], ARGV[2])
+local id = ARGV[2]
+local record = id ~= '' and redis.call('HGET', KEYS[3], id)
+if record then
+  local was = decoded(record)
+  local at = redis.call('LPOS', KEYS[4], id)
+  if at then
+    -- One id fewer in the run of `{N/p}:ended_at` that holds it.
+    local seen = 0
+    for i, run in ipairs(redis.call('LRANGE', KEYS[5], 0, -1)) do
+      local ended, k = string.match(run, '^(%d+) (%d+)$')
+      seen = seen + tonumber(k)
+      if seen > at then
+        redis.call('LSET', KEYS[5], i - 1, ended .. ' ' .. (tonumber(k) - 1))
+        break
+      end
+    end
+    redis.call('LREM', KEYS[4], 1, id)
+  end
+  local fields = { 's', 'waiting', 'a', 1, 't', now_ms() }
+  for _, name in ipairs({ 'q', 'e' }) do
+    if was[name] then
+      fields[#fields + 1] = name
+      fields[#fields + 1] = was[name]
+    end
+  end
+  redis.call('HSET', KEYS[3], id, cmsgpack.pack(unpack(fields)))
 end
 return 1

@@ -1,33 +1,64 @@
 -- docs/design.md §14 (task records), prepended to every script that writes
--- one. A record is the hash `{N/p}:task:<id>` in the task's partition, so
--- the script that moves the task writes it in the same step. Per task a
--- script does as little as it can (Redis's one thread pays for each call):
--- a running task is a field of the partition's `{N/p}:running` hash, set
--- for a whole batch in one call; the final ones' set, the channel and the
--- cancel requests are written once per script (`flush`).
+-- one. The records of a partition's tasks are fields of one hash,
+-- `{N/p}:tasks`: task id → its record, so the script that moves a task
+-- writes its record in the same step, and a whole batch's records in one
+-- call, with no key and no expiry per task (Redis 7.0 has no expiry per
+-- hash field): that is what keeps a tracked task cheap for Redis's one
+-- thread. A record is a run of MessagePack values, name, value, name,
+-- value, … (`cmsgpack.pack`), and a writer appends what changed (a later
+-- name wins when read), so no script decodes a record on the busy paths.
+-- The names, one letter each (tracking/packed.rs reads the same):
+--   s state     a attempt     q enqueued_at     d due_at     f finished_at
+--   r ran (instance|token|attempt|started_at)   e error     w reason
+--   x dead_id   p progress    v result (the value)   c cancel   t touched
+-- Final records are bounded by time and count through `{N/p}:ended` (their
+-- ids, oldest first) and `{N/p}:ended_at` (`<end, Unix ms> <how many>`,
+-- one item per script that ended tasks, in the same order);
+-- records that never end are swept by their age (sweep.lua). A running
+-- task is a field of `{N/p}:running`, set for a whole batch in one call;
+-- the final records, the ended list, the channel and the cancel requests
+-- are written once per script (`flush`).
 --
 -- The tracking block, seven values of ARGV from index `at`: the records'
--- key prefix `{N/p}:task:` ('' when the caller does not track), the expiry
--- of a record not yet final (ms), how long a final record is kept (ms), how
--- many final records the partition keeps, the partition's `{N/p}:finished`
--- set (final task ids scored by their end), the publish command ('PUBLISH';
--- 'SPUBLISH' on a Cluster) and the `{N/p}:final` channel, which hears the
--- ids of the tasks that became final (`wait` listens there).
+-- hash `{N/p}:tasks` ('' when the caller does not track), the time after
+-- which a record not yet final is swept (ms; sweep.lua), how long a final
+-- record is kept (ms), how many final records the partition keeps, the
+-- partition's `{N/p}:ended` list (`{N/p}:ended_at` is named after it),
+-- the publish command ('PUBLISH'; 'SPUBLISH' on a Cluster) and the
+-- `{N/p}:final` channel, which hears the ids of the tasks that became final
+-- (`wait` listens there).
 local function tracking(at)
   if ARGV[at] == nil or ARGV[at] == '' then
     return nil
   end
-  local prefix = ARGV[at]
-  -- `{N/p}:task:` without `task:`: the partition's other tracking keys.
-  local partition = string.sub(prefix, 1, #prefix - 5)
+  local tasks = ARGV[at]
+  -- `{N/p}:tasks` without `tasks`: the partition's other tracking keys.
+  local partition = string.sub(tasks, 1, #tasks - 5)
   return {
-    prefix = prefix, stale = ARGV[at + 1], keep = ARGV[at + 2],
-    count = tonumber(ARGV[at + 3]), finished = ARGV[at + 4],
+    tasks = tasks, stale = ARGV[at + 1], keep = ARGV[at + 2],
+    count = tonumber(ARGV[at + 3]), list = ARGV[at + 4], list_at = ARGV[at + 4] .. '_at',
     publish = ARGV[at + 5], channel = ARGV[at + 6],
     running = partition .. 'running', cancels = partition .. 'cancel_requests',
-    ended = {}, forget = {}, asked = nil,
+    ended = {}, appended = {}, finals = {}, done = {}, forget = {}, asked = nil,
   }
 end
+
+-- A record's names and values as a table, the last of each name winning
+-- (false for no record).
+local function decoded(record)
+  local fields = {}
+  if record then
+    local values = { cmsgpack.unpack(record) }
+    for i = 1, #values - 1, 2 do
+      fields[values[i]] = values[i + 1]
+    end
+  end
+  return fields
+end
+
+-- A record over this size is written anew from its decoded fields when
+-- it changes, rather than appended to (a task handed back many times).
+local COMPACT = 512
 
 local now_cached = nil
 -- Redis's clock, Unix ms: records are stamped by one clock, whoever writes.
@@ -42,10 +73,32 @@ end
 local FINAL = { succeeded = true, dead = true, cancelled = true }
 
 -- Calls `command key <items…>` in chunks: Lua unpacks at most a few
--- thousand values at once.
+-- thousand values at once (1,000 is even, so field/value pairs stay whole).
 local function chunked(command, key, items)
   for i = 1, #items, 1000 do
     redis.call(command, key, unpack(items, i, math.min(i + 999, #items)))
+  end
+end
+
+-- Task `id`'s state, as this script left it or as Redis has it.
+local function state_of(t, id)
+  return t.done[id] or decoded(redis.call('HGET', t.tasks, id)).s
+end
+
+-- Appends `segment` (packed names and values) to task `id`'s record in
+-- `tasks`, now; a long record is compacted.
+local function append(tasks, id, segment)
+  local record = redis.call('HGET', tasks, id)
+  if record and #record > COMPACT then
+    local fields = decoded(record .. segment)
+    local flat = {}
+    for name, value in pairs(fields) do
+      flat[#flat + 1] = name
+      flat[#flat + 1] = value
+    end
+    redis.call('HSET', tasks, id, cmsgpack.pack(unpack(flat)))
+  else
+    redis.call('HSET', tasks, id, (record or '') .. segment)
   end
 end
 
@@ -60,33 +113,80 @@ local function asked(t, id)
   return t.asked and redis.call('ZSCORE', t.cancels, id) ~= false
 end
 
--- A state that is not final, with its fields; the record expires if
--- nothing writes it again for the stale time. It no longer runs.
-local function set_state(t, id, key, state, ...)
-  redis.call('HSET', key, 'state', state, ...)
-  redis.call('PEXPIRE', key, t.stale)
+-- A state that is not final, with its names and values, written now;
+-- `t` (touched) says when, for the sweep of records that stopped
+-- changing. It no longer runs.
+local function set_state(t, id, state, ...)
+  append(t.tasks, id, cmsgpack.pack('s', state, 't', now_ms(), ...))
   redis.call('HDEL', t.running, id)
 end
 
--- A final state: the record is kept for the keep time; the task joins the
--- finished set, leaves the running hash and the cancel requests, and is
--- announced, all at `flush`. What it ran as (`running`, its running hash
--- value if it has one: `instance|token|attempt|started_at`) is kept in the
--- record as it is, as its `ran` field (readers split it).
-local function finish(t, id, key, state, running, ...)
+-- A final state: written with the script's other ends at `flush`, where
+-- the task also joins the ended list, leaves the running hash and the
+-- cancel requests, and is announced. What it ran as (`running`, its
+-- running hash value if it has one: `instance|token|attempt|started_at`)
+-- is kept as its `r` (readers split it).
+local function finish(t, id, state, running, ...)
   if running then
-    redis.call('HSET', key, 'state', state, 'finished_at', now_ms(), 'ran', running, ...)
+    t.finals[#t.finals + 1] = cmsgpack.pack('s', state, 'f', now_ms(), 'r', running, ...)
   else
-    redis.call('HSET', key, 'state', state, 'finished_at', now_ms(), ...)
+    t.finals[#t.finals + 1] = cmsgpack.pack('s', state, 'f', now_ms(), ...)
   end
-  redis.call('PEXPIRE', key, t.keep)
+  t.done[id] = state
   t.ended[#t.ended + 1] = id
+  t.appended[#t.appended + 1] = id
 end
 
--- The script's ends, written once: the finished set (its members older
--- than the keep time, and the oldest beyond the count, go with their
--- records, a bounded number per call), the running hash, the cancel
--- requests acted on, one message on the final channel.
+-- The records of the oldest ended tasks go: those ended before the keep
+-- time and those beyond the count, at most `most` in one call (each call
+-- adds fewer than it may take, so the lists never outgrow their bound by
+-- more than one script's ends). `{N/p}:ended_at` says when each run of
+-- ids ended; a run the count cuts into is left with its remaining count.
+-- A replayed task's id was taken out by the replay (replay.lua), so an id
+-- always names a record that is still the one that ended.
+local function evict(t, length, now, most)
+  local over = math.max(length - t.count, 0)
+  local oldest = now - tonumber(t.keep)
+  local runs = redis.call('LRANGE', t.list_at, 0, 15)
+  -- `n` ids of `whole` runs go, and `cut` more of the run after them.
+  local n, whole, cut = 0, 0, 0
+  for _, run in ipairs(runs) do
+    local at, k = string.match(run, '^(%d+) (%d+)$')
+    k = tonumber(k)
+    local expired = tonumber(at) < oldest
+    if not expired and n >= over then
+      break
+    end
+    local take = math.min(expired and k or over - n, most - n)
+    if take < k then
+      cut = take
+      break
+    end
+    n, whole = n + k, whole + 1
+  end
+  if n + cut == 0 and whole == 0 then
+    return
+  end
+  if whole > 0 then
+    -- (Runs of none, left by replays, go too.)
+    redis.call('LPOP', t.list_at, whole)
+  end
+  if cut > 0 then
+    local at, k = string.match(runs[whole + 1], '^(%d+) (%d+)$')
+    redis.call('LSET', t.list_at, 0, at .. ' ' .. (tonumber(k) - cut))
+  end
+  if n + cut > 0 then
+    local ids = redis.call('LPOP', t.list, n + cut)
+    if ids then
+      chunked('HDEL', t.tasks, ids)
+    end
+  end
+end
+
+-- The script's ends, written once: the records (each final state built
+-- here appended to what its record held; the whole records an ack was
+-- given, written by it), the ended lists (and their eviction), the running
+-- hash, the cancel requests acted on, one message on the final channel.
 local function flush(t)
   if not t then
     return
@@ -95,25 +195,23 @@ local function flush(t)
   if #t.ended == 0 then
     return
   end
+  local writes = {}
+  for i = 1, #t.appended, 1000 do
+    local last = math.min(i + 999, #t.appended)
+    local records = redis.call('HMGET', t.tasks, unpack(t.appended, i, last))
+    for k = i, last do
+      writes[#writes + 1] = t.appended[k]
+      writes[#writes + 1] = (records[k - i + 1] or '') .. t.finals[k]
+    end
+  end
+  chunked('HSET', t.tasks, writes)
   local now = now_ms()
-  local scored = {}
-  for _, id in ipairs(t.ended) do
-    scored[#scored + 1] = now
-    scored[#scored + 1] = id
+  local length = 0
+  for i = 1, #t.ended, 1000 do
+    length = redis.call('RPUSH', t.list, unpack(t.ended, i, math.min(i + 999, #t.ended)))
   end
-  chunked('ZADD', t.finished, scored)
-  redis.call('ZREMRANGEBYSCORE', t.finished, '-inf', now - tonumber(t.keep))
-  local over = redis.call('ZCARD', t.finished) - t.count
-  if over > 0 then
-    local old = redis.call('ZPOPMIN', t.finished, math.min(over, #t.ended + 8))
-    local keys = {}
-    for i = 1, #old, 2 do
-      keys[#keys + 1] = t.prefix .. old[i]
-    end
-    for i = 1, #keys, 1000 do
-      redis.call('DEL', unpack(keys, i, math.min(i + 999, #keys)))
-    end
-  end
+  redis.call('RPUSH', t.list_at, now .. ' ' .. #t.ended)
+  evict(t, length, now, #t.ended + 8)
   chunked('HDEL', t.running, t.ended)
   redis.call(t.publish, t.channel, table.concat(t.ended, ' '))
 end
@@ -123,23 +221,22 @@ end
 -- acked it), so its cancel request has done its work and goes; a cancel
 -- that ends a task whose entry still waits (`cancel.lua`) keeps it, for
 -- the script that will ack that entry.
-local function cancelled(t, id, key, acked)
-  if not FINAL[redis.call('HGET', key, 'state')] then
-    finish(t, id, key, 'cancelled', redis.call('HGET', t.running, id), 'reason', 'user')
+local function cancelled(t, id, acked)
+  if not FINAL[state_of(t, id)] then
+    finish(t, id, 'cancelled', redis.call('HGET', t.running, id), 'w', 'user')
   end
   if acked then
     t.forget[#t.forget + 1] = id
   end
 end
 
--- With tracking: task `id`'s record key, or, if a cancel request came
--- first, nil once the task ended `cancelled` (its caller then adds it
--- nowhere).
+-- With tracking: whether task `id` goes on; false once it ended
+-- `cancelled` because a cancel request came first (its caller then adds
+-- it nowhere).
 local function unless_cancelled(t, id)
-  local key = t.prefix .. id
   if asked(t, id) then
-    cancelled(t, id, key, true)
-    return nil
+    cancelled(t, id, true)
+    return false
   end
-  return key
+  return true
 end

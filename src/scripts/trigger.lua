@@ -8,9 +8,9 @@
 -- is refused too. The mark never expires, so this holds for any period.
 -- With tracking on, the task's record (docs/design.md §14) says `waiting`.
 -- KEYS[1] = {N/p}:stream     KEYS[2] = {N/p}:cron:<job>
--- KEYS[3] = {N/p}:task:<task id>
--- ARGV[1] = the due time (ms)     ARGV[2] = the record's expiry while not
--- final (ms; 0: no record)     ARGV[3..] = field, value, ...
+-- KEYS[3] = {N/p}:tasks
+-- ARGV[1] = the due time (ms)     ARGV[2] = the task id, with tracking on
+-- ('': no record)     ARGV[3..] = field, value, ...
 -- Returns 1 when this call triggered it, 0 when it was refused.
 local mark = tonumber(redis.call('GET', KEYS[2]) or '-1')
 local due = tonumber(ARGV[1])
@@ -19,10 +19,10 @@ if due <= mark then
 end
 redis.call('SET', KEYS[2], ARGV[1])
 redis.call('XADD', KEYS[1], '*', unpack(ARGV, 3))
-if tonumber(ARGV[2]) > 0 then
+if ARGV[2] ~= '' then
   local t = redis.call('TIME')
-  redis.call('HSET', KEYS[3], 'state', 'waiting', 'attempt', 1,
-    'enqueued_at', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
-  redis.call('PEXPIRE', KEYS[3], ARGV[2])
+  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  -- The record as track.lua writes them: MessagePack names and values.
+  redis.call('HSET', KEYS[3], ARGV[2], cmsgpack.pack('s', 'waiting', 'a', 1, 'q', now))
 end
 return 1

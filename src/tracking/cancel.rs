@@ -47,7 +47,7 @@ pub(crate) async fn cancel(
     let sharded = conn.backend().is_cluster();
     let records = PartitionKeys::new(name, partition, sharded);
     let id = handle.id().as_str();
-    let mut script = CANCEL.key(records.record(id));
+    let mut script = CANCEL.key(records.tasks());
     script.arg(id);
     records.block(&mut script, Some(tracking));
     let (what, state): (String, String) = conn.invoke(&script).await?;

@@ -183,7 +183,8 @@ pub struct TaskRecord {
     /// Its result, encoded with the service's codec (none for a handler
     /// that returns nothing).
     pub result: Option<Vec<u8>>,
-    /// The last failed attempt's error.
+    /// The last failed attempt's error, while the task is not final, and
+    /// in a `dead` record (a `succeeded` record holds none).
     pub error: Option<String>,
     /// Why it is dead or cancelled (`failed`, `permanent`, … or `user`).
     pub reason: Option<String>,

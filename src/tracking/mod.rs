@@ -23,6 +23,7 @@
 
 pub(crate) mod cancel;
 pub mod handle;
+pub(crate) mod packed;
 pub(crate) mod read;
 mod view;
 pub(crate) mod watch;
@@ -61,17 +62,18 @@ pub(crate) use tracked_script;
 pub(crate) static CANCEL: LazyLock<Script> =
     LazyLock::new(|| Script::new(tracked_script!("cancel.lua")));
 
-/// How long a record that is not final lives once nothing writes it: a
+/// How long a record that is not final is kept once nothing writes it: a
 /// task whose record stopped changing this long ago (tracking switched
-/// off, its service gone) is forgotten rather than kept for ever.
+/// off, its entry deleted) is forgotten by its owner's sweep rather than
+/// kept for ever.
 pub(crate) const STALE: Duration = Duration::from_secs(7 * 24 * 3600);
 
 /// The default time a final task's record and result are kept.
 pub const DEFAULT_KEEP: Duration = Duration::from_secs(24 * 3600);
 
 /// The default number of final records a partition keeps (the oldest go
-/// first): with 64 partitions, about 400 bytes each (the record and its
-/// member of the finished set), about 26 MB.
+/// first): with 64 partitions, about 256 bytes each (the record and its
+/// place in the retention lists), about 16 MB.
 pub const DEFAULT_KEEP_COUNT: u32 = 1_000;
 
 /// The default largest encoded result a handler may return while tracked.
@@ -245,9 +247,9 @@ pub(crate) async fn ensure(
 /// publish.
 #[derive(Debug, Clone)]
 pub(crate) struct PartitionKeys {
-    prefix: String,
+    tasks: String,
     running: String,
-    finished: String,
+    ended: String,
     channel: String,
     publish: &'static str,
 }
@@ -257,17 +259,17 @@ impl PartitionKeys {
     /// with `SPUBLISH`, as the channel lives in the partition's slot.
     pub(crate) fn new(name: &ServiceName, p: u32, sharded: bool) -> Self {
         PartitionKeys {
-            prefix: keys::task_prefix(name, p),
+            tasks: keys::tasks(name, p),
             running: keys::running(name, p),
-            finished: keys::finished(name, p),
+            ended: keys::ended(name, p),
             channel: keys::final_channel(name, p),
             publish: if sharded { "SPUBLISH" } else { "PUBLISH" },
         }
     }
 
-    /// Task `id`'s record.
-    pub(crate) fn record(&self, id: &str) -> String {
-        format!("{}{id}", self.prefix)
+    /// The partition's records.
+    pub(crate) fn tasks(&self) -> &str {
+        &self.tasks
     }
 
     /// The partition's running tracked tasks.
@@ -281,11 +283,11 @@ impl PartitionKeys {
         match tracking {
             Some(t) => {
                 script
-                    .arg(&self.prefix)
+                    .arg(&self.tasks)
                     .arg(STALE.as_millis() as u64)
                     .arg(t.keep.as_millis() as u64)
                     .arg(t.keep_count)
-                    .arg(&self.finished)
+                    .arg(&self.ended)
                     .arg(self.publish)
                     .arg(&self.channel);
             }

@@ -14,6 +14,7 @@ use tokio::sync::broadcast::error::RecvError;
 use tokio::time::Instant;
 
 use super::handle::{TaskHandle, TaskRecord};
+use super::packed;
 use crate::config::ServiceName;
 use crate::connection::SharedConnection;
 use crate::connection::channels::Channels;
@@ -44,10 +45,9 @@ pub(crate) async fn read(
 ) -> Result<Option<TaskRecord>> {
     let mut pipe = redis::pipe();
     ask(&mut pipe, name, p, id);
-    let (fields, running): (HashMap<String, Vec<u8>>, Option<String>) =
-        conn.query_pipe(&pipe).await?;
+    let (fields, running): (Option<Vec<u8>>, Option<String>) = conn.query_pipe(&pipe).await?;
     let handle = TaskHandle::new(p, id.into());
-    Ok(TaskRecord::from_fields(handle, fields, running))
+    Ok(TaskRecord::from_fields(handle, named(fields), running))
 }
 
 /// Task `handle`'s record; a bare id is looked up in every one of the
@@ -74,8 +74,9 @@ pub(crate) async fn find(
         let (Some(fields), Some(running)) = (replies.next(), replies.next()) else {
             break;
         };
-        let fields: HashMap<String, Vec<u8>> =
+        let fields: Option<Vec<u8>> =
             redis::from_redis_value(fields).map_err(redis::RedisError::from)?;
+        let fields = named(fields);
         let running: Option<String> =
             redis::from_redis_value(running).map_err(redis::RedisError::from)?;
         let handle = TaskHandle::new(p, id.into());
@@ -111,11 +112,13 @@ async fn read_until(
 
 /// Adds the reads of task `id`'s record and its running field to `pipe`.
 fn ask(pipe: &mut redis::Pipeline, name: &ServiceName, p: u32, id: &str) {
-    pipe.cmd("HGETALL")
-        .arg(keys::task(name, p, id))
-        .cmd("HGET")
-        .arg(keys::running(name, p))
-        .arg(id);
+    pipe.cmd("HGET").arg(keys::tasks(name, p)).arg(id);
+    pipe.cmd("HGET").arg(keys::running(name, p)).arg(id);
+}
+
+/// A record's fields by name (none for no record, or bytes that are none).
+fn named(record: Option<Vec<u8>>) -> HashMap<String, Vec<u8>> {
+    record.and_then(|r| packed::decode(&r)).unwrap_or_default()
 }
 
 /// Waits until task `id` of partition `p` is final, at most `timeout`,

@@ -29,6 +29,12 @@ impl Watched {
         now.is_on().then_some(now)
     }
 
+    /// The settings as last read, on or off: an owner keeps the records
+    /// of its partitions by their retention either way.
+    pub(crate) fn settings(&self) -> Tracking {
+        *self.0.borrow()
+    }
+
     /// Resolves when the settings change (never, once the watcher is
     /// gone).
     pub(crate) async fn changed(&mut self) {

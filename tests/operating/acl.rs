@@ -20,7 +20,7 @@ fn service_rule(user: &str, password: &str, name: &str) -> String {
     format!(
         "{user} on >{password} resetkeys ~{{{name}}}:* ~{{{name}/*}}:* \
          resetchannels &{{{name}}}:* &{{{name}/*}}:* -@all \
-         +@stream +@hash +@sortedset +get +set +incr +del +exists +expire +pexpire \
+         +@stream +@hash +@sortedset +@list +get +set +incr +del +exists +expire +pexpire \
          +evalsha +script|load +ping +time +wait +info +client|id +client|unblock \
          +publish +subscribe +spublish +ssubscribe +hello +auth"
     )

@@ -22,6 +22,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use deadpool_redis::redis;
+use futures_util::StreamExt;
 use restarts::Note;
 use support::{Proc, RedisServer, ServerOptions, signal, unique_name};
 
@@ -835,24 +836,36 @@ fn tracked_tasks_under_graceful_churn_end_succeeded_with_their_results() {
 
     let handles = fleet.handles.lock().unwrap().clone();
     assert_eq!(handles.len() as u64, count, "a handle for every task");
-    let mut conn = fleet.server.client().get_connection().unwrap();
-    let mut pipe = redis::pipe();
-    for handle in handles.values() {
-        let (p, id) = handle.split_once('/').expect("<partition>/<task id>");
-        pipe.cmd("HMGET")
-            .arg(format!("{{{}/{p}}}:task:{id}", fleet.name))
-            .arg("state")
-            .arg("result");
-    }
-    let records: Vec<(Option<String>, Option<String>)> = pipe.query(&mut conn).unwrap();
+    // Each record read as a user reads it, 64 at a time.
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let records: Vec<_> = rt.block_on(async {
+        let admin = peerq::admin::Admin::connect(fleet.server.url())
+            .await
+            .unwrap();
+        let service = admin.service(&fleet.name).await.unwrap();
+        let service = &service;
+        futures_util::stream::iter(handles.values())
+            .map(|handle| async move {
+                let handle: peerq::tracking::TaskHandle = handle.parse().unwrap();
+                let record = service.task(&handle).await.unwrap();
+                record.map(|r| {
+                    let result = r.result_as::<serde_json::Value, _>(&peerq::Json);
+                    (r.state, result.and_then(Result::ok))
+                })
+            })
+            .buffered(64)
+            .collect()
+            .await
+    });
     let wrong: Vec<_> = handles
         .keys()
         .zip(&records)
-        .filter(|(seq, (state, result))| {
+        .filter(|(seq, record)| {
             let want = serde_json::json!({ "seq": seq });
-            let result: Option<serde_json::Value> =
-                result.as_deref().and_then(|r| serde_json::from_str(r).ok());
-            state.as_deref() != Some("succeeded") || result != Some(want)
+            record
+                .as_ref()
+                .map(|(state, result)| (*state, result.as_ref()))
+                != Some((Some(peerq::tracking::TaskState::Succeeded), Some(&want)))
         })
         .take(5)
         .collect();

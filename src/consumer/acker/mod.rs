@@ -91,11 +91,12 @@ pub(crate) struct Ack {
 }
 
 /// The tracked tasks of an [`Ack`] (docs/design.md §14): the ack script
-/// writes each one's end, and its result, with its ack.
+/// writes each one's final record, result included, with its ack.
 #[derive(Debug)]
 pub(crate) struct Tracked {
     pub(crate) tracking: Tracking,
-    /// Task id and encoded result (empty: none), one per id of the ack.
+    /// Task id and final record (`packed::Finished`), one per id of the
+    /// ack.
     pub(crate) tasks: Vec<(TaskId, Vec<u8>)>,
 }
 

@@ -84,7 +84,7 @@ impl Batch {
             return Ran::Done(id, settled);
         };
         let task = match (&track, &entry) {
-            (Some(_), Ok(entry)) => Some(entry.id.clone()),
+            (Some(track), Ok(entry)) => Some((entry.id.clone(), track.clone())),
             _ => None,
         };
         match self.execute(&id, entry, tenure, track).await {
@@ -93,7 +93,11 @@ impl Batch {
                 // not land, handlers' permits are held, and so are reads.
                 self.shared.room.ack_slot().await;
                 drop(permit);
-                Ran::Succeeded(id, task.map(|task| (task, result)))
+                // Tracked: its whole final record (a user's cancel is
+                // written over it by the ack script, which finds the
+                // request).
+                let task = task.map(|(task, track)| (task, track.succeeded(&result)));
+                Ran::Succeeded(id, task)
             }
             Executed::Done(settled) => Ran::Done(id, settled),
         }

@@ -13,7 +13,7 @@ use tracing::warn;
 use super::Batch;
 use crate::consumer::running::RunningTask;
 use crate::consumer::store::{Attempts, Deliveries, InPlace, Recorded, Track};
-use crate::entry::Entry;
+use crate::entry::{Entry, now_ms};
 use crate::handler::Tracker;
 
 /// How an in-place retry's wait ended.
@@ -82,21 +82,28 @@ impl Batch {
         error: &'a str,
         backoff: Duration,
     ) -> Option<InPlace<'a>> {
-        track.as_ref()?;
+        let track = track.as_ref()?;
         let tracking = self.shared.tracking.on()?;
+        let attempt = if error.is_empty() {
+            entry.attempt
+        } else {
+            entry.attempt + 1
+        };
+        // The next attempt starts now: its final record says so.
+        let running = self.ownership.store.running(attempt, now_ms());
+        if error.is_empty() {
+            track.restarted(&running, attempt);
+        }
         Some(InPlace {
             track: Track {
                 tracking,
                 task: entry.id.as_str(),
                 reason: "",
                 error,
-                attempt: if error.is_empty() {
-                    entry.attempt
-                } else {
-                    entry.attempt + 1
-                },
+                attempt,
             },
             retrying: !error.is_empty(),
+            running,
             backoff,
         })
     }

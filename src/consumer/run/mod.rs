@@ -36,14 +36,14 @@ use super::held::Held;
 use super::lease::Lease;
 use super::ownership::Ownership;
 use super::room::Room;
-use super::running::RunningTask;
+use super::running::{Run, RunningTask};
 use super::settle::Settle;
 use super::shared::Shared;
 use super::store::{Fetched, Starting};
 use tracing::warn;
 
 use crate::assignment::Place;
-use crate::entry::TaskId;
+use crate::entry::{TaskId, now_ms};
 use crate::handler::Tenure;
 use crate::tracking::Tracking;
 
@@ -79,8 +79,7 @@ pub(crate) struct Batch {
 /// How one entry's run ended.
 enum Ran {
     /// Its handler succeeded (or a user cancelled it), and it holds an ack
-    /// slot: to be acked; tracked, with its task id and encoded result
-    /// (empty: none).
+    /// slot: to be acked; tracked, with its task id and final record.
     Succeeded(String, Option<(TaskId, Vec<u8>)>),
     /// Done here: settled (no longer pending), or left pending.
     Done(String, bool),
@@ -241,20 +240,34 @@ impl Batch {
     ) -> Option<HashMap<String, Arc<RunningTask>>> {
         let store = &self.ownership.store;
         let codec = self.shared.runner.codec();
+        let started_at = now_ms();
         let mut tracks = HashMap::with_capacity(entries.len());
-        let mut starting: Vec<Starting<'_>> = Vec::with_capacity(entries.len());
         for fetched in entries.iter() {
             if let Ok(entry) = &fetched.entry {
+                let run = Run {
+                    ran: store.running(entry.attempt, started_at),
+                    attempt: entry.attempt,
+                    enqueued_at: entry.enqueued_at.as_millis() as u64,
+                };
                 let track = self.shared.running.register(
                     &entry.id,
+                    run,
                     &self.ownership.cancel,
                     store.clone(),
                     codec,
                 );
                 tracks.insert(fetched.id.clone(), track);
-                starting.push((&fetched.id, entry.id.as_str(), entry.attempt));
             }
         }
+        let runs: Vec<(&str, &str, String)> = entries
+            .iter()
+            .filter_map(|f| {
+                let entry = f.entry.as_ref().ok()?;
+                Some((f.id.as_str(), entry.id.as_str(), tracks[&f.id].ran()))
+            })
+            .collect();
+        let starting: Vec<Starting<'_>> =
+            runs.iter().map(|(s, t, r)| (*s, *t, r.as_str())).collect();
         if starting.is_empty() {
             return Some(tracks);
         }

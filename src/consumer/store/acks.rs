@@ -51,7 +51,7 @@ pub(crate) enum AckReply {
 pub(crate) struct AckGroup<'a> {
     pub(crate) store: &'a PartitionStore,
     pub(crate) ids: Vec<&'a str>,
-    /// Stream id, task id and encoded result (empty: none) of each.
+    /// Stream id, task id and final record (`packed::Finished`) of each.
     pub(crate) tracked: Vec<(&'a str, &'a str, &'a [u8])>,
     /// Set when `tracked` is not empty.
     pub(crate) tracking: Option<Tracking>,
@@ -70,8 +70,12 @@ impl PartitionStore {
             .arg(&group.ids);
         if let (Some(tracking), false) = (&group.tracking, group.tracked.is_empty()) {
             self.block(&mut script, tracking);
-            for (stream_id, task, result) in &group.tracked {
-                script.arg(*stream_id).arg(*task).arg(*result);
+            script.arg(group.tracked.len());
+            for (stream_id, _, _) in &group.tracked {
+                script.arg(*stream_id);
+            }
+            for (_, task, record) in &group.tracked {
+                script.arg(*task).arg(*record);
             }
         }
         script

@@ -43,10 +43,13 @@ pub(crate) enum Recorded {
 /// A tracked ordered task's record as its attempts are recorded
 /// (docs/design.md §14): `retrying` after a failed attempt, until its next
 /// one after `backoff`; `running` as that one starts.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub(crate) struct InPlace<'a> {
     pub(crate) track: Track<'a>,
     pub(crate) retrying: bool,
+    /// What the next attempt runs as, as it starts (not `retrying`):
+    /// [`PartitionStore::running`].
+    pub(crate) running: String,
     pub(crate) backoff: std::time::Duration,
 }
 
@@ -133,8 +136,7 @@ impl PartitionStore {
                     .arg(track.error)
                     .arg(track.attempt)
                     .arg(in_place.backoff.as_millis() as u64)
-                    .arg(&self.consumer)
-                    .arg(self.token);
+                    .arg(&in_place.running);
                 self.block(&mut script, &track.tracking);
             }
             None => {

@@ -5,18 +5,20 @@
 //! owner writes no record.
 
 use std::sync::LazyLock;
+use std::time::Duration;
 
 use deadpool_redis::redis::{Script, ScriptInvocation, Value};
 
 use super::PartitionStore;
 use crate::error::Result;
 use crate::keys;
-use crate::tracking::{STALE, Tracking, tracked_script};
+use crate::tracking::{Tracking, tracked_script};
 
 static FENCED_START: LazyLock<Script> =
     LazyLock::new(|| Script::new(tracked_script!("fenced_start.lua")));
+static SWEEP: LazyLock<Script> = LazyLock::new(|| Script::new(tracked_script!("sweep.lua")));
 static FENCED_PROGRESS: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../../scripts/fenced_progress.lua")));
+    LazyLock::new(|| Script::new(tracked_script!("fenced_progress.lua")));
 
 /// A tracked task's record, as a fenced move writes it.
 #[derive(Debug, Clone, Copy)]
@@ -33,8 +35,9 @@ pub(crate) struct Track<'a> {
     pub(crate) attempt: u32,
 }
 
-/// How one task of a batch starts: its stream id, task id and attempt.
-pub(crate) type Starting<'a> = (&'a str, &'a str, u32);
+/// How one task of a batch starts: its stream id, task id, and what it runs
+/// as (`instance|token|attempt|started_at`, [`PartitionStore::running`]).
+pub(crate) type Starting<'a> = (&'a str, &'a str, &'a str);
 
 impl PartitionStore {
     /// Adds a fenced move's tracking arguments (task id, state, reason,
@@ -63,24 +66,31 @@ impl PartitionStore {
         }
     }
 
-    /// Writes that `tasks` start now on this instance (`{N/p}:running`); returns the stream ids of those that must not run (a
-    /// cancel request came first: acked and `cancelled` in the same step),
-    /// or `Ok(None)` when fenced.
+    /// What a task at `attempt` that starts at `started_at` (Unix ms, this
+    /// instance's clock) runs as: its `{N/p}:running` value, and its final
+    /// record's `ran`.
+    pub(crate) fn running(&self, attempt: u32, started_at: u64) -> String {
+        format!("{}|{}|{attempt}|{started_at}", self.consumer, self.token)
+    }
+
+    /// Writes that `tasks` start now on this instance (`{N/p}:running`);
+    /// returns the stream ids of those that must not run (a cancel request
+    /// came first: acked and `cancelled` in the same step), or `Ok(None)`
+    /// when fenced.
     pub(crate) async fn start(
         &self,
         tracking: &Tracking,
         tasks: &[Starting<'_>],
     ) -> Result<Option<Vec<String>>> {
         let mut script = FENCED_START.key(&self.stream);
-        script
-            .key(&self.owner)
-            .arg(&self.record)
-            .arg(keys::GROUP)
-            .arg(&self.consumer)
-            .arg(self.token);
+        script.key(&self.owner).arg(&self.record).arg(keys::GROUP);
         self.records.block(&mut script, Some(tracking));
-        for (stream_id, task, attempt) in tasks {
-            script.arg(*stream_id).arg(*task).arg(*attempt);
+        script.arg(tasks.len());
+        for (_, task, running) in tasks {
+            script.arg(*task).arg(*running);
+        }
+        for (stream_id, _, _) in tasks {
+            script.arg(*stream_id);
         }
         let reply: Value = self.conn.invoke(&script).await?;
         if matches!(reply, Value::Int(_)) {
@@ -97,19 +107,163 @@ impl PartitionStore {
     pub(crate) async fn progress(&self, task: &str, progress: &[u8]) -> Result<bool> {
         let mut script = FENCED_PROGRESS.key(&self.owner);
         script
-            .key(self.records.record(task))
+            .key(self.records.tasks())
             .key(self.records.running())
             .arg(&self.record)
             .arg(self.token)
             .arg(progress)
-            .arg(STALE.as_millis() as u64)
             .arg(task);
         let written: i64 = self.conn.invoke(&script).await?;
         Ok(written == 1)
     }
 
+    /// The owner's care of the partition's records (sweep.lua): the final
+    /// ones past `tracking`'s retention go, and, from `cursor` (`None`:
+    /// not now), about `slice` fields are swept of records that stopped
+    /// changing. Returns the sweep's next cursor (`"0"`: a pass ended), how
+    /// many it forgot, and how soon the oldest final record left is due
+    /// to go (`None`: none is left).
+    pub(crate) async fn sweep(
+        &self,
+        tracking: &Tracking,
+        cursor: Option<&str>,
+        slice: usize,
+    ) -> Result<(String, u64, Option<Duration>)> {
+        let mut script = SWEEP.key(self.records.tasks());
+        script.arg(cursor.unwrap_or("")).arg(slice);
+        self.records.block(&mut script, Some(tracking));
+        let (next, forgotten, due): (String, u64, i64) = self.conn.invoke(&script).await?;
+        let due = u64::try_from(due).ok().map(Duration::from_millis);
+        Ok((next, forgotten, due))
+    }
+
     /// The tracking block of this partition for `tracking`, for the acks.
     pub(super) fn block(&self, script: &mut ScriptInvocation<'_>, tracking: &Tracking) {
         self.records.block(script, Some(tracking));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+    use std::sync::Arc;
+    use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+    use deadpool_redis::redis::AsyncCommands;
+    use peerq_test_support as support;
+
+    use super::PartitionStore;
+    use crate::config::ServiceName;
+    use crate::connection::SharedConnection;
+    use crate::instance::InstanceId;
+    use crate::keys;
+    use crate::tracking::Tracking;
+
+    /// The owner's care forgets what the retention and the sweep time say,
+    /// and nothing else: a record that still changes, or whose task runs,
+    /// stays; a final one goes by its end, not by when it was written.
+    #[tokio::test]
+    async fn the_owners_care_forgets_stale_records_and_final_ones_past_retention() {
+        let server = support::RedisServer::start();
+        let conn = Arc::new(SharedConnection::new(server.pool()));
+        let name = ServiceName::new(&support::unique_name("sweep")).unwrap();
+        let store = PartitionStore::new(conn, &name, 0, 1, &InstanceId::generate(), 1 << 20);
+        let mut raw = server.pool().get().await.unwrap();
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as u64;
+        let days = |n: u64| now - n * 86_400_000;
+        let tasks = keys::tasks(&name, 0);
+        // Records as the scripts write them: `cmsgpack.pack(name, value,
+        // …)`, written here by Redis's own packer.
+        let records: [(&str, &str, u64, u64); 7] = [
+            // Not final, untouched for 8 days: forgotten.
+            ("old", "'s', 'waiting', 'q', ARGV[2]", days(8), 0),
+            // A cancel request for a task that never came: forgotten.
+            ("asked", "'c', ARGV[2]", days(8), 0),
+            // Enqueued a day ago: kept.
+            ("young", "'s', 'waiting', 'q', ARGV[2]", days(1), 0),
+            // Enqueued long ago but retried an hour ago: kept.
+            (
+                "retried",
+                "'s', 'waiting', 'q', ARGV[2]) .. cmsgpack.pack('s', 'retrying', 'd', ARGV[3]",
+                days(8),
+                now - 3_600_000,
+            ),
+            // Untouched for 8 days but running now: kept.
+            ("runs", "'s', 'waiting', 'q', ARGV[2]", days(8), 0),
+            // Final, ended 10 s ago, and just now.
+            ("done", "'s', 'succeeded', 'f', ARGV[2]", now - 10_000, 0),
+            ("fresh", "'s', 'succeeded', 'f', ARGV[2]", now, 0),
+        ];
+        for (id, fields, a, b) in records {
+            let lua =
+                format!("return redis.call('HSET', KEYS[1], ARGV[1], cmsgpack.pack({fields}))");
+            let _: i64 = deadpool_redis::redis::cmd("EVAL")
+                .arg(lua)
+                .arg(1)
+                .arg(&tasks)
+                .arg(id)
+                .arg(a)
+                .arg(b)
+                .query_async(&mut *raw)
+                .await
+                .unwrap();
+        }
+        let () = raw
+            .hset(keys::running(&name, 0), "runs", "i|1|1|0")
+            .await
+            .unwrap();
+        let _: u64 = raw
+            .rpush(keys::ended(&name, 0), &["done", "fresh"])
+            .await
+            .unwrap();
+        let runs = [format!("{} 1", now - 10_000), format!("{now} 1")];
+        let _: u64 = raw.rpush(keys::ended_at(&name, 0), &runs).await.unwrap();
+        let tracking = Tracking::on().keep(Duration::from_secs(5));
+
+        // Without a cursor, only the retention: `done` goes, `old` stays.
+        let (next, forgotten, due) = store.sweep(&tracking, None, 1000).await.unwrap();
+        assert_eq!((next.as_str(), forgotten), ("", 0));
+        let due = due.expect("`fresh` is left");
+        assert!(
+            due > Duration::from_secs(3) && due <= Duration::from_secs(5),
+            "{due:?}"
+        );
+        let ids = |fields: Vec<String>| -> BTreeSet<String> { fields.into_iter().collect() };
+        let left = ids(raw.hkeys(&tasks).await.unwrap());
+        let want = ["asked", "fresh", "old", "retried", "runs", "young"];
+        assert_eq!(left, want.map(String::from).into());
+        let list: Vec<String> = raw.lrange(keys::ended(&name, 0), 0, -1).await.unwrap();
+        assert_eq!(list, ["fresh"]);
+        let runs: Vec<String> = raw.lrange(keys::ended_at(&name, 0), 0, -1).await.unwrap();
+        assert_eq!(runs, [format!("{now} 1")]);
+
+        // A whole pass: the two stale ones go.
+        let (mut cursor, mut forgotten) = ("0".to_owned(), 0);
+        loop {
+            let (next, n, _) = store.sweep(&tracking, Some(&cursor), 1000).await.unwrap();
+            forgotten += n;
+            cursor = next;
+            if cursor == "0" {
+                break;
+            }
+        }
+        assert_eq!(forgotten, 2);
+        let left = ids(raw.hkeys(&tasks).await.unwrap());
+        let want = ["fresh", "retried", "runs", "young"];
+        assert_eq!(left, want.map(String::from).into());
+
+        // A run a replay left empty, ended long ago, goes, and the next
+        // care is due when `fresh` is (not at once, again and again).
+        let _: u64 = raw
+            .lpush(keys::ended_at(&name, 0), format!("{} 0", now - 60_000))
+            .await
+            .unwrap();
+        let (_, _, due) = store.sweep(&tracking, None, 1000).await.unwrap();
+        assert!(due.unwrap() > Duration::from_secs(3), "{due:?}");
+        let runs: Vec<String> = raw.lrange(keys::ended_at(&name, 0), 0, -1).await.unwrap();
+        assert_eq!(runs, [format!("{now} 1")]);
     }
 }

@@ -302,7 +302,9 @@ async fn record_field(
     field: &str,
 ) -> Option<String> {
     let mut raw = server.pool().get().await.unwrap();
-    raw.hget(keys::task(name, 0, task), field).await.unwrap()
+    let record: Option<Vec<u8>> = raw.hget(keys::tasks(name, 0), task).await.unwrap();
+    let mut fields = crate::tracking::packed::decode(&record?).expect("a record");
+    fields.remove(field).map(|v| String::from_utf8(v).unwrap())
 }
 
 #[tokio::test]
@@ -310,21 +312,40 @@ async fn a_stale_owner_writes_no_task_record_and_the_owner_does() {
     let (server, conn, name) = setup().await;
     let (id, stale, owner) = moved_on(&server, &conn, &name).await;
     let tracking = crate::tracking::Tracking::on();
-    let group = |store| super::AckGroup {
+    // Each instance's final record, as its run builds it (with the
+    // progress it wrote and its result).
+    let record = |store: &PartitionStore| {
+        crate::tracking::packed::Finished {
+            state: "succeeded",
+            enqueued_at: 1,
+            attempt: 1,
+            ran: &store.running(1, 2),
+            finished_at: 3,
+            progress: Some(b"7"),
+            result: b"42",
+        }
+        .encode()
+    };
+    let (stale_record, owner_record) = (record(&stale), record(&owner));
+    let id = id.as_str();
+    let group = |store, record| super::AckGroup {
         store,
         ids: Vec::new(),
-        tracked: vec![(id.as_str(), "t1", b"42".as_slice())],
+        tracked: vec![(id, "t1", record)],
         tracking: Some(tracking),
     };
     // The old owner: its start, progress and ack are refused, and write
     // nothing.
     assert_eq!(
-        stale.start(&tracking, &[(&id, "t1", 1)]).await.unwrap(),
+        stale
+            .start(&tracking, &[(id, "t1", &stale.running(1, 2))])
+            .await
+            .unwrap(),
         None
     );
     assert!(!stale.progress("t1", b"7").await.unwrap());
     let refused: i64 = conn
-        .invoke(&stale.ack_script(&group(&stale)))
+        .invoke(&stale.ack_script(&group(&stale, &stale_record)))
         .await
         .unwrap();
     assert_eq!(refused, -1);
@@ -332,7 +353,10 @@ async fn a_stale_owner_writes_no_task_record_and_the_owner_does() {
     // The owner: running under its token, its progress, then succeeded
     // with the result, as the ack acked the entry.
     assert_eq!(
-        owner.start(&tracking, &[(&id, "t1", 1)]).await.unwrap(),
+        owner
+            .start(&tracking, &[(id, "t1", &owner.running(1, 2))])
+            .await
+            .unwrap(),
         Some(vec![])
     );
     let mut raw = server.pool().get().await.unwrap();
@@ -345,7 +369,7 @@ async fn a_stale_owner_writes_no_task_record_and_the_owner_does() {
     assert!(owner.progress("t1", b"7").await.unwrap());
     assert!(!stale.progress("t1", b"8").await.unwrap(), "still refused");
     let acked: i64 = conn
-        .invoke(&owner.ack_script(&group(&owner)))
+        .invoke(&owner.ack_script(&group(&owner, &owner_record)))
         .await
         .unwrap();
     assert_eq!(acked, 1);
@@ -374,7 +398,7 @@ async fn a_stale_owner_writes_no_task_record_and_the_owner_does() {
     // Not pending any more: an ack sent again acks nothing and leaves the
     // record as it is.
     let again: i64 = conn
-        .invoke(&owner.ack_script(&group(&owner)))
+        .invoke(&owner.ack_script(&group(&owner, &owner_record)))
         .await
         .unwrap();
     assert_eq!(again, 0);

@@ -5,29 +5,22 @@
 
 use super::*;
 
-/// Keys of the service's task records.
+/// The service's task records, as `(partition, task id)`: the fields of
+/// each partition's `{N/p}:tasks`.
 async fn records(
     conn: &mut deadpool_redis::redis::aio::MultiplexedConnection,
     name: &str,
-) -> Vec<String> {
-    let mut found = Vec::new();
-    let mut cursor = 0u64;
-    loop {
-        let (next, keys): (u64, Vec<String>) = deadpool_redis::redis::cmd("SCAN")
-            .arg(cursor)
-            .arg("MATCH")
-            .arg(format!("{{{name}/*}}:task:*"))
-            .arg("COUNT")
-            .arg(1000)
+) -> Vec<(u32, String)> {
+    let mut found = std::collections::BTreeSet::new();
+    for p in 0..P {
+        let fields: Vec<String> = deadpool_redis::redis::cmd("HKEYS")
+            .arg(format!("{{{name}/{p}}}:tasks"))
             .query_async(conn)
             .await
             .unwrap();
-        found.extend(keys);
-        if next == 0 {
-            return found;
-        }
-        cursor = next;
+        found.extend(fields.into_iter().map(|id| (p, id)));
     }
+    found.into_iter().collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -53,11 +46,7 @@ async fn final_records_are_bounded_by_count_and_time_and_cost_a_few_hundred_byte
     let deadline = tokio::time::Instant::now() + PATIENCE;
     let kept = loop {
         let kept = records(&mut conn, &name).await;
-        let per_partition = (0..P).map(|p| {
-            kept.iter()
-                .filter(|k| k.starts_with(&format!("{{{name}/{p}}}:")))
-                .count()
-        });
+        let per_partition = (0..P).map(|p| kept.iter().filter(|(q, _)| *q == p).count());
         if per_partition.clone().all(|n| n <= KEEP as usize) {
             break kept;
         }
@@ -74,38 +63,44 @@ async fn final_records_are_bounded_by_count_and_time_and_cost_a_few_hundred_byte
         kept.len()
     );
     for p in 0..P {
-        let members: u64 = deadpool_redis::redis::cmd("ZCARD")
-            .arg(format!("{{{name}/{p}}}:finished"))
+        let members: u64 = deadpool_redis::redis::cmd("LLEN")
+            .arg(format!("{{{name}/{p}}}:ended"))
             .query_async(&mut conn)
             .await
             .unwrap();
         assert!(
             members <= u64::from(KEEP),
-            "partition {p}: {members} in its finished set"
+            "partition {p}: {members} in its ended list"
         );
     }
-    // What one final record with a small result costs.
-    let mut bytes = Vec::new();
-    for key in &kept {
-        let used: Option<u64> = deadpool_redis::redis::cmd("MEMORY")
-            .arg("USAGE")
-            .arg(key)
-            .query_async(&mut conn)
-            .await
-            .unwrap();
-        bytes.extend(used);
+    // What one final record with a small result costs: the partitions'
+    // records and ended lists over the records they hold.
+    let mut bytes = 0;
+    for p in 0..P {
+        for key in [
+            format!("{{{name}/{p}}}:tasks"),
+            format!("{{{name}/{p}}}:ended"),
+        ] {
+            let used: Option<u64> = deadpool_redis::redis::cmd("MEMORY")
+                .arg("USAGE")
+                .arg(key)
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            bytes += used.unwrap_or(0);
+        }
     }
-    let mean = bytes.iter().sum::<u64>() / bytes.len().max(1) as u64;
+    let mean = bytes / kept.len().max(1) as u64;
     eprintln!(
         "a final record with a small result: {mean} bytes on average ({} records)",
-        bytes.len()
+        kept.len()
     );
     assert!(mean < 512, "{mean} bytes per record");
     // After `keep`, none is left.
     tokio::time::sleep(Duration::from_millis(2500)).await;
     // (The periodic job's tasks go on ending: theirs are newer.)
     let mut left = records(&mut conn, &name).await;
-    left.retain(|k| !k.contains(":task:cron:"));
+    left.retain(|(_, id)| !id.starts_with("cron:"));
     assert!(left.is_empty(), "records left after keep: {left:?}");
     stop.cancel();
     task.await.unwrap().unwrap();

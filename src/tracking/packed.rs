@@ -1,0 +1,265 @@
+//! A task record's bytes (docs/design.md §14): a run of MessagePack values,
+//! name, value, name, value, …, as the scripts write them with
+//! `cmsgpack.pack` (`track.lua`), each writer appending what changed, so a
+//! later name wins. Names are one letter each, to keep a record small.
+//!
+//! Written by hand rather than with a MessagePack crate: a record holds
+//! only strings and integers, and the reader needs a few dozen lines.
+
+use std::collections::HashMap;
+
+/// Each letter a record uses, and the field it stands for (`track.lua`
+/// lists the same; a unit test holds them equal).
+pub(crate) const NAMES: [(u8, &str); 13] = [
+    (b's', "state"),
+    (b'a', "attempt"),
+    (b'q', "enqueued_at"),
+    (b'd', "due_at"),
+    (b'f', "finished_at"),
+    (b'r', "ran"),
+    (b'e', "error"),
+    (b'w', "reason"),
+    (b'x', "dead_id"),
+    (b'p', "progress"),
+    (b'v', "result"),
+    (b'c', "cancel"),
+    (b't', "touched"),
+];
+
+/// A record's fields by their full names, values as bytes (integers as
+/// their decimal digits); `None` when the bytes are no record (written by
+/// hand, or cut short). Unknown names are skipped: a later version may add
+/// some.
+pub(crate) fn decode(mut bytes: &[u8]) -> Option<HashMap<String, Vec<u8>>> {
+    let mut fields = HashMap::new();
+    while !bytes.is_empty() {
+        let name = value(&mut bytes)?;
+        let value = value(&mut bytes)?;
+        if let ([letter], Some(value)) = (name.as_deref()?, value)
+            && let Some((_, full)) = NAMES.iter().find(|(l, _)| l == letter)
+        {
+            fields.insert((*full).to_owned(), value);
+        }
+    }
+    Some(fields)
+}
+
+/// A record as a batch's enqueue writes it, as `enqueue.lua` does: waiting,
+/// attempt 1, enqueued at `enqueued_at` (Unix ms).
+pub(crate) fn waiting(enqueued_at: u64) -> Vec<u8> {
+    let mut out = Vec::with_capacity(24);
+    string(&mut out, b"s");
+    string(&mut out, b"waiting");
+    string(&mut out, b"a");
+    out.push(1);
+    string(&mut out, b"q");
+    uint(&mut out, enqueued_at);
+    out
+}
+
+/// A MessagePack string, as `cmsgpack` writes one.
+fn string(out: &mut Vec<u8>, s: &[u8]) {
+    match s.len() {
+        n @ 0..32 => out.push(0xa0 | n as u8),
+        n @ 32..256 => out.extend([0xd9, n as u8]),
+        n @ 256..65536 => {
+            out.push(0xda);
+            out.extend((n as u16).to_be_bytes());
+        }
+        n => {
+            out.push(0xdb);
+            out.extend((n as u32).to_be_bytes());
+        }
+    }
+    out.extend(s);
+}
+
+/// A MessagePack unsigned integer, as a uint 64.
+fn uint(out: &mut Vec<u8>, n: u64) {
+    out.push(0xcf);
+    out.extend(n.to_be_bytes());
+}
+
+/// A final record as the instance that ran a task writes it whole with its
+/// ack (`fenced_ack.lua`).
+#[derive(Debug)]
+pub(crate) struct Finished<'a> {
+    /// `succeeded`.
+    pub(crate) state: &'a str,
+    /// Unix ms, as the producer wrote it in the entry.
+    pub(crate) enqueued_at: u64,
+    /// The attempt that ended it.
+    pub(crate) attempt: u32,
+    /// `instance|token|attempt|started_at`, as its start wrote it.
+    pub(crate) ran: &'a str,
+    /// Unix ms.
+    pub(crate) finished_at: u64,
+    /// The last progress written, if any.
+    pub(crate) progress: Option<&'a [u8]>,
+    /// The encoded result; empty for none.
+    pub(crate) result: &'a [u8],
+}
+
+impl Finished<'_> {
+    /// The record's bytes.
+    pub(crate) fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(96 + self.result.len());
+        for (name, value) in [(b"s", self.state.as_bytes()), (b"r", self.ran.as_bytes())] {
+            string(&mut out, name);
+            string(&mut out, value);
+        }
+        for (name, n) in [
+            (b"q", self.enqueued_at),
+            (b"a", u64::from(self.attempt)),
+            (b"f", self.finished_at),
+        ] {
+            string(&mut out, name);
+            uint(&mut out, n);
+        }
+        if let Some(progress) = self.progress {
+            string(&mut out, b"p");
+            string(&mut out, progress);
+        }
+        if !self.result.is_empty() {
+            string(&mut out, b"v");
+            string(&mut out, self.result);
+        }
+        out
+    }
+}
+
+/// Takes the next `n` bytes (also for `admin::delayed`'s reader).
+pub(crate) fn take<'a>(bytes: &mut &'a [u8], n: usize) -> Option<&'a [u8]> {
+    if bytes.len() < n {
+        return None;
+    }
+    let (head, tail) = bytes.split_at(n);
+    *bytes = tail;
+    Some(head)
+}
+
+/// A big-endian unsigned number of `width` bytes.
+pub(crate) fn unsigned(bytes: &mut &[u8], width: usize) -> Option<u64> {
+    Some(
+        take(bytes, width)?
+            .iter()
+            .fold(0, |n, b| (n << 8) | u64::from(*b)),
+    )
+}
+
+/// The next value: a string's bytes, an integer's digits; `Some(None)` for
+/// nil and booleans; `None` when cut short or of a kind no script writes.
+fn value(bytes: &mut &[u8]) -> Option<Option<Vec<u8>>> {
+    let marker = *take(bytes, 1)?.first()?;
+    let len = |bytes: &mut &[u8], width| unsigned(bytes, width).map(|n| n as usize);
+    let size = match marker {
+        0x00..=0x7f => return Some(Some(marker.to_string().into_bytes())),
+        0xe0..=0xff => return Some(Some((marker as i8).to_string().into_bytes())),
+        0xc0 | 0xc2 | 0xc3 => return Some(None),
+        0xcc..=0xcf => {
+            let n = unsigned(bytes, 1 << (marker - 0xcc))?;
+            return Some(Some(n.to_string().into_bytes()));
+        }
+        0xd0..=0xd3 => {
+            let width = 1 << (marker - 0xd0);
+            let raw = unsigned(bytes, width)?;
+            let shift = 64 - 8 * width as u32;
+            let n = ((raw << shift) as i64) >> shift;
+            return Some(Some(n.to_string().into_bytes()));
+        }
+        0xca => {
+            let f = f32::from_bits(unsigned(bytes, 4)? as u32);
+            return Some(Some(format!("{f}").into_bytes()));
+        }
+        0xcb => {
+            let f = f64::from_bits(unsigned(bytes, 8)?);
+            return Some(Some(format!("{f}").into_bytes()));
+        }
+        0xa0..=0xbf => usize::from(marker & 0x1f),
+        0xd9 | 0xc4 => len(bytes, 1)?,
+        0xda | 0xc5 => len(bytes, 2)?,
+        0xdb | 0xc6 => len(bytes, 4)?,
+        _ => return None,
+    };
+    Some(Some(take(bytes, size)?.to_vec()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `cmsgpack.pack('s', 'waiting', 'a', 1, 'q', 1764262594123)` as Redis
+    /// 7.0 wrote it, then `cmsgpack.pack('s', 'succeeded', 'v', <300
+    /// bytes>, 'e', -3)` appended: the later state wins, every kind reads.
+    #[test]
+    fn a_record_reads_as_the_scripts_wrote_it_a_later_name_winning() {
+        let mut bytes = b"\xa1s\xa7waiting\xa1a\x01\xa1q\xcf\x00\x00\x01\x9a\xc6>\xc6K".to_vec();
+        bytes.extend(b"\xa1s\xa9succeeded\xa1v\xda\x01\x2c");
+        bytes.extend([7u8; 300]);
+        bytes.extend(b"\xa1e\xfd");
+        // `cmsgpack.pack('d', 0.5)`: a float 32.
+        bytes.extend(b"\xa1d\xca\x3f\x00\x00\x00");
+        let fields = decode(&bytes).unwrap();
+        let text = |k: &str| String::from_utf8(fields[k].clone()).unwrap();
+        assert_eq!(text("state"), "succeeded");
+        assert_eq!(text("attempt"), "1");
+        assert_eq!(text("enqueued_at"), "1764262594123");
+        assert_eq!(fields["result"], [7u8; 300]);
+        assert_eq!(text("error"), "-3");
+        assert_eq!(text("due_at"), "0.5");
+        assert_eq!(decode(&bytes[..bytes.len() - 1]), None, "cut short");
+    }
+
+    #[test]
+    fn a_final_record_reads_back_whole() {
+        let result = vec![3u8; 70_000];
+        let record = Finished {
+            state: "succeeded",
+            enqueued_at: 5,
+            attempt: 2,
+            ran: "vm-1|7|2|9",
+            finished_at: 11,
+            progress: Some(b"{}"),
+            result: &result,
+        };
+        let fields = decode(&record.encode()).unwrap();
+        let text = |k: &str| String::from_utf8(fields[k].clone()).unwrap();
+        assert_eq!(text("state"), "succeeded");
+        assert_eq!(text("ran"), "vm-1|7|2|9");
+        assert_eq!(
+            [text("enqueued_at"), text("attempt"), text("finished_at")],
+            ["5", "2", "11"]
+        );
+        assert_eq!(text("progress"), "{}");
+        assert_eq!(fields["result"], result);
+    }
+
+    #[test]
+    fn the_producers_record_is_the_enqueue_scripts() {
+        let written = b"\xa1s\xa7waiting\xa1a\x01\xa1q\xcf\x00\x00\x01\x9a\xc6>\xc6K";
+        assert_eq!(waiting(1764262594123), written);
+    }
+
+    /// The scripts write by `track.lua`'s letters, and readers read by
+    /// these: a letter only one side knew would be lost.
+    #[test]
+    fn the_readers_letters_are_the_scripts_letters() {
+        let lua = include_str!("../scripts/track.lua");
+        let start = lua.find("-- The names, one letter each").unwrap();
+        let table: String = lua[start..]
+            .lines()
+            .skip(1)
+            .take_while(|l| l.starts_with("--   "))
+            .collect::<Vec<_>>()
+            .join(" ");
+        for (letter, name) in NAMES {
+            let entry = format!("{} {name}", letter as char);
+            assert!(table.contains(&entry), "track.lua lacks `{entry}`: {table}");
+        }
+        let letters = table
+            .split_whitespace()
+            .filter(|w| w.len() == 1 && w.chars().all(|c| c.is_ascii_lowercase()))
+            .count();
+        assert_eq!(letters, NAMES.len(), "{table}");
+    }
+}
