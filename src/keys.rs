@@ -148,8 +148,7 @@ pub(crate) fn running(name: &ServiceName, p: u32) -> String {
 
 /// The cancel requests of partition `p`'s tasks not yet final: task id
 /// scored by the request's time (Unix ms). The scripts derive it from the
-/// records' prefix (`track.lua`); it is named here for the layout's test.
-#[cfg_attr(not(test), allow(dead_code))]
+/// records' key (`track.lua`).
 pub(crate) fn cancel_requests(name: &ServiceName, p: u32) -> String {
     format!("{{{name}/{p}}}:cancel_requests")
 }

@@ -33,14 +33,41 @@ pub(crate) struct Running {
     tasks: Mutex<HashMap<TaskId, Signals>>,
 }
 
-/// A running task's two signals.
+/// A running task's two signals, and its partition's store (where its
+/// cancel request is).
 #[derive(Debug, Clone)]
-struct Signals {
+pub(crate) struct Signals {
     /// Fires on a user's cancel only.
     user: CancellationToken,
     /// Fires on a user's cancel or an interruption: what the handler
     /// waits on (a child of the partition's interruption signal).
     either: CancellationToken,
+    store: Arc<PartitionStore>,
+}
+
+impl Signals {
+    /// Fires both signals if task `id` has a cancel request in Redis (a
+    /// message on `{N}:cancels` alone stops nothing: it would end the task
+    /// `succeeded` with no result, as its ack finds no request). If Redis
+    /// cannot say, they fire: a real cancel is not held back, and the
+    /// task's end still reads the truth.
+    async fn fire_if_requested(&self, id: &str) {
+        match self.store.cancel_requested(id).await {
+            Ok(false) => {
+                warn!(
+                    task = id,
+                    "a cancel message without a cancel request; the task goes on"
+                );
+                return;
+            }
+            Ok(true) => debug!(task = id, "cancelled by a user"),
+            Err(e) => {
+                debug!(task = id, cause = %e, "cancel request not read; cancelled all the same")
+            }
+        }
+        self.user.cancel();
+        self.either.cancel();
+    }
 }
 
 impl Running {
@@ -57,6 +84,7 @@ impl Running {
         let signals = Signals {
             user: CancellationToken::new(),
             either: interrupt.child_token(),
+            store: store.clone(),
         };
         self.tasks
             .lock()
@@ -74,17 +102,10 @@ impl Running {
         })
     }
 
-    /// A user cancelled task `id`: if it runs here, its signals fire.
-    pub(crate) fn cancel(&self, id: &str) -> bool {
+    /// The signals of task `id`, if it runs here.
+    pub(crate) fn find(&self, id: &str) -> Option<Signals> {
         let tasks = self.tasks.lock().expect("not poisoned");
-        match tasks.get(&TaskId::from(id)) {
-            Some(signals) => {
-                signals.user.cancel();
-                signals.either.cancel();
-                true
-            }
-            None => false,
-        }
+        tasks.get(&TaskId::from(id)).cloned()
     }
 }
 
@@ -282,8 +303,14 @@ pub(crate) fn listen(
                         Ok(Event::Message(handle)) => {
                             let handle = String::from_utf8_lossy(&handle);
                             let id = handle.split_once('/').map_or(&*handle, |(_, id)| id);
-                            if running.cancel(id) {
-                                debug!(service = %name, task = id, "cancelled by a user");
+                            if let Some(signals) = running.find(id) {
+                                // Checked apart, so that the next message
+                                // is not held back by this one's read.
+                                let id = id.to_owned();
+                                tokio::spawn(
+                                    async move { signals.fire_if_requested(&id).await }
+                                        .in_current_span(),
+                                );
                             }
                         }
                         // Messages may have been missed: such a task ends

@@ -249,6 +249,7 @@ pub(crate) async fn ensure(
 pub(crate) struct PartitionKeys {
     tasks: String,
     running: String,
+    cancels: String,
     ended: String,
     channel: String,
     publish: &'static str,
@@ -261,6 +262,7 @@ impl PartitionKeys {
         PartitionKeys {
             tasks: keys::tasks(name, p),
             running: keys::running(name, p),
+            cancels: keys::cancel_requests(name, p),
             ended: keys::ended(name, p),
             channel: keys::final_channel(name, p),
             publish: if sharded { "SPUBLISH" } else { "PUBLISH" },
@@ -270,6 +272,11 @@ impl PartitionKeys {
     /// The partition's records.
     pub(crate) fn tasks(&self) -> &str {
         &self.tasks
+    }
+
+    /// The partition's cancel requests.
+    pub(crate) fn cancels(&self) -> &str {
+        &self.cancels
     }
 
     /// The partition's running tracked tasks.

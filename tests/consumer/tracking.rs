@@ -326,7 +326,7 @@ async fn a_delayed_task_is_delayed_until_due_and_a_cancelled_one_never_runs() {
 
 #[tokio::test]
 async fn a_running_task_hears_a_users_cancel_and_ends_cancelled_not_retried() {
-    let (_server, _name, runs, stop, task, producer, service) = setup().await;
+    let (server, name, runs, stop, task, producer, service) = setup().await;
     let id = producer.enqueue(&Job::Hang(5)).await.unwrap();
     let handle = producer.handle_of(&id, None);
     wait_for_state(&service, &handle, TaskState::Running).await;
@@ -336,6 +336,21 @@ async fn a_running_task_hears_a_users_cancel_and_ends_cancelled_not_retried() {
             .is_some_and(|p| p.unwrap() == 3)
     })
     .await;
+    // A message on `{N}:cancels` without a cancel request (anyone who may
+    // publish there can send one) stops nothing: the task still runs.
+    let record = service.task(&handle).await.unwrap().unwrap();
+    let mut conn = server.connection().await;
+    let heard: u64 = deadpool_redis::redis::cmd("PUBLISH")
+        .arg(format!("{{{name}}}:cancels"))
+        .arg(record.handle.to_string())
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(heard, 1, "the instance listens");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(runs.lock().unwrap()[&5], [(1, None)], "not told to stop");
+    let record = service.task(&handle).await.unwrap().unwrap();
+    assert_eq!(record.state, Some(TaskState::Running));
     let outcome = service.cancel(&handle).await.unwrap();
     assert!(
         matches!(outcome, CancelOutcome::Requested { .. }),

@@ -117,6 +117,16 @@ impl PartitionStore {
         Ok(written == 1)
     }
 
+    /// Whether task `id` has a cancel request: what a cancel heard on
+    /// `{N}:cancels` must find before it stops the task (a message alone,
+    /// which anyone who may publish there can send, stops nothing).
+    pub(crate) async fn cancel_requested(&self, id: &str) -> Result<bool> {
+        let mut zscore = deadpool_redis::redis::cmd("ZSCORE");
+        zscore.arg(self.records.cancels()).arg(id);
+        let score: Option<f64> = self.conn.query(&zscore).await?;
+        Ok(score.is_some())
+    }
+
     /// The owner's care of the partition's records (sweep.lua): the final
     /// ones past `tracking`'s retention go, and, from `cursor` (`None`:
     /// not now), about `slice` fields are swept of records that stopped
