@@ -55,15 +55,20 @@ impl Tally {
     }
 }
 
-/// The names of peerq's scripts by their SHA1 (as `EVALSHA` sends them).
+/// The names of peerq's scripts by their SHA1 (as `EVALSHA` sends them),
+/// each alone and with `track.lua` before it (as the tracking scripts are
+/// sent).
 fn scripts() -> BTreeMap<String, String> {
     let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/src/scripts");
+    let track = std::fs::read_to_string(format!("{dir}/track.lua")).expect("track.lua");
     let mut names = BTreeMap::new();
     for file in std::fs::read_dir(dir).expect("src/scripts") {
         let path = file.expect("a script").path();
         if path.extension().is_some_and(|e| e == "lua") {
             let text = std::fs::read_to_string(&path).expect("a script's text");
             let name = path.file_name().unwrap().to_string_lossy().into_owned();
+            let tracked = redis::Script::new(&format!("{track}{text}"));
+            names.insert(tracked.get_hash().to_owned(), name.clone());
             names.insert(redis::Script::new(&text).get_hash().to_owned(), name);
         }
     }
