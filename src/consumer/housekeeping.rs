@@ -4,9 +4,9 @@
 //! records that stopped changing, and keep the queue gauges.
 //!
 //! What an idle partition costs (issue 26): a look at its group
-//! (`XINFO GROUPS`) every 10 s, and the sizes of its dead letters and
-//! delayed set every 30 s; nothing is trimmed, promoted or claimed while
-//! nothing changes. A partition whose group changes is looked at every
+//! (`XINFO GROUPS`) every 10 s, the sizes of its dead letters and delayed
+//! set every 30 s, and the care of its task records (`sweep.lua`) every 30
+//! minutes; nothing is trimmed, promoted or claimed while nothing changes. A partition whose group changes is looked at every
 //! second and trimmed after each change.
 
 use std::sync::Arc;
@@ -39,11 +39,13 @@ const PROMOTE_BATCH: usize = 500;
 /// How often a slice of the partition's task records is swept for records
 /// that stopped changing (sweep.lua) while a pass is underway, how long a
 /// finished pass rests (and how often a partition without final records
-/// looks again, at the most), and how many fields a slice looks at: a
-/// pass over 100,000 tracked tasks takes about an hour, at about 1 ms of
-/// Redis per slice, and an idle partition costs one call every 5 minutes.
+/// looks again, at the most: never longer than the keep time, so a record
+/// that ends after a look is seen by the next one before it is due), and
+/// how many fields a slice looks at: a pass over 100,000 tracked tasks
+/// takes about an hour, at about 1 ms of Redis per slice, and an idle
+/// partition costs one call every 30 minutes (at the default keep).
 const SWEEP_EVERY: Duration = Duration::from_secs(10);
-const SWEEP_REST: Duration = Duration::from_secs(300);
+const SWEEP_REST: Duration = Duration::from_secs(1800);
 const SWEEP_SLICE: usize = 1000;
 /// How late after its time a final record goes, at the least: its end's
 /// script and this look may see different milliseconds.
