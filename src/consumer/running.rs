@@ -34,7 +34,7 @@ pub(crate) struct Running {
 }
 
 /// A running task's two signals, and its partition's store (where its
-/// cancel request is).
+/// cancel request is, and its progress goes).
 #[derive(Debug, Clone)]
 pub(crate) struct Signals {
     /// Fires on a user's cancel only.
@@ -84,7 +84,7 @@ impl Running {
         let signals = Signals {
             user: CancellationToken::new(),
             either: interrupt.child_token(),
-            store: store.clone(),
+            store,
         };
         self.tasks
             .lock()
@@ -95,7 +95,6 @@ impl Running {
             run: Mutex::new(run),
             signals,
             running: self.clone(),
-            store,
             codec,
             progress: Mutex::default(),
             writing: tokio::sync::Mutex::new(()),
@@ -127,7 +126,6 @@ pub(crate) struct RunningTask {
     run: Mutex<Run>,
     signals: Signals,
     running: Arc<Running>,
-    store: Arc<PartitionStore>,
     codec: &'static str,
     progress: Mutex<Progress>,
     /// Held while a progress write is underway, so the last one is never
@@ -213,7 +211,7 @@ impl RunningTask {
             return false;
         };
         self.progress.lock().expect("not poisoned").last = Some(Instant::now());
-        match self.store.progress(self.id.as_str(), &value).await {
+        match self.signals.store.progress(self.id.as_str(), &value).await {
             Ok(true) => self.progress.lock().expect("not poisoned").written = Some(value),
             Ok(false) => {}
             Err(e) => debug!(task = %self.id, cause = %e, "progress not written"),
@@ -237,11 +235,6 @@ impl RunningTask {
             result,
         }
         .encode()
-    }
-
-    /// What it runs as (`instance|token|attempt|started_at`).
-    pub(crate) fn ran(&self) -> String {
-        self.run.lock().expect("not poisoned").ran.clone()
     }
 
     /// An ordered task's next attempt starts in place, running as `ran`.

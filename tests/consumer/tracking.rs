@@ -203,6 +203,29 @@ async fn state(service: &Service, handle: &TaskHandle) -> Option<TaskState> {
     service.task(handle).await.unwrap().and_then(|r| r.state)
 }
 
+/// The items of list `{N/p}:<list>` of service `name` (`ended`, `ended_at`).
+async fn list(
+    conn: &mut deadpool_redis::redis::aio::MultiplexedConnection,
+    name: &str,
+    p: u32,
+    list: &str,
+) -> Vec<String> {
+    deadpool_redis::redis::cmd("LRANGE")
+        .arg(format!("{{{name}/{p}}}:{list}"))
+        .arg(0)
+        .arg(-1)
+        .query_async(conn)
+        .await
+        .unwrap()
+}
+
+/// Pauses the service, and waits until its instances have read the pause
+/// (within a second): no task starts from then on.
+async fn paused(service: &Service) {
+    service.pause("test").await.unwrap();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+}
+
 async fn wait_for_state(service: &Service, handle: &TaskHandle, want: TaskState) {
     until_record(service, handle, |r| r.state == Some(want)).await;
 }
@@ -403,13 +426,7 @@ async fn a_replayed_task_follows_its_new_run_and_a_periodic_task_has_a_record() 
     let deadline = tokio::time::Instant::now() + PATIENCE;
     let cron = loop {
         // The ended tasks' ids, oldest first.
-        let ended: Vec<String> = deadpool_redis::redis::cmd("LRANGE")
-            .arg(format!("{{{name}/{p}}}:ended"))
-            .arg(0)
-            .arg(-1)
-            .query_async(&mut conn)
-            .await
-            .unwrap();
+        let ended = list(&mut conn, &name, p, "ended").await;
         if let Some(id) = ended.into_iter().find(|id| id.starts_with("cron:tick:")) {
             break id;
         }
@@ -461,8 +478,7 @@ async fn a_failed_attempt_is_retrying_with_its_due_time_and_error_until_its_retr
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fifty_waits_share_one_pubsub_connection_and_each_hears_its_task() {
     let (server, _name, _runs, stop, task, producer, service) = setup().await;
-    service.pause("test").await.unwrap();
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    paused(&service).await;
     let mut handles = Vec::new();
     for seq in 0..50 {
         let id = producer.enqueue(&Job::Succeed(2_000 + seq)).await.unwrap();
@@ -501,8 +517,7 @@ async fn fifty_waits_share_one_pubsub_connection_and_each_hears_its_task() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wait_hears_its_task_end_after_its_pubsub_connection_was_cut() {
     let (server, name, _runs, stop, task, producer, service) = setup().await;
-    service.pause("test").await.unwrap();
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    paused(&service).await;
     let id = producer.enqueue(&Job::Succeed(3_000)).await.unwrap();
     let handle = producer.handle_of(&id, None);
     // The waiter's connections go through a proxy that will cut them.

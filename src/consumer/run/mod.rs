@@ -242,10 +242,13 @@ impl Batch {
         let codec = self.shared.runner.codec();
         let started_at = now_ms();
         let mut tracks = HashMap::with_capacity(entries.len());
+        // Stream id, task id and what it runs as, for the start.
+        let mut runs: Vec<(&str, &str, String)> = Vec::with_capacity(entries.len());
         for fetched in entries.iter() {
             if let Ok(entry) = &fetched.entry {
+                let ran = store.running(entry.attempt, started_at);
                 let run = Run {
-                    ran: store.running(entry.attempt, started_at),
+                    ran: ran.clone(),
                     attempt: entry.attempt,
                     enqueued_at: entry.enqueued_at.as_millis() as u64,
                 };
@@ -257,15 +260,9 @@ impl Batch {
                     codec,
                 );
                 tracks.insert(fetched.id.clone(), track);
+                runs.push((fetched.id.as_str(), entry.id.as_str(), ran));
             }
         }
-        let runs: Vec<(&str, &str, String)> = entries
-            .iter()
-            .filter_map(|f| {
-                let entry = f.entry.as_ref().ok()?;
-                Some((f.id.as_str(), entry.id.as_str(), tracks[&f.id].ran()))
-            })
-            .collect();
         let starting: Vec<Starting<'_>> =
             runs.iter().map(|(s, t, r)| (*s, *t, r.as_str())).collect();
         if starting.is_empty() {

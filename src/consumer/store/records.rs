@@ -169,15 +169,22 @@ mod tests {
     use crate::keys;
     use crate::tracking::Tracking;
 
+    /// A private Redis and the store of partition 0 of a new service, under
+    /// fencing token 1.
+    fn setup() -> (support::RedisServer, PartitionStore, ServiceName) {
+        let server = support::RedisServer::start();
+        let conn = Arc::new(SharedConnection::new(server.pool()));
+        let name = ServiceName::new(&support::unique_name("records")).unwrap();
+        let store = PartitionStore::new(conn, &name, 0, 1, &InstanceId::generate(), 1 << 20);
+        (server, store, name)
+    }
+
     /// The owner's care forgets what the retention and the sweep time say,
     /// and nothing else: a record that still changes, or whose task runs,
     /// stays; a final one goes by its end, not by when it was written.
     #[tokio::test]
     async fn the_owners_care_forgets_stale_records_and_final_ones_past_retention() {
-        let server = support::RedisServer::start();
-        let conn = Arc::new(SharedConnection::new(server.pool()));
-        let name = ServiceName::new(&support::unique_name("sweep")).unwrap();
-        let store = PartitionStore::new(conn, &name, 0, 1, &InstanceId::generate(), 1 << 20);
+        let (server, store, name) = setup();
         let mut raw = server.pool().get().await.unwrap();
         let now = SystemTime::now()
             .duration_since(UNIX_EPOCH)
@@ -275,5 +282,31 @@ mod tests {
         assert!(due.unwrap() > Duration::from_secs(3), "{due:?}");
         let runs: Vec<String> = raw.lrange(keys::ended_at(&name, 0), 0, -1).await.unwrap();
         assert_eq!(runs, [format!("{now} 1")]);
+    }
+
+    /// A record is appended to as its task changes, and written anew from
+    /// its decoded fields once over 512 bytes (track.lua, `append`): a task
+    /// that reports progress all day keeps one record of bounded size,
+    /// with its last progress and what it held before.
+    #[tokio::test]
+    async fn a_record_written_often_stays_small_and_keeps_its_last_values() {
+        let (server, store, name) = setup();
+        assert_eq!(store.acquire().await.unwrap(), None);
+        let mut raw = server.pool().get().await.unwrap();
+        let record = crate::tracking::packed::waiting(1_000);
+        let () = raw.hset(keys::tasks(&name, 0), "t1", record).await.unwrap();
+        let () = raw
+            .hset(keys::running(&name, 0), "t1", store.running(1, 2_000))
+            .await
+            .unwrap();
+        for step in 0..50u8 {
+            assert!(store.progress("t1", &[step; 100]).await.unwrap());
+        }
+        let record: Vec<u8> = raw.hget(keys::tasks(&name, 0), "t1").await.unwrap();
+        assert!(record.len() < 512 + 110, "{} bytes", record.len());
+        let fields = crate::tracking::packed::decode(&record).unwrap();
+        assert_eq!(fields["progress"], [49u8; 100]);
+        assert_eq!(fields["state"], b"waiting");
+        assert_eq!(fields["enqueued_at"], b"1000");
     }
 }

@@ -123,8 +123,7 @@ async fn a_cancel_reaches_a_task_after_a_graceful_handover_and_while_paused() {
     })
     .await;
     // Paused: running tasks go on, and hear a cancel.
-    service.pause("test").await.unwrap();
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    paused(&service).await;
     assert!(matches!(
         service.cancel(&handle).await.unwrap(),
         CancelOutcome::Requested { .. }

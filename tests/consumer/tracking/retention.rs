@@ -105,3 +105,45 @@ async fn final_records_are_bounded_by_count_and_time_and_cost_a_few_hundred_byte
     stop.cancel();
     task.await.unwrap().unwrap();
 }
+
+/// A replayed task's id leaves the ended lists (docs/design.md §14), so the
+/// eviction of its first end cannot take the record of its second, and the
+/// runs of `{N/p}:ended_at` still count the ids of `{N/p}:ended`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replayed_task_leaves_the_ended_lists_and_the_runs_still_count_their_ids() {
+    let (server, name, _runs, stop, task, producer, service) = setup().await;
+    let id = producer.enqueue(&Job::Fail(7)).await.unwrap();
+    let handle = producer.handle_of(&id, None);
+    let Waited::Final(record) = service.wait(&handle, PATIENCE).await.unwrap() else {
+        panic!("wait timed out");
+    };
+    assert_eq!(record.state, Some(TaskState::Dead));
+    let p = record.handle.partition().expect("a partition");
+    let mut conn = server.connection().await;
+    assert!(
+        list(&mut conn, &name, p, "ended")
+            .await
+            .contains(&id.to_string())
+    );
+    // Paused, so that the replayed task waits while the lists are read.
+    paused(&service).await;
+    let letters = service.dead_letters().list(10).await.unwrap();
+    let letter = letters
+        .iter()
+        .find(|l| l.task_id.as_ref() == Some(&id))
+        .expect("its dead letter");
+    assert!(service.dead_letters().replay(letter).await.unwrap());
+    let ended = list(&mut conn, &name, p, "ended").await;
+    assert!(!ended.contains(&id.to_string()), "{ended:?}");
+    let counted: usize = list(&mut conn, &name, p, "ended_at")
+        .await
+        .iter()
+        .map(|run| run.rsplit_once(' ').unwrap().1.parse::<usize>().unwrap())
+        .sum();
+    assert_eq!(counted, ended.len());
+    let record = service.task(&handle).await.unwrap().unwrap();
+    assert_eq!(record.state, Some(TaskState::Waiting));
+    service.resume().await.unwrap();
+    stop.cancel();
+    task.await.unwrap().unwrap();
+}
