@@ -155,18 +155,9 @@ pub(crate) async fn connect(server: &RedisServer) -> MultiplexedConnection {
         .unwrap()
 }
 
-/// How many entries of service `name` are delivered and not acked: one
-/// `XPENDING` summary per partition, in one pipeline.
+/// How many entries of service `name` are delivered and not acked.
 pub(crate) async fn pending(conn: &mut MultiplexedConnection, name: &str) -> u64 {
-    let mut pipe = redis::pipe();
-    for p in 0..DEFAULT_PARTITIONS {
-        pipe.cmd("XPENDING")
-            .arg(format!("{{{name}/{p}}}:stream"))
-            .arg("peerq");
-    }
-    let summaries: Vec<(u64, redis::Value, redis::Value, redis::Value)> =
-        pipe.query_async(conn).await.unwrap();
-    summaries.iter().map(|s| s.0).sum()
+    meter::pending(conn, name, DEFAULT_PARTITIONS).await
 }
 
 /// Service `name` once a consumer of it recorded its settings.

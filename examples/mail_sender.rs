@@ -2,7 +2,7 @@
 //! name and a `produce`, and watch them split the work.
 //!
 //! ```text
-//! mail_sender consume --redis URL [--cluster] [--tls-ca FILE] [--tls-cert FILE --tls-key FILE] [--wait-for-replicas N] --name NAME [--partitions N] [--indexing ranked|incr] [--assignor modulo|rendezvous] [--weight N] [--interval-ms N] [--drain-ms N] [--skew-ms N] [--work-ms N] [--print-tasks] [--print-events] [--http ADDR] [--codec json|bincode] [--track]
+//! mail_sender consume --redis URL [--cluster] [--tls-ca FILE] [--tls-cert FILE --tls-key FILE] [--wait-for-replicas N] --name NAME [--partitions N] [--indexing ranked|incr] [--assignor modulo|rendezvous] [--weight N] [--interval-ms N] [--drain-ms N] [--skew-ms N] [--work-ms N] [--print-tasks] [--print-events] [--http ADDR] [--codec json|bincode] [--track] [--rate-limit N] [--concurrency-per-key N]
 //! mail_sender produce --redis URL [--cluster] [--tls-ca FILE] [--tls-cert FILE --tls-key FILE] [--wait-for-replicas N] --name NAME [--partitions N] --count N [--batch N] [--rate N] [--print-enqueued] [--codec json|bincode] [--print-ids] [--keys K] [--first-seq N]
 //! ```
 //!
@@ -55,6 +55,11 @@
 //! in four steps over `--work-ms` (25, 50, 75 and 100), returns the result
 //! `{"seq": <seq>}`, and on a user's cancel stops at once and prints
 //! `cancelled seq=<seq> reason=user at=<µs>`.
+//!
+//! `--rate-limit N` sets the service's rate limit to N starts a second
+//! across every instance (also when another was set before), as
+//! `peerq limit set --name NAME --rate N/1s` does; `--concurrency-per-key N`
+//! lets at most N tasks of one key run at once across every instance.
 
 use std::io::{IsTerminal, Write};
 use std::net::SocketAddr;
@@ -67,6 +72,7 @@ use peerq::admin::Admin;
 use peerq::assignment::Standing;
 use peerq::consumer::{PartitionChange, PartitionEvent};
 use peerq::handler::{CancelReason, HandlerWithResult};
+use peerq::limits::RateLimit;
 use peerq::producer::{Options, Producer};
 use peerq::tracking::Tracking;
 use peerq::{
@@ -163,6 +169,15 @@ struct Settings {
     /// off): report progress, return results, stop on a user's cancel.
     #[arg(long)]
     track: bool,
+    /// Start at most N tasks per second across the whole service (set in
+    /// the service's limits, as `peerq limit set --rate N/1s` does).
+    #[arg(long, value_name = "N")]
+    rate_limit: Option<u32>,
+    /// Run at most N tasks of one key at once across the whole service
+    /// (set in the service's limits, as `peerq limit set
+    /// --concurrency-per-key N` does).
+    #[arg(long, value_name = "N")]
+    concurrency_per_key: Option<u32>,
 }
 
 /// What a producer enqueues, how fast, and what it prints.
@@ -445,7 +460,19 @@ async fn consume<C: Codec>(
         });
     if settings.track {
         builder = builder.tracking(Tracking::on());
-        track(redis, &name).await?;
+        track(redis.clone(), &name).await?;
+    }
+    let rate = settings
+        .rate_limit
+        .map(|n| RateLimit::new(n, Duration::from_secs(1)));
+    if let Some(rate) = rate {
+        builder = builder.rate_limit(rate.count(), rate.per());
+    }
+    if let Some(n) = settings.concurrency_per_key {
+        builder = builder.concurrency_per_key(n);
+    }
+    if rate.is_some() || settings.concurrency_per_key.is_some() {
+        limit(redis, &name, rate, settings.concurrency_per_key).await?;
     }
     let builder = match settings.http {
         #[cfg(feature = "http")]
@@ -486,6 +513,29 @@ async fn track(redis: Redis, name: &str) -> peerq::Result<()> {
         .keep(was.kept_for())
         .keep_count(was.kept_count());
     service.set_tracking(on).await
+}
+
+/// `--rate-limit`, `--concurrency-per-key`: sets the limits given of a
+/// service that exists (a new one takes the builder's).
+async fn limit(
+    redis: Redis,
+    name: &str,
+    rate: Option<RateLimit>,
+    per_key: Option<u32>,
+) -> peerq::Result<()> {
+    let service = match Admin::connect(redis).await?.service(name).await {
+        Ok(service) => service,
+        Err(peerq::Error::UnknownService { .. }) => return Ok(()),
+        Err(e) => return Err(e),
+    };
+    let mut limits = service.limits().await?;
+    if let Some(rate) = rate {
+        limits = limits.rate(rate);
+    }
+    if let Some(n) = per_key {
+        limits = limits.concurrency_per_key(n);
+    }
+    service.set_limits(limits).await
 }
 
 /// Prints the partitions' changes and the instance's standing as they come.

@@ -87,6 +87,22 @@ pub(crate) fn tracking(name: &ServiceName) -> String {
     format!("{{{name}}}:tracking")
 }
 
+/// The service's flow limits (docs/design.md §15): a hash of `v` (always
+/// `1`, so a cleared limit stays cleared), `rate` (`<count>/<per ms>`) and
+/// `per_key` (tasks of one key at once),
+/// which consumers create from their builder's value and operators change
+/// on a running service with `peerq limit`.
+pub(crate) fn limits(name: &ServiceName) -> String {
+    format!("{{{name}}}:limits")
+}
+
+/// The service-wide rate limit's state (docs/design.md §15): the GCRA's
+/// theoretical arrival time, Unix µs by Redis's clock, from which instances
+/// lease tokens (`rate.lua`); it expires once it holds no information.
+pub(crate) fn rate(name: &ServiceName) -> String {
+    format!("{{{name}}}:rate")
+}
+
 /// The channel the owners of a service's partitions hear user cancels on:
 /// each message is a task handle, `<partition>/<task id>`.
 pub(crate) fn cancels(name: &ServiceName) -> String {

@@ -139,6 +139,7 @@ pub mod ids;
 pub mod indexer;
 mod instance;
 mod keys;
+pub mod limits;
 mod logs;
 mod meta;
 pub mod metrics;

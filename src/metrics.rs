@@ -58,6 +58,14 @@ pub const ENQUEUE_ERRORS_TOTAL: &str = "peerq_enqueue_errors_total";
 /// exists, as this instance last read it), else 0.
 pub const PAUSED: &str = "peerq_paused";
 
+/// Gauge, labelled `service` and `limit` (`rate`): tasks read by this
+/// instance that wait for a token of the service's limit now.
+pub const LIMITED_TASKS: &str = "peerq_limited_tasks";
+
+/// Counter, labelled `service` and `limit` (`rate`): tokens this instance
+/// leased from the service's limit.
+pub const LIMIT_TOKENS_TOTAL: &str = "peerq_limit_tokens_total";
+
 /// Counter of [`MajorityIds`](crate::ids::MajorityIds) attempts, labelled
 /// `key` (the sequence) and `outcome`: `issued` (a majority took the ID),
 /// `lost` (another caller won the ID, or a higher one won first: then it is
@@ -118,6 +126,14 @@ pub fn describe() {
     metrics::describe_gauge!(
         PAUSED,
         "1 while the service is paused, as this instance last read it"
+    );
+    metrics::describe_gauge!(
+        LIMITED_TASKS,
+        "tasks read by this instance that wait for a token of the service's limit"
+    );
+    metrics::describe_counter!(
+        LIMIT_TOKENS_TOTAL,
+        "tokens this instance leased from the service's limit"
     );
     metrics::describe_counter!(ENQUEUED_TOTAL, "tasks enqueued by producers");
     metrics::describe_counter!(ENQUEUE_ERRORS_TOTAL, "failed enqueue calls");

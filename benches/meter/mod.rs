@@ -3,7 +3,8 @@
 //! scripts included) with the time Redis spent in each, Redis's CPU time
 //! (`INFO cpu`), and this process's CPU time (`/proc/self/stat`, Linux).
 //!
-//! Shared by the throughput and idle benchmarks (`mod meter;`); it knows no
+//! Shared by the throughput, idle, tracking and limits benchmarks (`mod
+//! meter;`); it knows no
 //! peerq type.
 
 // Each benchmark uses part of it.
@@ -215,4 +216,32 @@ pub(crate) async fn client_id(conn: &mut MultiplexedConnection) -> u64 {
         .query_async(conn)
         .await
         .expect("CLIENT ID")
+}
+
+/// How many entries of service `name` (of `partitions` partitions) are
+/// delivered and not acked: one `XPENDING` summary per partition, in one
+/// pipeline.
+pub(crate) async fn pending(conn: &mut MultiplexedConnection, name: &str, partitions: u32) -> u64 {
+    let mut pipe = redis::pipe();
+    for p in 0..partitions {
+        pipe.cmd("XPENDING")
+            .arg(format!("{{{name}/{p}}}:stream"))
+            .arg("peerq");
+    }
+    let summaries: Vec<(u64, redis::Value, redis::Value, redis::Value)> =
+        pipe.query_async(conn).await.unwrap();
+    summaries.iter().map(|s| s.0).sum()
+}
+
+/// The median of some rates.
+pub(crate) fn median(rates: &[f64]) -> f64 {
+    let mut sorted = rates.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    sorted[sorted.len() / 2]
+}
+
+/// Rates as `a / b / c`, in run order.
+pub(crate) fn listed(rates: &[f64]) -> String {
+    let each: Vec<String> = rates.iter().map(|r| format!("{r:.0}")).collect();
+    each.join(" / ")
 }

@@ -16,6 +16,7 @@ use support::{RedisServer, unique_name};
 use tokio_util::sync::CancellationToken;
 
 use crate::cost::{self, Reading, Records, Spent};
+use crate::meter::{listed, median};
 use crate::{Done, Job, job, pending};
 
 /// Tasks per `enqueue_batch`.
@@ -285,19 +286,6 @@ where
             Ok::<R, HandlerError>(result(task.payload.seq))
         }
     })
-}
-
-/// The median of some rates.
-fn median(rates: &[f64]) -> f64 {
-    let mut sorted = rates.to_vec();
-    sorted.sort_by(f64::total_cmp);
-    sorted[sorted.len() / 2]
-}
-
-/// Rates as `a / b / c`, in run order.
-fn listed(rates: &[f64]) -> String {
-    let each: Vec<String> = rates.iter().map(|r| format!("{r:.0}")).collect();
-    each.join(" / ")
 }
 
 /// One of a repeat's runs.

@@ -29,6 +29,7 @@
 //! ```
 
 mod delayed;
+mod limits;
 mod members;
 mod partitions;
 mod periodic;
@@ -49,7 +50,7 @@ pub use members::Member;
 pub use partitions::PartitionState;
 pub use periodic::PeriodicJob;
 pub use services::ServiceSummary;
-pub use status::{MinuteCounts, Rates, Status, Totals};
+pub use status::{LimitsStatus, MinuteCounts, RateStatus, Rates, Status, Totals};
 
 use crate::codec::Json;
 use crate::config::ServiceName;

@@ -11,6 +11,7 @@ use super::{Admin, Member, Service, Settings, members};
 use crate::config::ServiceName;
 use crate::error::Result;
 use crate::keys;
+use crate::limits;
 use crate::pause::{self, Pause};
 
 /// The minutes the rates cover: the current one (partial) and the four
@@ -18,8 +19,8 @@ use crate::pause::{self, Pause};
 const RATE_MINUTES: u64 = 5;
 
 /// A service's state. Its JSON: `name`, `redis`, `at_ms`, `settings`,
-/// `paused` (null, or `at_ms` and `by`), `members`, `partitions`, `totals`,
-/// `rates`.
+/// `paused` (null, or `at_ms` and `by`), `limits`, `members`, `partitions`,
+/// `totals`, `rates`.
 #[derive(Debug, Clone, Serialize)]
 #[non_exhaustive]
 pub struct Status {
@@ -33,6 +34,8 @@ pub struct Status {
     pub settings: Settings,
     /// Who paused it and when, while it is paused.
     pub paused: Option<Pause>,
+    /// The flow limits in force, and what waits on them.
+    pub limits: LimitsStatus,
     /// Its instances, by index (unassigned ones last).
     pub members: Vec<Member>,
     /// Its partitions, by number.
@@ -41,6 +44,36 @@ pub struct Status {
     pub totals: Totals,
     /// Tasks per outcome over the last five minutes.
     pub rates: Rates,
+}
+
+/// The flow limits in force (docs/design.md §15). Its JSON: `rate` (null,
+/// or `count`, `per_ms`, `per_second` and `waiting`) and
+/// `concurrency_per_key` (null, or how many tasks of one key may run at
+/// once).
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[non_exhaustive]
+pub struct LimitsStatus {
+    /// The service-wide rate limit, if any.
+    pub rate: Option<RateStatus>,
+    /// How many tasks of one partition key may run at once, if limited.
+    /// (The tasks held aside for it are counted by each instance's
+    /// `peerq_limited_tasks{limit="per_key"}`.)
+    pub concurrency_per_key: Option<u32>,
+}
+
+/// The service-wide rate limit, and the tasks that wait on it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[non_exhaustive]
+pub struct RateStatus {
+    /// Starts per period.
+    pub count: u32,
+    /// The period, in milliseconds.
+    pub per_ms: u64,
+    /// Starts per second.
+    pub per_second: f64,
+    /// Tasks that wait to start: the backlog less the handlers running
+    /// (every task waits on a service-wide limit).
+    pub waiting: u64,
 }
 
 /// Sums over a service's partitions and members. Its JSON: `length`,
@@ -123,8 +156,12 @@ impl Service {
     /// pipeline and the partitions in another, sent together.
     pub async fn status(&self) -> Result<Status> {
         let conn = &self.admin.conn;
-        let (first, paused) = tokio::join!(self.admin.now_ms(), pause::read(conn, &self.name));
-        let (now_ms, paused) = (first?, paused?);
+        let (first, paused, limits) = tokio::join!(
+            self.admin.now_ms(),
+            pause::read(conn, &self.name),
+            limits::read(conn, &self.name)
+        );
+        let (now_ms, paused, limits) = (first?, paused?, limits?.unwrap_or_default());
         let minute_now = now_ms / 60_000;
         let minutes: Vec<u64> = (minute_now + 1 - RATE_MINUTES..=minute_now).collect();
         let mut pipe = redis::pipe();
@@ -143,13 +180,24 @@ impl Service {
         let counts = minute_counts(minutes, replies)?;
         let partitions = states?.pop().unwrap_or_default();
         let started = members.iter().map(|m| m.started_at_ms).min();
+        let totals = totals(&partitions, &members);
+        let limits = LimitsStatus {
+            rate: limits.rate_limit().map(|rate| RateStatus {
+                count: rate.count(),
+                per_ms: rate.per().as_millis() as u64,
+                per_second: rate.per_second(),
+                waiting: totals.backlog.saturating_sub(totals.in_flight),
+            }),
+            concurrency_per_key: limits.per_key(),
+        };
         Ok(Status {
             name: self.name.to_string(),
             redis: self.admin.redis.to_string(),
             at_ms: now_ms,
             settings: self.settings.clone(),
             paused,
-            totals: totals(&partitions, &members),
+            limits,
+            totals,
             rates: rates(counts, started, now_ms),
             members,
             partitions,

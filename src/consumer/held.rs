@@ -57,6 +57,9 @@ fn decimal(text: &str) -> Option<u64> {
 #[derive(Debug, Default)]
 struct Entries {
     running: FnvHashSet<Key>,
+    /// How many of `running` wait aside for a slot of their key
+    /// (`run::aside`).
+    aside: usize,
     /// `Some` while a re-read of the pending list is underway.
     finished: Option<FnvHashSet<Key>>,
 }
@@ -123,6 +126,18 @@ impl Held {
     /// The ids held now.
     pub(crate) fn ids(&self) -> Vec<String> {
         self.lock().running.iter().map(Key::to_id).collect()
+    }
+
+    /// `delta` more (or fewer) of the held entries wait aside for a slot
+    /// of their key.
+    pub(crate) fn aside(&self, delta: isize) {
+        let mut entries = self.lock();
+        entries.aside = entries.aside.saturating_add_signed(delta);
+    }
+
+    /// How many held entries wait aside for a slot of their key.
+    pub(crate) fn aside_count(&self) -> usize {
+        self.lock().aside
     }
 
     /// A re-read of the pending list begins.

@@ -17,8 +17,10 @@ use super::event::PartitionEvent;
 use super::gate;
 use super::handover::Handover;
 use super::idle_reads::{self, IdleReads};
+use super::key_slots::KeySlots;
 use super::lanes::Lanes;
 use super::lease::Lease;
+use super::limiter::Limiter;
 use super::meters::{QueueGauges, TaskMetrics};
 use super::policy::Order;
 use super::room::Room;
@@ -35,8 +37,9 @@ use crate::error::{Error, Result};
 use crate::indexer::IndexerSettings;
 use crate::indexer::Liveness;
 use crate::instance::InstanceId;
+use crate::limits::{self, Limits};
 use crate::presence::Presence;
-use crate::tracking;
+use crate::tracking::{self, Tracking};
 
 /// How long leaving at once waits for interrupted tasks to be enqueued again
 /// and finished ones to be acked.
@@ -113,20 +116,20 @@ where
         info!(service = %name, instance = %id, "stopped before redis could be reached");
         return Ok(());
     };
-    let first = loop {
+    let (first, first_limits) = loop {
         let ensured = tokio::select! {
             _ = &mut signal => {
                 info!(service = %name, instance = %id, "stopped before it could read whether tasks are tracked");
                 indexer.stop().await;
                 return Ok(());
             }
-            ensured = tracking::ensure(&conn, &name, settings.tracking) => ensured,
+            ensured = controls(&conn, &name, &settings) => ensured,
         };
         match ensured {
             Ok(first) => break first,
             // Redis answered the start's reads just now: a short outage.
             Err(e @ (Error::Redis(_) | Error::Pool(_) | Error::Timeout(_))) => {
-                warn!(service = %name, cause = %e, "cannot read whether tasks are tracked; trying again");
+                warn!(service = %name, cause = %e, "cannot read whether tasks are tracked or limited; trying again");
                 tokio::time::sleep(Duration::from_millis(200)).await;
             }
             Err(e) => return Err(e),
@@ -134,6 +137,9 @@ where
     };
     let (acks, mut acker) = acker::spawn(name.clone(), conn.clone());
     let (tracked, tracking_watcher) = tracking::watch::watch(name.clone(), conn.clone(), first);
+    let (limits, limits_watcher) = limits::watch(name.clone(), conn.clone(), first_limits);
+    let key_slots = Arc::new(KeySlots::new(&name, limits.clone()));
+    let limiter = Arc::new(Limiter::new(&name, conn.clone(), limits));
     let running = Arc::new(Running::default());
     let cancels = running::listen(
         name.clone(),
@@ -183,6 +189,8 @@ where
         settings,
         tracking: tracked,
         running,
+        limiter,
+        key_slots,
     });
     info!(service = %name, instance = %id, "consumer started");
 
@@ -260,6 +268,7 @@ where
     drop(jobs);
     drop(gate_watcher);
     drop(tracking_watcher);
+    drop(limits_watcher);
     drop(cancels);
     drop(due_watcher);
     drop(lanes_let_go);
@@ -289,4 +298,16 @@ impl Drop for AbortOnDrop {
     fn drop(&mut self) {
         self.0.abort();
     }
+}
+
+/// What a start finds of the operators' settings: tracking and the flow
+/// limits, each written from the builder's value if the service has none.
+async fn controls(
+    conn: &SharedConnection,
+    name: &ServiceName,
+    settings: &ConsumerSettings,
+) -> Result<(Tracking, Limits)> {
+    let tracking = tracking::ensure(conn, name, settings.tracking).await?;
+    let limits = limits::ensure(conn, name, settings.limits).await?;
+    Ok((tracking, limits))
 }

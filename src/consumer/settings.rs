@@ -8,6 +8,7 @@ use std::time::Duration;
 use crate::config::{self, fmt_duration};
 use crate::error::{Error, Result};
 use crate::indexer::IndexerSettings;
+use crate::limits::Limits;
 use crate::partition::DEFAULT_PARTITIONS;
 use crate::periodic::Registered;
 use crate::retry::Backoff;
@@ -53,6 +54,8 @@ pub(crate) struct ConsumerSettings {
     pub(crate) max_entry_bytes: usize,
     /// Task tracking's first value for a service that has none yet.
     pub(crate) tracking: Tracking,
+    /// The flow limits' first value for a service that has none yet.
+    pub(crate) limits: Limits,
     /// A tracked task's largest encoded result.
     pub(crate) max_result_bytes: usize,
 }
@@ -74,6 +77,7 @@ impl Default for ConsumerSettings {
             allow_eviction: false,
             max_entry_bytes: DEFAULT_MAX_ENTRY_BYTES,
             tracking: Tracking::off(),
+            limits: Limits::none(),
             max_result_bytes: crate::tracking::DEFAULT_MAX_RESULT,
         }
     }
@@ -133,6 +137,7 @@ impl ConsumerSettings {
         self.backoff.validate()?;
         crate::entry::validate_max_entry_bytes(self.max_entry_bytes)?;
         self.tracking.validate()?;
+        self.limits.validate()?;
         if !(1..=512 * 1024 * 1024).contains(&self.max_result_bytes) {
             return Err(Error::invalid(
                 "max_result_bytes",

@@ -13,7 +13,9 @@ use super::due_watch::DueWatch;
 use super::erased::Runner;
 use super::gate::Gate;
 use super::idle_reads::IdleReads;
+use super::key_slots::KeySlots;
 use super::lanes::Lanes;
+use super::limiter::Limiter;
 use super::meters::{QueueGauges, TaskMetrics};
 use super::ownership::Report;
 use super::policy::Order;
@@ -62,4 +64,8 @@ pub(crate) struct Shared {
     pub(crate) tracking: Watched,
     /// The tracked tasks running here, for their users' cancels.
     pub(crate) running: Arc<Running>,
+    /// The instance's tokens of the service's rate limit.
+    pub(crate) limiter: Arc<Limiter>,
+    /// The running tasks of each key, under a limit per key.
+    pub(crate) key_slots: Arc<KeySlots>,
 }

@@ -91,6 +91,20 @@ fn live(status: &Status) -> Markup {
                 div.card { div.n { (value) } div.l { (label) } }
             }
         }
+        p id="limits" {
+            @if let Some(rate) = &status.limits.rate {
+                "Rate limit: " (rate.count) " per " (rate.per_ms) " ms, service-wide; "
+                (rate.waiting) " waiting to start. "
+            }
+            @if let Some(n) = status.limits.concurrency_per_key {
+                "At most " (n) " tasks of one key at once. "
+            }
+            @if status.limits.rate.is_none() && status.limits.concurrency_per_key.is_none() {
+                span.muted { "No limits." }
+            } @else {
+                span.muted { "Change them with " code { "peerq limit set|clear" } "." }
+            }
+        }
         h2 { "Members" }
         div.scroll {
             table id="members" {

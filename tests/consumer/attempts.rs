@@ -19,7 +19,8 @@ use peerq::producer::{Options, Producer};
 use peerq::{Consumer, HandlerError, TaskContext};
 use serde::{Deserialize, Serialize};
 use support::{RedisServer, unique_name, wait_until};
-use tokio::task::JoinHandle;
+
+use crate::Instance;
 use tokio_util::sync::CancellationToken;
 
 const MS: Duration = Duration::from_millis(1);
@@ -48,19 +49,6 @@ type Behaviour = Arc<dyn Fn(u64, TaskContext) -> Reply + Send + Sync>;
 
 type JobService = tower::util::BoxCloneSyncService<Task<Job>, (), HandlerError>;
 type Builder = peerq::consumer::ConsumerBuilder<Job, JobService, peerq::Bincode>;
-
-struct Instance {
-    stop: CancellationToken,
-    task: JoinHandle<peerq::Result<()>>,
-}
-
-impl Instance {
-    /// Leaves gracefully and waits until it has left.
-    async fn leave(self) {
-        self.stop.cancel();
-        self.task.await.unwrap().unwrap();
-    }
-}
 
 /// A consumer labelled `label` whose runs go to `runs` and then to
 /// `behaviour`.

@@ -15,11 +15,27 @@ mod failures;
 mod frozen;
 mod handover;
 mod idle;
+mod limits;
 mod memory;
 mod ordered;
 mod pause;
+mod per_key;
 mod producer;
 mod release_marks;
 mod scheduling;
 mod startup;
 mod tracking;
+
+/// A consumer running in this test's runtime until `stop` fires.
+struct Instance {
+    stop: tokio_util::sync::CancellationToken,
+    task: tokio::task::JoinHandle<peerq::Result<()>>,
+}
+
+impl Instance {
+    /// Leaves gracefully and waits until it has left.
+    async fn leave(self) {
+        self.stop.cancel();
+        self.task.await.unwrap().unwrap();
+    }
+}

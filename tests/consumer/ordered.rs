@@ -14,7 +14,8 @@ use peerq::producer::{Options, Producer};
 use peerq::{Consumer, HandlerError};
 use serde::{Deserialize, Serialize};
 use support::{RedisServer, unique_name, wait_until};
-use tokio::task::JoinHandle;
+
+use crate::Instance;
 use tokio_util::sync::CancellationToken;
 
 const MS: Duration = Duration::from_millis(1);
@@ -34,19 +35,6 @@ enum Behaviour {
     Succeed,
     /// Fail, asking for the next attempt after this delay.
     FailAfter(Duration),
-}
-
-struct Instance {
-    stop: CancellationToken,
-    task: JoinHandle<peerq::Result<()>>,
-}
-
-impl Instance {
-    /// Leaves gracefully and waits until it has left.
-    async fn leave(self) {
-        self.stop.cancel();
-        self.task.await.unwrap().unwrap();
-    }
 }
 
 /// An ordered consumer labelled `label`, logging every run into `runs`.

@@ -16,7 +16,8 @@ use peerq::producer::{Options, Producer};
 use peerq::{Consumer, HandlerError};
 use serde::{Deserialize, Serialize};
 use support::{RedisServer, unique_name, wait_until};
-use tokio::task::JoinHandle;
+
+use crate::Instance;
 use tokio_util::sync::CancellationToken;
 
 const P: u32 = 4;
@@ -32,18 +33,6 @@ struct Job {
 type Runs = Arc<Mutex<Vec<(&'static str, u64, u64, u32)>>>;
 
 type JobService = tower::util::BoxCloneSyncService<Task<Job>, (), HandlerError>;
-
-struct Instance {
-    stop: CancellationToken,
-    task: JoinHandle<peerq::Result<()>>,
-}
-
-impl Instance {
-    async fn leave(self) {
-        self.stop.cancel();
-        self.task.await.unwrap().unwrap();
-    }
-}
 
 /// A service that logs each run and takes 5 ms; the first attempt of seq
 /// `fail_seq` fails and is retried in place after 2 s (longer than an

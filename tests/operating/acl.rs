@@ -3,6 +3,7 @@
 //! producer, the CLI and the outbox relay work; a user missing one right
 //! gets a one-line error naming the command and what to grant; a wrong
 //! password is an authentication error without the password in it. Task
+//! a rate limit (its tokens leased from `{N}:rate`, `peerq limit`),
 //! tracking (records, `wait`, a cancel heard by the running task) works as
 //! that user too.
 
@@ -79,6 +80,9 @@ async fn a_consumer_a_producer_and_the_cli_work_as_a_least_privilege_user() {
     let consumer = Consumer::builder()
         .redis(&url)
         .name(&name)
+        // Limited: no task starts without a token leased from `{N}:rate`
+        // as this user (a refused lease would leave them all waiting).
+        .rate_limit(1_000, Duration::from_secs(1))
         .handler(handler.clone())
         .periodic(
             peerq::Periodic::every("tick", Duration::from_millis(500)),
@@ -123,6 +127,11 @@ async fn a_consumer_a_producer_and_the_cli_work_as_a_least_privilege_user() {
     }
     cli(&url, &["status", "--name", &name, "--json"]);
     assert!(cli(&url, &["services", "--json"]).contains(&name));
+    let limits = cli(
+        &url,
+        &["limit", "set", "--name", &name, "--rate", "2000/1s"],
+    );
+    assert!(limits.contains("rate limit 2000/1s"), "{limits}");
     stop.cancel();
     running.await.unwrap().unwrap();
 }

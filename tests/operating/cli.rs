@@ -11,6 +11,7 @@
 //! `cli/ids.rs`.
 
 mod ids;
+mod limit;
 mod migrate;
 mod task;
 use std::collections::BTreeSet;
@@ -240,6 +241,7 @@ async fn status_names_every_member_and_an_owner_for_every_partition() {
             "at_ms",
             "settings",
             "paused",
+            "limits",
             "members",
             "partitions",
             "totals",
@@ -248,6 +250,7 @@ async fn status_names_every_member_and_an_owner_for_every_partition() {
     );
     assert_eq!(status["name"], name.as_str());
     assert_eq!(status["paused"], Value::Null);
+    assert_eq!(status["limits"]["rate"], Value::Null);
     assert_eq!(
         fields(&status["settings"]),
         set(&[

@@ -11,6 +11,7 @@
 //! consumer and starts there again must be explained by what that consumer
 //! printed about itself ([`restarts`]).
 
+mod limits;
 mod moves;
 mod pause;
 mod restarts;
@@ -175,6 +176,9 @@ struct Fleet {
     /// producer printed for each seq (`--print-ids`).
     track: bool,
     handles: Arc<Mutex<BTreeMap<u64, String>>>,
+    /// More flags for the consumers and the producer.
+    consume_args: Vec<String>,
+    produce_args: Vec<String>,
 }
 
 impl Fleet {
@@ -194,6 +198,8 @@ impl Fleet {
             assignor: "modulo",
             track: false,
             handles: Arc::default(),
+            consume_args: Vec::new(),
+            produce_args: Vec::new(),
         }
     }
 
@@ -225,6 +231,7 @@ impl Fleet {
             .args(["--assignor", self.assignor])
             .args(["--print-tasks", "--print-events"])
             .args(self.tracking_args(false))
+            .args(&self.consume_args)
             // Plain log lines, each starting with its time.
             .env("NO_COLOR", "1")
             .stdout(Stdio::piped())
@@ -366,6 +373,7 @@ impl Fleet {
             .args(["--count", &count.to_string(), "--batch", "50"])
             .args(["--rate", &rate.to_string(), "--print-enqueued"])
             .args(self.tracking_args(true))
+            .args(&self.produce_args)
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()

@@ -100,6 +100,12 @@ pub(crate) enum Command {
         #[command(subcommand)]
         command: TrackingCommand,
     },
+    /// Flow limits on a running service: show them, set or clear them
+    /// (every instance follows within a second).
+    Limit {
+        #[command(subcommand)]
+        command: LimitCommand,
+    },
     /// Applies peerq's PostgreSQL migrations (the outbox's and inbox's
     /// tables) that the database lacks; needs no Redis. Safe to run twice,
     /// and from several places at once.
@@ -346,6 +352,36 @@ pub(crate) enum TrackingCommand {
     },
     /// Stops tracking: nothing is written per task from now on.
     Off(Named),
+}
+
+#[derive(Subcommand)]
+pub(crate) enum LimitCommand {
+    /// The limits in force.
+    Show(Named),
+    /// Sets a limit; the others stay as they are.
+    Set {
+        #[command(flatten)]
+        named: Named,
+        /// At most this many handler starts per period across every
+        /// instance: N/PERIOD (300/1s, 5/250ms, 1000/1m) or N (a second).
+        #[arg(long, value_name = "N/PERIOD", value_parser = crate::limit::rate, required_unless_present = "concurrency_per_key")]
+        rate: Option<peerq::limits::RateLimit>,
+        /// At most this many tasks of one partition key run at once,
+        /// across every instance.
+        #[arg(long, value_name = "N")]
+        concurrency_per_key: Option<u32>,
+    },
+    /// Clears the limits named (all of them when none is named).
+    Clear {
+        #[command(flatten)]
+        named: Named,
+        /// Clears the rate limit.
+        #[arg(long)]
+        rate: bool,
+        /// Clears the limit per key.
+        #[arg(long)]
+        concurrency_per_key: bool,
+    },
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]

@@ -17,6 +17,9 @@
 //! peerq task wait --name N --id HANDLE [--timeout 30s] [--json]
 //! peerq tracking show|off --name N [--json]
 //! peerq tracking on --name N [--keep 1d] [--keep-count 1000] [--json]
+//! peerq limit show --name N [--json]
+//! peerq limit set --name N [--rate N/PERIOD] [--concurrency-per-key N] [--json]
+//! peerq limit clear --name N [--rate] [--concurrency-per-key] [--json]
 //! peerq dashboard [--listen 127.0.0.1:8080] [--read-only]
 //! peerq migrate --postgres URL [--json]
 //! peerq ids status|repair --servers URL,URL,URL --key K [--json]
@@ -37,6 +40,7 @@
 
 mod args;
 mod ids;
+mod limit;
 mod migrate;
 mod show;
 mod table;
@@ -248,6 +252,7 @@ async fn run(redis: Redis, command: Command) -> Result<String, String> {
         }
         Command::Task { command } => task::task(&admin, command).await,
         Command::Tracking { command } => task::tracking(&admin, command).await,
+        Command::Limit { command } => limit::limit(&admin, command).await,
         Command::Resume(named) => {
             let service = service(&admin, &named.name).await?;
             let resumed = Resumed {

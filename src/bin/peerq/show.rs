@@ -83,6 +83,22 @@ pub(crate) fn status(status: &Status) -> String {
         }
         None => out.push_str("paused: no\n"),
     }
+    let mut limits = Vec::new();
+    if let Some(r) = &status.limits.rate {
+        limits.push(format!(
+            "rate {}/{}ms service-wide ({} waiting to start)",
+            r.count, r.per_ms, r.waiting
+        ));
+    }
+    if let Some(n) = status.limits.concurrency_per_key {
+        limits.push(format!("at most {n} tasks of one key at once"));
+    }
+    match limits.is_empty() {
+        true => out.push_str("limits: none\n"),
+        false => {
+            let _ = writeln!(out, "limits: {}", limits.join("; "));
+        }
+    }
 
     let t = &status.totals;
     let _ = writeln!(

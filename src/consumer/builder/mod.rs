@@ -3,6 +3,7 @@
 //! ([`run`]) have rooms of their own.
 
 mod indexing;
+mod limits;
 mod periodic;
 #[cfg(feature = "postgres")]
 mod postgres;

@@ -9,6 +9,7 @@ use tokio::time::Instant;
 use tracing::{debug, warn};
 
 use super::{Fetcher, Position};
+use crate::consumer::limiter::Reserved;
 use crate::consumer::run::Source;
 
 impl Fetcher {
@@ -77,7 +78,7 @@ impl Fetcher {
                     );
                 }
                 if !entries.is_empty() {
-                    self.spawn_batch(entries, Source::Claimed);
+                    self.spawn_batch(entries, Source::Claimed, Reserved::none());
                 }
             }
             if claimed.next == "0-0" {

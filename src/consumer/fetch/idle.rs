@@ -8,6 +8,7 @@ use tracing::error;
 
 use super::{Fetcher, Idle, Position};
 use crate::consumer::idle_reads::Delivery;
+use crate::consumer::limiter::Reserved;
 use crate::consumer::run::Source;
 
 impl Fetcher {
@@ -24,7 +25,8 @@ impl Fetcher {
         match delivery {
             Some(Delivery::Entries { fetched, out }) => {
                 idle.joined &= !out;
-                self.dispatch(fetched, Source::New, at).await
+                self.dispatch(fetched, Source::New, at, Reserved::none())
+                    .await
             }
             Some(Delivery::Failed) => {
                 idle.joined = false;
@@ -57,7 +59,10 @@ impl Fetcher {
         while let Ok(delivery) = idle.delivered.try_recv() {
             match delivery {
                 Delivery::Entries { fetched, .. } => {
-                    if !self.dispatch(fetched, Source::New, at).await {
+                    if !self
+                        .dispatch(fetched, Source::New, at, Reserved::none())
+                        .await
+                    {
                         return false;
                     }
                 }

@@ -28,7 +28,9 @@ use tracing::{Instrument, debug, error, warn};
 
 use super::held::Held;
 use super::idle_reads::Delivery;
+use super::key_slots::MOST_THROTTLED;
 use super::lease::Lease;
+use super::limiter::Reserved;
 use super::ownership::Ownership;
 use super::run::{Batch, Source};
 use super::shared::Shared;
@@ -156,14 +158,30 @@ impl Fetcher {
                 }
                 continue;
             }
+            // Entries held aside for their keys (a flood of one key): up to
+            // a bound, then nothing more is read until some start.
+            while self.held.aside_count() >= MOST_THROTTLED {
+                let rest = tokio::time::sleep(Duration::from_millis(10));
+                if self.or_stop(rest).await.is_none() {
+                    return;
+                }
+            }
             let Some(count) = self.room().await else {
                 return;
             };
+            // Limited: no more than the tokens it holds (docs/design.md
+            // §15), so a limited instance reads what it can start.
+            let limiter = &self.shared.limiter;
+            let Some(tokens) = self.or_stop(limiter.reserve(count)).await else {
+                return;
+            };
+            let tokens = tokens.returned_to(limiter);
+            let count = tokens.count();
             if self.ownership.stop.is_cancelled() {
                 return;
             }
-            // Waiting for room may have outlived the lease, or the service
-            // was paused meanwhile.
+            // Waiting for room or tokens may have outlived the lease, or the
+            // service was paused meanwhile.
             if !self.lease.valid() || !self.shared.gate.is_open() {
                 continue;
             }
@@ -202,7 +220,9 @@ impl Fetcher {
             if reread_ended {
                 self.held.end_reread();
             }
-            if !self.dispatch(fetched, source, at).await || self.ownership.stop.is_cancelled() {
+            if !self.dispatch(fetched, source, at, tokens).await
+                || self.ownership.stop.is_cancelled()
+            {
                 return;
             }
             if read_out && at.pending_from.is_none() {
@@ -235,14 +255,28 @@ impl Fetcher {
 
     /// Hands fetched entries, which this worker took into its [`Held`] as
     /// their read returned, to a task that runs them; false when stopped.
-    async fn dispatch(&self, fetched: Vec<Fetched>, source: Source, at: &mut Position) -> bool {
+    /// `tokens` are those the read reserved (see [`Limiter`]); the entries
+    /// without one take theirs from the pool.
+    ///
+    /// [`Limiter`]: super::limiter::Limiter
+    async fn dispatch(
+        &self,
+        fetched: Vec<Fetched>,
+        source: Source,
+        at: &mut Position,
+        tokens: Reserved,
+    ) -> bool {
         if self.shared.order.one_at_a_time() {
+            // Each entry waits for the one before it: its tokens wait in
+            // the pool, not here.
+            drop(tokens);
             let mut entries = fetched.into_iter();
             while let Some(entry) = entries.next() {
                 // One at a time: the next read waits until this task is
                 // done; one left pending (no lease, a failed write) is read
                 // again before anything after it.
-                match self.or_stop(self.spawn_batch(vec![entry], source)).await {
+                let batch = self.spawn_batch(vec![entry], source, Reserved::none());
+                match self.or_stop(batch).await {
                     None => return false,
                     Some(Ok(true)) => {}
                     Some(_) => {
@@ -256,7 +290,7 @@ impl Fetcher {
                 }
             }
         } else if !fetched.is_empty() {
-            self.spawn_batch(fetched, source);
+            self.spawn_batch(fetched, source, tokens);
         }
         true
     }
@@ -324,8 +358,14 @@ impl Fetcher {
     /// Runs `entries` (taken by [`Held`]) in one task of the worker's
     /// tracker, each once the instance has room for it; the task's result
     /// says whether every entry is no longer pending.
-    fn spawn_batch(&self, entries: Vec<Fetched>, source: Source) -> JoinHandle<bool> {
+    fn spawn_batch(
+        &self,
+        entries: Vec<Fetched>,
+        source: Source,
+        tokens: Reserved,
+    ) -> JoinHandle<bool> {
         let batch = Batch {
+            tokens,
             shared: self.shared.clone(),
             partition: self.partition,
             place: self.assignment.borrow().place(),

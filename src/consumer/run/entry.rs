@@ -1,5 +1,5 @@
-//! One entry of a [`Batch`]: once it has room, the pause gate is open and
-//! the lease holds, it is decoded and runs through the handler (a panic is
+//! One entry of a [`Batch`]: once it has room, the pause gate is open, the
+//! lease holds and it has a token of the rate limit (if any), it is decoded and runs through the handler (a panic is
 //! a failed attempt; an interrupted run's handler sees its cancellation
 //! signal, gets a short grace and is then dropped).
 //!
@@ -23,6 +23,7 @@ use tracing::{Instrument, Span, info_span, warn};
 use super::in_place::Waited;
 use super::{Batch, Ran, Source};
 use crate::consumer::erased::{Call, HandlerResult};
+use crate::consumer::key_slots::KeySlot;
 use crate::consumer::meters::Ended;
 use crate::consumer::policy::Unfinished;
 use crate::consumer::running::RunningTask;
@@ -72,6 +73,7 @@ impl Batch {
         permit: Option<SemaphorePermit<'_>>,
         tenure: &Arc<dyn Tenure>,
         track: Option<Arc<RunningTask>>,
+        slot: Option<KeySlot>,
     ) -> Ran {
         let Fetched { id, entry } = fetched;
         let Some(permit) = permit else {
@@ -87,7 +89,10 @@ impl Batch {
             (Some(track), Ok(entry)) => Some((entry.id.clone(), track.clone())),
             _ => None,
         };
-        match self.execute(&id, entry, tenure, track).await {
+        let executed = self.execute(&id, entry, tenure, track).await;
+        // The handler is done: its key's slot goes back.
+        drop(slot);
+        match executed {
             Executed::Succeeded(result) => {
                 // The ack's slot before the handler's permit: while acks do
                 // not land, handlers' permits are held, and so are reads.
@@ -101,47 +106,6 @@ impl Batch {
             }
             Executed::Done(settled) => Ran::Done(id, settled),
         }
-    }
-
-    /// A running permit, if the instance has one free, the partition is
-    /// not released, the pause gate is open and the lease holds, all now.
-    pub(super) fn ready_at_once(&self) -> Option<SemaphorePermit<'_>> {
-        let permit = self.shared.room.try_run()?;
-        let ready =
-            !self.ownership.stop.is_cancelled() && self.shared.gate.is_open() && self.lease.valid();
-        ready.then_some(permit)
-    }
-
-    /// Waits for room, for the pause gate (holding the room, so a paused
-    /// instance reads no more than it has room for) and for the lease
-    /// (rule 6: nothing fetched runs without one); `None` when the
-    /// partition is released first: a task that has not started then is
-    /// handed back instead of making the drain wait for it.
-    pub(super) async fn ready(&self) -> Option<SemaphorePermit<'_>> {
-        let stop = &self.ownership.stop;
-        let permit = tokio::select! {
-            biased;
-            _ = stop.cancelled() => return None,
-            permit = self.shared.room.run() => permit,
-        };
-        let gate = &self.shared.gate;
-        // Both at once: a pause that lands while the lease is awaited, or
-        // a lease that lapses while paused, sends the task back to wait.
-        while !(gate.is_open() && self.lease.valid()) {
-            tokio::select! {
-                biased;
-                _ = stop.cancelled() => return None,
-                _ = gate.opened(), if !gate.is_open() => {}
-                _ = self.lease.held(), if gate.is_open() => {}
-            }
-        }
-        // A wake by the gate may find the lease valid without passing the
-        // select again: a partition released meanwhile (a fence after a
-        // skipped epoch, then the next lease) must not start the task.
-        if stop.is_cancelled() {
-            return None;
-        }
-        Some(permit)
     }
 
     /// A fetched entry that did not start: handed back, or left pending in

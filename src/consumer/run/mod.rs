@@ -19,8 +19,10 @@
 //! tracker, so a drain's acks land before its mark (docs/design.md §4
 //! rule 1).
 
+mod aside;
 mod entry;
 mod in_place;
+mod ready;
 
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
@@ -31,9 +33,11 @@ use futures_util::stream::FuturesUnordered;
 use futures_util::{FutureExt, StreamExt};
 use tokio::sync::{SemaphorePermit, mpsc};
 
+use self::aside::Aside;
 use super::acker::{Acked, Tracked};
 use super::held::Held;
 use super::lease::Lease;
+use super::limiter::Reserved;
 use super::ownership::Ownership;
 use super::room::Room;
 use super::running::{Run, RunningTask};
@@ -74,6 +78,8 @@ pub(crate) struct Batch {
     pub(crate) ownership: Arc<Ownership>,
     pub(crate) held: Held,
     pub(crate) source: Source,
+    /// The rate limit's tokens its read reserved (docs/design.md §15).
+    pub(crate) tokens: Reserved,
 }
 
 /// How one entry's run ended.
@@ -123,11 +129,13 @@ impl Batch {
             // A claimed entry is taken over without running here (unless
             // it cannot be read: it runs to the dead letters).
             if self.source == Source::Claimed && fetched.entry.is_ok() {
-                running.push(self.entry(fetched, None, &tenure, None));
+                running.push(self.entry(fetched, None, &tenure, None, None));
             } else {
                 waiting.push_back(fetched);
             }
         }
+        // Entries whose key is at its limit wait aside.
+        let mut aside = Aside::new(self.shared.key_slots.clone(), self.held.clone());
         // The wait for the next entry's permit, kept across the loop's
         // turns (a new one each turn would queue and unqueue a waiter).
         let mut next: Option<
@@ -146,15 +154,17 @@ impl Batch {
         loop {
             if next.is_none() {
                 while let Some(permit) = waiting.front().and_then(|_| self.ready_at_once()) {
-                    let fetched = waiting.pop_front().expect("checked");
+                    let Some((fetched, slot)) = aside.admit(&mut waiting) else {
+                        break;
+                    };
                     let track = tracks.remove(&fetched.id);
-                    running.push(self.entry(fetched, Some(permit), &tenure, track));
+                    running.push(self.entry(fetched, Some(permit), &tenure, track, slot));
                 }
                 if !waiting.is_empty() {
                     next = Some(Box::pin(self.ready()));
                 }
             }
-            if running.is_empty() && waiting.is_empty() {
+            if running.is_empty() && waiting.is_empty() && aside.is_empty() {
                 reply = None;
                 if slots.taken == 0 {
                     break;
@@ -165,17 +175,30 @@ impl Batch {
                     next = None;
                     match permit {
                         Some(permit) => {
-                            let fetched = waiting.pop_front().expect("waits only for an entry");
-                            let track = tracks.remove(&fetched.id);
-                            running.push(self.entry(fetched, Some(permit), &tenure, track));
-                        }
-                        // Released before they started: every waiting entry
-                        // is handed back.
-                        None => {
-                            for fetched in waiting.drain(..) {
-                                running.push(self.entry(fetched, None, &tenure, None));
+                            // None: every waiting entry went aside.
+                            if let Some((fetched, slot)) = aside.admit(&mut waiting) {
+                                let track = tracks.remove(&fetched.id);
+                                running.push(self.entry(fetched, Some(permit), &tenure, track, slot));
                             }
                         }
+                        // Released before they started: every waiting entry
+                        // is handed back, and those aside.
+                        None => {
+                            for fetched in waiting.drain(..).chain(aside.take_all()) {
+                                running.push(self.entry(fetched, None, &tenure, None, None));
+                            }
+                        }
+                    }
+                }
+                // A slot of a key was given back: its entries aside go back
+                // in front.
+                _ = aside.freed(), if !aside.is_empty() => {
+                    aside.back(&mut waiting);
+                }
+                // Released while only entries aside wait: handed back.
+                _ = self.ownership.stop.cancelled(), if next.is_none() && !aside.is_empty() => {
+                    for fetched in aside.take_all() {
+                        running.push(self.entry(fetched, None, &tenure, None, None));
                     }
                 }
                 Some(ran) = running.next(), if !running.is_empty() => {

@@ -1,0 +1,194 @@
+//! What the service-wide rate limit costs and how closely it holds
+//! (issue 38, docs/design.md §15), in one run against one private
+//! `redis-server`:
+//!
+//! - **cost**: one instance (concurrency 256, reads of 100, a no-op
+//!   handler) consumes a prefilled queue of `PEERQ_BENCH_TASKS` tasks
+//!   (default 200,000) with no limit and with a limit far above what it
+//!   reaches (10,000,000 a second), from the first handler call to the
+//!   last ack; `REPEATS` runs each, interleaved, medians compared;
+//! - **accuracy**: the same instance under a limit of 5,000 a second over
+//!   a backlog of 30,000: the starts a second it reached, against the
+//!   limit, and its busiest second.
+//!
+//! Run with `cargo bench --bench limits` (release build); it prints
+//! markdown tables (copied into BENCHMARKS.md).
+
+// The test harness crate (`tests/support`), named `support` here.
+extern crate peerq_test_support as support;
+
+mod meter;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use deadpool_redis::redis::aio::MultiplexedConnection;
+use peerq::handler::Task;
+use peerq::producer::Producer;
+use peerq::{Consumer, DEFAULT_PARTITIONS, HandlerError};
+use serde::{Deserialize, Serialize};
+use support::{RedisServer, unique_name};
+use tokio_util::sync::CancellationToken;
+
+use crate::meter::{listed, median};
+
+/// Runs of each kind; the median counts.
+const REPEATS: usize = 3;
+/// The limit far above what one instance reaches.
+const FAR_ABOVE: u32 = 10_000_000;
+/// The accuracy run's limit, and its backlog (6 s at the limit).
+const ACCURACY_LIMIT: u32 = 5_000;
+const ACCURACY_TASKS: u64 = 30_000;
+
+/// The throughput bench's task, so the payloads have the same bytes.
+#[derive(Serialize, Deserialize, Clone)]
+struct Job {
+    seq: u64,
+    sent_ns: u64,
+    body: String,
+}
+
+#[tokio::main]
+async fn main() {
+    let tasks = std::env::var("PEERQ_BENCH_TASKS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(200_000);
+    let server = RedisServer::start();
+    let mut conn = server
+        .client()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let (mut off, mut on) = (Vec::new(), Vec::new());
+    for _ in 0..REPEATS {
+        off.push(consume(&server, &mut conn, tasks, None).await.rate);
+        on.push(
+            consume(&server, &mut conn, tasks, Some(FAR_ABOVE))
+                .await
+                .rate,
+        );
+    }
+    let accuracy = consume(&server, &mut conn, ACCURACY_TASKS, Some(ACCURACY_LIMIT)).await;
+
+    println!();
+    println!(
+        "| consume to the last ack, 1 instance, no-op handler ({tasks} prefilled; runs in order) | no limit, tasks/s | limit {FAR_ABOVE}/s, tasks/s | limited / none, each run | medians |"
+    );
+    println!("|---|---|---|---|---|");
+    let each: Vec<String> = off
+        .iter()
+        .zip(&on)
+        .map(|(a, b)| format!("{:.2}", b / a))
+        .collect();
+    println!(
+        "| | {} | {} | {} | **{:.2}** |",
+        listed(&off),
+        listed(&on),
+        each.join(" / "),
+        median(&on) / median(&off)
+    );
+    println!();
+    println!(
+        "| limit {ACCURACY_LIMIT}/s, {ACCURACY_TASKS} prefilled, 1 instance | starts/s | / limit | busiest second | / limit |"
+    );
+    println!("|---|---|---|---|---|");
+    println!(
+        "| | {:.0} | {:.3} | {} | {:.3} |",
+        accuracy.rate,
+        accuracy.rate / f64::from(ACCURACY_LIMIT),
+        accuracy.busiest,
+        accuracy.busiest as f64 / f64::from(ACCURACY_LIMIT)
+    );
+}
+
+/// A consume run: tasks a second from the first start to the last ack,
+/// and the most starts in one second (after the first).
+struct Run {
+    rate: f64,
+    busiest: usize,
+}
+
+/// One instance over a new service's prefilled queue of `tasks`, with the
+/// rate limit `limit` a second if any.
+async fn consume(
+    server: &RedisServer,
+    conn: &mut MultiplexedConnection,
+    tasks: u64,
+    limit: Option<u32>,
+) -> Run {
+    let name = unique_name("limits");
+    let producer = Producer::connect(&server.url(), &name).await.unwrap();
+    let jobs: Vec<Job> = (0..tasks)
+        .map(|seq| Job {
+            seq,
+            sent_ns: 0,
+            body: "hello, this is a mail body of moderate size".into(),
+        })
+        .collect();
+    for chunk in jobs.chunks(1000) {
+        producer.enqueue_batch(chunk).await.unwrap();
+    }
+    let done = Arc::new(AtomicU64::new(0));
+    let starts: Arc<Mutex<Vec<Instant>>> = Arc::default();
+    let record = limit.is_some_and(|l| l < FAR_ABOVE);
+    let handler = {
+        let (done, starts) = (done.clone(), starts.clone());
+        tower::service_fn(move |_: Task<Job>| {
+            let (done, starts) = (done.clone(), starts.clone());
+            async move {
+                if record || done.load(Ordering::Relaxed) == 0 {
+                    starts.lock().unwrap().push(Instant::now());
+                }
+                done.fetch_add(1, Ordering::Relaxed);
+                Ok::<(), HandlerError>(())
+            }
+        })
+    };
+    let mut builder = Consumer::builder()
+        .name(&name)
+        .redis(server.url())
+        .concurrency(256)
+        .batch(100);
+    if let Some(limit) = limit {
+        builder = builder.rate_limit(limit, Duration::from_secs(1));
+    }
+    let stop = CancellationToken::new();
+    let run = tokio::spawn(
+        builder
+            .service(handler)
+            .run_until(stop.clone().cancelled_owned()),
+    );
+    while done.load(Ordering::Relaxed) < tasks {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    while meter::pending(conn, &name, DEFAULT_PARTITIONS).await > 0 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let starts = starts.lock().unwrap().clone();
+    let elapsed = starts[0].elapsed();
+    stop.cancel();
+    run.await.unwrap().unwrap();
+    Run {
+        rate: tasks as f64 / elapsed.as_secs_f64(),
+        busiest: busiest_second(&starts),
+    }
+}
+
+/// The most starts in one second that begins at a start after the first
+/// second.
+fn busiest_second(starts: &[Instant]) -> usize {
+    let Some(first) = starts.first() else {
+        return 0;
+    };
+    let mut most = 0;
+    for (i, at) in starts.iter().enumerate() {
+        if *at < *first + Duration::from_secs(1) {
+            continue;
+        }
+        let end = starts.partition_point(|s| *s < *at + Duration::from_secs(1));
+        most = most.max(end - i);
+    }
+    most
+}

@@ -1,0 +1,84 @@
+//! The builder's flow limits (docs/design.md §15).
+
+use std::time::Duration;
+
+use super::ConsumerBuilder;
+use crate::codec::Codec;
+use crate::limits::RateLimit;
+
+impl<T, S, C: Codec> ConsumerBuilder<T, S, C> {
+    /// The service-wide rate limit's first value (default none): at most
+    /// `count` handler starts per `per` across every instance of the
+    /// service, however many run and however the backlog lies over the
+    /// partitions. Written into `{N}:limits` by the first instance that
+    /// finds none there; after that the key decides, and operators change
+    /// the limit on a running service with `peerq limit set|clear` (every
+    /// instance follows within a second); this setting then changes
+    /// nothing. Refused by name when `count` is 0 or `per` is outside 1 ms
+    /// to 1 day.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> peerq::Result<()> {
+    /// use std::time::Duration;
+    /// use peerq::Consumer;
+    ///
+    /// # struct Send;
+    /// # impl peerq::Handler for Send {
+    /// #     type Task = String;
+    /// #     async fn handle(&self, _: String, _: peerq::TaskContext) -> Result<(), peerq::HandlerError> { Ok(()) }
+    /// # }
+    /// // The mail provider allows 300 sends a second, whoever sends them.
+    /// Consumer::builder()
+    ///     .redis("redis://127.0.0.1/")
+    ///     .name("mail-sender")
+    ///     .rate_limit(300, Duration::from_secs(1))
+    ///     .handler(Send)
+    ///     .run()
+    ///     .await
+    /// # }
+    /// ```
+    pub fn rate_limit(mut self, count: u32, per: Duration) -> Self {
+        self.settings.limits = self.settings.limits.rate(RateLimit::new(count, per));
+        self
+    }
+
+    /// The limit per key's first value (default none): at most `n` tasks
+    /// of one partition key ([`Options::key`](crate::Options::key)) run at
+    /// once across the service, while other keys run freely; tasks without
+    /// a key are not limited. Written into `{N}:limits` like
+    /// [`rate_limit`](Self::rate_limit), and changed the same way
+    /// (`peerq limit set --concurrency-per-key N`).
+    ///
+    /// The owner of a key's partition counts its runs. When one key floods
+    /// its partition, the owner reads past its waiting entries so that
+    /// other keys' entries there still start, holding up to 1,000 of them
+    /// aside (pending in Redis, kept fresh); beyond that the partition
+    /// waits. After a crash or a freeze, a frozen instance may still run
+    /// tasks of a key that its partition's next owner also starts, so the
+    /// bound can be exceeded by the frozen instance's tasks until they end.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> peerq::Result<()> {
+    /// use peerq::Consumer;
+    ///
+    /// # struct Deliver;
+    /// # impl peerq::Handler for Deliver {
+    /// #     type Task = String;
+    /// #     async fn handle(&self, _: String, _: peerq::TaskContext) -> Result<(), peerq::HandlerError> { Ok(()) }
+    /// # }
+    /// // Webhooks keyed by customer: at most 2 calls to one customer at a
+    /// // time, and one customer's flood does not hold up the others.
+    /// Consumer::builder()
+    ///     .redis("redis://127.0.0.1/")
+    ///     .name("webhooks")
+    ///     .concurrency_per_key(2)
+    ///     .handler(Deliver)
+    ///     .run()
+    ///     .await
+    /// # }
+    /// ```
+    pub fn concurrency_per_key(mut self, n: u32) -> Self {
+        self.settings.limits = self.settings.limits.concurrency_per_key(n);
+        self
+    }
+}

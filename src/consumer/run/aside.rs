@@ -1,0 +1,140 @@
+//! The entries of a [`Batch`](super::Batch) held aside because their key
+//! runs as many tasks as its limit allows (docs/design.md §15,
+//! concurrency per key): other keys' entries behind them start meanwhile,
+//! and they go back in front, in their order, when a slot of their key is
+//! given back. While held aside they hold no running permit and no token;
+//! they stay in the worker's [`Held`], which keeps them fresh.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+
+use tokio::sync::watch;
+
+use crate::consumer::held::Held;
+use crate::consumer::key_slots::{KeySlot, KeySlots};
+use crate::consumer::store::Fetched;
+
+/// One batch's entries held aside.
+pub(super) struct Aside {
+    slots: Arc<KeySlots>,
+    held: Held,
+    entries: VecDeque<Fetched>,
+    /// How many of `entries` each key has: a later entry of a key with
+    /// entries aside goes aside too, so a key's tasks start in order.
+    keys: HashMap<String, usize>,
+    freed: Option<watch::Receiver<u64>>,
+}
+
+impl Aside {
+    pub(super) fn new(slots: Arc<KeySlots>, held: Held) -> Self {
+        Aside {
+            slots,
+            held,
+            entries: VecDeque::new(),
+            keys: HashMap::new(),
+            freed: None,
+        }
+    }
+
+    pub(super) fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// The first entry of `waiting` that may start, with its key's slot;
+    /// those before it whose key is at its limit go aside.
+    pub(super) fn admit(
+        &mut self,
+        waiting: &mut VecDeque<Fetched>,
+    ) -> Option<(Fetched, Option<KeySlot>)> {
+        while let Some(front) = waiting.pop_front() {
+            let key = key_of(&front);
+            let behind = !self.entries.is_empty() && key.is_some_and(|k| self.keys.contains_key(k));
+            if !behind && let Ok(slot) = self.slots.take(key) {
+                return Some((front, slot));
+            }
+            self.put(front);
+        }
+        None
+    }
+
+    /// Waits until a slot of some key is given back (for ever while
+    /// nothing is aside).
+    pub(super) async fn freed(&mut self) {
+        match &mut self.freed {
+            Some(freed) if !self.entries.is_empty() => {
+                if freed.changed().await.is_err() {
+                    std::future::pending::<()>().await;
+                }
+            }
+            _ => std::future::pending::<()>().await,
+        }
+    }
+
+    /// Puts back in front of `waiting`, in their order, the entries whose
+    /// key has room now.
+    pub(super) fn back(&mut self, waiting: &mut VecDeque<Fetched>) {
+        let (mut back, mut kept) = (Vec::new(), VecDeque::new());
+        for fetched in self.entries.drain(..) {
+            if self.slots.has_room(key_of(&fetched)) {
+                back.push(fetched);
+            } else {
+                kept.push_back(fetched);
+            }
+        }
+        self.entries = kept;
+        for fetched in back.iter() {
+            self.forget(key_of(fetched).map(str::to_owned));
+        }
+        for fetched in back.into_iter().rev() {
+            waiting.push_front(fetched);
+        }
+    }
+
+    /// Every entry aside, for a hand-back.
+    pub(super) fn take_all(&mut self) -> Vec<Fetched> {
+        let all: Vec<Fetched> = self.entries.drain(..).collect();
+        for fetched in &all {
+            self.forget(key_of(fetched).map(str::to_owned));
+        }
+        all
+    }
+
+    fn put(&mut self, fetched: Fetched) {
+        if self.freed.is_none() {
+            self.freed = Some(self.slots.watch_freed());
+        }
+        if let Some(key) = key_of(&fetched) {
+            *self.keys.entry(key.to_owned()).or_default() += 1;
+        }
+        self.entries.push_back(fetched);
+        self.held.aside(1);
+        self.slots.held_aside(1.0);
+    }
+
+    fn forget(&mut self, key: Option<String>) {
+        if let Some(key) = key
+            && let Some(n) = self.keys.get_mut(&key)
+        {
+            *n -= 1;
+            if *n == 0 {
+                self.keys.remove(&key);
+            }
+        }
+        self.held.aside(-1);
+        self.slots.held_aside(-1.0);
+    }
+}
+
+impl Drop for Aside {
+    fn drop(&mut self) {
+        // Counted out however the batch ends.
+        let n = self.entries.len();
+        self.held.aside(-(n as isize));
+        self.slots.held_aside(-(n as f64));
+    }
+}
+
+/// The partition key of an entry that can be read.
+fn key_of(fetched: &Fetched) -> Option<&str> {
+    fetched.entry.as_ref().ok().and_then(|e| e.key.as_deref())
+}
