@@ -88,8 +88,8 @@ pub(crate) fn tracking(name: &ServiceName) -> String {
 }
 
 /// The service's flow limits (docs/design.md §15): a hash of `v` (always
-/// `1`, so a cleared limit stays cleared), `rate` (`<count>/<per ms>`) and
-/// `per_key` (tasks of one key at once),
+/// `1`, so a cleared limit stays cleared), `rate` and `rate_per_key`
+/// (`<count>/<per ms>`) and `per_key` (tasks of one key at once),
 /// which consumers create from their builder's value and operators change
 /// on a running service with `peerq limit`.
 pub(crate) fn limits(name: &ServiceName) -> String {
@@ -101,6 +101,13 @@ pub(crate) fn limits(name: &ServiceName) -> String {
 /// lease tokens (`rate.lua`); it expires once it holds no information.
 pub(crate) fn rate(name: &ServiceName) -> String {
     format!("{{{name}}}:rate")
+}
+
+/// The rate limit per key's state for partition key `key` (docs/design.md
+/// §15), as [`rate`] holds the service's; in the service's slot, as any
+/// instance may lease from it.
+pub(crate) fn rate_of_key(name: &ServiceName, key: &str) -> String {
+    format!("{{{name}}}:rate:{key}")
 }
 
 /// The channel the owners of a service's partitions hear user cancels on:

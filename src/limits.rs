@@ -70,16 +70,17 @@ impl RateLimit {
         self.per.as_micros() as f64 / self.count as f64
     }
 
-    fn validate(&self) -> Result<()> {
+    /// Refused by the name of `setting` when out of range.
+    fn validate(&self, setting: &'static str) -> Result<()> {
         if self.count == 0 {
             return Err(Error::invalid(
-                "rate_limit",
+                setting,
                 "a count of 0 would start nothing; pause the service instead",
             ));
         }
         if self.per < Duration::from_millis(1) || self.per > Duration::from_secs(86_400) {
             return Err(Error::invalid(
-                "rate_limit",
+                setting,
                 format!("per {:?} is out of range: from 1ms to 1 day", self.per),
             ));
         }
@@ -97,7 +98,7 @@ impl RateLimit {
             count.trim().parse().ok()?,
             Duration::from_millis(per.trim().parse().ok()?),
         );
-        limit.validate().ok().map(|()| limit)
+        limit.validate("rate_limit").ok().map(|()| limit)
     }
 }
 
@@ -125,6 +126,7 @@ impl std::fmt::Display for RateLimit {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Limits {
     rate: Option<RateLimit>,
+    rate_per_key: Option<RateLimit>,
     per_key: Option<u32>,
 }
 
@@ -149,6 +151,24 @@ impl Limits {
     /// The service-wide rate limit, if any.
     pub fn rate_limit(&self) -> Option<RateLimit> {
         self.rate
+    }
+
+    /// With the rate limit `rate` on the starts of each partition key
+    /// (tasks without a key are not limited by it).
+    pub fn rate_per_key(mut self, rate: RateLimit) -> Self {
+        self.rate_per_key = Some(rate);
+        self
+    }
+
+    /// Without a rate limit per key.
+    pub fn without_rate_per_key(mut self) -> Self {
+        self.rate_per_key = None;
+        self
+    }
+
+    /// The rate limit on each partition key's starts, if any.
+    pub fn rate_limit_per_key(&self) -> Option<RateLimit> {
+        self.rate_per_key
     }
 
     /// With at most `n` tasks of one partition key running at once across
@@ -177,7 +197,12 @@ impl Limits {
                 "0 would start no task with a key; allow at least 1",
             ));
         }
-        self.rate.as_ref().map_or(Ok(()), RateLimit::validate)
+        if let Some(rate) = &self.rate_per_key {
+            rate.validate("rate_limit_per_key")?;
+        }
+        self.rate
+            .as_ref()
+            .map_or(Ok(()), |r| r.validate("rate_limit"))
     }
 
     /// From `{N}:limits`' fields: `None` when there is no such key. A
@@ -187,13 +212,16 @@ impl Limits {
         if fields.is_empty() {
             return None;
         }
-        let rate = fields.get("rate").and_then(|f| {
-            let parsed = RateLimit::parse(f);
-            if parsed.is_none() {
-                warn!(field = %f, "{{N}}:limits holds a rate that does not parse; no rate limit");
-            }
-            parsed
-        });
+        let rate_of = |name: &str| {
+            fields.get(name).and_then(|f| {
+                let parsed = RateLimit::parse(f);
+                if parsed.is_none() {
+                    warn!(field = name, value = %f, "{{N}}:limits holds a rate that does not parse; no such limit");
+                }
+                parsed
+            })
+        };
+        let (rate, rate_per_key) = (rate_of("rate"), rate_of("rate_per_key"));
         let per_key = fields.get("per_key").and_then(|f| {
             let parsed = f.trim().parse::<u32>().ok().filter(|n| *n >= 1);
             if parsed.is_none() {
@@ -201,7 +229,11 @@ impl Limits {
             }
             parsed
         });
-        Some(Limits { rate, per_key })
+        Some(Limits {
+            rate,
+            rate_per_key,
+            per_key,
+        })
     }
 }
 
@@ -229,6 +261,11 @@ pub(crate) async fn set(conn: &SharedConnection, name: &ServiceName, limits: Lim
         hset.arg("rate").arg(rate.field());
     } else {
         cleared.push("rate");
+    }
+    if let Some(rate) = limits.rate_per_key {
+        hset.arg("rate_per_key").arg(rate.field());
+    } else {
+        cleared.push("rate_per_key");
     }
     if let Some(n) = limits.per_key {
         hset.arg("per_key").arg(n);
@@ -280,8 +317,9 @@ pub(crate) fn watch(
                     failing = false;
                     let now = now.unwrap_or_default();
                     if *tx.borrow() != now {
-                        let rate = now.rate.map(|r| r.to_string());
-                        info!(service = %name, rate = rate.as_deref().unwrap_or("none"), per_key = ?now.per_key, "limits changed");
+                        let show =
+                            |r: Option<RateLimit>| r.map_or("none".to_owned(), |r| r.to_string());
+                        info!(service = %name, rate = %show(now.rate), rate_per_key = %show(now.rate_per_key), concurrency_per_key = ?now.per_key, "limits changed");
                     }
                     tx.send_if_modified(|l| std::mem::replace(l, now) != now);
                 }
@@ -330,6 +368,8 @@ mod tests {
         ] {
             let e = Limits::none().rate(bad).validate().unwrap_err();
             assert!(e.to_string().contains("rate_limit"), "{e}");
+            let e = Limits::none().rate_per_key(bad).validate().unwrap_err();
+            assert!(e.to_string().contains("rate_limit_per_key"), "{e}");
         }
         assert_eq!(
             RateLimit::new(4, Duration::from_secs(1)).interval_us(),

@@ -46,15 +46,18 @@ pub struct Status {
     pub rates: Rates,
 }
 
-/// The flow limits in force (docs/design.md §15). Its JSON: `rate` (null,
-/// or `count`, `per_ms`, `per_second` and `waiting`) and
-/// `concurrency_per_key` (null, or how many tasks of one key may run at
-/// once).
+/// The flow limits in force (docs/design.md §15). Its JSON: `rate` and
+/// `rate_per_key` (each null, or `count`, `per_ms`, `per_second` and
+/// `waiting`) and `concurrency_per_key` (null, or how many tasks of one key
+/// may run at once).
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 #[non_exhaustive]
 pub struct LimitsStatus {
     /// The service-wide rate limit, if any.
     pub rate: Option<RateStatus>,
+    /// The rate limit on each partition key's starts, if any (its
+    /// `waiting` is the service's, as for `rate`).
+    pub rate_per_key: Option<RateStatus>,
     /// How many tasks of one partition key may run at once, if limited.
     /// (The tasks held aside for it are counted by each instance's
     /// `peerq_limited_tasks{limit="per_key"}`.)
@@ -181,13 +184,16 @@ impl Service {
         let partitions = states?.pop().unwrap_or_default();
         let started = members.iter().map(|m| m.started_at_ms).min();
         let totals = totals(&partitions, &members);
+        let waiting = totals.backlog.saturating_sub(totals.in_flight);
+        let rate = |rate: crate::limits::RateLimit| RateStatus {
+            count: rate.count(),
+            per_ms: rate.per().as_millis() as u64,
+            per_second: rate.per_second(),
+            waiting,
+        };
         let limits = LimitsStatus {
-            rate: limits.rate_limit().map(|rate| RateStatus {
-                count: rate.count(),
-                per_ms: rate.per().as_millis() as u64,
-                per_second: rate.per_second(),
-                waiting: totals.backlog.saturating_sub(totals.in_flight),
-            }),
+            rate: limits.rate_limit().map(rate),
+            rate_per_key: limits.rate_limit_per_key().map(rate),
             concurrency_per_key: limits.per_key(),
         };
         Ok(Status {

@@ -17,6 +17,7 @@ use super::event::PartitionEvent;
 use super::gate;
 use super::handover::Handover;
 use super::idle_reads::{self, IdleReads};
+use super::key_rates::KeyRates;
 use super::key_slots::KeySlots;
 use super::lanes::Lanes;
 use super::lease::Lease;
@@ -139,6 +140,7 @@ where
     let (tracked, tracking_watcher) = tracking::watch::watch(name.clone(), conn.clone(), first);
     let (limits, limits_watcher) = limits::watch(name.clone(), conn.clone(), first_limits);
     let key_slots = Arc::new(KeySlots::new(&name, limits.clone()));
+    let key_rates = Arc::new(KeyRates::new(&name, conn.clone(), limits.clone()));
     let limiter = Arc::new(Limiter::new(&name, conn.clone(), limits));
     let running = Arc::new(Running::default());
     let cancels = running::listen(
@@ -191,6 +193,7 @@ where
         running,
         limiter,
         key_slots,
+        key_rates,
     });
     info!(service = %name, instance = %id, "consumer started");
 

@@ -33,7 +33,7 @@ use tracing::warn;
 use crate::config::ServiceName;
 use crate::connection::SharedConnection;
 use crate::keys;
-use crate::limits::Limits;
+use crate::limits::{Limits, RateLimit};
 use crate::metrics as m;
 
 /// The most credit the limit's state accrues: a service idle for longer
@@ -51,9 +51,52 @@ static RATE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../sc
 
 /// Tokens leased together, usable until `until`.
 #[derive(Debug)]
-struct Chunk {
-    left: u32,
-    until: Instant,
+pub(super) struct Chunk {
+    pub(super) left: u32,
+    pub(super) until: Instant,
+}
+
+/// What a lease request got.
+pub(super) enum Leased {
+    Granted(Chunk),
+    /// None now: ask again after this.
+    Wait(Duration),
+}
+
+/// Asks `key` (a GCRA of `rate`) for tokens for about `want` starts: at
+/// least [`AHEAD`] of the rate, at most the [`BURST`]'s worth. A Redis that
+/// cannot be reached gives none: the starts wait, and it is asked again.
+pub(super) async fn lease(
+    conn: &SharedConnection,
+    key: &str,
+    rate: RateLimit,
+    want: usize,
+) -> Leased {
+    let interval = rate.interval_us();
+    let most = (BURST.as_micros() as f64 / interval).floor().max(1.0);
+    let ahead = (AHEAD.as_micros() as f64 / interval).ceil();
+    let asked = (want as f64).max(ahead).clamp(1.0, most) as u64;
+    let sent = Instant::now();
+    let mut script = RATE.key(key);
+    script
+        .arg(interval)
+        .arg(BURST.as_micros() as u64)
+        .arg(asked);
+    let wait = match conn.invoke::<(u64, u64)>(&script).await {
+        Ok((0, wait_us)) => Duration::from_micros(wait_us),
+        Ok((granted, _)) => {
+            return Leased::Granted(Chunk {
+                left: granted.min(u64::from(u32::MAX)) as u32,
+                // From the request: the bound of docs/design.md §15.
+                until: sent + VALID,
+            });
+        }
+        Err(e) => {
+            warn!(cause = %e, key, "cannot lease tokens of a rate limit; limited tasks wait");
+            Duration::from_millis(100)
+        }
+    };
+    Leased::Wait(wait.clamp(Duration::from_micros(500), MOST_WAIT))
 }
 
 /// One instance's pool of tokens, and its view of the service's limits.
@@ -164,31 +207,15 @@ impl Limiter {
         let Some(rate) = self.limits.borrow().rate_limit() else {
             return;
         };
-        let interval = rate.interval_us();
-        let most = (BURST.as_micros() as f64 / interval).floor().max(1.0);
-        let ahead = (AHEAD.as_micros() as f64 / interval).ceil();
-        let asked = (want as f64).max(ahead).clamp(1.0, most) as u64;
-        let sent = Instant::now();
-        let mut script = RATE.key(&self.key);
-        script
-            .arg(interval)
-            .arg(BURST.as_micros() as u64)
-            .arg(asked);
-        let wait = match self.conn.invoke::<(u64, u64)>(&script).await {
-            Ok((0, wait_us)) => Duration::from_micros(wait_us),
-            Ok((granted, _)) => {
-                self.leased.increment(granted);
-                self.give_back(granted.min(u32::MAX as u64) as u32, sent + VALID);
-                return;
+        match lease(&self.conn, &self.key, rate, want).await {
+            Leased::Granted(chunk) => {
+                self.leased.increment(u64::from(chunk.left));
+                self.give_back(chunk.left, chunk.until);
             }
-            Err(e) => {
-                warn!(cause = %e, "cannot lease tokens of the rate limit; limited tasks wait");
-                Duration::from_millis(100)
-            }
-        };
-        // Holding the lease's turn: the instance asks once per wait, not
-        // once per waiting start.
-        tokio::time::sleep(wait.clamp(Duration::from_micros(500), MOST_WAIT)).await;
+            // Holding the lease's turn: the instance asks once per wait,
+            // not once per waiting start.
+            Leased::Wait(wait) => tokio::time::sleep(wait).await,
+        }
     }
 
     fn has_tokens(&self) -> bool {

@@ -60,6 +60,7 @@ mod handover;
 mod held;
 mod housekeeping;
 mod idle_reads;
+mod key_rates;
 mod key_slots;
 mod lanes;
 mod lease;

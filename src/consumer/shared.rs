@@ -13,6 +13,7 @@ use super::due_watch::DueWatch;
 use super::erased::Runner;
 use super::gate::Gate;
 use super::idle_reads::IdleReads;
+use super::key_rates::KeyRates;
 use super::key_slots::KeySlots;
 use super::lanes::Lanes;
 use super::limiter::Limiter;
@@ -68,4 +69,6 @@ pub(crate) struct Shared {
     pub(crate) limiter: Arc<Limiter>,
     /// The running tasks of each key, under a limit per key.
     pub(crate) key_slots: Arc<KeySlots>,
+    /// The tokens of each key, under a rate limit per key.
+    pub(crate) key_rates: Arc<KeyRates>,
 }

@@ -11,7 +11,7 @@ use serde::Deserialize;
 
 use super::layout::{Base, ago, page, tabs};
 use super::{Dash, Failure, Shared};
-use crate::admin::{PartitionState, Status};
+use crate::admin::{LimitsStatus, PartitionState, Status};
 
 /// `GET /services/{name}`.
 pub(crate) async fn show(
@@ -96,10 +96,13 @@ fn live(status: &Status) -> Markup {
                 "Rate limit: " (rate.count) " per " (rate.per_ms) " ms, service-wide; "
                 (rate.waiting) " waiting to start. "
             }
+            @if let Some(rate) = &status.limits.rate_per_key {
+                "Rate limit per key: " (rate.count) " per " (rate.per_ms) " ms. "
+            }
             @if let Some(n) = status.limits.concurrency_per_key {
                 "At most " (n) " tasks of one key at once. "
             }
-            @if status.limits.rate.is_none() && status.limits.concurrency_per_key.is_none() {
+            @if status.limits == LimitsStatus::default() {
                 span.muted { "No limits." }
             } @else {
                 span.muted { "Change them with " code { "peerq limit set|clear" } "." }

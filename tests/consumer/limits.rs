@@ -215,3 +215,74 @@ async fn a_limit_out_of_range_is_refused_by_name() {
     assert!(e.to_string().contains("rate_limit"), "{e}");
     drop(bad.stop);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rate_limit_per_key_holds_each_key_and_other_keys_run_beside_it() {
+    let server = RedisServer::start();
+    let name = unique_name("limit-per-key");
+    // Each start: its key (seq / 1000) and when.
+    let starts: Arc<Mutex<Vec<(u64, Instant)>>> = Arc::default();
+    let recorded = starts.clone();
+    let service = JobService::new(tower::service_fn(move |task: Task<u64>| {
+        let starts = recorded.clone();
+        async move {
+            starts
+                .lock()
+                .unwrap()
+                .push((task.payload / 1000, Instant::now()));
+            Ok(())
+        }
+    }));
+    let per_second = 10;
+    let stop = CancellationToken::new();
+    let consumer = Consumer::builder()
+        .name(&name)
+        .redis(server.url())
+        .partitions(1)
+        .rate_limit_per_key(per_second, Duration::from_secs(1))
+        .service(service)
+        .run_until(stop.clone().cancelled_owned());
+    let consumer = Instance {
+        stop,
+        task: tokio::spawn(consumer),
+    };
+    let producer = producer(&server, &name).await;
+    // Keys 1 and 2 with 60 tasks each, and 100 tasks without a key.
+    let keyed: Vec<(u64, peerq::Options)> = (0..60)
+        .flat_map(|i| [(1000 + i, "one"), (2000 + i, "two")])
+        .map(|(seq, key)| (seq, peerq::Options::new().key(key)))
+        .collect();
+    producer.enqueue_batch_with(&keyed).await.unwrap();
+    let free: Vec<u64> = (0..100).collect();
+    producer.enqueue_batch(&free).await.unwrap();
+    wait_until(Duration::from_secs(10), "the first starts", || {
+        starts.lock().unwrap().len() > 100
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    consumer.leave().await;
+
+    let starts = starts.lock().unwrap().clone();
+    let of = |key: u64| -> Vec<Instant> {
+        let mut at: Vec<Instant> = starts.iter().filter(|s| s.0 == key).map(|s| s.1).collect();
+        at.sort();
+        at
+    };
+    assert_eq!(of(0).len(), 100, "tasks without a key are not limited");
+    for key in [1, 2] {
+        let at = of(key);
+        // About 3 s at 10/s, beside each other.
+        assert!(
+            (25..=45).contains(&at.len()),
+            "key {key}: {} starts",
+            at.len()
+        );
+        for (i, first) in at.iter().enumerate() {
+            let within = at[i..]
+                .iter()
+                .filter(|t| **t < *first + Duration::from_secs(1))
+                .count();
+            assert!(within <= 12, "key {key}: {within} starts in one second");
+        }
+    }
+}

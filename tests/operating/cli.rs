@@ -250,6 +250,10 @@ async fn status_names_every_member_and_an_owner_for_every_partition() {
     );
     assert_eq!(status["name"], name.as_str());
     assert_eq!(status["paused"], Value::Null);
+    assert_eq!(
+        fields(&status["limits"]),
+        set(&["rate", "rate_per_key", "concurrency_per_key"])
+    );
     assert_eq!(status["limits"]["rate"], Value::Null);
     assert_eq!(
         fields(&status["settings"]),

@@ -364,8 +364,12 @@ pub(crate) enum LimitCommand {
         named: Named,
         /// At most this many handler starts per period across every
         /// instance: N/PERIOD (300/1s, 5/250ms, 1000/1m) or N (a second).
-        #[arg(long, value_name = "N/PERIOD", value_parser = crate::limit::rate, required_unless_present = "concurrency_per_key")]
+        #[arg(long, value_name = "N/PERIOD", value_parser = crate::limit::rate, required_unless_present_any = ["rate_per_key", "concurrency_per_key"])]
         rate: Option<peerq::limits::RateLimit>,
+        /// At most this many starts per period of each partition key,
+        /// across every instance: N/PERIOD or N (a second).
+        #[arg(long, value_name = "N/PERIOD", value_parser = crate::limit::rate)]
+        rate_per_key: Option<peerq::limits::RateLimit>,
         /// At most this many tasks of one partition key run at once,
         /// across every instance.
         #[arg(long, value_name = "N")]
@@ -378,6 +382,9 @@ pub(crate) enum LimitCommand {
         /// Clears the rate limit.
         #[arg(long)]
         rate: bool,
+        /// Clears the rate limit per key.
+        #[arg(long)]
+        rate_per_key: bool,
         /// Clears the limit per key.
         #[arg(long)]
         concurrency_per_key: bool,

@@ -26,6 +26,7 @@ pub(crate) fn rate(text: &str) -> Result<RateLimit, String> {
 struct LimitsView<'a> {
     name: &'a str,
     rate: Option<RateView>,
+    rate_per_key: Option<RateView>,
     concurrency_per_key: Option<u32>,
 }
 
@@ -34,6 +35,16 @@ struct RateView {
     count: u32,
     per_ms: u64,
     per_second: f64,
+}
+
+impl RateView {
+    fn of(rate: RateLimit) -> Self {
+        RateView {
+            count: rate.count(),
+            per_ms: rate.per().as_millis() as u64,
+            per_second: rate.per_second(),
+        }
+    }
 }
 
 /// How `set` or `clear` changes the limits in force.
@@ -46,11 +57,15 @@ pub(crate) async fn limit(admin: &Admin, command: LimitCommand) -> Result<String
         LimitCommand::Set {
             named,
             rate,
+            rate_per_key,
             concurrency_per_key,
         } => {
             let set = move |mut l: Limits| {
                 if let Some(rate) = rate {
                     l = l.rate(rate);
+                }
+                if let Some(rate) = rate_per_key {
+                    l = l.rate_per_key(rate);
                 }
                 if let Some(n) = concurrency_per_key {
                     l = l.concurrency_per_key(n);
@@ -62,13 +77,17 @@ pub(crate) async fn limit(admin: &Admin, command: LimitCommand) -> Result<String
         LimitCommand::Clear {
             named,
             rate,
+            rate_per_key,
             concurrency_per_key,
         } => {
             // Nothing named clears them all.
-            let all = !rate && !concurrency_per_key;
+            let all = !rate && !rate_per_key && !concurrency_per_key;
             let cleared = move |mut l: Limits| {
                 if rate || all {
                     l = l.without_rate();
+                }
+                if rate_per_key || all {
+                    l = l.without_rate_per_key();
                 }
                 if concurrency_per_key || all {
                     l = l.without_concurrency_per_key();
@@ -86,11 +105,8 @@ pub(crate) async fn limit(admin: &Admin, command: LimitCommand) -> Result<String
     }
     let shown = LimitsView {
         name: service.name(),
-        rate: limits.rate_limit().map(|r| RateView {
-            count: r.count(),
-            per_ms: r.per().as_millis() as u64,
-            per_second: r.per_second(),
-        }),
+        rate: limits.rate_limit().map(RateView::of),
+        rate_per_key: limits.rate_limit_per_key().map(RateView::of),
         concurrency_per_key: limits.per_key(),
     };
     named.output.show(&shown, || {
@@ -100,6 +116,9 @@ pub(crate) async fn limit(admin: &Admin, command: LimitCommand) -> Result<String
                 "rate limit {rate} ({} starts a second, service-wide)",
                 per_second(rate)
             ));
+        }
+        if let Some(rate) = limits.rate_limit_per_key() {
+            said.push(format!("rate limit {rate} per key"));
         }
         if let Some(n) = limits.per_key() {
             said.push(format!("at most {n} tasks of one key at once"));

@@ -90,6 +90,9 @@ pub(crate) fn status(status: &Status) -> String {
             r.count, r.per_ms, r.waiting
         ));
     }
+    if let Some(r) = &status.limits.rate_per_key {
+        limits.push(format!("rate {}/{}ms per key", r.count, r.per_ms));
+    }
     if let Some(n) = status.limits.concurrency_per_key {
         limits.push(format!("at most {n} tasks of one key at once"));
     }

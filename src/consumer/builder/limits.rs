@@ -42,6 +42,22 @@ impl<T, S, C: Codec> ConsumerBuilder<T, S, C> {
         self
     }
 
+    /// The rate limit per key's first value (default none): at most
+    /// `count` starts per `per` of each partition key
+    /// ([`Options::key`](crate::Options::key)), across every instance;
+    /// tasks without a key are not limited by it. Written into
+    /// `{N}:limits` like [`rate_limit`](Self::rate_limit), changed the same
+    /// way (`peerq limit set --rate-per-key N/PERIOD`). A key out of tokens
+    /// does not hold up other keys: its entries wait aside, pending in
+    /// Redis, as under [`concurrency_per_key`](Self::concurrency_per_key).
+    pub fn rate_limit_per_key(mut self, count: u32, per: Duration) -> Self {
+        self.settings.limits = self
+            .settings
+            .limits
+            .rate_per_key(RateLimit::new(count, per));
+        self
+    }
+
     /// The limit per key's first value (default none): at most `n` tasks
     /// of one partition key ([`Options::key`](crate::Options::key)) run at
     /// once across the service, while other keys run freely; tasks without

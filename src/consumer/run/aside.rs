@@ -1,6 +1,6 @@
 //! The entries of a [`Batch`](super::Batch) held aside because their key
-//! runs as many tasks as its limit allows (docs/design.md §15,
-//! concurrency per key): other keys' entries behind them start meanwhile,
+//! runs as many tasks as its limit allows, or has no token of its rate
+//! limit now (docs/design.md §15, limits per key): other keys' entries behind them start meanwhile,
 //! and they go back in front, in their order, when a slot of their key is
 //! given back. While held aside they hold no running permit and no token;
 //! they stay in the worker's [`Held`], which keeps them fresh.
@@ -11,24 +11,27 @@ use std::sync::Arc;
 use tokio::sync::watch;
 
 use crate::consumer::held::Held;
+use crate::consumer::key_rates::KeyRates;
 use crate::consumer::key_slots::{KeySlot, KeySlots};
 use crate::consumer::store::Fetched;
 
 /// One batch's entries held aside.
 pub(super) struct Aside {
     slots: Arc<KeySlots>,
+    rates: Arc<KeyRates>,
     held: Held,
     entries: VecDeque<Fetched>,
     /// How many of `entries` each key has: a later entry of a key with
     /// entries aside goes aside too, so a key's tasks start in order.
     keys: HashMap<String, usize>,
-    freed: Option<watch::Receiver<u64>>,
+    freed: Option<(watch::Receiver<u64>, watch::Receiver<u64>)>,
 }
 
 impl Aside {
-    pub(super) fn new(slots: Arc<KeySlots>, held: Held) -> Self {
+    pub(super) fn new(slots: Arc<KeySlots>, rates: Arc<KeyRates>, held: Held) -> Self {
         Aside {
             slots,
+            rates,
             held,
             entries: VecDeque::new(),
             keys: HashMap::new(),
@@ -49,7 +52,13 @@ impl Aside {
         while let Some(front) = waiting.pop_front() {
             let key = key_of(&front);
             let behind = !self.entries.is_empty() && key.is_some_and(|k| self.keys.contains_key(k));
-            if !behind && let Ok(slot) = self.slots.take(key) {
+            // Its key's token first (a key without one sends for one), then
+            // its slot; the token is taken only with the slot.
+            if !behind
+                && self.rates.ready(key)
+                && let Ok(slot) = self.slots.take(key)
+            {
+                self.rates.take(key);
                 return Some((front, slot));
             }
             self.put(front);
@@ -57,12 +66,16 @@ impl Aside {
         None
     }
 
-    /// Waits until a slot of some key is given back (for ever while
-    /// nothing is aside).
+    /// Waits until a slot of some key is given back or a lease of some
+    /// key's tokens comes back (for ever while nothing is aside).
     pub(super) async fn freed(&mut self) {
         match &mut self.freed {
-            Some(freed) if !self.entries.is_empty() => {
-                if freed.changed().await.is_err() {
+            Some((slots, rates)) if !self.entries.is_empty() => {
+                let changed = tokio::select! {
+                    changed = slots.changed() => changed,
+                    changed = rates.changed() => changed,
+                };
+                if changed.is_err() {
                     std::future::pending::<()>().await;
                 }
             }
@@ -75,7 +88,8 @@ impl Aside {
     pub(super) fn back(&mut self, waiting: &mut VecDeque<Fetched>) {
         let (mut back, mut kept) = (Vec::new(), VecDeque::new());
         for fetched in self.entries.drain(..) {
-            if self.slots.has_room(key_of(&fetched)) {
+            let key = key_of(&fetched);
+            if self.slots.has_room(key) && self.rates.ready(key) {
                 back.push(fetched);
             } else {
                 kept.push_back(fetched);
@@ -101,7 +115,7 @@ impl Aside {
 
     fn put(&mut self, fetched: Fetched) {
         if self.freed.is_none() {
-            self.freed = Some(self.slots.watch_freed());
+            self.freed = Some((self.slots.watch_freed(), self.rates.watch_leased()));
         }
         if let Some(key) = key_of(&fetched) {
             *self.keys.entry(key.to_owned()).or_default() += 1;

@@ -134,8 +134,10 @@ impl Batch {
                 waiting.push_back(fetched);
             }
         }
-        // Entries whose key is at its limit wait aside.
-        let mut aside = Aside::new(self.shared.key_slots.clone(), self.held.clone());
+        // Entries whose key is at its limit (or out of tokens) wait aside.
+        let shared = &self.shared;
+        let (slots, rates) = (shared.key_slots.clone(), shared.key_rates.clone());
+        let mut aside = Aside::new(slots, rates, self.held.clone());
         // The wait for the next entry's permit, kept across the loop's
         // turns (a new one each turn would queue and unqueue a waiter).
         let mut next: Option<

@@ -20,8 +20,9 @@ async fn limit_sets_shows_and_clears_a_rate_limit_on_a_running_service() {
     .await;
     assert_eq!(
         fields(&shown),
-        set(&["name", "rate", "concurrency_per_key"])
+        set(&["name", "rate", "rate_per_key", "concurrency_per_key"])
     );
+    assert_eq!(shown["rate_per_key"], Value::Null);
     assert_eq!(shown["rate"], Value::Null);
     assert_eq!(shown["concurrency_per_key"], Value::Null);
     let none = peerq(&url, &["limit", "show", "--name", &name]).await;
@@ -68,6 +69,35 @@ async fn limit_sets_shows_and_clears_a_rate_limit_on_a_running_service() {
         .json();
     assert_eq!(per_key["concurrency_per_key"], 3);
     assert_eq!(per_key["rate"]["count"], 4, "set one, the other stays");
+    let keyed = peerq(
+        &url,
+        &[
+            "limit",
+            "set",
+            "--name",
+            &name,
+            "--rate-per-key",
+            "7/1s",
+            "--json",
+        ],
+    )
+    .await
+    .json();
+    assert_eq!(keyed["rate_per_key"]["count"], 7);
+    let unkeyed = peerq(
+        &url,
+        &[
+            "limit",
+            "clear",
+            "--name",
+            &name,
+            "--rate-per-key",
+            "--json",
+        ],
+    )
+    .await
+    .json();
+    assert_eq!(unkeyed["rate_per_key"], Value::Null);
     let nothing = peerq(&url, &["limit", "set", "--name", &name]).await;
     assert_eq!(nothing.code, Some(2), "a set names a limit: {nothing:?}");
 
