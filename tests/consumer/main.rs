@@ -23,3 +23,4 @@ mod release_marks;
 mod scheduling;
 mod startup;
 mod tracking;
+mod unique;

@@ -87,6 +87,15 @@ impl Batch {
             (Some(track), Ok(entry)) => Some((entry.id.clone(), track.clone())),
             _ => None,
         };
+        // Its unique key is freed by its ack (docs/design.md §15).
+        let unique = match &entry {
+            Ok(Entry {
+                id: task,
+                unique: Some(unique),
+                ..
+            }) => Some((task.clone(), unique.clone())),
+            _ => None,
+        };
         match self.execute(&id, entry, tenure, track).await {
             Executed::Succeeded(result) => {
                 // The ack's slot before the handler's permit: while acks do
@@ -97,7 +106,7 @@ impl Batch {
                 // written over it by the ack script, which finds the
                 // request).
                 let task = task.map(|(task, track)| (task, track.succeeded(&result)));
-                Ran::Succeeded(id, task)
+                Ran::Succeeded(id, task, unique)
             }
             Executed::Done(settled) => Ran::Done(id, settled),
         }
