@@ -13,6 +13,7 @@
 mod ids;
 mod migrate;
 mod task;
+mod unique;
 use std::collections::BTreeSet;
 use std::future::Future;
 use std::process::Command;

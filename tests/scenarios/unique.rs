@@ -49,7 +49,10 @@ fn parse(line: &str) -> Option<Line> {
     let rest = line
         .strip_prefix("start ")
         .or_else(|| line.strip_prefix("handled "))?;
-    let fields: BTreeMap<&str, &str> = rest.split(' ').filter_map(|kv| kv.split_once('=')).collect();
+    let fields: BTreeMap<&str, &str> = rest
+        .split(' ')
+        .filter_map(|kv| kv.split_once('='))
+        .collect();
     Some(Line {
         seq: fields.get("seq")?.parse().ok()?,
         key: (*fields.get("key")?).to_owned(),
@@ -172,7 +175,10 @@ fn under_sigkill_churn_no_key_has_two_live_tasks_and_none_stays_held() {
         if held == 0 {
             break;
         }
-        assert!(Instant::now() < deadline, "{held} unique keys stay held after the drain");
+        assert!(
+            Instant::now() < deadline,
+            "{held} unique keys stay held after the drain"
+        );
         std::thread::sleep(Duration::from_millis(100));
     }
     for k in 0..KEYS {
