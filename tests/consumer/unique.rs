@@ -1,11 +1,12 @@
 //! Unique keys (`Options::unique`, docs/design.md §15) against a real
 //! redis-server, instances in this process: a held key refuses an enqueue
 //! with the holder's id, alone and per task of a batch, through a retry and
-//! a handover; the key is free at once after a success, a dead letter and a
-//! user's cancel; a dead letter's replay is refused while another task
-//! holds its key and takes it again once free; a lock whose task no longer
-//! exists (its entry deleted) is taken over; a unique key beside another
-//! partition key is refused by name. (SIGKILL churn: `tests/scenarios/`.)
+//! a handover (in ordered partitions too); the key is free at once after a
+//! success, a dead letter and a user's cancel; a dead letter's replay is
+//! refused while another task holds its key and takes it again once free;
+//! a lock whose task no longer exists (its entry deleted) is taken over; a
+//! unique key beside another partition key is refused by name. (SIGKILL
+//! churn: `tests/scenarios/unique.rs`.)
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -22,6 +23,8 @@ use serde::{Deserialize, Serialize};
 use support::{RedisServer, unique_name, wait_until};
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
+
+mod moves;
 
 const P: u32 = 4;
 
@@ -61,6 +64,11 @@ impl Running {
 }
 
 fn consumer(url: &str, name: &str, runs: &Runs, gate: &Arc<Semaphore>) -> Running {
+    start(url, name, runs, gate, false)
+}
+
+/// A consumer of `name`, its partitions `ordered` or not.
+fn start(url: &str, name: &str, runs: &Runs, gate: &Arc<Semaphore>, ordered: bool) -> Running {
     support::init_tracing();
     let (runs, gate) = (runs.clone(), gate.clone());
     let service = tower::service_fn(move |task: Task<Job>| {
@@ -94,6 +102,7 @@ fn consumer(url: &str, name: &str, runs: &Runs, gate: &Arc<Semaphore>) -> Runnin
         .redis(url)
         .partitions(P)
         .drain_timeout(Duration::from_millis(300))
+        .ordered(ordered)
         .service(service);
     let stop = CancellationToken::new();
     let task = tokio::spawn(builder.run_until(stop.clone().cancelled_owned()));
@@ -200,142 +209,6 @@ async fn a_held_key_refuses_with_the_holders_id_until_its_task_succeeds() {
         [1, 4, 6],
         "{runs:?}"
     );
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_key_survives_a_retry_and_a_handover_and_is_free_after_them() {
-    let server = RedisServer::start();
-    let name = unique_name("unique-moves");
-    let producer = producer(&server.url(), &name).await;
-    let (runs, gate): (Runs, _) = (Arc::default(), Arc::new(Semaphore::new(0)));
-    let a = consumer(&server.url(), &name, &runs, &gate);
-    // Attempt 1 fails (a retry through the delayed set), attempt 2 runs
-    // until a drain interrupts it (enqueued again at once, for the next
-    // owner), attempt 3 waits for the gate on that owner.
-    let plan = [Step::Fail, Step::Hang, Step::Gate];
-    let first = producer
-        .enqueue_with(job(1, &plan), unique("sync-42"))
-        .await
-        .unwrap();
-    wait_until(Duration::from_secs(15), "attempt 2 runs", || {
-        runs.lock().unwrap().get(&1).is_some_and(|r| r.len() == 2)
-    })
-    .await;
-    refused(&producer, job(2, &[]), "sync-42", &first).await;
-    // A handover: b joins, a leaves while attempt 2 runs.
-    let b = consumer(&server.url(), &name, &runs, &gate);
-    tokio::time::sleep(Duration::from_millis(1500)).await;
-    a.stop().await;
-    wait_until(Duration::from_secs(15), "attempt 3 runs on b", || {
-        runs.lock().unwrap().get(&1).is_some_and(|r| r.len() == 3)
-    })
-    .await;
-    refused(&producer, job(3, &[]), "sync-42", &first).await;
-    gate.add_permits(1);
-    wait_free(&server, &name, "sync-42").await;
-    producer
-        .enqueue_with(job(4, &[]), unique("sync-42"))
-        .await
-        .unwrap();
-    wait_until(Duration::from_secs(15), "the next runs", || {
-        runs.lock().unwrap().contains_key(&4)
-    })
-    .await;
-    b.stop().await;
-    assert_eq!(runs.lock().unwrap()[&1], [1, 2, 3]);
-    assert!(!runs.lock().unwrap().contains_key(&2));
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_dead_letter_frees_its_key_and_its_replay_waits_for_the_key() {
-    let server = RedisServer::start();
-    let name = unique_name("unique-dead");
-    let producer = producer(&server.url(), &name).await;
-    let (runs, gate): (Runs, _) = (Arc::default(), Arc::new(Semaphore::new(0)));
-    let a = consumer(&server.url(), &name, &runs, &gate);
-    let dead_id = producer
-        .enqueue_with(job(1, &[Step::Die]), unique("invoice-9"))
-        .await
-        .unwrap();
-    wait_free(&server, &name, "invoice-9").await;
-    let dead = DeadLetters::connect(server.url(), &name).await.unwrap();
-    let letter = dead.list(10).await.unwrap().pop().expect("a dead letter");
-    assert_eq!(letter.unique.as_deref(), Some("invoice-9"));
-    // The key is free: another task takes it, and the replay is refused
-    // while that task runs; the letter stays.
-    let other = producer
-        .enqueue_with(job(2, &[Step::Gate]), unique("invoice-9"))
-        .await
-        .unwrap();
-    wait_until(Duration::from_secs(15), "the other runs", || {
-        runs.lock().unwrap().contains_key(&2)
-    })
-    .await;
-    match dead.replay(&letter).await {
-        Err(Error::Duplicate(held)) => {
-            assert_eq!(held.existing, other);
-            assert_eq!(held.unique, "invoice-9");
-            let said = Error::Duplicate(held).to_string();
-            assert!(said.contains("`invoice-9` is held by task"), "{said}");
-        }
-        other => panic!("expected a refused replay, got {other:?}"),
-    }
-    assert_eq!(dead.list(10).await.unwrap().len(), 1, "the letter stays");
-    assert_eq!(
-        dead.replay_all(None).await.unwrap(),
-        0,
-        "skipped, not failed"
-    );
-    // Once free, the replay takes the key again: a new enqueue is refused
-    // with the replayed task's id.
-    gate.add_permits(1);
-    wait_free(&server, &name, "invoice-9").await;
-    a.stop().await;
-    assert!(dead.replay(&letter).await.unwrap());
-    refused(&producer, job(3, &[]), "invoice-9", &dead_id).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_users_cancel_frees_the_key_at_once() {
-    let server = RedisServer::start();
-    let name = unique_name("unique-cancel");
-    let admin = Admin::connect(server.url()).await.unwrap();
-    // The service exists once a producer recorded it; tracking on first.
-    let producer = producer(&server.url(), &name).await;
-    let service = admin.service(&name).await.unwrap();
-    service.set_tracking(Tracking::on()).await.unwrap();
-    let producer = {
-        drop(producer);
-        self::producer(&server.url(), &name).await
-    };
-    let first = producer
-        .enqueue_with(job(1, &[]), unique("export-3"))
-        .await
-        .unwrap();
-    refused(&producer, job(2, &[]), "export-3", &first).await;
-    let handle = producer.handle_of(&first, Some("export-3"));
-    service.cancel(&handle).await.unwrap();
-    // No consumer runs: the cancel itself freed the key.
-    let next = producer
-        .enqueue_with(job(3, &[]), unique("export-3"))
-        .await
-        .unwrap();
-    // The cancelled task's entry, acked without running by the start that
-    // reads it, leaves the newer task's lock alone.
-    let (runs, gate): (Runs, _) = (Arc::default(), Arc::new(Semaphore::new(0)));
-    let a = consumer(&server.url(), &name, &runs, &gate);
-    wait_until(Duration::from_secs(15), "the next runs", || {
-        runs.lock().unwrap().contains_key(&3)
-    })
-    .await;
-    wait_free(&server, &name, "export-3").await;
-    a.stop().await;
-    let runs = runs.lock().unwrap().clone();
-    assert!(
-        !runs.contains_key(&1),
-        "the cancelled task never ran: {runs:?}"
-    );
-    assert_ne!(next, first);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
