@@ -8,7 +8,7 @@
 //!   builds;
 //! - `options`: how one task is enqueued ([`Options`]);
 //! - `send`: one task, a plain `XADD` or the enqueue script;
-//! - `batch`: many tasks without options;
+//! - `batch`: many tasks, each with its options or none;
 //! - `stored`: what the outbox relay sends: a stored task under its own
 //!   id, or its dead letter (feature `postgres`);
 //! - `builder`: the settings, checked against the service's `{N}:meta`.

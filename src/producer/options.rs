@@ -61,7 +61,9 @@ impl Options {
     /// once when its task ends: succeeded, dead-lettered or cancelled by a
     /// user. The lock lives in the task's partition and the unique key
     /// places the task, so a different partition [`key`](Self::key) is
-    /// refused (`invalid setting `unique``); an equal one is allowed.
+    /// refused (`invalid setting `unique``); an equal one is allowed. (The
+    /// task's handle is `producer.handle_of(&id, Some(key))`, and its
+    /// [`TaskContext::key`](crate::TaskContext::key) is the unique key.)
     ///
     /// With an [`idempotency_key`](Self::idempotency_key) too, a repeat of
     /// the idempotency key is answered first (the earlier task's id, no
