@@ -4,9 +4,12 @@
 //!
 //! - **cost**: one instance (concurrency 256, reads of 100, a no-op
 //!   handler) consumes a prefilled queue of `PEERQ_BENCH_TASKS` tasks
-//!   (default 200,000) with no limit and with a limit far above what it
-//!   reaches (10,000,000 a second), from the first handler call to the
-//!   last ack; `REPEATS` runs each, interleaved, medians compared;
+//!   (default 200,000) with no limit and with a service-wide limit far
+//!   above what it reaches (10,000,000 a second); and tasks spread over
+//!   1,000 partition keys with no limit, a rate limit per key far above,
+//!   and a concurrency per key far above (1,000); from the first handler
+//!   call to the last ack; `REPEATS` runs each, interleaved, medians
+//!   compared;
 //! - **accuracy**: the same instance under a limit of 5,000 a second over
 //!   a backlog of 30,000: the starts a second it reached, against the
 //!   limit, and its busiest second.
@@ -25,7 +28,7 @@ use std::time::{Duration, Instant};
 
 use deadpool_redis::redis::aio::MultiplexedConnection;
 use peerq::handler::Task;
-use peerq::producer::Producer;
+use peerq::producer::{Options, Producer};
 use peerq::{Consumer, DEFAULT_PARTITIONS, HandlerError};
 use serde::{Deserialize, Serialize};
 use support::{RedisServer, unique_name};
@@ -49,6 +52,21 @@ struct Job {
     body: String,
 }
 
+/// The limits of one consume run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Limit {
+    None,
+    /// A service-wide rate limit, a second.
+    Rate(u32),
+    /// A rate limit per key, a second.
+    RatePerKey(u32),
+    /// Concurrency per key.
+    PerKey(u32),
+}
+
+/// Keys over which the keyed runs' tasks spread.
+const KEYS: u64 = 1_000;
+
 #[tokio::main]
 async fn main() {
     let tasks = std::env::var("PEERQ_BENCH_TASKS")
@@ -61,34 +79,64 @@ async fn main() {
         .get_multiplexed_async_connection()
         .await
         .unwrap();
-    let (mut off, mut on) = (Vec::new(), Vec::new());
+    // Unkeyed: none, the service's limit far above; keyed: none, a rate
+    // per key far above, concurrency per key far above.
+    let kinds: [(bool, Limit); 5] = [
+        (false, Limit::None),
+        (false, Limit::Rate(FAR_ABOVE)),
+        (true, Limit::None),
+        (true, Limit::RatePerKey(FAR_ABOVE)),
+        (true, Limit::PerKey(1_000)),
+    ];
+    let mut rates: Vec<Vec<f64>> = vec![Vec::new(); kinds.len()];
     for _ in 0..REPEATS {
-        off.push(consume(&server, &mut conn, tasks, None).await.rate);
-        on.push(
-            consume(&server, &mut conn, tasks, Some(FAR_ABOVE))
-                .await
-                .rate,
-        );
+        for (i, (keyed, limit)) in kinds.iter().enumerate() {
+            let run = consume(&server, &mut conn, tasks, *keyed, *limit).await;
+            rates[i].push(run.rate);
+        }
     }
-    let accuracy = consume(&server, &mut conn, ACCURACY_TASKS, Some(ACCURACY_LIMIT)).await;
+    let accuracy = consume(
+        &server,
+        &mut conn,
+        ACCURACY_TASKS,
+        false,
+        Limit::Rate(ACCURACY_LIMIT),
+    )
+    .await;
 
     println!();
     println!(
-        "| consume to the last ack, 1 instance, no-op handler ({tasks} prefilled; runs in order) | no limit, tasks/s | limit {FAR_ABOVE}/s, tasks/s | limited / none, each run | medians |"
+        "| consume to the last ack, 1 instance, no-op handler ({tasks} prefilled; runs in order) | without, tasks/s | with, tasks/s | with / without, each run | medians |"
     );
     println!("|---|---|---|---|---|");
-    let each: Vec<String> = off
-        .iter()
-        .zip(&on)
-        .map(|(a, b)| format!("{:.2}", b / a))
-        .collect();
-    println!(
-        "| | {} | {} | {} | **{:.2}** |",
-        listed(&off),
-        listed(&on),
-        each.join(" / "),
-        median(&on) / median(&off)
-    );
+    let rows = [
+        (format!("service-wide rate limit {FAR_ABOVE}/s"), 0, 1),
+        (
+            format!("rate limit per key {FAR_ABOVE}/s, tasks over {KEYS} keys"),
+            2,
+            3,
+        ),
+        (
+            format!("concurrency per key 1000, tasks over {KEYS} keys"),
+            2,
+            4,
+        ),
+    ];
+    for (label, without, with) in rows {
+        let (off, on) = (&rates[without], &rates[with]);
+        let each: Vec<String> = off
+            .iter()
+            .zip(on)
+            .map(|(a, b)| format!("{:.2}", b / a))
+            .collect();
+        println!(
+            "| {label} | {} | {} | {} | **{:.2}** |",
+            listed(off),
+            listed(on),
+            each.join(" / "),
+            median(on) / median(off)
+        );
+    }
     println!();
     println!(
         "| limit {ACCURACY_LIMIT}/s, {ACCURACY_TASKS} prefilled, 1 instance | starts/s | / limit | busiest second | / limit |"
@@ -110,13 +158,14 @@ struct Run {
     busiest: usize,
 }
 
-/// One instance over a new service's prefilled queue of `tasks`, with the
-/// rate limit `limit` a second if any.
+/// One instance over a new service's prefilled queue of `tasks` (with
+/// `keyed`, spread over [`KEYS`] partition keys), under `limit`.
 async fn consume(
     server: &RedisServer,
     conn: &mut MultiplexedConnection,
     tasks: u64,
-    limit: Option<u32>,
+    keyed: bool,
+    limit: Limit,
 ) -> Run {
     let name = unique_name("limits");
     let producer = Producer::connect(&server.url(), &name).await.unwrap();
@@ -128,11 +177,19 @@ async fn consume(
         })
         .collect();
     for chunk in jobs.chunks(1000) {
-        producer.enqueue_batch(chunk).await.unwrap();
+        if keyed {
+            let with: Vec<(&Job, Options)> = chunk
+                .iter()
+                .map(|j| (j, Options::new().key(format!("k{}", j.seq % KEYS))))
+                .collect();
+            producer.enqueue_batch_with(&with).await.unwrap();
+        } else {
+            producer.enqueue_batch(chunk).await.unwrap();
+        }
     }
     let done = Arc::new(AtomicU64::new(0));
     let starts: Arc<Mutex<Vec<Instant>>> = Arc::default();
-    let record = limit.is_some_and(|l| l < FAR_ABOVE);
+    let record = matches!(limit, Limit::Rate(l) if l < FAR_ABOVE);
     let handler = {
         let (done, starts) = (done.clone(), starts.clone());
         tower::service_fn(move |_: Task<Job>| {
@@ -151,9 +208,13 @@ async fn consume(
         .redis(server.url())
         .concurrency(256)
         .batch(100);
-    if let Some(limit) = limit {
-        builder = builder.rate_limit(limit, Duration::from_secs(1));
-    }
+    let second = Duration::from_secs(1);
+    builder = match limit {
+        Limit::None => builder,
+        Limit::Rate(n) => builder.rate_limit(n, second),
+        Limit::RatePerKey(n) => builder.rate_limit_per_key(n, second),
+        Limit::PerKey(n) => builder.concurrency_per_key(n),
+    };
     let stop = CancellationToken::new();
     let run = tokio::spawn(
         builder

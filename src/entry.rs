@@ -12,13 +12,12 @@
 //! | `enqueued_at` | decimal milliseconds since the Unix epoch |
 //! | `codec` | `bincode` or `json`: how `payload` is encoded |
 //! | `payload` | the encoded task |
+//! | `unique` | the unique key whose lock the task holds (docs/design.md §16); absent: none |
 //!
 //! It also decides whether a consumer can run an entry at all
 //! (`Entry::read`, `Entry::decode`): an entry too large, malformed or not
 //! decodable is `Unrunnable`, and its `reason()` is the dead letter's.
 
-use std::fmt;
-use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use deadpool_redis::redis::Value;
@@ -27,6 +26,7 @@ use serde::de::DeserializeOwned;
 use crate::codec::Codec;
 use crate::error::CodecError;
 use crate::error::Error;
+pub(crate) use crate::task_id::TaskId;
 
 /// The names of an entry's fields.
 pub(crate) mod field {
@@ -37,47 +37,8 @@ pub(crate) mod field {
     pub(crate) const ENQUEUED_AT: &str = "enqueued_at";
     pub(crate) const CODEC: &str = "codec";
     pub(crate) const PAYLOAD: &str = "payload";
-}
-
-/// A task's id, unique per task. peerq's producer makes UUIDv7s (ordered by
-/// creation time); producers in other languages may use any unique string.
-#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct TaskId(Arc<str>);
-
-impl TaskId {
-    /// A new UUIDv7 id.
-    pub fn generate() -> Self {
-        let mut text = [0; uuid::fmt::Hyphenated::LENGTH];
-        TaskId(
-            uuid::Uuid::now_v7()
-                .hyphenated()
-                .encode_lower(&mut text)
-                .into(),
-        )
-    }
-
-    /// The id as a string.
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
-}
-
-impl From<&str> for TaskId {
-    fn from(s: &str) -> Self {
-        TaskId(s.into())
-    }
-}
-
-impl fmt::Display for TaskId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl fmt::Debug for TaskId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Debug::fmt(&*self.0, f)
-    }
+    /// The unique key (`Options::unique`), while the task holds its lock.
+    pub(crate) const UNIQUE: &str = "unique";
 }
 
 /// Now, in milliseconds since the Unix epoch (an entry's `enqueued_at`).
@@ -119,6 +80,10 @@ pub(crate) struct Entry {
     pub(crate) enqueued_at: Duration,
     pub(crate) codec: String,
     pub(crate) payload: Vec<u8>,
+    /// The unique key whose lock the task holds (docs/design.md §16): kept
+    /// through every new entry of the task, so the script that ends it
+    /// frees the lock.
+    pub(crate) unique: Option<String>,
 }
 
 /// An entry whose fields do not follow the format: it cannot be run.
@@ -253,6 +218,7 @@ impl Entry {
             enqueued_at: Duration::from_millis(now_ms()),
             codec: codec.to_owned(),
             payload,
+            unique: None,
         }
     }
 
@@ -270,6 +236,9 @@ impl Entry {
         ];
         if let Some(key) = &self.key {
             fields.push((field::KEY, key.as_bytes().to_vec()));
+        }
+        if let Some(unique) = &self.unique {
+            fields.push((field::UNIQUE, unique.as_bytes().to_vec()));
         }
         // Absent while none failed: a first attempt looks as any producer
         // writes it.
@@ -360,6 +329,10 @@ impl Entry {
             Some(key) => Some(text(fields, key)?.to_owned()),
             None => None,
         };
+        let unique = match fields.find(field::UNIQUE) {
+            Some(unique) => Some(text(fields, unique)?.to_owned()),
+            None => None,
+        };
         let failures = match fields.find(field::FAILURES) {
             Some(failures) => text(fields, failures)?
                 .parse::<u32>()
@@ -375,13 +348,14 @@ impl Entry {
             _ => unreachable!("checked by `bytes`"),
         };
         Ok(Entry {
-            id: TaskId(id.into()),
+            id: TaskId::from(id.as_str()),
             key,
             attempt,
             failures,
             enqueued_at: Duration::from_millis(enqueued_ms),
             codec,
             payload,
+            unique,
         })
     }
 }
@@ -448,6 +422,11 @@ mod tests {
             b"{}".to_vec(),
         );
         assert_eq!(Entry::parse(&mut raw(&e)).unwrap(), e);
+        let unique = Entry {
+            unique: Some("report-7".into()),
+            ..e.clone()
+        };
+        assert_eq!(Entry::parse(&mut raw(&unique)).unwrap(), unique);
         let no_key = Entry::new(TaskId::generate(), None, "bincode", vec![1, 2]);
         let back = Entry::parse(&mut raw(&no_key)).unwrap();
         assert_eq!(back.key, None);

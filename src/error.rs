@@ -10,6 +10,10 @@ use std::time::Duration;
 use deadpool_redis::redis::{ErrorKind, RedisError};
 use deadpool_redis::{HookError, PoolError};
 
+mod duplicate;
+
+pub use duplicate::{BatchDuplicates, Duplicate};
+
 /// A `Result` with peerq's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
@@ -56,6 +60,18 @@ pub enum Error {
         /// The configured limit.
         limit: usize,
     },
+
+    /// An enqueue (or a dead letter's replay) refused because the task's
+    /// unique key (`Options::unique`) is held by another task that is not
+    /// final yet: nothing was enqueued. The key is free once that task
+    /// succeeds, is dead-lettered or is cancelled.
+    #[error("{0}")]
+    Duplicate(Duplicate),
+
+    /// Some tasks of a batch (`Producer::enqueue_batch_with`) were refused
+    /// for their unique keys; the batch's other tasks were enqueued.
+    #[error("{0}")]
+    DuplicatesInBatch(Box<BatchDuplicates>),
 
     /// A part of the consumer stopped unexpectedly.
     #[error("consumer runtime: {0}")]

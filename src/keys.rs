@@ -142,6 +142,13 @@ pub(crate) fn dedup(name: &ServiceName, p: u32, key: &str) -> String {
     format!("{{{name}/{p}}}:dedup:{key}")
 }
 
+/// The unique keys of partition `p` held by tasks not final yet, one hash:
+/// unique key → `<where> <task id>`, where the task's entry is now
+/// (`s:<stream id>` or `d:<due ms>`; docs/design.md §16).
+pub(crate) fn unique(name: &ServiceName, p: u32) -> String {
+    format!("{{{name}/{p}}}:unique")
+}
+
 /// The latest due time of periodic job `job` that was triggered, in the
 /// job's partition `p`.
 pub(crate) fn cron(name: &ServiceName, p: u32, job: &str) -> String {

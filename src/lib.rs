@@ -93,7 +93,8 @@
 //! | `config` | settings every part shares: the service name, the partition count, durations as operators write them ([`parse_duration`]) |
 //! | `keys` | every Redis key name (`{N}:<round>`, `{N}:meta`, …), in one place |
 //! | `meta` | service-wide settings recorded in `{N}:meta`, checked at start, and the `kind` of process a name belongs to |
-//! | `entry` | the stream entry format, task ids ([`TaskId`]) and what makes an entry unrunnable |
+//! | `task_id` | task ids ([`TaskId`]) |
+//! | `entry` | the stream entry format and what makes an entry unrunnable |
 //! | `codec` | payload encodings: [`Bincode`] (default) and [`Json`] |
 //! | `partition` | which partition a key goes to ([`partition_of`]: FNV-1a 64 modulo `P`) |
 //! | `clock` | the wall clock behind a trait ([`Clock`]), so tests can skew it |
@@ -152,6 +153,7 @@ mod presence;
 pub mod producer;
 mod retry;
 mod shutdown;
+mod task_id;
 mod timing;
 pub mod tracking;
 mod transition;
@@ -163,7 +165,6 @@ pub use config::parse_duration;
 pub use connection::{Redis, Tls};
 pub use consumer::Consumer;
 pub use dead_letters::DeadLetters;
-pub use entry::TaskId;
 pub use error::{Error, Result};
 pub use handler::{Handler, HandlerError, TaskContext};
 pub use indexer::Indexing;
@@ -173,6 +174,7 @@ pub use pause::Pause;
 pub use periodic::{Missed, Periodic};
 pub use producer::{Options, Producer};
 pub use retry::Backoff;
+pub use task_id::TaskId;
 
 /// The README's Rust snippets, compiled as doc tests (those that need a
 /// Redis are `no_run`). Only with the `http`, `dashboard` and `postgres`

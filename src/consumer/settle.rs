@@ -44,17 +44,25 @@ impl Settle<'_> {
     }
 
     /// Acks entries `ids` (their tasks succeeded, or a user cancelled
-    /// them) in the acker's next batch, with their records when `tracked`;
-    /// the outcome comes back on `reply`, and goes to
+    /// them) in the acker's next batch, with their records when `tracked`,
+    /// freeing the unique keys of `unique` (task id and key of those that
+    /// hold one); the outcome comes back on `reply`, and goes to
     /// [`acks_ended`](Self::acks_ended).
-    pub(crate) fn ack(&self, ids: Vec<String>, tracked: Option<Tracked>, reply: &Replies) {
+    pub(crate) fn ack(
+        &self,
+        ids: Vec<String>,
+        tracked: Option<Tracked>,
+        unique: Vec<(TaskId, String)>,
+        reply: &Replies,
+    ) {
         let ack = Ack::new(
             self.ownership.store.clone(),
             self.ownership.stop.clone(),
             ids,
             tracked,
             reply.clone(),
-        );
+        )
+        .freeing(unique);
         // Refused only once the acker has stopped: the ack, dropped, tells
         // `reply` it was given up.
         let _ = self.shared.acks.send(ack);

@@ -13,6 +13,7 @@ use super::periodic::at;
 use super::search::{Filter, SEARCH_CALLS, back, search};
 use super::{Failure, Shared};
 use crate::dead_letters::{Cursor, DeadLetter, Query};
+use crate::error::Error;
 
 /// Letters per page.
 const PAGE: usize = 50;
@@ -230,7 +231,13 @@ async fn one(
     let dead = dash.admin.service(&name).await?.dead_letters();
     let cursor: Cursor = form.at.parse()?;
     let done = match dead.get(&cursor).await? {
-        Some(letter) if replay && dead.replay(&letter).await? => format!("Replayed {cursor}."),
+        // A unique key another task holds: said, not a failure of the page.
+        Some(letter) if replay => match dead.replay(&letter).await {
+            Ok(true) => format!("Replayed {cursor}."),
+            Ok(false) => format!("{cursor} was gone already."),
+            Err(Error::Duplicate(held)) => format!("Not replayed {cursor}: {held}."),
+            Err(e) => return Err(e.into()),
+        },
         Some(letter) if !replay && dead.purge(&letter).await? => format!("Purged {cursor}."),
         _ => format!("{cursor} was gone already."),
     };

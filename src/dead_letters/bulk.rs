@@ -18,7 +18,7 @@ use deadpool_redis::redis::{self, streams::StreamRangeReply};
 use futures_util::future::try_join_all;
 
 use super::{Cursor, DeadLetter, DeadLetters};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::keys;
 
 /// Letters a bulk action reads per call (one round trip for the reads,
@@ -95,7 +95,11 @@ impl DeadLetters {
             let picked = scan.letters.iter().filter(|letter| wanted(letter));
             let acted = try_join_all(picked.map(|letter| async move {
                 match act {
-                    Act::Replay => self.replay(letter).await,
+                    // A letter whose unique key another task holds stays.
+                    Act::Replay => match self.replay(letter).await {
+                        Err(Error::Duplicate(_)) => Ok(false),
+                        replayed => replayed,
+                    },
                     Act::Purge => self.purge(letter).await,
                 }
             }))

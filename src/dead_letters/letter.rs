@@ -69,6 +69,9 @@ pub struct DeadLetter {
     pub codec: String,
     /// The partition key, when the task had one.
     pub key: Option<String>,
+    /// The unique key (`Options::unique`), when the task had one: a replay
+    /// takes it again, and is refused while another task holds it.
+    pub unique: Option<String>,
     /// When the task was first enqueued (the producer's clock).
     pub enqueued_at: SystemTime,
     /// The entry's id in the partition stream it was read from.
@@ -110,6 +113,7 @@ impl DeadLetter {
                 .unwrap_or_default(),
             codec: text(field::CODEC).unwrap_or_default(),
             key: text(field::KEY),
+            unique: text(field::UNIQUE),
             enqueued_at: time(field::ENQUEUED_AT),
             stream_id: text(added::STREAM_ID).unwrap_or_default(),
             dead_at: time(added::DEAD_AT),
@@ -159,7 +163,7 @@ impl DeadLetter {
 /// The admin tools' JSON of a dead letter: `partition`, `id`, `ref`
 /// (`<partition>/<id>`), `task_id`, `reason`, `error`, `attempts`,
 /// `failures`,
-/// `dead_at_ms`, `key`, `codec`, `enqueued_at_ms`, `stream_id`,
+/// `dead_at_ms`, `key`, `unique` (only when the task had one), `codec`, `enqueued_at_ms`, `stream_id`,
 /// `payload_bytes`, `payload` (the JSON value, for a JSON payload) and
 /// `payload_hex` (the bytes, for any other).
 impl Serialize for DeadLetter {
@@ -177,6 +181,8 @@ impl Serialize for DeadLetter {
             failures: u32,
             dead_at_ms: u64,
             key: Option<&'a str>,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            unique: Option<&'a str>,
             codec: &'a str,
             enqueued_at_ms: u64,
             stream_id: &'a str,
@@ -196,6 +202,7 @@ impl Serialize for DeadLetter {
             failures: self.failures,
             dead_at_ms: ms(self.dead_at),
             key: self.key.as_deref(),
+            unique: self.unique.as_deref(),
             codec: &self.codec,
             enqueued_at_ms: ms(self.enqueued_at),
             stream_id: &self.stream_id,

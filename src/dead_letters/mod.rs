@@ -29,7 +29,7 @@ use deadpool_redis::redis;
 use crate::config::ServiceName;
 use crate::connection::{self, Redis, SharedConnection};
 use crate::entry::TaskId;
-use crate::error::{Error, Result};
+use crate::error::{Duplicate, Error, Result};
 use crate::keys;
 
 static REPLAY: LazyLock<redis::Script> =
@@ -148,7 +148,9 @@ impl DeadLetters {
 
     /// Enqueues `letter`'s task again in its partition with attempt 1 and
     /// removes the letter, in one step; false if it was gone already (a
-    /// replay happens once).
+    /// replay happens once). A task with a unique key takes its lock again;
+    /// while another task holds the key, nothing is replayed and the letter
+    /// stays: [`Error::Duplicate`] names that task.
     pub async fn replay(&self, letter: &DeadLetter) -> Result<bool> {
         let p = letter.partition;
         let task = letter.task_id.as_ref().map_or("", TaskId::as_str);
@@ -163,9 +165,14 @@ impl DeadLetters {
         for (k, v) in letter.replayed() {
             script.arg(k).arg(v);
         }
-        match self.conn.invoke::<i64>(&script).await? {
-            1 => Ok(true),
-            0 => Ok(false),
+        let reply: (i64, String) = self.conn.invoke(&script).await?;
+        match reply {
+            (1, _) => Ok(true),
+            (0, _) => Ok(false),
+            (-2, holder) => Err(Error::Duplicate(Duplicate {
+                unique: letter.unique.clone().unwrap_or_default(),
+                existing: TaskId::from(holder.as_str()),
+            })),
             _ => Err(Error::Runtime(format!(
                 "dead letter {} of partition {} holds no task fields to replay; purge it",
                 letter.id, letter.partition

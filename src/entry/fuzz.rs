@@ -191,6 +191,7 @@ fn well_formed(payload: impl Strategy<Value = Vec<u8>>) -> impl Strategy<Value =
             enqueued_at: std::time::Duration::from_millis(ms),
             codec: codec.to_owned(),
             payload,
+            unique: None,
         })
 }
 

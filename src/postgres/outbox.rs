@@ -72,6 +72,15 @@ impl Outbox {
         options: Options,
     ) -> Result<TaskId> {
         let service = ServiceName::new(service)?;
+        if options.unique.is_some() {
+            // The relay sends a row once its transaction committed, when
+            // the caller can no longer be told that the key was held.
+            return Err(Error::invalid(
+                "unique",
+                "a unique key cannot go through the outbox: a refusal would come after the \
+                 transaction committed, with nobody to tell; enqueue it with a Producer",
+            ));
+        }
         let payload = codec.encode(task)?;
         if payload.len() > DEFAULT_MAX_PAYLOAD {
             return Err(Error::PayloadTooLarge {

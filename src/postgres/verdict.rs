@@ -43,6 +43,7 @@ pub(crate) fn verdict(row: Row, codec: &str, max_payload: usize) -> Verdict {
     let options = Options {
         key: row.partition_key,
         idempotency_key: row.idempotency_key,
+        unique: None,
         delay: None,
         at,
     };

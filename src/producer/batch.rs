@@ -1,8 +1,9 @@
 //! A batch's enqueue: many tasks, each with its options or none, pipelined
 //! in parts that go out while the next ones are built. A task without
 //! options (or with a partition key only) is an `XADD`; one with an
-//! idempotency key or a delay goes through the enqueue script, in the same
-//! part, so a batch of plain tasks costs what it did before options.
+//! idempotency key, a unique key or a delay goes through the enqueue
+//! script, in the same part, so a batch of plain tasks costs what it did
+//! before options.
 //!
 //! Every task is encoded and checked against `max_payload` first, so a task
 //! that cannot be enqueued fails the batch before anything is sent. The
@@ -34,12 +35,12 @@ use std::sync::atomic::Ordering;
 
 use tracing::warn;
 
-use super::send::ENQUEUE;
+use super::send::{ENQUEUE, Enqueued};
 use super::{Options, Producer};
 use crate::codec::Codec;
 use crate::connection::{Carriers, Conn};
 use crate::entry::{self, Entry, TaskId};
-use crate::error::Result;
+use crate::error::{Duplicate, Result};
 use crate::keys;
 use crate::partition::partition_of;
 use crate::tracking::packed;
@@ -55,10 +56,12 @@ const PART: usize = 128;
 pub(super) type Item<'a> = (Vec<u8>, Option<&'a Options>);
 
 /// What a batch enqueued: each task's id in the batch's order (for a
-/// repeat of an idempotency key, the earlier task's), and how many are new.
+/// repeat of an idempotency key, the earlier task's; for a task refused
+/// for its unique key, the holder's), how many are new, and the refused.
 pub(super) struct Sent {
     pub(super) ids: Vec<TaskId>,
     pub(super) new: usize,
+    pub(super) refused: Vec<(usize, Duplicate)>,
 }
 
 /// A task of a part that went through the enqueue script: where its reply
@@ -89,7 +92,10 @@ impl<C: Codec> Producer<C> {
     ) -> Result<Sent> {
         let items = tasks
             .iter()
-            .map(|(task, options)| Ok((self.payload(task)?, Some(options))))
+            .map(|(task, options)| {
+                options.check()?;
+                Ok((self.payload(task)?, Some(options)))
+            })
             .collect::<Result<Vec<_>>>()?;
         self.send_items(items).await
     }
@@ -102,6 +108,7 @@ impl<C: Codec> Producer<C> {
             return Ok(Sent {
                 ids: Vec::new(),
                 new: 0,
+                refused: Vec::new(),
             });
         }
         // One connection for the whole batch, taken once: after a reset,
@@ -154,8 +161,9 @@ impl<C: Codec> Producer<C> {
             for ((payload, options), (id, p)) in part.iter().zip(placed) {
                 match options {
                     Some(options) if options.scripted() => {
-                        let entry =
-                            Entry::new(id.clone(), options.key.clone(), C::NAME, payload.clone());
+                        let key = options.key.clone().or_else(|| options.unique.clone());
+                        let mut entry = Entry::new(id.clone(), key, C::NAME, payload.clone());
+                        entry.unique = options.unique.clone();
                         let script = self.enqueue_script(&entry, p, options, None, tracked);
                         pipe.invoke_script(&script);
                         part_scripted.push(Scripted {
@@ -196,14 +204,31 @@ impl<C: Codec> Producer<C> {
             return Err(error);
         }
         let scripted: Vec<Scripted> = scripted.into_iter().flatten().collect();
+        let mut refused = Vec::new();
         let new = self
-            .scripted_replies(conn.clone(), scripted, replies, &carriers, &mut ids)
+            .scripted_replies(
+                conn.clone(),
+                scripted,
+                replies,
+                &carriers,
+                &mut ids,
+                &mut refused,
+            )
             .await?;
+        let refused = refused
+            .into_iter()
+            .map(|task| {
+                let unique = items[task].1.and_then(|o| o.unique.clone());
+                let existing = ids[task].clone();
+                let unique = unique.unwrap_or_default();
+                (task, Duplicate { unique, existing })
+            })
+            .collect();
         if let Some(wait) = self.conn.wait() {
             let waited = conn.clone().wait_after(&carriers, wait).await;
             wait.confirmed(waited.inspect_err(|e| self.conn.reset_after(e))?)?;
         }
-        Ok(Sent { new, ids })
+        Ok(Sent { new, ids, refused })
     }
 
     /// Each task's new id and partition (its key's, else its id's).
@@ -244,7 +269,8 @@ impl<C: Codec> Producer<C> {
     /// (the earlier one under an idempotency key), the due index's notices
     /// of delayed ones; a script Redis no longer knew (`NOSCRIPT`: it ran
     /// nothing) is loaded and those calls sent again. Returns how many of
-    /// the batch's tasks are new.
+    /// the batch's tasks are new; those refused for their unique keys go in
+    /// `refused`, their ids replaced by the holders'.
     async fn scripted_replies(
         &self,
         mut conn: Conn,
@@ -252,6 +278,7 @@ impl<C: Codec> Producer<C> {
         replies: Vec<Option<Vec<Value>>>,
         carriers: &Carriers,
         ids: &mut [TaskId],
+        refused: &mut Vec<usize>,
     ) -> Result<usize> {
         let mut repeats = 0;
         let mut due: BTreeMap<u32, u64> = BTreeMap::new();
@@ -262,11 +289,20 @@ impl<C: Codec> Producer<C> {
                 match reply {
                     Value::ServerError(e) if e.code() == "NOSCRIPT" => again.push(k),
                     _ => {
-                        let (enqueued, at): (String, u64) = redis::from_redis_value(reply.clone())
+                        let reply: (String, u64, u8) = redis::from_redis_value(reply.clone())
                             .map_err(redis::RedisError::from)?;
-                        if enqueued != ids[s.task].as_str() {
-                            repeats += 1;
-                            ids[s.task] = TaskId::from(enqueued.as_str());
+                        let at = reply.1;
+                        match Enqueued::of(&ids[s.task], reply) {
+                            Enqueued::New(_) => {}
+                            Enqueued::Earlier(earlier) => {
+                                repeats += 1;
+                                ids[s.task] = earlier;
+                            }
+                            Enqueued::Refused(holder) => {
+                                repeats += 1;
+                                refused.push(s.task);
+                                ids[s.task] = holder;
+                            }
                         }
                         if at > 0 {
                             let min = due.entry(s.partition).or_insert(at);

@@ -8,7 +8,7 @@
 //!   builds;
 //! - `options`: how one task is enqueued ([`Options`]);
 //! - `send`: one task, a plain `XADD` or the enqueue script;
-//! - `batch`: many tasks without options;
+//! - `batch`: many tasks, each with its options or none;
 //! - `stored`: what the outbox relay sends: a stored task under its own
 //!   id, or its dead letter (feature `postgres`);
 //! - `builder`: the settings, checked against the service's `{N}:meta`.
@@ -29,7 +29,7 @@ use crate::codec::{Bincode, Codec};
 use crate::config::ServiceName;
 use crate::connection::{Redis, SharedConnection};
 use crate::entry::{Entry, TaskId};
-use crate::error::{Error, Result};
+use crate::error::{BatchDuplicates, Error, Result};
 use crate::partition::partition_of;
 use crate::tracking::TaskHandle;
 use crate::tracking::watch::Cached;
@@ -135,7 +135,11 @@ impl<C: Codec> Producer<C> {
     }
 
     /// Enqueues one task with options; returns its id (with an
-    /// idempotency key already used, the earlier task's id).
+    /// idempotency key already used, the earlier task's id). With a unique
+    /// key another task holds, it enqueues nothing and returns
+    /// [`Error::Duplicate`], which names that task; a unique key beside a
+    /// different partition key is an [`Error::InvalidSetting`] naming
+    /// `unique`.
     pub async fn enqueue_with<T: Serialize>(&self, task: T, options: Options) -> Result<TaskId> {
         let sent = self.send(task, options).await;
         match &sent {
@@ -143,6 +147,8 @@ impl<C: Codec> Producer<C> {
             // and enqueues nothing.
             Ok((_, true)) => self.enqueued.increment(1),
             Ok(_) => {}
+            // A refusal for a unique key is an answer, not a failure.
+            Err(Error::Duplicate(_)) => {}
             Err(_) => self.errors.increment(1),
         }
         sent.map(|(id, _)| id)
@@ -171,9 +177,13 @@ impl<C: Codec> Producer<C> {
     }
 
     /// Enqueues many tasks, each with its options (a partition key, an
-    /// idempotency key, a delay), pipelined as [`enqueue_batch`] does;
-    /// returns their ids in the tasks' order (for a repeat of an
-    /// idempotency key, the earlier task's id). Tasks without options, or
+    /// idempotency key, a unique key, a delay), pipelined as
+    /// [`enqueue_batch`] does; returns their ids in the tasks' order (for a
+    /// repeat of an idempotency key, the earlier task's id). Tasks refused
+    /// for their unique keys (held by tasks not final yet) make it return
+    /// [`Error::DuplicatesInBatch`], which holds every task's id (the
+    /// holder's for a refused one) and names the refused; the other tasks
+    /// were enqueued. Tasks without options, or
     /// with a partition key only, cost what they cost in
     /// [`enqueue_batch`]; the others go through the enqueue script, in the
     /// same parts, so tasks with one key land in the batch's order (unless
@@ -208,7 +218,14 @@ impl<C: Codec> Producer<C> {
             Ok(sent) => self.enqueued.increment(sent.new as u64),
             Err(_) => self.errors.increment(1),
         }
-        sent.map(|sent| sent.ids)
+        let sent = sent?;
+        if sent.refused.is_empty() {
+            return Ok(sent.ids);
+        }
+        Err(Error::DuplicatesInBatch(Box::new(BatchDuplicates {
+            ids: sent.ids,
+            refused: sent.refused,
+        })))
     }
 
     /// The service's number of partitions.

@@ -1,7 +1,9 @@
 //! [`Options`]: how one task is enqueued (a key, an idempotency key, a
-//! delay); the batch takes none.
+//! unique key, a delay), alone or in a batch.
 
 use std::time::{Duration, SystemTime};
+
+use crate::error::{Error, Result};
 
 /// How to enqueue one task.
 #[derive(Debug, Clone, Default)]
@@ -9,6 +11,7 @@ use std::time::{Duration, SystemTime};
 pub struct Options {
     pub(crate) key: Option<String>,
     pub(crate) idempotency_key: Option<String>,
+    pub(crate) unique: Option<String>,
     pub(crate) delay: Option<Duration>,
     pub(crate) at: Option<SystemTime>,
 }
@@ -50,6 +53,40 @@ impl Options {
         self
     }
 
+    /// Refuse this task while another task with the same unique `key` is
+    /// waiting, delayed, running or retrying: the enqueue returns
+    /// [`Error::Duplicate`] with the id of the task that holds the key, and
+    /// enqueues nothing (in a batch, [`Error::DuplicatesInBatch`] names the
+    /// refused tasks; the others are enqueued). The key is free again at
+    /// once when its task ends: succeeded, dead-lettered or cancelled by a
+    /// user. The lock lives in the task's partition and the unique key
+    /// places the task, so a different partition [`key`](Self::key) is
+    /// refused (`invalid setting `unique``); an equal one is allowed. (The
+    /// task's handle is `producer.handle_of(&id, Some(key))`, and its
+    /// [`TaskContext::key`](crate::TaskContext::key) is the unique key.)
+    ///
+    /// With an [`idempotency_key`](Self::idempotency_key) too, a repeat of
+    /// the idempotency key is answered first (the earlier task's id, no
+    /// error), then the unique key is checked; use the same idempotency
+    /// key with one unique key only, since the unique key places the task.
+    ///
+    /// ```no_run
+    /// # async fn demo(producer: peerq::Producer) -> peerq::Result<()> {
+    /// use peerq::{Error, Options};
+    ///
+    /// let nightly = Options::new().unique("report:customer-7");
+    /// let first = producer.enqueue_with("build report", nightly.clone()).await?;
+    /// match producer.enqueue_with("build report", nightly).await {
+    ///     Err(Error::Duplicate(held)) => assert_eq!(held.existing, first),
+    ///     other => panic!("{other:?}"),
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub fn unique(mut self, key: impl Into<String>) -> Self {
+        self.unique = Some(key.into());
+        self
+    }
+
     /// Run the task no earlier than `delay` from now, by Redis's clock. It
     /// waits in its partition's delayed set; the partition's owner moves it
     /// into the stream when due: within milliseconds for delays above a
@@ -70,14 +107,37 @@ impl Options {
 
     /// Whether the task goes through the enqueue script.
     pub(super) fn scripted(&self) -> bool {
-        self.idempotency_key.is_some() || self.delay.is_some() || self.at.is_some()
+        self.idempotency_key.is_some()
+            || self.unique.is_some()
+            || self.delay.is_some()
+            || self.at.is_some()
     }
 
     /// The key that places the task, when it is not its id: the partition
-    /// key, else the idempotency key, so a repeat of an idempotency key
-    /// lands in the partition that holds the key's record.
+    /// key, else the unique key (its lock is in the task's partition),
+    /// else the idempotency key, so a repeat of an idempotency key lands in
+    /// the partition that holds the key's record.
     pub(crate) fn partition_key(&self) -> Option<&str> {
-        self.key.as_deref().or(self.idempotency_key.as_deref())
+        self.key
+            .as_deref()
+            .or(self.unique.as_deref())
+            .or(self.idempotency_key.as_deref())
+    }
+
+    /// Refuses a unique key beside a different partition key: the unique
+    /// key's lock is in the partition the task goes to, so a repeat with
+    /// another partition key would look for it elsewhere.
+    pub(crate) fn check(&self) -> Result<()> {
+        match (&self.unique, &self.key) {
+            (Some(unique), Some(key)) if unique != key => Err(Error::invalid(
+                "unique",
+                format!(
+                    "the unique key `{unique}` chooses the task's partition, and the partition \
+                     key `{key}` differs; leave out `key`, or give the same value to both"
+                ),
+            )),
+            _ => Ok(()),
+        }
     }
 
     /// How long after `now` the task may run: its delay, or the time from
@@ -103,7 +163,20 @@ mod tests {
         assert_eq!(Options::new().partition_key(), None);
         let once = Options::new().idempotency_key("order-1");
         assert_eq!(once.partition_key(), Some("order-1"));
-        assert_eq!(once.key("user-42").partition_key(), Some("user-42"));
+        assert_eq!(once.clone().key("user-42").partition_key(), Some("user-42"));
+        let unique = once.unique("report-7");
+        assert_eq!(unique.partition_key(), Some("report-7"));
+        unique.check().unwrap();
+    }
+
+    #[test]
+    fn a_unique_key_beside_another_partition_key_is_refused_by_name() {
+        let err = Options::new().unique("a").key("b").check().unwrap_err();
+        assert!(
+            err.to_string().starts_with("invalid setting `unique`: "),
+            "{err}"
+        );
+        Options::new().unique("a").key("a").check().unwrap();
     }
 
     #[cfg(feature = "postgres")]

@@ -1,6 +1,6 @@
 //! One task's enqueue: a plain `XADD`, or the enqueue script when the task
-//! has an idempotency key, a delay or (sent by the outbox relay) a dedup
-//! record of its own.
+//! has an idempotency key, a unique key, a delay or (sent by the outbox
+//! relay) a dedup record of its own.
 
 use std::sync::LazyLock;
 use std::time::UNIX_EPOCH;
@@ -12,12 +12,36 @@ use tracing::warn;
 use super::{Options, Producer};
 use crate::codec::Codec;
 use crate::entry::{Entry, TaskId};
-use crate::error::Result;
+use crate::error::{Duplicate, Error, Result};
 use crate::keys;
 use crate::tracking::tracked_script;
 
 pub(super) static ENQUEUE: LazyLock<redis::Script> =
     LazyLock::new(|| redis::Script::new(tracked_script!("enqueue.lua")));
+
+/// What became of one task sent through the enqueue script.
+#[derive(Debug)]
+pub(super) enum Enqueued {
+    /// Added, with this id.
+    New(TaskId),
+    /// A dedup record named an earlier task: nothing added.
+    Earlier(TaskId),
+    /// Its unique key is held by this task: nothing added.
+    Refused(TaskId),
+}
+
+impl Enqueued {
+    /// The enqueue script's reply for task `id`: the id it names, its due
+    /// time, and whether the unique key refused it.
+    pub(super) fn of(id: &TaskId, (named, _, refused): (String, u64, u8)) -> Enqueued {
+        let named = TaskId::from(named.as_str());
+        match (refused, named == *id) {
+            (1.., _) => Enqueued::Refused(named),
+            (0, true) => Enqueued::New(named),
+            (0, false) => Enqueued::Earlier(named),
+        }
+    }
+}
 
 impl<C: Codec> Producer<C> {
     /// Enqueues one task; its id, and whether it is new (not a repeat of an
@@ -27,25 +51,33 @@ impl<C: Codec> Producer<C> {
         task: T,
         options: Options,
     ) -> Result<(TaskId, bool)> {
-        let entry = self.entry(&task, options.partition_key().map(str::to_owned))?;
+        options.check()?;
+        let mut entry = self.entry(&task, options.partition_key().map(str::to_owned))?;
+        entry.unique = options.unique.clone();
         let sent = self.send_entry(entry, &options, None).await?;
         // Only the outbox relay's record comes with a deadline.
-        Ok(sent.expect("without a deadline a send is never late"))
+        match sent.expect("without a deadline a send is never late") {
+            Enqueued::New(id) => Ok((id, true)),
+            Enqueued::Earlier(id) => Ok((id, false)),
+            Enqueued::Refused(existing) => Err(Error::Duplicate(Duplicate {
+                unique: options.unique.unwrap_or_default(),
+                existing,
+            })),
+        }
     }
 
     /// Enqueues `entry` with `options` (its delay, its idempotency key);
     /// with `once`, the outbox relay's send (docs/design.md §10): also at
     /// most once per that dedup record (a name under `{N/p}:dedup:`, kept
     /// without an expiry) and only until that deadline (Unix ms by Redis's
-    /// clock). Its id, and whether it is new: `false` when either record
-    /// named an earlier task, whose id it returns; `None` when the
-    /// deadline had passed and nothing was written.
+    /// clock). What became of it; `None` when the deadline had passed and
+    /// nothing was written.
     pub(super) async fn send_entry(
         &self,
         entry: Entry,
         options: &Options,
         once: Option<(&str, u64)>,
-    ) -> Result<Option<(TaskId, bool)>> {
+    ) -> Result<Option<Enqueued>> {
         let id = entry.id.clone();
         let p = self.partition_of(&entry);
         let stream = keys::stream(&self.name, p);
@@ -53,26 +85,26 @@ impl<C: Codec> Producer<C> {
         let tracked = self.tracking.on(&self.conn, &self.name).await.is_some();
         if options.scripted() || once.is_some() || tracked {
             let script = self.enqueue_script(&entry, p, options, once, tracked);
-            let (enqueued, due): (String, u64) = self.conn.write_script(&script).await?;
-            if enqueued.is_empty() {
+            let reply: (String, u64, u8) = self.conn.write_script(&script).await?;
+            if reply.0.is_empty() {
                 return Ok(None);
             }
-            if due > 0 {
-                self.notice(p, due).await;
+            if reply.1 > 0 {
+                self.notice(p, reply.1).await;
             }
-            let new = enqueued == id.as_str();
-            return Ok(Some((TaskId::from(enqueued.as_str()), new)));
+            return Ok(Some(Enqueued::of(&id, reply)));
         }
         let mut cmd = redis::cmd("XADD");
         cmd.arg(&stream).arg("*").arg(entry.fields());
         self.conn.write::<()>(&cmd).await?;
-        Ok(Some((id, true)))
+        Ok(Some(Enqueued::New(id)))
     }
 
     /// The enqueue script's call for `entry` in partition `p` with
     /// `options` (and the outbox relay's `once`; `tracked`: with its
-    /// record). It replies `{ the id enqueued (or the earlier one, or ''
-    /// past the deadline), its due time if delayed, else 0 }`.
+    /// record). It replies `{ the id enqueued (or the earlier one, or the
+    /// unique key's holder, or '' past the deadline), its due time if
+    /// delayed, else 0, 1 if refused for the unique key }`.
     pub(super) fn enqueue_script(
         &self,
         entry: &Entry,

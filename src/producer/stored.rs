@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use deadpool_redis::redis;
 
+use super::send::Enqueued;
 use super::{Options, Producer};
 use crate::codec::Codec;
 use crate::entry::{Entry, TaskId};
@@ -61,6 +62,7 @@ impl Stored {
             enqueued_at: Duration::from_millis(self.written_ms),
             codec: self.codec.clone(),
             payload: self.payload.clone(),
+            unique: None,
         }
     }
 }
@@ -75,13 +77,14 @@ impl<C: Codec> Producer<C> {
             .send_entry(stored.entry(), &stored.options, Some((&record, until_ms)))
             .await;
         match &sent {
-            Ok(Some((_, true))) => self.enqueued.increment(1),
+            Ok(Some(Enqueued::New(_))) => self.enqueued.increment(1),
             Ok(_) => {}
             Err(_) => self.errors.increment(1),
         }
         Ok(match sent? {
-            Some((_, true)) => Sent::Now,
-            Some((_, false)) => Sent::Before,
+            Some(Enqueued::New(_)) => Sent::Now,
+            // (The outbox refuses unique keys when a row is written.)
+            Some(Enqueued::Earlier(_) | Enqueued::Refused(_)) => Sent::Before,
             None => Sent::Late,
         })
     }

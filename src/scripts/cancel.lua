@@ -36,4 +36,10 @@ if running then
 end
 cancelled(t, id, false)
 flush(t)
+-- Final now, so its unique key is free at once (docs/design.md §16); its
+-- entry, still waiting, is acked without running by the start that reads
+-- it, whose release leaves a key a newer task took.
+if was.u then
+  release(string.sub(t.tasks, 1, #t.tasks - 5) .. 'unique', was.u, id)
+end
 return { 'cancelled', 'cancelled' }

@@ -17,15 +17,18 @@
 --           outbox record)
 -- ARGV[6] = 1 with tracking on (docs/design.md §14): the task's record is
 --           written; 0: no record
--- ARGV[7..] = field, value, ...
+-- ARGV[7..] = field, value, ... (with a `unique` field: the unique key,
+--           docs/design.md §16; its lock is `{N/p}:unique`, named after KEYS[1])
 -- Returns { the id of the task enqueued: this one, or the earlier one under
--- either dedup record; its due time (Unix ms) if this call delayed it,
--- else 0 }: the producer then adds the due index's notice (docs/design.md
--- §6), a key of another slot. Past the deadline: { '', 0 }, nothing written.
+-- either dedup record, or the task that holds the unique key; its due time
+-- (Unix ms) if this call delayed it, else 0; 1 when refused for the unique
+-- key, else 0 }: the producer then adds the due index's notice
+-- (docs/design.md §6), a key of another slot. Past the deadline:
+-- { '', 0, 0 }, nothing written.
 local ttl = tonumber(ARGV[1])
 local until_ms = tonumber(ARGV[5])
 if until_ms > 0 and now_ms() > until_ms then
-  return { '', 0 }
+  return { '', 0, 0 }
 end
 local found = (ttl > 0 and redis.call('GET', KEYS[3]))
   or (until_ms > 0 and redis.call('GET', KEYS[4]))
@@ -35,7 +38,17 @@ if found then
   if until_ms > 0 then
     redis.call('SET', KEYS[4], found)
   end
-  return { found, 0 }
+  return { found, 0, 0 }
+end
+-- The unique key's lock: held by a task whose entry still lives, a refusal;
+-- held by one whose entry is gone (docs/design.md §16: stale), taken over.
+local unique = field_of(7, 'unique')
+local locks = locks_of(KEYS[1])
+if unique then
+  local where, held_by = holder(locks, unique)
+  if held_by and alive(KEYS[1], KEYS[2], 'peerq', where, held_by) then
+    return { held_by, 0, 1 }
+  end
 end
 local at = tonumber(ARGV[3])
 local delay = tonumber(ARGV[4])
@@ -48,17 +61,25 @@ if delayed then
   local fields = {}
   for i = 7, #ARGV do fields[#fields + 1] = ARGV[i] end
   redis.call('ZADD', KEYS[2], due, cmsgpack.pack(fields))
+  if unique then
+    redis.call('HSET', locks, unique, 'd:' .. due .. ' ' .. ARGV[2])
+  end
 else
-  redis.call('XADD', KEYS[1], '*', unpack(ARGV, 7))
+  local added = redis.call('XADD', KEYS[1], '*', unpack(ARGV, 7))
+  if unique then
+    redis.call('HSET', locks, unique, 's:' .. added .. ' ' .. ARGV[2])
+  end
 end
 if tonumber(ARGV[6]) > 0 then
   -- (A cancel request made before the task existed is not in its record
   -- but in the partition's cancel requests: the task never starts.)
+  -- A unique task's record names its key: a user's cancel frees it.
+  local u = unique and cmsgpack.pack('u', unique) or ''
   if delayed then
     redis.call('HSET', KEYS[5], ARGV[2],
-      cmsgpack.pack('s', 'delayed', 'a', 1, 'q', now_ms(), 'd', due))
+      cmsgpack.pack('s', 'delayed', 'a', 1, 'q', now_ms(), 'd', due) .. u)
   else
-    redis.call('HSET', KEYS[5], ARGV[2], cmsgpack.pack('s', 'waiting', 'a', 1, 'q', now_ms()))
+    redis.call('HSET', KEYS[5], ARGV[2], cmsgpack.pack('s', 'waiting', 'a', 1, 'q', now_ms()) .. u)
   end
 end
 if ttl > 0 then
@@ -67,4 +88,4 @@ end
 if until_ms > 0 then
   redis.call('SET', KEYS[4], ARGV[2])
 end
-return { ARGV[2], delayed and due or 0 }
+return { ARGV[2], delayed and due or 0, 0 }

@@ -14,6 +14,10 @@
 -- ARGV[3] = n, the untracked entries' count     ARGV[4..3+n] = their ids
 -- then, with tracked tasks: the tracking block (track.lua), m, the tracked
 -- tasks' count, their m stream ids, and m pairs of task id and record.
+-- With unique tasks among them (docs/design.md §16), and only then:
+-- KEYS[3] = {N/p}:unique, the tracking block's place holds '' if none is
+-- tracked, and the last values are u pairs of task id and unique key, then
+-- u: each key is freed if its task holds it. Without, this costs nothing.
 -- Returns the number acknowledged, or -1 when fenced.
 if redis.call('GET', KEYS[2]) ~= ARGV[1] then
   return -1
@@ -57,5 +61,14 @@ if t then
   end
   acked = acked + all
   flush(t)
+end
+if KEYS[3] then
+  -- Every task of this call is final (succeeded or cancelled), also one
+  -- whose entry an earlier call acked (its reply lost): its key was
+  -- freed then, unless a newer task holds it, which `release` leaves.
+  local u = tonumber(ARGV[#ARGV])
+  for i = #ARGV - 2 * u, #ARGV - 1, 2 do
+    release(KEYS[3], ARGV[i + 1], ARGV[i])
+  end
 end
 return acked

@@ -11,6 +11,9 @@
 -- ARGV[6] = the reason     ARGV[7] = the error     ARGV[8] = the attempt
 -- ARGV[9..15] = the tracking block     ARGV[16..] = the new entry's field,
 -- value, ...
+-- A unique task's lock (docs/design.md §16; its key is the new entry's
+-- `unique` field) is freed with its dead letter or its cancel, and follows
+-- its new entry otherwise.
 -- Returns 1 when moved (or cancelled), 0 when the entry was no longer
 -- pending (a retried call whose first reply was lost: it is not added
 -- twice), -1 when fenced.
@@ -21,12 +24,22 @@ local acked = redis.call('XACK', KEYS[1], ARGV[2], ARGV[3])
 if acked == 0 then
   return 0
 end
+local unique = field_of(16, 'unique')
+local locks = locks_of(KEYS[1])
+local task = unique and field_of(16, 'id')
 local t = ARGV[4] ~= '' and tracking(9)
 if t and not unless_cancelled(t, ARGV[4]) then
+  release(locks, unique, task)
   flush(t)
   return 1
 end
 local added = redis.call('XADD', KEYS[3], '*', unpack(ARGV, 16))
+-- (The destination says which: ARGV[5] is empty for an untracked task.)
+if KEYS[3] ~= KEYS[1] then
+  release(locks, unique, task)
+else
+  relocate(locks, unique, task, 's:' .. added)
+end
 if t then
   if ARGV[5] == 'dead' then
     finish(t, ARGV[4], 'dead', redis.call('HGET', t.running, ARGV[4]),

@@ -13,6 +13,8 @@
 -- ARGV[8] = the error     ARGV[9] = the next attempt
 -- ARGV[10..16] = the tracking block
 -- ARGV[17..] = the next attempt's field, value, ...
+-- A unique task's lock (docs/design.md §16; its key is the next attempt's
+-- `unique` field) follows the next attempt, or is freed with its cancel.
 -- Returns 1 when retried (or cancelled), 0 when the entry was no longer
 -- pending (a call repeated after a lost reply: nothing is added twice), -1
 -- when fenced.
@@ -23,19 +25,25 @@ local acked = redis.call('XACK', KEYS[1], ARGV[2], ARGV[3])
 if acked == 0 then
   return 0
 end
+local unique = field_of(17, 'unique')
+local locks = locks_of(KEYS[1])
+local task = unique and field_of(17, 'id')
 local t = ARGV[5] ~= '' and tracking(10)
 if t and not unless_cancelled(t, ARGV[5]) then
+  release(locks, unique, task)
   flush(t)
   return 1
 end
 local delay = tonumber(ARGV[4])
 local due = now_ms() + delay
 if delay <= 0 then
-  redis.call('XADD', KEYS[1], '*', unpack(ARGV, 17))
+  local added = redis.call('XADD', KEYS[1], '*', unpack(ARGV, 17))
+  relocate(locks, unique, task, 's:' .. added)
 else
   local fields = {}
   for i = 17, #ARGV do fields[#fields + 1] = ARGV[i] end
   redis.call('ZADD', KEYS[3], due, cmsgpack.pack(fields))
+  relocate(locks, unique, task, 'd:' .. due)
 end
 if t then
   set_state(t, ARGV[5], ARGV[6], 'a', ARGV[9], 'd', due, 'e', ARGV[8])

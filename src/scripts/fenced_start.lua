@@ -9,6 +9,8 @@
 -- ARGV[3..9] = the tracking block (track.lua)
 -- ARGV[10] = n, the tasks' count, then n pairs of task id and running
 -- value, then the n tasks' stream ids, in the same order
+-- A unique task that does not start frees its key (docs/design.md §16),
+-- read from its entry: only on this path, which costs one read per task.
 -- Returns the stream ids of the tasks that must not run (cancelled), or -1
 -- when fenced.
 if redis.call('GET', KEYS[2]) ~= ARGV[1] then
@@ -36,6 +38,10 @@ for k = 1, n do
   local id = ARGV[9 + 2 * k]
   local stream_id = ARGV[10 + 2 * n + k]
   if asked(t, id) then
+    local entry = redis.call('XRANGE', KEYS[1], stream_id, stream_id)[1]
+    if entry then
+      release(locks_of(KEYS[1]), field_in(entry[2], 'unique'), field_in(entry[2], 'id'))
+    end
     redis.call('XACK', KEYS[1], ARGV[2], stream_id)
     cancelled(t, id, true)
     skip[#skip + 1] = stream_id

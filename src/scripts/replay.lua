@@ -11,15 +11,31 @@
 -- KEYS[4] = {N/p}:ended     KEYS[5] = {N/p}:ended_at
 -- ARGV[1] = the dead letter's id     ARGV[2] = the task id ('': none)
 -- ARGV[3..] = the task's field, value, ...
--- Returns 1 when replayed, 0 when it was not there (any more), -1 when it
--- has no fields to replay.
+-- A task with a unique key (its `unique` field, docs/design.md §16) takes
+-- its lock again, unless another task holds it and lives: then nothing is
+-- replayed, and the letter stays.
+-- Returns { code, holder }: 1 when replayed, 0 when it was not there (any
+-- more), -1 when it has no fields to replay, -2 when its unique key is
+-- held, by the task `holder` names ('' otherwise).
 if #redis.call('XRANGE', KEYS[1], ARGV[1], ARGV[1]) == 0 then
-  return 0
+  return { 0, '' }
 end
 if #ARGV < 4 then
-  return -1
+  return { -1, '' }
 end
-redis.call('XADD', KEYS[2], '*', unpack(ARGV, 3))
+local unique = ARGV[2] ~= '' and field_of(3, 'unique')
+local locks = locks_of(KEYS[2])
+if unique then
+  local where, held_by = holder(locks, unique)
+  local delayed = string.sub(KEYS[2], 1, #KEYS[2] - 6) .. 'delayed'
+  if held_by and held_by ~= ARGV[2] and alive(KEYS[2], delayed, 'peerq', where, held_by) then
+    return { -2, held_by }
+  end
+end
+local added = redis.call('XADD', KEYS[2], '*', unpack(ARGV, 3))
+if unique then
+  redis.call('HSET', locks, unique, 's:' .. added .. ' ' .. ARGV[2])
+end
 redis.call('XDEL', KEYS[1], ARGV[1])
 local id = ARGV[2]
 local record = id ~= '' and redis.call('HGET', KEYS[3], id)
@@ -40,7 +56,7 @@ if record then
     redis.call('LREM', KEYS[4], 1, id)
   end
   local fields = { 's', 'waiting', 'a', 1, 't', now_ms() }
-  for _, name in ipairs({ 'q', 'e' }) do
+  for _, name in ipairs({ 'q', 'e', 'u' }) do
     if was[name] then
       fields[#fields + 1] = name
       fields[#fields + 1] = was[name]
@@ -48,4 +64,4 @@ if record then
   end
   redis.call('HSET', KEYS[3], id, cmsgpack.pack(unpack(fields)))
 end
-return 1
+return { 1, '' }

@@ -11,6 +11,7 @@
 --   s state     a attempt     q enqueued_at     d due_at     f finished_at
 --   r ran (instance|token|attempt|started_at)   e error     w reason
 --   x dead_id   p progress    v result (the value)   c cancel   t touched
+--   u unique (the unique key the task holds, docs/design.md §16)
 -- Final records are bounded by time and count through `{N/p}:ended` (their
 -- ids, oldest first) and `{N/p}:ended_at` (`<end, Unix ms> <how many>`,
 -- one item per script that ended tasks, in the same order);

@@ -52,6 +52,10 @@ macro_rules! tracked_script {
                 env!("CARGO_MANIFEST_DIR"),
                 "/src/scripts/track.lua"
             )),
+            include_str!(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/src/scripts/unique.lua"
+            )),
             include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/src/scripts/", $file))
         )
     };

@@ -10,7 +10,7 @@ use std::collections::HashMap;
 
 /// Each letter a record uses, and the field it stands for (`track.lua`
 /// lists the same; a unit test holds them equal).
-pub(crate) const NAMES: [(u8, &str); 13] = [
+pub(crate) const NAMES: [(u8, &str); 14] = [
     (b's', "state"),
     (b'a', "attempt"),
     (b'q', "enqueued_at"),
@@ -24,6 +24,7 @@ pub(crate) const NAMES: [(u8, &str); 13] = [
     (b'v', "result"),
     (b'c', "cancel"),
     (b't', "touched"),
+    (b'u', "unique"),
 ];
 
 /// A record's fields by their full names, values as bytes (integers as

@@ -14,6 +14,7 @@ mod failover;
 mod replicas;
 mod tls;
 mod tracking;
+mod unique;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};

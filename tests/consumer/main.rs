@@ -25,6 +25,7 @@ mod release_marks;
 mod scheduling;
 mod startup;
 mod tracking;
+mod unique;
 
 /// A consumer running in this test's runtime until `stop` fires.
 struct Instance {

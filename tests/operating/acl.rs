@@ -3,7 +3,8 @@
 //! producer, the CLI and the outbox relay work; a user missing one right
 //! gets a one-line error naming the command and what to grant; a wrong
 //! password is an authentication error without the password in it. Task
-//! a rate limit (its tokens leased from `{N}:rate`, `peerq limit`),
+//! a rate limit (its tokens leased from `{N}:rate`, `peerq limit`), a
+//! unique key (its lock in `{N/p}:unique`),
 //! tracking (records, `wait`, a cancel heard by the running task) works as
 //! that user too.
 
@@ -108,9 +109,20 @@ async fn a_consumer_a_producer_and_the_cli_work_as_a_least_privilege_user() {
         .enqueue_with(Job { seq: 50 }, options)
         .await
         .unwrap();
+    // A unique key as this user: the second enqueue finds the first still
+    // held (its script checks that the holder's entry is alive).
+    let unique = Options::new().unique("acl-once");
+    let holder = producer
+        .enqueue_with(Job { seq: 51 }, unique.clone())
+        .await
+        .unwrap();
+    match producer.enqueue_with(Job { seq: 51 }, unique).await {
+        Err(peerq::Error::Duplicate(d)) => assert_eq!(d.existing, holder),
+        other => panic!("a held unique key enqueued again: {other:?}"),
+    }
     wait_until(Duration::from_secs(30), "every task ran", || {
         assert!(!running.is_finished(), "the consumer stopped");
-        handler.done(51)
+        handler.done(52)
     })
     .await;
     let dead = peerq::DeadLetters::connect(&url, &name).await.unwrap();

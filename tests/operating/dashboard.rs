@@ -7,6 +7,7 @@
 
 mod browser;
 mod task;
+mod unique;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

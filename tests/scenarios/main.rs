@@ -7,3 +7,4 @@ extern crate peerq_test_support as support;
 
 mod delivery;
 mod example;
+mod unique;

@@ -83,6 +83,9 @@ pub(crate) struct Ack {
     /// With tracking on: each id's task and result, in `ids`' order, and
     /// the tracking they were run under.
     tracked: Option<Tracked>,
+    /// The task id and unique key of each of its tasks that holds one
+    /// (docs/design.md §16): the ack frees their keys. Empty for most.
+    unique: Vec<(TaskId, String)>,
     /// Told the ids and the outcome once the ack has landed or was fenced
     /// (or given up, as the acker stops); `None` once told.
     reply: Option<Replies>,
@@ -120,9 +123,17 @@ impl Ack {
             released,
             ids,
             tracked,
+            unique: Vec::new(),
             reply: Some(reply),
             retries: PAUSES,
         }
+    }
+
+    /// The same ack, freeing the unique keys of `unique` (task id and key
+    /// of each of its tasks that holds one).
+    pub(crate) fn freeing(mut self, unique: Vec<(TaskId, String)>) -> Ack {
+        self.unique = unique;
+        self
     }
 
     /// Sends it again after its next pause: it did not land.
@@ -307,8 +318,13 @@ async fn ack_groups(
                 ids: Vec::new(),
                 tracked: Vec::new(),
                 tracking: None,
+                unique: Vec::new(),
             };
             for ack in acks {
+                let unique = ack.unique.iter();
+                group
+                    .unique
+                    .extend(unique.map(|(task, key)| (task.as_str(), key.as_str())));
                 match &ack.tracked {
                     None => group.ids.extend(ack.ids.iter().map(String::as_str)),
                     Some(tracked) => {

@@ -89,6 +89,15 @@ impl Batch {
             (Some(track), Ok(entry)) => Some((entry.id.clone(), track.clone())),
             _ => None,
         };
+        // Its unique key is freed by its ack (docs/design.md §16).
+        let unique = match &entry {
+            Ok(Entry {
+                id: task,
+                unique: Some(unique),
+                ..
+            }) => Some((task.clone(), unique.clone())),
+            _ => None,
+        };
         let executed = self.execute(&id, entry, tenure, track).await;
         // The handler is done: its key's slot goes back.
         drop(slot);
@@ -102,7 +111,7 @@ impl Batch {
                 // written over it by the ack script, which finds the
                 // request).
                 let task = task.map(|(task, track)| (task, track.succeeded(&result)));
-                Ran::Succeeded(id, task)
+                Ran::Succeeded(id, task, unique)
             }
             Executed::Done(settled) => Ran::Done(id, settled),
         }

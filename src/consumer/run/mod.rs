@@ -85,8 +85,9 @@ pub(crate) struct Batch {
 /// How one entry's run ended.
 enum Ran {
     /// Its handler succeeded (or a user cancelled it), and it holds an ack
-    /// slot: to be acked; tracked, with its task id and final record.
-    Succeeded(String, Option<(TaskId, Vec<u8>)>),
+    /// slot: to be acked; tracked, with its task id and final record;
+    /// with its task id and unique key if it holds one.
+    Succeeded(String, Option<(TaskId, Vec<u8>)>, Option<(TaskId, String)>),
     /// Done here: settled (no longer pending), or left pending.
     Done(String, bool),
 }
@@ -206,11 +207,18 @@ impl Batch {
                 Some(ran) = running.next(), if !running.is_empty() => {
                     // Every entry that finished by now goes in one ack.
                     let (mut succeeded, mut tracked) = (Vec::new(), Vec::new());
+                    let (mut unique, mut unique_tracked) = (Vec::new(), Vec::new());
                     let mut next = Some(ran);
                     while let Some(one) = next {
                         match one {
-                            Ran::Succeeded(id, None) => succeeded.push(id),
-                            Ran::Succeeded(id, Some(task)) => tracked.push((id, task)),
+                            Ran::Succeeded(id, None, key) => {
+                                succeeded.push(id);
+                                unique.extend(key);
+                            }
+                            Ran::Succeeded(id, Some(task), key) => {
+                                tracked.push((id, task));
+                                unique_tracked.extend(key);
+                            }
                             Ran::Done(id, settled) => {
                                 all_settled &= settled;
                                 self.held.release(&id, settled);
@@ -222,12 +230,13 @@ impl Batch {
                     let reply = reply.as_ref().expect("open while entries run");
                     if !succeeded.is_empty() {
                         slots.taken += succeeded.len();
-                        settle.ack(succeeded, None, reply);
+                        settle.ack(succeeded, None, unique, reply);
                     }
                     if let (false, Some(tracking)) = (tracked.is_empty(), tracking) {
                         slots.taken += tracked.len();
                         let (ids, tasks) = tracked.into_iter().unzip();
-                        settle.ack(ids, Some(Tracked { tracking, tasks }), reply);
+                        let tracked = Some(Tracked { tracking, tasks });
+                        settle.ack(ids, tracked, unique_tracked, reply);
                     }
                 }
                 n = replies.recv_many(&mut told, usize::MAX), if slots.taken > 0 => {

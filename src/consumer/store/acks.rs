@@ -55,6 +55,9 @@ pub(crate) struct AckGroup<'a> {
     pub(crate) tracked: Vec<(&'a str, &'a str, &'a [u8])>,
     /// Set when `tracked` is not empty.
     pub(crate) tracking: Option<Tracking>,
+    /// Task id and unique key of each task that holds one (docs/design.md
+    /// §16), among `ids` or `tracked`: the script frees their keys.
+    pub(crate) unique: Vec<(&'a str, &'a str)>,
 }
 
 impl PartitionStore {
@@ -77,6 +80,18 @@ impl PartitionStore {
             for (_, task, record) in &group.tracked {
                 script.arg(*task).arg(*record);
             }
+        } else if !group.unique.is_empty() {
+            // No tracking block: its place says so.
+            script.arg("");
+        }
+        if !group.unique.is_empty() {
+            // Only acks with unique tasks name the locks: the others cost
+            // nothing more.
+            script.key(&self.unique);
+            for (task, unique) in &group.unique {
+                script.arg(*task).arg(*unique);
+            }
+            script.arg(group.unique.len());
         }
         script
     }

@@ -1,6 +1,6 @@
 //! The partition store: every command the consumer sends on one
 //! partition's keys (`{N/p}:stream`, `:owner`, `:delayed`, `:dead`,
-//! `:failures`) and on the release marks, in one place. Nothing else in the consumer builds a
+//! `:failures`, `:unique`) and on the release marks, in one place. Nothing else in the consumer builds a
 //! Redis command, so the key layout, the scripts and the reply formats are
 //! read here alone, and a change to one (Redis Cluster, say) is made here.
 //!
@@ -60,8 +60,12 @@ static FENCED_KEEP: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../scripts/fenced_keep.lua")));
 static FENCED_RETRY: LazyLock<Script> =
     LazyLock::new(|| Script::new(tracked_script!("fenced_retry.lua")));
-static PROMOTE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../../scripts/promote.lua")));
+static PROMOTE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(concat!(
+        include_str!("../../scripts/unique.lua"),
+        include_str!("../../scripts/promote.lua")
+    ))
+});
 static TRIM: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../scripts/trim.lua")));
 
@@ -125,6 +129,8 @@ pub(crate) struct PartitionStore {
     owner: String,
     delayed: String,
     dead: String,
+    /// The unique keys' locks (docs/design.md §16).
+    unique: String,
     /// Ordered mode: the failure counts of entries retried in place.
     failures: String,
     /// This instance's id: its consumer name in the group.
@@ -159,6 +165,7 @@ impl PartitionStore {
             owner: keys::owner(name, p),
             delayed: keys::delayed(name, p),
             dead: keys::dead(name, p),
+            unique: keys::unique(name, p),
             failures: keys::failures(name, p),
             consumer: id.as_str().to_owned(),
             record: owner_record(token, id),

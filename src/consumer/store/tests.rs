@@ -117,6 +117,7 @@ async fn run_ack(conn: &SharedConnection, store: &PartitionStore, id: &str) -> i
         store,
         ids: vec![id],
         tracked: Vec::new(),
+        unique: Vec::new(),
         tracking: None,
     };
     conn.invoke(&store.ack_script(&group)).await.unwrap()
@@ -332,6 +333,7 @@ async fn a_stale_owner_writes_no_task_record_and_the_owner_does() {
         store,
         ids: Vec::new(),
         tracked: vec![(id, "t1", record)],
+        unique: Vec::new(),
         tracking: Some(tracking),
     };
     // The old owner: its start, progress and ack are refused, and write
