@@ -103,13 +103,6 @@ pub(crate) fn rate(name: &ServiceName) -> String {
     format!("{{{name}}}:rate")
 }
 
-/// The rate limit per key's state for partition key `key` (docs/design.md
-/// §15), as [`rate`] holds the service's; in the service's slot, as any
-/// instance may lease from it.
-pub(crate) fn rate_of_key(name: &ServiceName, key: &str) -> String {
-    format!("{{{name}}}:rate:{key}")
-}
-
 /// The channel the owners of a service's partitions hear user cancels on:
 /// each message is a task handle, `<partition>/<task id>`.
 pub(crate) fn cancels(name: &ServiceName) -> String {

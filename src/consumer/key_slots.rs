@@ -16,11 +16,18 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use tokio::sync::watch;
+use tokio::sync::{broadcast, watch};
 
 use crate::config::ServiceName;
 use crate::limits::Limits;
 use crate::metrics as m;
+
+/// How many freed keys a batch may fall behind by before it looks at all
+/// its entries aside again.
+const FREED_BACKLOG: usize = 4_096;
+
+/// Keys past this many are forgotten once none of their tasks runs.
+const KEPT: usize = 10_000;
 
 /// The most entries a partition holds aside for keys at their limit;
 /// beyond, it reads nothing new until some start.
@@ -29,9 +36,14 @@ pub(crate) const MOST_THROTTLED: usize = 1_000;
 /// The running tasks of each limited key on this instance.
 pub(crate) struct KeySlots {
     limits: watch::Receiver<Limits>,
-    running: Mutex<HashMap<String, u32>>,
-    /// Bumped when a slot is given back: the entries held aside look again.
-    freed: watch::Sender<u64>,
+    /// Keys stay at 0 (a start after an end allocates nothing) until
+    /// [`KEPT`] of them are known.
+    running: Mutex<HashMap<Arc<str>, u32>>,
+    /// Each key whose slot is given back (or, from [`KeyRates`], whose
+    /// tokens come back): the entries of that key held aside look again.
+    ///
+    /// [`KeyRates`]: super::key_rates::KeyRates
+    freed: broadcast::Sender<Arc<str>>,
     waiting: metrics::Gauge,
 }
 
@@ -45,7 +57,7 @@ impl KeySlots {
         KeySlots {
             limits,
             running: Mutex::new(HashMap::new()),
-            freed: watch::channel(0).0,
+            freed: broadcast::channel(FREED_BACKLOG).0,
             waiting: metrics::gauge!(m::LIMITED_TASKS, &labels),
         }
     }
@@ -57,14 +69,25 @@ impl KeySlots {
             return Ok(None);
         };
         let mut running = self.running.lock().expect("not poisoned");
-        let n = running.entry(key.to_owned()).or_default();
+        if running.len() >= KEPT {
+            running.retain(|_, n| *n > 0);
+        }
+        let key = match running.get_key_value(key) {
+            Some((known, _)) => known.clone(),
+            None => {
+                let new: Arc<str> = Arc::from(key);
+                running.insert(new.clone(), 0);
+                new
+            }
+        };
+        let n = running.get_mut(&key).expect("just found or added");
         if *n >= most {
             return Err(Full);
         }
         *n += 1;
         Ok(Some(KeySlot {
             slots: self.clone(),
-            key: key.to_owned(),
+            key,
         }))
     }
 
@@ -77,9 +100,14 @@ impl KeySlots {
         running.get(key).is_none_or(|n| *n < most)
     }
 
-    /// Told each time a slot is given back.
-    pub(crate) fn watch_freed(&self) -> watch::Receiver<u64> {
+    /// Told each key whose slot is given back or whose tokens came back.
+    pub(crate) fn watch_freed(&self) -> broadcast::Receiver<Arc<str>> {
         self.freed.subscribe()
+    }
+
+    /// Where the keys whose tokens came back are told.
+    pub(crate) fn freed(&self) -> broadcast::Sender<Arc<str>> {
+        self.freed.clone()
     }
 
     /// Counts `n` more (or fewer) entries held aside.
@@ -87,16 +115,14 @@ impl KeySlots {
         self.waiting.increment(n);
     }
 
-    fn give_back(&self, key: &str) {
+    fn give_back(&self, key: &Arc<str>) {
         let mut running = self.running.lock().expect("not poisoned");
         if let Some(n) = running.get_mut(key) {
-            *n -= 1;
-            if *n == 0 {
-                running.remove(key);
-            }
+            *n = n.saturating_sub(1);
         }
         drop(running);
-        self.freed.send_modify(|n| *n = n.wrapping_add(1));
+        // None listening (nothing held aside) is no error.
+        let _ = self.freed.send(key.clone());
     }
 }
 
@@ -107,7 +133,7 @@ pub(crate) struct Full;
 /// One running task's slot of its key, given back when dropped.
 pub(crate) struct KeySlot {
     slots: Arc<KeySlots>,
-    key: String,
+    key: Arc<str>,
 }
 
 impl Drop for KeySlot {

@@ -140,7 +140,7 @@ where
     let (tracked, tracking_watcher) = tracking::watch::watch(name.clone(), conn.clone(), first);
     let (limits, limits_watcher) = limits::watch(name.clone(), conn.clone(), first_limits);
     let key_slots = Arc::new(KeySlots::new(&name, limits.clone()));
-    let key_rates = Arc::new(KeyRates::new(&name, conn.clone(), limits.clone()));
+    let key_rates = Arc::new(KeyRates::new(limits.clone(), key_slots.freed()));
     let limiter = Arc::new(Limiter::new(&name, conn.clone(), limits));
     let running = Arc::new(Running::default());
     let cancels = running::listen(

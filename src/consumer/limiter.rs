@@ -51,13 +51,13 @@ static RATE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../sc
 
 /// Tokens leased together, usable until `until`.
 #[derive(Debug)]
-pub(super) struct Chunk {
-    pub(super) left: u32,
-    pub(super) until: Instant,
+struct Chunk {
+    left: u32,
+    until: Instant,
 }
 
 /// What a lease request got.
-pub(super) enum Leased {
+enum Leased {
     Granted(Chunk),
     /// None now: ask again after this.
     Wait(Duration),
@@ -66,12 +66,7 @@ pub(super) enum Leased {
 /// Asks `key` (a GCRA of `rate`) for tokens for about `want` starts: at
 /// least [`AHEAD`] of the rate, at most the [`BURST`]'s worth. A Redis that
 /// cannot be reached gives none: the starts wait, and it is asked again.
-pub(super) async fn lease(
-    conn: &SharedConnection,
-    key: &str,
-    rate: RateLimit,
-    want: usize,
-) -> Leased {
+async fn lease(conn: &SharedConnection, key: &str, rate: RateLimit, want: usize) -> Leased {
     let interval = rate.interval_us();
     let most = (BURST.as_micros() as f64 / interval).floor().max(1.0);
     let ahead = (AHEAD.as_micros() as f64 / interval).ceil();

@@ -47,9 +47,12 @@ impl<T, S, C: Codec> ConsumerBuilder<T, S, C> {
     /// ([`Options::key`](crate::Options::key)), across every instance;
     /// tasks without a key are not limited by it. Written into
     /// `{N}:limits` like [`rate_limit`](Self::rate_limit), changed the same
-    /// way (`peerq limit set --rate-per-key N/PERIOD`). A key out of tokens
-    /// does not hold up other keys: its entries wait aside, pending in
-    /// Redis, as under [`concurrency_per_key`](Self::concurrency_per_key).
+    /// way (`peerq limit set --rate-per-key N/PERIOD`). The owner of a
+    /// key's partition keeps its rate in memory: right after a handover a
+    /// key may start one burst (30 ms of its rate, at least one task)
+    /// early. A key out of tokens does not hold up other keys: its entries
+    /// wait aside, pending in Redis, as under
+    /// [`concurrency_per_key`](Self::concurrency_per_key).
     pub fn rate_limit_per_key(mut self, count: u32, per: Duration) -> Self {
         self.settings.limits = self
             .settings

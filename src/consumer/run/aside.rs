@@ -8,7 +8,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
-use tokio::sync::watch;
+use tokio::sync::broadcast::{self, error::RecvError};
 
 use crate::consumer::held::Held;
 use crate::consumer::key_rates::KeyRates;
@@ -24,7 +24,8 @@ pub(super) struct Aside {
     /// How many of `entries` each key has: a later entry of a key with
     /// entries aside goes aside too, so a key's tasks start in order.
     keys: HashMap<String, usize>,
-    freed: Option<(watch::Receiver<u64>, watch::Receiver<u64>)>,
+    /// The keys given a slot or tokens back, from the first entry aside.
+    freed: Option<broadcast::Receiver<Arc<str>>>,
 }
 
 impl Aside {
@@ -51,6 +52,11 @@ impl Aside {
     ) -> Option<(Fetched, Option<KeySlot>)> {
         while let Some(front) = waiting.pop_front() {
             let key = key_of(&front);
+            if key.is_some() && self.freed.is_none() {
+                // Listening before the key is asked: a slot or tokens given
+                // back in between must wake this batch.
+                self.freed = Some(self.slots.watch_freed());
+            }
             let behind = !self.entries.is_empty() && key.is_some_and(|k| self.keys.contains_key(k));
             // Its key's token first (a key without one sends for one), then
             // its slot; the token is taken only with the slot.
@@ -66,30 +72,42 @@ impl Aside {
         None
     }
 
-    /// Waits until a slot of some key is given back or a lease of some
-    /// key's tokens comes back (for ever while nothing is aside).
-    pub(super) async fn freed(&mut self) {
-        match &mut self.freed {
-            Some((slots, rates)) if !self.entries.is_empty() => {
-                let changed = tokio::select! {
-                    changed = slots.changed() => changed,
-                    changed = rates.changed() => changed,
-                };
-                if changed.is_err() {
-                    std::future::pending::<()>().await;
-                }
+    /// Waits until a key with entries here is given a slot or tokens
+    /// back, and says which (`None`: this batch fell behind, any may
+    /// have); for ever while nothing is aside. Only keys of this batch wake
+    /// it: a thousand keys leasing must not make every batch look at every
+    /// entry it holds aside.
+    pub(super) async fn freed(&mut self) -> Option<Arc<str>> {
+        let Some(freed) = self.freed.as_mut().filter(|_| !self.entries.is_empty()) else {
+            return std::future::pending().await;
+        };
+        loop {
+            match freed.recv().await {
+                Ok(key) if self.keys.contains_key(&*key) => return Some(key),
+                Ok(_) => {}
+                Err(RecvError::Lagged(_)) => return None,
+                Err(RecvError::Closed) => return std::future::pending().await,
             }
-            _ => std::future::pending::<()>().await,
         }
     }
 
-    /// Puts back in front of `waiting`, in their order, the entries whose
-    /// key has room now.
-    pub(super) fn back(&mut self, waiting: &mut VecDeque<Fetched>) {
+    /// Puts back in front of `waiting`, in their order, the entries of
+    /// `key` (of every key, for `None`) that may start now.
+    pub(super) fn back(&mut self, key: Option<&str>, waiting: &mut VecDeque<Fetched>) {
         let (mut back, mut kept) = (Vec::new(), VecDeque::new());
+        // Asked once per key, not per entry.
+        let mut ready: HashMap<String, bool> = HashMap::new();
         for fetched in self.entries.drain(..) {
-            let key = key_of(&fetched);
-            if self.slots.has_room(key) && self.rates.ready(key) {
+            let of = key_of(&fetched);
+            let wanted = key.is_none() || of == key;
+            let may = wanted
+                && match of {
+                    Some(k) => *ready.entry(k.to_owned()).or_insert_with(|| {
+                        self.slots.has_room(Some(k)) && self.rates.ready(Some(k))
+                    }),
+                    None => true,
+                };
+            if may {
                 back.push(fetched);
             } else {
                 kept.push_back(fetched);
@@ -114,9 +132,6 @@ impl Aside {
     }
 
     fn put(&mut self, fetched: Fetched) {
-        if self.freed.is_none() {
-            self.freed = Some((self.slots.watch_freed(), self.rates.watch_leased()));
-        }
         if let Some(key) = key_of(&fetched) {
             *self.keys.entry(key.to_owned()).or_default() += 1;
         }
