@@ -1,8 +1,9 @@
-//! Concurrency per key (docs/design.md §15) with three in-process
+//! Concurrency per key (docs/design.md §15) with in-process
 //! instances: one key floods its partition while twenty others trickle in;
 //! no key ever runs more than its limit at once (through a graceful leave),
 //! and the other keys' tasks on the flooded partition start within a second
-//! of their enqueue.
+//! of their enqueue; and one instance flooded by one key at `n = 1` holds
+//! at most 1,000 of its entries aside, reading no further.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -91,13 +92,7 @@ async fn a_flooding_key_runs_at_most_n_at_once_and_the_other_keys_on_its_partiti
     let instances: Vec<Instance> = (0..3)
         .map(|_| instance(&server.url(), &name, &runs))
         .collect();
-    let producer = Producer::builder()
-        .name(&name)
-        .redis(server.url())
-        .partitions(P)
-        .connect()
-        .await
-        .unwrap();
+    let producer = producer(&server, &name, P).await;
     // The three split the partitions first (a task of each partition
     // runs).
     let warm: Vec<(Job, Options)> = (0..40)
@@ -191,4 +186,92 @@ async fn a_flooding_key_runs_at_most_n_at_once_and_the_other_keys_on_its_partiti
             assert!(*started < flood_end, "the flood was over before {key} ran");
         }
     }
+}
+
+/// A producer of service `name` with `partitions` partitions.
+async fn producer(server: &RedisServer, name: &str, partitions: u32) -> Producer {
+    Producer::builder()
+        .name(name)
+        .redis(server.url())
+        .partitions(partitions)
+        .connect()
+        .await
+        .unwrap()
+}
+
+/// Entries of the one partition delivered and not acked.
+async fn pending(server: &RedisServer, name: &str) -> usize {
+    let mut conn = server.pool().get().await.unwrap();
+    let reply: deadpool_redis::redis::RedisResult<
+        deadpool_redis::redis::streams::StreamPendingReply,
+    > = deadpool_redis::redis::cmd("XPENDING")
+        .arg(format!("{{{name}/0}}:stream"))
+        .arg("peerq")
+        .query_async(&mut *conn)
+        .await;
+    reply.map_or(0, |r| r.count())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partition_holds_at_most_a_thousand_entries_aside_for_a_flooding_key() {
+    let server = RedisServer::start();
+    let name = unique_name("per-key-bound");
+    let runs: Runs = Arc::default();
+    support::init_tracing();
+    let recorded = runs.clone();
+    let service = JobService::new(tower::service_fn(move |task: Task<Job>| {
+        let runs = recorded.clone();
+        async move {
+            let started = Instant::now();
+            tokio::time::sleep(Duration::from_millis(2)).await;
+            let job = task.payload;
+            runs.lock()
+                .unwrap()
+                .push((job.key, job.seq, started, Instant::now()));
+            Ok(())
+        }
+    }));
+    let stop = CancellationToken::new();
+    let run = Consumer::builder()
+        .name(&name)
+        .redis(server.url())
+        .partitions(1)
+        .concurrency_per_key(1)
+        .service(service)
+        .run_until(stop.clone().cancelled_owned());
+    let instance = Instance {
+        stop,
+        task: tokio::spawn(run),
+    };
+    let producer = producer(&server, &name, 1).await;
+    let total = 2_000;
+    let flood: Vec<(Job, Options)> = (0..total)
+        .map(|seq| {
+            (
+                Job {
+                    key: "flood".into(),
+                    seq,
+                },
+                Options::new().key("flood"),
+            )
+        })
+        .collect();
+    producer.enqueue_batch_with(&flood).await.unwrap();
+    // One at a time, a few ms each: the partition reads past the flood
+    // until 1,000 wait aside, and no further.
+    let mut most = 0;
+    let began = Instant::now();
+    while runs.lock().unwrap().len() < total as usize {
+        most = most.max(pending(&server, &name).await);
+        assert!(
+            began.elapsed() < Duration::from_secs(60),
+            "the flood never ran"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    instance.leave().await;
+    assert!(most >= 1_000, "read past the flood up to the bound: {most}");
+    // The bound, plus the read that reached it and what runs.
+    assert!(most <= 1_000 + 300, "{most} entries read for one key");
+    assert_eq!(most_at_once(&runs.lock().unwrap())["flood"], 1);
 }
