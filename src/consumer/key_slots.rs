@@ -91,6 +91,12 @@ impl KeySlots {
         }))
     }
 
+    /// Whether a limit per key (a concurrency or a rate) is in force.
+    pub(crate) fn keys_limited(&self) -> bool {
+        let limits = self.limits.borrow();
+        limits.per_key().is_some() || limits.rate_limit_per_key().is_some()
+    }
+
     /// Whether a task of `key` could take a slot now.
     pub(crate) fn has_room(&self, key: Option<&str>) -> bool {
         let (Some(key), Some(most)) = (key, self.limits.borrow().per_key()) else {

@@ -50,6 +50,11 @@ impl Aside {
         &mut self,
         waiting: &mut VecDeque<Fetched>,
     ) -> Option<(Fetched, Option<KeySlot>)> {
+        // No limit per key (the common case): the front starts, with no
+        // lock, no map and no subscription per batch.
+        if self.entries.is_empty() && !self.slots.keys_limited() {
+            return waiting.pop_front().map(|front| (front, None));
+        }
         while let Some(front) = waiting.pop_front() {
             let key = key_of(&front);
             if key.is_some() && self.freed.is_none() {
