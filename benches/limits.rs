@@ -34,7 +34,7 @@ use serde::{Deserialize, Serialize};
 use support::{RedisServer, unique_name};
 use tokio_util::sync::CancellationToken;
 
-use crate::meter::{listed, median};
+use crate::meter::ratio_row;
 
 /// Runs of each kind; the median counts.
 const REPEATS: usize = 3;
@@ -123,19 +123,7 @@ async fn main() {
         ),
     ];
     for (label, without, with) in rows {
-        let (off, on) = (&rates[without], &rates[with]);
-        let each: Vec<String> = off
-            .iter()
-            .zip(on)
-            .map(|(a, b)| format!("{:.2}", b / a))
-            .collect();
-        println!(
-            "| {label} | {} | {} | {} | **{:.2}** |",
-            listed(off),
-            listed(on),
-            each.join(" / "),
-            median(on) / median(off)
-        );
+        println!("{}", ratio_row(&label, &rates[without], &rates[with]));
     }
     println!();
     println!(

@@ -2,8 +2,8 @@
 //! name and a `produce`, and watch them split the work.
 //!
 //! ```text
-//! mail_sender consume --redis URL [--cluster] [--tls-ca FILE] [--tls-cert FILE --tls-key FILE] [--wait-for-replicas N] --name NAME [--partitions N] [--indexing ranked|incr] [--assignor modulo|rendezvous] [--weight N] [--interval-ms N] [--drain-ms N] [--skew-ms N] [--work-ms N] [--print-tasks] [--print-events] [--http ADDR] [--codec json|bincode] [--track] [--rate-limit N] [--concurrency-per-key N]
-//! mail_sender produce --redis URL [--cluster] [--tls-ca FILE] [--tls-cert FILE --tls-key FILE] [--wait-for-replicas N] --name NAME [--partitions N] --count N [--batch N] [--rate N] [--print-enqueued] [--codec json|bincode] [--print-ids] [--keys K] [--first-seq N]
+//! mail_sender consume --redis URL [--cluster] [--tls-ca FILE] [--tls-cert FILE --tls-key FILE] [--wait-for-replicas N] --name NAME [--partitions N] [--indexing ranked|incr] [--assignor modulo|rendezvous] [--weight N] [--interval-ms N] [--drain-ms N] [--skew-ms N] [--work-ms N] [--print-tasks] [--print-events] [--http ADDR] [--codec json|bincode] [--track] [--rate-limit N] [--concurrency-per-key N] [--priorities LEVELS]
+//! mail_sender produce --redis URL [--cluster] [--tls-ca FILE] [--tls-cert FILE --tls-key FILE] [--wait-for-replicas N] --name NAME [--partitions N] --count N [--batch N] [--rate N] [--print-enqueued] [--codec json|bincode] [--print-ids] [--keys K] [--first-seq N] [--priority high|normal|low] [--priorities LEVELS]
 //! ```
 //!
 //! With `--cluster`, `--redis` is a comma-separated list of a Redis
@@ -60,6 +60,12 @@
 //! across every instance (also when another was set before), as
 //! `peerq limit set --name NAME --rate N/1s` does; `--concurrency-per-key N`
 //! lets at most N tasks of one key run at once across every instance.
+//!
+//! The service has three priority levels, `high,normal,low`, unless
+//! `--priorities` (service-wide, on consumers and producers alike) names
+//! others, such as `normal` for none; `produce --priority high` enqueues
+//! its tasks at that level (default `normal`): the consumers start them
+//! before the normal backlog they have read.
 
 use std::io::{IsTerminal, Write};
 use std::net::SocketAddr;
@@ -76,7 +82,8 @@ use peerq::limits::RateLimit;
 use peerq::producer::{Options, Producer};
 use peerq::tracking::Tracking;
 use peerq::{
-    Assignor, Bincode, Codec, Consumer, HandlerError, Indexing, Json, Redis, TaskContext, Tls,
+    Assignor, Bincode, Codec, Consumer, HandlerError, Indexing, Json, Priority, Redis, TaskContext,
+    Tls,
 };
 use serde::{Deserialize, Serialize};
 
@@ -178,6 +185,45 @@ struct Settings {
     /// --concurrency-per-key N` does).
     #[arg(long, value_name = "N")]
     concurrency_per_key: Option<u32>,
+    #[command(flatten)]
+    levels: LevelsArg,
+}
+
+/// `--priorities`: the service's levels, on consumers and producers.
+#[derive(clap::Args)]
+struct LevelsArg {
+    /// The service's priority levels, comma-separated; service-wide.
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_value = "high,normal,low"
+    )]
+    priorities: Vec<PriorityArg>,
+}
+
+impl LevelsArg {
+    fn levels(&self) -> Vec<Priority> {
+        self.priorities.iter().map(|&p| p.into()).collect()
+    }
+}
+
+/// A priority level, as named on the command line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum PriorityArg {
+    High,
+    Normal,
+    Low,
+}
+
+impl From<PriorityArg> for Priority {
+    fn from(arg: PriorityArg) -> Self {
+        match arg {
+            PriorityArg::High => Priority::High,
+            PriorityArg::Normal => Priority::Normal,
+            PriorityArg::Low => Priority::Low,
+        }
+    }
 }
 
 /// What a producer enqueues, how fast, and what it prints.
@@ -210,6 +256,11 @@ struct Plan {
     /// told apart.
     #[arg(long, default_value_t = 0, value_name = "N")]
     first_seq: u64,
+    /// The tasks' priority level.
+    #[arg(long, value_enum, default_value_t = PriorityArg::Normal)]
+    priority: PriorityArg,
+    #[command(flatten)]
+    levels: LevelsArg,
 }
 
 /// `--codec`: how tasks are encoded, as named on the command line.
@@ -447,6 +498,7 @@ async fn consume<C: Codec>(
         .name(&name)
         .codec(codec)
         .partitions(settings.partitions)
+        .priorities(settings.levels.levels())
         .indexing(settings.indexing.into())
         .assignor(settings.assignor)
         .weight(settings.weight)
@@ -492,7 +544,9 @@ async fn consume<C: Codec>(
         tokio::spawn(events(builder.partition_events(), builder.standing()));
     } else if !settings.print_tasks {
         let standing = builder.standing();
-        tokio::spawn(status(name, settings.partitions, standing, handled.clone()));
+        // Every level's partitions.
+        let streams = settings.partitions * settings.levels.priorities.len() as u32;
+        tokio::spawn(status(name, streams, standing, handled.clone()));
     }
     builder.run().await?;
     eprintln!("stopped: handled {} tasks", handled.load(Ordering::Relaxed));
@@ -617,7 +671,11 @@ async fn status(
 }
 
 async fn produce<C: Codec>(codec: C, redis: Redis, name: String, plan: Plan) -> peerq::Result<()> {
-    let builder = Producer::builder().codec(codec).redis(redis).name(&name);
+    let builder = Producer::builder()
+        .codec(codec)
+        .redis(redis)
+        .name(&name)
+        .priorities(plan.levels.levels());
     let producer = match plan.partitions {
         Some(partitions) => builder.partitions(partitions),
         None => builder,
@@ -640,7 +698,7 @@ async fn produce<C: Codec>(codec: C, redis: Redis, name: String, plan: Plan) -> 
                     to: format!("user-{s}@example.com"),
                 };
                 let options = key(s).map_or_else(Options::new, |k| Options::new().key(k));
-                (mail, options)
+                (mail, options.priority(plan.priority.into()))
             })
             .collect();
         // Until it lands (with --wait-for-replicas, until replicas confirm
@@ -662,8 +720,8 @@ async fn produce<C: Codec>(codec: C, redis: Redis, name: String, plan: Plan) -> 
         if plan.print_ids {
             // A mail's key places it, else its id.
             let lines: Vec<String> = (mails.iter().zip(&ids))
-                .map(|((mail, _), id)| {
-                    let handle = producer.handle_of(id, key(mail.seq).as_deref());
+                .map(|((mail, options), id)| {
+                    let handle = producer.handle_with(id, options);
                     format!("task seq={} id={handle}", mail.seq)
                 })
                 .collect();

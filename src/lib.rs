@@ -101,6 +101,7 @@
 //! | `instance` | the unique id of a running instance ([`InstanceId`]) |
 //! | `retry` | the backoff between a failed task's attempts ([`Backoff`]), and the pauses of the internal retry loops |
 //! | `periodic` | periodic jobs ([`Periodic`], interval or cron), triggered once per due time by a claim; their schedules in `{N}:periodic` |
+//! | `priority` | priority levels ([`Priority`]): a service's partitions once per level, and which partition a task of a level goes to |
 //! | `pause` | pausing a service: the `{N}:paused` key the consumers' gate reads ([`Pause`]) |
 //! | `due` | the due index `{N}:due`: notices that a partition's delayed set got a task from someone other than its owner |
 //! | `presence` | what an instance tells operators each round: its `{N}:members` record and per-minute counts |
@@ -150,6 +151,7 @@ mod periodic;
 #[cfg(feature = "postgres")]
 pub mod postgres;
 mod presence;
+mod priority;
 pub mod producer;
 mod retry;
 mod shutdown;
@@ -172,6 +174,7 @@ pub use instance::InstanceId;
 pub use partition::{DEFAULT_PARTITIONS, MAX_PARTITIONS, partition_of};
 pub use pause::Pause;
 pub use periodic::{Missed, Periodic};
+pub use priority::Priority;
 pub use producer::{Options, Producer};
 pub use retry::Backoff;
 pub use task_id::TaskId;

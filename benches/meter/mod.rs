@@ -3,7 +3,7 @@
 //! scripts included) with the time Redis spent in each, Redis's CPU time
 //! (`INFO cpu`), and this process's CPU time (`/proc/self/stat`, Linux).
 //!
-//! Shared by the throughput, idle, tracking and limits benchmarks (`mod
+//! Shared by the throughput, idle, tracking, limits and priority benchmarks (`mod
 //! meter;`); it knows no
 //! peerq type.
 
@@ -244,4 +244,22 @@ pub(crate) fn median(rates: &[f64]) -> f64 {
 pub(crate) fn listed(rates: &[f64]) -> String {
     let each: Vec<String> = rates.iter().map(|r| format!("{r:.0}")).collect();
     each.join(" / ")
+}
+
+/// A markdown table row comparing runs `with` against runs `without`, in
+/// run order: `| label | without | with | with / without, each run |
+/// medians |`.
+pub(crate) fn ratio_row(label: &str, without: &[f64], with: &[f64]) -> String {
+    let each: Vec<String> = without
+        .iter()
+        .zip(with)
+        .map(|(a, b)| format!("{:.2}", b / a))
+        .collect();
+    format!(
+        "| {label} | {} | {} | {} | **{:.2}** |",
+        listed(without),
+        listed(with),
+        each.join(" / "),
+        median(with) / median(without)
+    )
 }

@@ -59,7 +59,7 @@ impl Service {
         let conn = &self.admin.conn;
         let now_ms = self.admin.now_ms().await?;
         let mut pipe = redis::pipe();
-        for p in 0..self.partitions() {
+        for p in 0..self.streams() {
             let key = keys::delayed(&self.name, p);
             pipe.cmd("ZCARD").arg(&key);
             pipe.cmd("ZRANGE")
@@ -68,7 +68,7 @@ impl Service {
                 .arg(limit.saturating_sub(1))
                 .arg("WITHSCORES");
         }
-        let replies: Vec<Value> = match self.partitions() {
+        let replies: Vec<Value> = match self.streams() {
             0 => Vec::new(),
             _ => conn.query_pipe(&pipe).await?,
         };
@@ -113,7 +113,7 @@ impl Service {
         task_id: &str,
         action: DelayedAction,
     ) -> Result<bool> {
-        if partition >= self.partitions() {
+        if partition >= self.streams() {
             return Ok(false);
         }
         let conn = &self.admin.conn;

@@ -172,6 +172,9 @@ pub struct Settings {
     pub drain_timeout: Option<String>,
     /// Whether partitions run one task at a time, in order.
     pub ordered: Option<bool>,
+    /// The priority levels, highest first (`high,normal,low`; `normal`
+    /// alone: none). Each level has `partitions` of its own.
+    pub priorities: Option<String>,
 }
 
 impl Settings {
@@ -188,7 +191,16 @@ impl Settings {
             assignor: text("assignor"),
             drain_timeout: text("drain_timeout"),
             ordered: meta.get("ordered").and_then(|o| o.parse().ok()),
+            priorities: text(crate::priority::Levels::FIELD),
         }
+    }
+
+    /// Every partition of every level (docs/design.md §17); 0 when nothing
+    /// recorded the partitions.
+    pub(crate) fn streams(&self) -> u32 {
+        let levels = crate::priority::Levels::parse(self.priorities.as_deref());
+        let levels = levels.map(|l| l.count()).unwrap_or(1);
+        self.partitions.unwrap_or(0) * levels
     }
 
     /// The round interval, or the default when no consumer recorded one.
@@ -219,18 +231,19 @@ impl Service {
         &self.settings
     }
 
-    /// Its partitions (0 when nothing recorded them).
+    /// Its partitions per level (0 when nothing recorded them).
     fn partitions(&self) -> u32 {
         self.settings.partitions.unwrap_or(0)
     }
 
+    /// Its partitions of every level.
+    fn streams(&self) -> u32 {
+        self.settings.streams()
+    }
+
     /// Its dead letters, on this connection.
     pub fn dead_letters(&self) -> DeadLetters {
-        DeadLetters::new(
-            self.admin.conn.clone(),
-            self.name.clone(),
-            self.partitions(),
-        )
+        DeadLetters::new(self.admin.conn.clone(), self.name.clone(), self.streams())
     }
 
     /// Pauses the service: no handler starts on any instance until

@@ -65,7 +65,7 @@ impl Admin {
         }
         let sizes: Vec<(ServiceName, u32)> = read
             .iter()
-            .map(|(name, settings, ..)| (name.clone(), settings.partitions.unwrap_or(0)))
+            .map(|(name, settings, ..)| (name.clone(), settings.streams()))
             .collect();
         let states = partitions::read(&self.conn, &sizes, now_ms).await?;
         Ok(read

@@ -172,7 +172,7 @@ impl Service {
         for minute in &minutes {
             pipe.cmd("HGETALL").arg(keys::stats(&self.name, *minute));
         }
-        let sizes = [(self.name.clone(), self.partitions())];
+        let sizes = [(self.name.clone(), self.streams())];
         let (replies, states) = tokio::join!(
             conn.query_pipe::<Vec<Value>>(&pipe),
             partitions::read(conn, &sizes, now_ms)

@@ -15,7 +15,7 @@ impl Service {
     /// none: tracking was off when it was enqueued and it has not started,
     /// it never existed, or its record expired.
     pub async fn task(&self, handle: &TaskHandle) -> Result<Option<TaskRecord>> {
-        read::find(&self.admin.conn, &self.name, self.partitions(), handle).await
+        read::find(&self.admin.conn, &self.name, self.streams(), handle).await
     }
 
     /// Cancels task `handle`: a task not started never starts, a running

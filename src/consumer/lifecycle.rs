@@ -107,6 +107,7 @@ where
         clock: &clock,
         meta: &fields,
         partitions: settings.partitions,
+        streams: settings.streams(),
         allow_eviction: settings.allow_eviction,
         periodic: &settings.periodic,
         presence: &presence,
@@ -157,7 +158,8 @@ where
     );
     let (reports, reported) = mpsc::unbounded_channel();
     let lease = Lease::new(clock.clone());
-    let room = Arc::new(Room::new(settings.concurrency));
+    let levels = settings.levels();
+    let room = Arc::new(Room::new(settings.concurrency, levels.any()));
     let order = Order::of(settings.ordered);
     let (idle, idle_reader) = IdleReads::spawn(idle_reads::Setup {
         backend: conn.backend().clone(),
@@ -194,6 +196,7 @@ where
         limiter,
         key_slots,
         key_rates,
+        levels,
     });
     info!(service = %name, instance = %id, "consumer started");
 

@@ -11,6 +11,7 @@ use crate::indexer::IndexerSettings;
 use crate::limits::Limits;
 use crate::partition::DEFAULT_PARTITIONS;
 use crate::periodic::Registered;
+use crate::priority::{Levels, Priority};
 use crate::retry::Backoff;
 use crate::tracking::Tracking;
 
@@ -58,6 +59,8 @@ pub(crate) struct ConsumerSettings {
     pub(crate) limits: Limits,
     /// A tracked task's largest encoded result.
     pub(crate) max_result_bytes: usize,
+    /// The priority levels (docs/design.md §17); normal alone by default.
+    pub(crate) priorities: Vec<Priority>,
 }
 
 impl Default for ConsumerSettings {
@@ -79,6 +82,7 @@ impl Default for ConsumerSettings {
             tracking: Tracking::off(),
             limits: Limits::none(),
             max_result_bytes: crate::tracking::DEFAULT_MAX_RESULT,
+            priorities: vec![Priority::Normal],
         }
     }
 }
@@ -138,6 +142,14 @@ impl ConsumerSettings {
         crate::entry::validate_max_entry_bytes(self.max_entry_bytes)?;
         self.tracking.validate()?;
         self.limits.validate()?;
+        let levels = Levels::new(&self.priorities)?;
+        if levels.any() && self.ordered {
+            return Err(Error::invalid(
+                "priorities",
+                "ordered partitions run their tasks one at a time in stream order, which a \
+                 higher level would overtake; use levels or ordered, not both",
+            ));
+        }
         if !(1..=512 * 1024 * 1024).contains(&self.max_result_bytes) {
             return Err(Error::invalid(
                 "max_result_bytes",
@@ -169,6 +181,17 @@ impl ConsumerSettings {
         Ok(())
     }
 
+    /// The priority levels; normal alone if they were not valid (they
+    /// were, after [`validate`](Self::validate)).
+    pub(crate) fn levels(&self) -> Levels {
+        Levels::new(&self.priorities).unwrap_or_default()
+    }
+
+    /// Every partition of the service: `partitions` per level.
+    pub(crate) fn streams(&self) -> u32 {
+        self.levels().streams(self.partitions)
+    }
+
     /// How long a graceful leave may take before the instance leaves at
     /// once: the setting, else `3 * interval + drain_timeout` (a leave
     /// waits for the first round without the instance, then drains).
@@ -183,6 +206,7 @@ impl ConsumerSettings {
         let mut fields = config::queue_meta_fields(self.partitions, codec);
         fields.push(("drain_timeout", fmt_duration(self.drain_timeout)));
         fields.push(("ordered", self.ordered.to_string()));
+        fields.push((Levels::FIELD, self.levels().to_string()));
         fields.push(crate::meta::Kind::Consumer.field());
         fields
     }

@@ -26,6 +26,7 @@ use super::settings::ConsumerSettings;
 use crate::config::ServiceName;
 use crate::connection::SharedConnection;
 use crate::instance::InstanceId;
+use crate::priority::Levels;
 use crate::tracking::watch::Watched;
 
 /// What the workers of one instance share.
@@ -71,4 +72,6 @@ pub(crate) struct Shared {
     pub(crate) key_slots: Arc<KeySlots>,
     /// The tokens of each key, under a rate limit per key.
     pub(crate) key_rates: Arc<KeyRates>,
+    /// The priority levels, from the settings (docs/design.md §17).
+    pub(crate) levels: Levels,
 }

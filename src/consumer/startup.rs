@@ -46,6 +46,8 @@ pub(super) struct Startup<'a> {
     /// The consumer's fields of `{N}:meta`.
     pub(super) meta: &'a [(&'static str, String)],
     pub(super) partitions: u32,
+    /// Every partition of every level (docs/design.md §17).
+    pub(super) streams: u32,
     pub(super) allow_eviction: bool,
     /// The periodic jobs, whose schedules are recorded.
     pub(super) periodic: &'a [Registered],
@@ -89,7 +91,7 @@ impl Startup<'_> {
         let started = async {
             check_eviction(self.conn, self.redis, self.allow_eviction).await?;
             meta::ensure(&mut self.conn.get().await?, self.name, self.meta).await?;
-            store::create_groups(self.conn, self.name, self.partitions).await?;
+            store::create_groups(self.conn, self.name, self.streams).await?;
             periodic::record_schedules(
                 self.conn,
                 self.name,

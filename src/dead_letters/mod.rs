@@ -31,6 +31,7 @@ use crate::connection::{self, Redis, SharedConnection};
 use crate::entry::TaskId;
 use crate::error::{Duplicate, Error, Result};
 use crate::keys;
+use crate::priority::Levels;
 
 static REPLAY: LazyLock<redis::Script> =
     LazyLock::new(|| redis::Script::new(crate::tracking::tracked_script!("replay.lua")));
@@ -77,17 +78,26 @@ impl DeadLetters {
         let given: Redis = redis.into();
         let shown = given.to_string();
         let conn = SharedConnection::new(given.backend()?);
-        let mut hget = redis::cmd("HGET");
-        hget.arg(keys::meta(&name)).arg("partitions");
-        let partitions: Option<u32> = conn
-            .query(&hget)
+        let mut hmget = redis::cmd("HMGET");
+        hmget
+            .arg(keys::meta(&name))
+            .arg("partitions")
+            .arg(Levels::FIELD);
+        let (partitions, levels): (Option<u32>, Option<String>) = conn
+            .query(&hmget)
             .await
             .map_err(|e| connection::at(&shown, e))?;
         let partitions = partitions.ok_or_else(|| Error::UnknownService {
             name: name.to_string(),
             url: shown,
         })?;
-        Ok(DeadLetters::new(Arc::new(conn), name, partitions))
+        // Every level's partitions have dead letters of their own.
+        let levels = Levels::parse(levels.as_deref())?;
+        Ok(DeadLetters::new(
+            Arc::new(conn),
+            name,
+            levels.streams(partitions),
+        ))
     }
 
     /// The dead letters of service `name` with `partitions` partitions, on

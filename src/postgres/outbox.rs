@@ -81,6 +81,13 @@ impl Outbox {
                  transaction committed, with nobody to tell; enqueue it with a Producer",
             ));
         }
+        if options.priority != crate::priority::Priority::Normal {
+            return Err(Error::invalid(
+                "priority",
+                "the outbox relays every row at the normal level (its rows have no level); \
+                 enqueue a task of another level with a Producer",
+            ));
+        }
         let payload = codec.encode(task)?;
         if payload.len() > DEFAULT_MAX_PAYLOAD {
             return Err(Error::PayloadTooLarge {

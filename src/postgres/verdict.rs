@@ -46,6 +46,7 @@ pub(crate) fn verdict(row: Row, codec: &str, max_payload: usize) -> Verdict {
         unique: None,
         delay: None,
         at,
+        priority: Default::default(),
     };
     let stored = Stored {
         id: TaskId::from(row.task_id.as_str()),

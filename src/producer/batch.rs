@@ -43,6 +43,7 @@ use crate::entry::{self, Entry, TaskId};
 use crate::error::{Duplicate, Result};
 use crate::keys;
 use crate::partition::partition_of;
+use crate::priority::Priority;
 use crate::tracking::packed;
 
 /// Entries per part (`enqueue_batch`'s doc names it). Small enough that Redis starts on a batch soon after
@@ -97,6 +98,8 @@ impl<C: Codec> Producer<C> {
                 Ok((self.payload(task)?, Some(options)))
             })
             .collect::<Result<Vec<_>>>()?;
+        self.know_levels(tasks.iter().map(|(_, o)| o.priority))
+            .await?;
         self.send_items(items).await
     }
 
@@ -136,7 +139,7 @@ impl<C: Codec> Producer<C> {
         let mut sending = FuturesUnordered::new();
         let mut replies: Vec<Option<Vec<Value>>> = Vec::new();
         let mut failed = None;
-        let mut placed = self.place(&items).into_iter();
+        let mut placed = self.place(&items)?.into_iter();
         let mut records = tracked.then(|| self.records(&items, placed.as_slice(), enqueued_ms));
         for (i, part) in items.chunks(PART).enumerate() {
             if i > 0 {
@@ -231,15 +234,20 @@ impl<C: Codec> Producer<C> {
         Ok(Sent { new, ids, refused })
     }
 
-    /// Each task's new id and partition (its key's, else its id's).
-    fn place(&self, items: &[Item<'_>]) -> Vec<(TaskId, u32)> {
+    /// Each task's new id and partition (its key's, else its id's, at
+    /// its level).
+    fn place(&self, items: &[Item<'_>]) -> Result<Vec<(TaskId, u32)>> {
         items
             .iter()
             .map(|(_, options)| {
                 let id = TaskId::generate();
                 let key = options.and_then(|o| o.partition_key());
-                let p = partition_of(key.unwrap_or(id.as_str()).as_bytes(), self.partitions);
-                (id, p)
+                let key = key.unwrap_or(id.as_str()).as_bytes();
+                let p = match options {
+                    Some(o) if o.priority != Priority::Normal => self.place_at(key, o.priority)?,
+                    _ => partition_of(key, self.partitions),
+                };
+                Ok((id, p))
             })
             .collect()
     }

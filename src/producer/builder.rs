@@ -5,6 +5,8 @@ use std::fmt;
 use std::marker::PhantomData;
 use std::time::Duration;
 
+use deadpool_redis::redis;
+
 use super::Producer;
 use crate::codec::{Bincode, Codec, Json};
 use crate::config::{self, ServiceName, name_and_redis_setters};
@@ -12,6 +14,7 @@ use crate::connection::{self, Redis, SharedConnection};
 use crate::error::{Error, Result, SettingDiff};
 use crate::metrics as m;
 use crate::partition::DEFAULT_PARTITIONS;
+use crate::priority::{Levels, Priority};
 use crate::{keys, meta};
 
 /// Builds a [`Producer`].
@@ -22,6 +25,8 @@ pub struct ProducerBuilder<C> {
     redis: Option<Redis>,
     /// `None`: the service's, or the default for a new service.
     partitions: Option<u32>,
+    /// `None`: the service's.
+    priorities: Option<Vec<Priority>>,
     max_payload: usize,
     idempotency_ttl: Duration,
     codec: PhantomData<C>,
@@ -45,6 +50,7 @@ impl ProducerBuilder<Bincode> {
             name: None,
             redis: None,
             partitions: None,
+            priorities: None,
             max_payload: super::DEFAULT_MAX_PAYLOAD,
             idempotency_ttl: super::DEFAULT_IDEMPOTENCY_TTL,
             codec: PhantomData,
@@ -74,6 +80,17 @@ impl<C: Codec> ProducerBuilder<C> {
         self
     }
 
+    /// The service's priority levels, recorded in `{N}:meta` if no
+    /// consumer recorded them yet, so that tasks of a level can be
+    /// enqueued before the service's first consumer starts (which must then
+    /// give the same). Without it the producer uses the service's levels
+    /// (none for a new service); levels that differ from the service's are
+    /// refused. Must include [`Priority::Normal`].
+    pub fn priorities(mut self, levels: impl IntoIterator<Item = Priority>) -> Self {
+        self.priorities = Some(levels.into_iter().collect());
+        self
+    }
+
     /// The largest encoded payload accepted (default 1 MiB); larger tasks
     /// are refused with [`Error::PayloadTooLarge`]. Consumers dead-letter
     /// entries over their `max_entry_bytes` (default 4 MiB), so keep that
@@ -97,6 +114,7 @@ impl<C: Codec> ProducerBuilder<C> {
             name: self.name,
             redis: self.redis,
             partitions: self.partitions,
+            priorities: self.priorities,
             max_payload: self.max_payload,
             idempotency_ttl: self.idempotency_ttl,
             codec: PhantomData,
@@ -134,17 +152,27 @@ impl<C: Codec> ProducerBuilder<C> {
         let redis = given.to_string();
         let conn = SharedConnection::new(given.backend()?);
         let asked = self.partitions.unwrap_or(DEFAULT_PARTITIONS);
-        let fields = config::queue_meta_fields(asked, C::NAME);
+        let mut fields = config::queue_meta_fields(asked, C::NAME);
+        if let Some(levels) = &self.priorities {
+            fields.push((Levels::FIELD, Levels::new(levels)?.to_string()));
+        }
         // No waiting for Redis here, unlike a consumer: the caller holds the
         // tasks and decides whether to wait, retry or fail.
         let checked = async { meta::differences(&mut conn.get().await?, &name, &fields).await };
         let differ = checked.await.map_err(|e| connection::at(&redis, e))?;
         let partitions = settle(&name, self.partitions, asked, differ)?;
+        let levels = read_levels(&conn, &name)
+            .await
+            .map_err(|e| connection::at(&redis, e))?;
         let service = name.to_string();
         Ok(Producer {
             enqueued: metrics::counter!(m::ENQUEUED_TOTAL, "service" => service.clone()),
             errors: metrics::counter!(m::ENQUEUE_ERRORS_TOTAL, "service" => service),
-            streams: (0..partitions).map(|p| keys::stream(&name, p)).collect(),
+            // Every level's, whichever the service has (the most there are).
+            streams: (0..Priority::ALL.len() as u32 * partitions)
+                .map(|p| keys::stream(&name, p))
+                .collect(),
+            levels: std::sync::RwLock::new(levels),
             name,
             conn,
             partitions,
@@ -155,6 +183,15 @@ impl<C: Codec> ProducerBuilder<C> {
             script_loaded: Default::default(),
         })
     }
+}
+
+/// The priority levels `{N}:meta` records for service `name` (normal
+/// alone until its consumers record theirs).
+pub(super) async fn read_levels(conn: &SharedConnection, name: &ServiceName) -> Result<Levels> {
+    let mut hget = redis::cmd("HGET");
+    hget.arg(keys::meta(name)).arg(Levels::FIELD);
+    let recorded: Option<String> = conn.query(&hget).await?;
+    Levels::parse(recorded.as_deref())
 }
 
 /// The partitions a producer uses, given what differs from

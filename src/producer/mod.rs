@@ -31,6 +31,7 @@ use crate::connection::{Redis, SharedConnection};
 use crate::entry::{Entry, TaskId};
 use crate::error::{BatchDuplicates, Error, Result};
 use crate::partition::partition_of;
+use crate::priority::{Levels, Priority};
 use crate::tracking::TaskHandle;
 use crate::tracking::watch::Cached;
 
@@ -72,6 +73,10 @@ pub struct Producer<C: Codec = Bincode> {
     /// added without formatting a key each).
     streams: Box<[String]>,
     partitions: u32,
+    /// The service's priority levels, as last read from `{N}:meta` (read
+    /// again when a task asks for a level not in them: the consumers may
+    /// have recorded them since).
+    levels: std::sync::RwLock<Levels>,
     codec: C,
     max_payload: usize,
     idempotency_ttl: Duration,
@@ -251,6 +256,18 @@ impl<C: Codec> Producer<C> {
         TaskHandle::new(partition_of(key.as_bytes(), self.partitions), id.clone())
     }
 
+    /// The handle of task `id` enqueued with `options` (its partition key,
+    /// unique or idempotency key, and priority level); see
+    /// [`handle_of`](Self::handle_of). A level the service lacks gives the
+    /// normal level's partition (such an enqueue was refused).
+    pub fn handle_with(&self, id: &TaskId, options: &Options) -> TaskHandle {
+        let key = options.partition_key().unwrap_or(id.as_str()).as_bytes();
+        let p = self
+            .place_at(key, options.priority)
+            .unwrap_or_else(|_| partition_of(key, self.partitions));
+        TaskHandle::new(p, id.clone())
+    }
+
     /// A first attempt of `task` with a new id, or the error of
     /// [`payload`](Self::payload).
     fn entry<T: Serialize>(&self, task: &T, key: Option<String>) -> Result<Entry> {
@@ -271,8 +288,37 @@ impl<C: Codec> Producer<C> {
         Ok(payload)
     }
 
-    /// The partition `entry` goes to.
+    /// The partition `entry` goes to at the normal level (the outbox
+    /// relay's: its rows have no level).
+    #[cfg(feature = "postgres")]
     fn partition_of(&self, entry: &Entry) -> u32 {
         partition_of(entry.partition_key().as_bytes(), self.partitions)
+    }
+
+    /// The partition of a task placed by `key` at `level`; refused
+    /// naming `priority` when the service has no such level.
+    fn place_at(&self, key: &[u8], level: Priority) -> Result<u32> {
+        if level == Priority::Normal {
+            return Ok(partition_of(key, self.partitions));
+        }
+        self.levels
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .place(key, level, self.partitions)
+    }
+
+    /// Makes sure the levels `wanted` are known: reads `{N}:meta`'s
+    /// levels again when one is not (a producer may have connected before
+    /// the service's first consumer recorded them).
+    async fn know_levels(&self, wanted: impl IntoIterator<Item = Priority>) -> Result<()> {
+        let known = |levels: &std::sync::RwLock<Levels>, level| {
+            levels.read().unwrap_or_else(|e| e.into_inner()).has(level)
+        };
+        if wanted.into_iter().all(|level| known(&self.levels, level)) {
+            return Ok(());
+        }
+        let read = builder::read_levels(&self.conn, &self.name).await?;
+        *self.levels.write().unwrap_or_else(|e| e.into_inner()) = read;
+        Ok(())
     }
 }

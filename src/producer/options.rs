@@ -4,6 +4,7 @@
 use std::time::{Duration, SystemTime};
 
 use crate::error::{Error, Result};
+use crate::priority::Priority;
 
 /// How to enqueue one task.
 #[derive(Debug, Clone, Default)]
@@ -14,6 +15,7 @@ pub struct Options {
     pub(crate) unique: Option<String>,
     pub(crate) delay: Option<Duration>,
     pub(crate) at: Option<SystemTime>,
+    pub(crate) priority: Priority,
 }
 
 impl Options {
@@ -105,6 +107,29 @@ impl Options {
         self
     }
 
+    /// The task's priority level (default [`Priority::Normal`]): the
+    /// service's instances start it before lower levels' tasks they have
+    /// read, and read its level first (docs/design.md §17). The service
+    /// must have the level (its consumers'
+    /// [`priorities`](crate::consumer::ConsumerBuilder::priorities)), else
+    /// the enqueue is refused naming `priority`. A partition key keeps
+    /// its tasks' order within one level only. Refused beside a
+    /// [`unique`](Self::unique) key unless normal: the unique key's lock
+    /// lives in the normal level's partition.
+    ///
+    /// ```no_run
+    /// # async fn demo(producer: peerq::Producer) -> peerq::Result<()> {
+    /// use peerq::{Options, Priority};
+    ///
+    /// let reset = Options::new().key("user-42").priority(Priority::High);
+    /// producer.enqueue_with("password reset", reset).await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn priority(mut self, priority: Priority) -> Self {
+        self.priority = priority;
+        self
+    }
+
     /// Whether the task goes through the enqueue script.
     pub(super) fn scripted(&self) -> bool {
         self.idempotency_key.is_some()
@@ -126,8 +151,20 @@ impl Options {
 
     /// Refuses a unique key beside a different partition key: the unique
     /// key's lock is in the partition the task goes to, so a repeat with
-    /// another partition key would look for it elsewhere.
+    /// another partition key would look for it elsewhere; and a unique key
+    /// at a level other than normal, for the same reason.
     pub(crate) fn check(&self) -> Result<()> {
+        if self.unique.is_some() && self.priority != Priority::Normal {
+            return Err(Error::invalid(
+                "priority",
+                format!(
+                    "a unique task runs at the normal level: its key's lock lives in the normal \
+                     level's partition, where a task of another level could not see it; leave \
+                     out `priority` (asked: {})",
+                    self.priority
+                ),
+            ));
+        }
         match (&self.unique, &self.key) {
             (Some(unique), Some(key)) if unique != key => Err(Error::invalid(
                 "unique",

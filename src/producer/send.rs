@@ -52,6 +52,7 @@ impl<C: Codec> Producer<C> {
         options: Options,
     ) -> Result<(TaskId, bool)> {
         options.check()?;
+        self.know_levels([options.priority]).await?;
         let mut entry = self.entry(&task, options.partition_key().map(str::to_owned))?;
         entry.unique = options.unique.clone();
         let sent = self.send_entry(entry, &options, None).await?;
@@ -79,7 +80,7 @@ impl<C: Codec> Producer<C> {
         once: Option<(&str, u64)>,
     ) -> Result<Option<Enqueued>> {
         let id = entry.id.clone();
-        let p = self.partition_of(&entry);
+        let p = self.place_at(entry.partition_key().as_bytes(), options.priority)?;
         let stream = keys::stream(&self.name, p);
         // A tracked task's record is written with its entry, by the script.
         let tracked = self.tracking.on(&self.conn, &self.name).await.is_some();

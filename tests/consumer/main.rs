@@ -20,6 +20,7 @@ mod memory;
 mod ordered;
 mod pause;
 mod per_key;
+mod priority;
 mod producer;
 mod release_marks;
 mod scheduling;

@@ -268,10 +268,12 @@ async fn status_names_every_member_and_an_owner_for_every_partition() {
             "indexing",
             "assignor",
             "drain_timeout",
-            "ordered"
+            "ordered",
+            "priorities"
         ])
     );
     assert_eq!(status["settings"]["partitions"], P);
+    assert_eq!(status["settings"]["priorities"], "normal");
     assert_eq!(status["settings"]["codec"], "json");
     assert_eq!(status["settings"]["kind"], "consumer");
     assert_eq!(status["settings"]["interval"], "300ms");

@@ -14,6 +14,7 @@
 mod limits;
 mod moves;
 mod pause;
+mod priorities;
 mod restarts;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::io::{BufRead, BufReader};

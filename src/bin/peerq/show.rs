@@ -65,6 +65,7 @@ pub(crate) fn status(status: &Status) -> String {
         ("indexing", &s.indexing),
         ("assignor", &s.assignor),
         ("drain_timeout", &s.drain_timeout),
+        ("priorities", &s.priorities),
     ] {
         settings.push(format!("{name} {}", value.as_deref().unwrap_or("-")));
     }

@@ -1,10 +1,11 @@
-//! The builder's flow limits (docs/design.md §15).
+//! The builder's flow limits and priority levels (docs/design.md §15, §17).
 
 use std::time::Duration;
 
 use super::ConsumerBuilder;
 use crate::codec::Codec;
 use crate::limits::RateLimit;
+use crate::priority::Priority;
 
 impl<T, S, C: Codec> ConsumerBuilder<T, S, C> {
     /// The service-wide rate limit's first value (default none): at most
@@ -98,6 +99,45 @@ impl<T, S, C: Codec> ConsumerBuilder<T, S, C> {
     /// ```
     pub fn concurrency_per_key(mut self, n: u32) -> Self {
         self.settings.limits = self.settings.limits.concurrency_per_key(n);
+        self
+    }
+
+    /// The service's priority levels (default: `normal` alone), recorded
+    /// in `{N}:meta` by its first instance; every instance must give the
+    /// same. Must include [`Priority::Normal`], the level of a task
+    /// enqueued without one ([`Options::priority`](crate::Options::priority)).
+    /// Each level has the service's `partitions` of its own, so three
+    /// levels cost three times the partitions (and idle reads).
+    ///
+    /// An instance starts what it has read at a higher level first: a
+    /// freed concurrency permit goes to a waiting higher-level task, except
+    /// that a level passed over 9 times in a row while it waited takes the
+    /// next one, so a flood of high tasks slows lower levels to a tenth of
+    /// the permits but never stops them (docs/design.md §17). Refused by
+    /// name with [`ordered`](Self::ordered) (a higher level would overtake
+    /// the stream's order).
+    ///
+    /// ```no_run
+    /// # async fn demo() -> peerq::Result<()> {
+    /// use peerq::{Consumer, Priority};
+    ///
+    /// # struct Send;
+    /// # impl peerq::Handler for Send {
+    /// #     type Task = String;
+    /// #     async fn handle(&self, _: String, _: peerq::TaskContext) -> Result<(), peerq::HandlerError> { Ok(()) }
+    /// # }
+    /// // Password resets overtake the newsletter backlog.
+    /// Consumer::builder()
+    ///     .redis("redis://127.0.0.1/")
+    ///     .name("mail-sender")
+    ///     .priorities([Priority::High, Priority::Normal, Priority::Low])
+    ///     .handler(Send)
+    ///     .run()
+    ///     .await
+    /// # }
+    /// ```
+    pub fn priorities(mut self, levels: impl IntoIterator<Item = Priority>) -> Self {
+        self.settings.priorities = levels.into_iter().collect();
         self
     }
 }

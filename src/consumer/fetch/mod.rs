@@ -36,6 +36,7 @@ use super::run::{Batch, Source};
 use super::shared::Shared;
 use super::store::{self, Fetched};
 use crate::assignment::Assignment;
+use crate::priority::Priority;
 use crate::retry::Pauses;
 
 mod claims;
@@ -248,7 +249,7 @@ impl Fetcher {
     /// room for). `None`: stopped. No room is held during the read: a
     /// blocked read on an empty partition must not starve busy ones.
     async fn room(&self) -> Option<usize> {
-        let free = self.or_stop(self.shared.room.free()).await?;
+        let free = self.or_stop(self.shared.room.free(self.level())).await?;
         let batch = self.shared.settings.batch;
         Some(self.shared.order.read_count(free, batch))
     }
@@ -355,6 +356,11 @@ impl Fetcher {
         }
     }
 
+    /// The partition's priority level (docs/design.md §17).
+    fn level(&self) -> Priority {
+        (self.shared.levels).level_of(self.partition, self.shared.settings.partitions)
+    }
+
     /// Runs `entries` (taken by [`Held`]) in one task of the worker's
     /// tracker, each once the instance has room for it; the task's result
     /// says whether every entry is no longer pending.
@@ -368,6 +374,7 @@ impl Fetcher {
             tokens,
             shared: self.shared.clone(),
             partition: self.partition,
+            level: self.level(),
             place: self.assignment.borrow().place(),
             lease: self.lease.clone(),
             ownership: self.ownership.clone(),

@@ -89,7 +89,7 @@ impl Handover {
         reports: mpsc::UnboundedReceiver<Report>,
         events: broadcast::Sender<PartitionEvent>,
     ) -> Self {
-        let partitions = shared.settings.partitions;
+        let partitions = shared.settings.streams();
         let service = shared.name.to_string();
         let pause = metrics::histogram!(m::HANDOVER_PAUSE_SECONDS, "service" => service);
         Handover {
@@ -148,7 +148,7 @@ impl Handover {
             self.lease.revoke();
             self.leased = false;
         }
-        let partitions = self.shared.settings.partitions;
+        let partitions = self.shared.settings.streams();
         let idle = a.owned_partitions(partitions).is_empty();
         if idle && !self.idle {
             info!(service = %self.shared.name, index = a.index, replicas = a.replicas, partitions,

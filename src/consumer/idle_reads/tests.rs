@@ -62,7 +62,7 @@ impl OnePartition {
             .await
             .expect("the gate opens: the service is not paused");
         let lease = Lease::new(Arc::new(SystemClock));
-        let room = Arc::new(Room::new(1));
+        let room = Arc::new(Room::new(1, false));
         let setup = Setup {
             backend: conn.backend().clone(),
             conn: conn.clone(),
@@ -125,7 +125,7 @@ impl OnePartition {
 async fn room_freed_between_the_look_and_the_wait_ends_the_wait() {
     let mut idle = OnePartition::start().await;
     idle.grant();
-    let task = idle.room.run().await;
+    let task = idle.room.run(crate::priority::Priority::Normal).await;
     let blocked = idle.look(Blocked::NoRoom);
     // No busy loop: the wait lasts while the room is taken.
     let waited = tokio::time::timeout(

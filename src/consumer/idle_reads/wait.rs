@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use super::{IdleReader, READ_MARGIN};
 use crate::consumer::lease::Lease;
+use crate::priority::Priority;
 
 /// How long a read may block by the lease: it must end `READ_MARGIN`
 /// before the lease does, and block at least 1 ms (0 would block forever).
@@ -81,7 +82,8 @@ impl IdleReader {
             _ = gate.opened(), if blocked == Blocked::Paused => true,
             _ = lease.held(), if blocked == Blocked::NoLease => true,
             _ = tokio::time::sleep(READ_MARGIN), if blocked == Blocked::LeaseEnding => true,
-            _ = room.free(), if blocked == Blocked::NoRoom => true,
+            // Read as a high level's: whatever arrives in a read-out partition.
+            _ = room.free(Priority::High), if blocked == Blocked::NoRoom => true,
         }
     }
 }

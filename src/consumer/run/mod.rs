@@ -49,6 +49,7 @@ use tracing::warn;
 use crate::assignment::Place;
 use crate::entry::{TaskId, now_ms};
 use crate::handler::Tenure;
+use crate::priority::Priority;
 use crate::tracking::Tracking;
 
 /// Where a batch's entries come from.
@@ -69,6 +70,8 @@ pub(crate) enum Source {
 pub(crate) struct Batch {
     pub(crate) shared: Arc<Shared>,
     pub(crate) partition: u32,
+    /// The partition's priority level: its tasks' turn for permits.
+    pub(crate) level: Priority,
     /// The assignment in force when the entries were fetched.
     pub(crate) place: Place,
     pub(crate) lease: Lease,

@@ -11,7 +11,7 @@ impl Batch {
     /// A running permit, if the instance has one free, the partition is
     /// not released, the pause gate is open and the lease holds, all now.
     pub(super) fn ready_at_once(&self) -> Option<SemaphorePermit<'_>> {
-        let permit = self.shared.room.try_run()?;
+        let permit = self.shared.room.try_run(self.level)?;
         // The token last: taken only when the task starts.
         let ready = !self.ownership.stop.is_cancelled()
             && self.shared.gate.is_open()
@@ -36,7 +36,7 @@ impl Batch {
         let permit = tokio::select! {
             biased;
             _ = stop.cancelled() => return None,
-            permit = self.shared.room.run() => permit,
+            permit = self.shared.room.run(self.level) => permit,
         };
         let gate = &self.shared.gate;
         loop {
