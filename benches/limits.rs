@@ -15,7 +15,9 @@
 //!   limit, and its busiest second.
 //!
 //! Run with `cargo bench --bench limits` (release build); it prints
-//! markdown tables (copied into BENCHMARKS.md).
+//! markdown tables (copied into BENCHMARKS.md). `PEERQ_BENCH_ONLY=<i>`
+//! runs the `i`-th kind of the cost table alone (to profile it; the others
+//! print 1 task/s).
 
 // The test harness crate (`tests/support`), named `support` here.
 extern crate peerq_test_support as support;
@@ -62,6 +64,9 @@ enum Limit {
     RatePerKey(u32),
     /// Concurrency per key.
     PerKey(u32),
+    /// Concurrency per key, the key a function of the task
+    /// (`limit_key`): counted in Redis.
+    PerTaskKey(u32),
 }
 
 /// Keys over which the keyed runs' tasks spread.
@@ -81,16 +86,23 @@ async fn main() {
         .unwrap();
     // Unkeyed: none, the service's limit far above; keyed: none, a rate
     // per key far above, concurrency per key far above.
-    let kinds: [(bool, Limit); 5] = [
+    let kinds: [(bool, Limit); 6] = [
         (false, Limit::None),
         (false, Limit::Rate(FAR_ABOVE)),
         (true, Limit::None),
         (true, Limit::RatePerKey(FAR_ABOVE)),
         (true, Limit::PerKey(1_000)),
+        (false, Limit::PerTaskKey(1_000)),
     ];
     let mut rates: Vec<Vec<f64>> = vec![Vec::new(); kinds.len()];
     for _ in 0..REPEATS {
         for (i, (keyed, limit)) in kinds.iter().enumerate() {
+            // `PEERQ_BENCH_ONLY=5`: that kind alone (to profile it).
+            let only = std::env::var("PEERQ_BENCH_ONLY").ok();
+            if only.is_some_and(|o| o != i.to_string()) {
+                rates[i].push(1.0);
+                continue;
+            }
             let run = consume(&server, &mut conn, tasks, *keyed, *limit).await;
             rates[i].push(run.rate);
         }
@@ -120,6 +132,13 @@ async fn main() {
             format!("concurrency per key 1000, tasks over {KEYS} keys"),
             2,
             4,
+        ),
+        (
+            format!(
+                "concurrency per key 1000, the key a function of the task ({KEYS} keys, counted in Redis)"
+            ),
+            0,
+            5,
         ),
     ];
     for (label, without, with) in rows {
@@ -201,14 +220,18 @@ async fn consume(
         Limit::None => builder,
         Limit::Rate(n) => builder.rate_limit(n, second),
         Limit::RatePerKey(n) => builder.rate_limit_per_key(n, second),
-        Limit::PerKey(n) => builder.concurrency_per_key(n),
+        Limit::PerKey(n) | Limit::PerTaskKey(n) => builder.concurrency_per_key(n),
     };
     let stop = CancellationToken::new();
-    let run = tokio::spawn(
-        builder
-            .service(handler)
-            .run_until(stop.clone().cancelled_owned()),
-    );
+    let builder = builder.service(handler);
+    let run = match limit {
+        Limit::PerTaskKey(_) => tokio::spawn(
+            builder
+                .limit_key(|job: &Job| Some(format!("k{}", job.seq % KEYS)))
+                .run_until(stop.clone().cancelled_owned()),
+        ),
+        _ => tokio::spawn(builder.run_until(stop.clone().cancelled_owned())),
+    };
     while done.load(Ordering::Relaxed) < tasks {
         tokio::time::sleep(Duration::from_millis(1)).await;
     }

@@ -103,6 +103,14 @@ pub(crate) fn rate(name: &ServiceName) -> String {
     format!("{{{name}}}:rate")
 }
 
+/// The units of concurrency of limit key `key` held across the service,
+/// when the limits per key count by a function of the task (docs/design.md
+/// §15): a sorted set of `<instance id>/<unit>`, scored by when each
+/// lapses; in the service's slot, so one script takes many keys' units.
+pub(crate) fn units(name: &ServiceName, key: &str) -> String {
+    format!("{{{name}}}:units:{key}")
+}
+
 /// The channel the owners of a service's partitions hear user cancels on:
 /// each message is a task handle, `<partition>/<task id>`.
 pub(crate) fn cancels(name: &ServiceName) -> String {

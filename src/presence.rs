@@ -10,7 +10,7 @@
 //! was, and Redis applies it only once.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -79,6 +79,8 @@ pub(crate) struct Presence {
     owned: AtomicU64,
     in_flight: AtomicU64,
     handled: AtomicU64,
+    /// Tasks read and held aside for a limit per key (docs/design.md §15).
+    aside: AtomicI64,
     tally: Mutex<Tally>,
 }
 
@@ -96,6 +98,7 @@ impl Presence {
             owned: AtomicU64::new(0),
             in_flight: AtomicU64::new(0),
             handled: AtomicU64::new(0),
+            aside: AtomicI64::new(0),
             tally: Mutex::new(Tally::default()),
         }
     }
@@ -122,6 +125,11 @@ impl Presence {
     /// A handler run ended.
     pub(crate) fn ended(&self) {
         self.in_flight.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    /// `n` more (or fewer) tasks held aside for a limit per key.
+    pub(crate) fn held_aside(&self, n: isize) {
+        self.aside.fetch_add(n as i64, Ordering::Relaxed);
     }
 
     /// Redis confirmed an outcome now.
@@ -185,6 +193,7 @@ impl Presence {
             "owned": self.owned.load(Ordering::Relaxed),
             "in_flight": self.in_flight.load(Ordering::Relaxed),
             "handled": self.handled.load(Ordering::Relaxed),
+            "aside": self.aside.load(Ordering::Relaxed).max(0),
             "weight": self.weight,
             "seen_at_ms": self.now_ms(),
         })

@@ -13,7 +13,7 @@ use crate::presence::GONE_AFTER_INTERVALS;
 /// `version`, `started_at_ms`, `standing` (`joining`, `assigned`, `fenced`,
 /// `leaving`, or `unreadable` for a record that does not parse), `index`,
 /// `replicas`, `epoch` (null unless assigned), `owned`, `in_flight`,
-/// `handled`, `seen_at_ms`, `seen_ago_ms` and `live`.
+/// `handled`, `aside`, `seen_at_ms`, `seen_ago_ms` and `live`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default)]
 #[non_exhaustive]
@@ -42,6 +42,9 @@ pub struct Member {
     pub in_flight: u64,
     /// Tasks it handled (acks that landed) since it started.
     pub handled: u64,
+    /// Tasks it read and holds aside, waiting on a limit per key (0 from
+    /// an instance of a version without limits per key).
+    pub aside: u64,
     /// When it last wrote its record (its clock), Unix ms.
     pub seen_at_ms: u64,
     /// How long ago that was, by Redis's clock.

@@ -175,6 +175,9 @@ pub struct Settings {
     /// The priority levels, highest first (`high,normal,low`; `normal`
     /// alone: none). Each level has `partitions` of its own.
     pub priorities: Option<String>,
+    /// What the concurrency per key counts a task by: `partition` (its
+    /// partition key) or `task` (a function of the task).
+    pub limit_key: Option<String>,
 }
 
 impl Settings {
@@ -192,6 +195,7 @@ impl Settings {
             drain_timeout: text("drain_timeout"),
             ordered: meta.get("ordered").and_then(|o| o.parse().ok()),
             priorities: text(crate::priority::Levels::FIELD),
+            limit_key: text("limit_key"),
         }
     }
 

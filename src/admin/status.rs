@@ -48,8 +48,9 @@ pub struct Status {
 
 /// The flow limits in force (docs/design.md §15). Its JSON: `rate` and
 /// `rate_per_key` (each null, or `count`, `per_ms`, `per_second` and
-/// `waiting`) and `concurrency_per_key` (null, or how many tasks of one key
-/// may run at once).
+/// `waiting`), `concurrency_per_key` (null, or how many tasks of one key
+/// may run at once) and `waiting_per_key` (tasks held aside for a limit per
+/// key, over the live instances).
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 #[non_exhaustive]
 pub struct LimitsStatus {
@@ -58,10 +59,11 @@ pub struct LimitsStatus {
     /// The rate limit on each partition key's starts, if any (its
     /// `waiting` is the service's, as for `rate`).
     pub rate_per_key: Option<RateStatus>,
-    /// How many tasks of one partition key may run at once, if limited.
-    /// (The tasks held aside for it are counted by each instance's
-    /// `peerq_limited_tasks{limit="per_key"}`.)
+    /// How many tasks of one key may run at once, if limited.
     pub concurrency_per_key: Option<u32>,
+    /// Tasks the live instances read and hold aside, waiting on a limit
+    /// per key (its concurrency or its rate): the members' `aside`.
+    pub waiting_per_key: u64,
 }
 
 /// The service-wide rate limit, and the tasks that wait on it.
@@ -195,6 +197,7 @@ impl Service {
             rate: limits.rate_limit().map(rate),
             rate_per_key: limits.rate_limit_per_key().map(rate),
             concurrency_per_key: limits.per_key(),
+            waiting_per_key: members.iter().filter(|m| m.live).map(|m| m.aside).sum(),
         };
         Ok(Status {
             name: self.name.to_string(),

@@ -91,12 +91,22 @@ impl<T: Payload, S: TaskService<T>, C: Codec> Prepare for Typed<T, S, C> {
     }
 }
 
+/// The key the limits per key count a task by, when a function of the
+/// task gives it (docs/design.md §15): the entry's payload decoded, then
+/// the user's function; `None` for a task it gives none, or one that does
+/// not decode (its run dead-letters it).
+pub(crate) type LimitKey = Arc<dyn Fn(&Entry) -> Option<String> + Send + Sync>;
+
+/// The user's function of a task of type `T` that gives its limit key.
+pub(crate) type KeyOfTask<T> = Arc<dyn Fn(&T) -> Option<String> + Send + Sync>;
+
 /// The handler service with its layers and the service's codec, with their
 /// types erased; cheap to clone.
 #[derive(Clone)]
 pub(crate) struct Runner {
     prepare: Arc<dyn Prepare>,
     codec: &'static str,
+    limit_key: Option<LimitKey>,
 }
 
 impl std::fmt::Debug for Runner {
@@ -117,7 +127,25 @@ impl Runner {
                 task: PhantomData::<fn() -> T>,
             }),
             codec: C::NAME,
+            limit_key: None,
         }
+    }
+
+    /// With the limits per key counting by `key` of each task `T`
+    /// (encoded with `C`) instead of its partition key.
+    pub(crate) fn limit_key<T: Payload, C: Codec>(mut self, key: KeyOfTask<T>) -> Runner {
+        let codec = C::default();
+        self.limit_key = Some(Arc::new(move |entry: &Entry| {
+            let task: T = entry.decode(&codec).ok()?;
+            key(&task)
+        }));
+        self
+    }
+
+    /// The function of the task the limits per key count by, if one was
+    /// given.
+    pub(crate) fn limit_key_of(&self) -> Option<&LimitKey> {
+        self.limit_key.as_ref()
     }
 
     /// The codec's name, as `{N}:meta` and each entry record it.

@@ -14,13 +14,15 @@
 //! and reads nothing more while it does.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use tokio::sync::{broadcast, watch};
 
+use super::key_units::KeyUnits;
 use crate::config::ServiceName;
 use crate::limits::Limits;
 use crate::metrics as m;
+use crate::presence::Presence;
 
 /// How many freed keys a batch may fall behind by before it looks at all
 /// its entries aside again.
@@ -45,11 +47,22 @@ pub(crate) struct KeySlots {
     /// [`KeyRates`]: super::key_rates::KeyRates
     freed: broadcast::Sender<Arc<str>>,
     waiting: metrics::Gauge,
+    /// Where the tasks held aside are counted for the members record.
+    presence: Arc<Presence>,
+    /// With a function of the task as the key: the units each key's
+    /// running tasks hold, counted across the service in Redis instead of
+    /// `running`.
+    units: OnceLock<Arc<KeyUnits>>,
 }
 
 impl KeySlots {
-    /// The slots of service `name`, following `limits`.
-    pub(crate) fn new(name: &ServiceName, limits: watch::Receiver<Limits>) -> Self {
+    /// The slots of service `name`, following `limits`; the tasks held
+    /// aside are counted in `presence` too.
+    pub(crate) fn new(
+        name: &ServiceName,
+        limits: watch::Receiver<Limits>,
+        presence: Arc<Presence>,
+    ) -> Self {
         let labels = [
             ("service", name.to_string()),
             ("limit", "per_key".to_owned()),
@@ -59,7 +72,15 @@ impl KeySlots {
             running: Mutex::new(HashMap::new()),
             freed: broadcast::channel(FREED_BACKLOG).0,
             waiting: metrics::gauge!(m::LIMITED_TASKS, &labels),
+            units: OnceLock::new(),
+            presence,
         }
+    }
+
+    /// Counts the keys' runs across the service with `units` from now on
+    /// (a function of the task gives the keys).
+    pub(crate) fn count_in_redis(&self, units: Arc<KeyUnits>) {
+        let _ = self.units.set(units);
     }
 
     /// A slot for a task of `key` to start: `Ok(None)` when nothing limits
@@ -68,6 +89,16 @@ impl KeySlots {
         let (Some(key), Some(most)) = (key, self.limits.borrow().per_key()) else {
             return Ok(None);
         };
+        if let Some(units) = self.units.get() {
+            if !units.take(key) {
+                return Err(Full);
+            }
+            let key = Arc::from(key);
+            return Ok(Some(KeySlot {
+                slots: self.clone(),
+                key,
+            }));
+        }
         let mut running = self.running.lock().expect("not poisoned");
         if running.len() >= KEPT {
             running.retain(|_, n| *n > 0);
@@ -102,6 +133,9 @@ impl KeySlots {
         let (Some(key), Some(most)) = (key, self.limits.borrow().per_key()) else {
             return true;
         };
+        if let Some(units) = self.units.get() {
+            return units.has_room(key);
+        }
         let running = self.running.lock().expect("not poisoned");
         running.get(key).is_none_or(|n| *n < most)
     }
@@ -116,12 +150,23 @@ impl KeySlots {
         self.freed.clone()
     }
 
-    /// Counts `n` more (or fewer) entries held aside.
-    pub(crate) fn held_aside(&self, n: f64) {
-        self.waiting.increment(n);
+    /// Counts `n` more (or fewer) entries held aside, `key`'s (for the
+    /// units sent for while they wait).
+    pub(crate) fn held_aside(&self, key: Option<&str>, n: isize) {
+        self.waiting.increment(n as f64);
+        self.presence.held_aside(n);
+        if let (Some(units), Some(key)) = (self.units.get(), key) {
+            units.waiting(key, n);
+        }
     }
 
     fn give_back(&self, key: &Arc<str>) {
+        if let Some(units) = self.units.get() {
+            if units.give_back(key) {
+                let _ = self.freed.send(key.clone());
+            }
+            return;
+        }
         let mut running = self.running.lock().expect("not poisoned");
         if let Some(n) = running.get_mut(key) {
             *n = n.saturating_sub(1);

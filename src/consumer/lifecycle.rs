@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use tokio::sync::{broadcast, mpsc, watch};
 use tokio::time::Instant;
-use tracing::{info, warn};
+use tracing::{Instrument, info, warn};
 
 use super::acker;
 use super::due_watch::DueWatch;
@@ -19,6 +19,7 @@ use super::handover::Handover;
 use super::idle_reads::{self, IdleReads};
 use super::key_rates::KeyRates;
 use super::key_slots::KeySlots;
+use super::key_units::KeyUnits;
 use super::lanes::Lanes;
 use super::lease::Lease;
 use super::limiter::Limiter;
@@ -140,7 +141,22 @@ where
     let (acks, mut acker) = acker::spawn(name.clone(), conn.clone());
     let (tracked, tracking_watcher) = tracking::watch::watch(name.clone(), conn.clone(), first);
     let (limits, limits_watcher) = limits::watch(name.clone(), conn.clone(), first_limits);
-    let key_slots = Arc::new(KeySlots::new(&name, limits.clone()));
+    let key_slots = Arc::new(KeySlots::new(&name, limits.clone(), presence.clone()));
+    // With a function of the task as the key, its runs are counted in Redis.
+    let units = settings.limit_key.then(|| {
+        let units = Arc::new(KeyUnits::new(
+            name.clone(),
+            id.as_str(),
+            limits.clone(),
+            3 * timing.interval,
+            key_slots.freed(),
+        ));
+        key_slots.count_in_redis(units.clone());
+        let leaser = AbortOnDrop(tokio::spawn(
+            units.clone().lease(conn.clone()).in_current_span(),
+        ));
+        (units, leaser)
+    });
     let key_rates = Arc::new(KeyRates::new(limits.clone(), key_slots.freed()));
     let limiter = Arc::new(Limiter::new(&name, conn.clone(), limits));
     let running = Arc::new(Running::default());
@@ -282,6 +298,13 @@ where
     drop(beating);
     drop(handover);
     drop(idle_reader);
+    if let Some((units, leaser)) = units {
+        // The tasks have ended: their keys' units go back at once rather
+        // than lapse (others would wait three intervals for them).
+        drop(leaser);
+        let conn = shared.conn.clone();
+        let _ = tokio::time::timeout(Duration::from_secs(1), units.give_all_back(&conn)).await;
+    }
     // The acker ends once the last sender (in `shared`) is gone.
     drop(shared);
     let abandon_at = abandon_at.unwrap_or_else(|| Instant::now() + ACKER_GRACE);

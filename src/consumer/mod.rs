@@ -33,7 +33,11 @@
 //! | `idle_reads` | the one blocking read of the partitions read out |
 //! | `lanes` | the connections non-blocking reads go out on: two shared, two more while a backlog is read |
 //! | `run` | step 2: a read's entries in one task: wait for room, the pause gate and the lease, decode, call the handler, collect the acks |
-//! | `room` | room for tasks: running handlers (`concurrency`), and finished ones waiting for their acks |
+//! | `room` | room for tasks: running handlers (`concurrency`), and finished ones waiting for their acks; with priority levels, higher levels' turn first |
+//! | `limiter` | the service-wide rate limit's tokens, leased from `{N}:rate` |
+//! | `key_slots` | concurrency per key: each key's running tasks |
+//! | `key_rates` | the rate limit per key, each key's GCRA in memory |
+//! | `key_units` | concurrency per key from a function of the task: the units each instance holds in `{N}:units:<key>` |
 //! | `gate` | the pause gate: no handler starts while `{N}:paused` exists |
 //! | `settle` | step 3: ack, retry, hand back, take over, dead-letter (fenced) |
 //! | `policy` | how ordered and concurrent partitions differ, asked by the steps |
@@ -62,6 +66,7 @@ mod housekeeping;
 mod idle_reads;
 mod key_rates;
 mod key_slots;
+mod key_units;
 mod lanes;
 mod lease;
 mod lifecycle;

@@ -61,6 +61,9 @@ pub(crate) struct ConsumerSettings {
     pub(crate) max_result_bytes: usize,
     /// The priority levels (docs/design.md §17); normal alone by default.
     pub(crate) priorities: Vec<Priority>,
+    /// Whether the limits per key count by a function of the task rather
+    /// than by the partition key (service-wide).
+    pub(crate) limit_key: bool,
 }
 
 impl Default for ConsumerSettings {
@@ -83,6 +86,7 @@ impl Default for ConsumerSettings {
             limits: Limits::none(),
             max_result_bytes: crate::tracking::DEFAULT_MAX_RESULT,
             priorities: vec![Priority::Normal],
+            limit_key: false,
         }
     }
 }
@@ -207,6 +211,8 @@ impl ConsumerSettings {
         fields.push(("drain_timeout", fmt_duration(self.drain_timeout)));
         fields.push(("ordered", self.ordered.to_string()));
         fields.push((Levels::FIELD, self.levels().to_string()));
+        let limit_key = if self.limit_key { "task" } else { "partition" };
+        fields.push(("limit_key", limit_key.to_owned()));
         fields.push(crate::meta::Kind::Consumer.field());
         fields
     }

@@ -11,7 +11,7 @@ use serde::Deserialize;
 
 use super::layout::{Base, ago, page, tabs};
 use super::{Dash, Failure, Shared};
-use crate::admin::{LimitsStatus, PartitionState, Status};
+use crate::admin::{PartitionState, Status};
 
 /// `GET /services/{name}`.
 pub(crate) async fn show(
@@ -102,7 +102,12 @@ fn live(status: &Status) -> Markup {
             @if let Some(n) = status.limits.concurrency_per_key {
                 "At most " (n) " tasks of one key at once. "
             }
-            @if status.limits == LimitsStatus::default() {
+            @if status.limits.rate_per_key.is_some() || status.limits.concurrency_per_key.is_some() {
+                (status.limits.waiting_per_key) " held aside for their key. "
+            }
+            @if status.limits.rate.is_none()
+                && status.limits.rate_per_key.is_none()
+                && status.limits.concurrency_per_key.is_none() {
                 span.muted { "No limits." }
             } @else {
                 span.muted { "Change them with " code { "peerq limit set|clear" } "." }

@@ -31,7 +31,7 @@ struct Job {
 }
 
 /// Each run: its key and seq, when it started and when it ended.
-type Runs = Arc<Mutex<Vec<(String, u64, Instant, Instant)>>>;
+pub(crate) type Runs = Arc<Mutex<Vec<(String, u64, Instant, Instant)>>>;
 
 type JobService = tower::util::BoxCloneSyncService<Task<Job>, (), HandlerError>;
 
@@ -62,7 +62,7 @@ fn instance(url: &str, name: &str, runs: &Runs) -> Instance {
 }
 
 /// The most runs of one key at once, from their start and end times.
-fn most_at_once(runs: &[(String, u64, Instant, Instant)]) -> BTreeMap<String, usize> {
+pub(crate) fn most_at_once(runs: &[(String, u64, Instant, Instant)]) -> BTreeMap<String, usize> {
     let mut events: HashMap<&str, Vec<(Instant, i32)>> = HashMap::new();
     for (key, _, start, end) in runs {
         let e = events.entry(key).or_default();
@@ -258,11 +258,17 @@ async fn a_partition_holds_at_most_a_thousand_entries_aside_for_a_flooding_key()
         .collect();
     producer.enqueue_batch_with(&flood).await.unwrap();
     // One at a time, a few ms each: the partition reads past the flood
-    // until 1,000 wait aside, and no further.
-    let mut most = 0;
+    // until 1,000 wait aside, and no further; `peerq status` says how many
+    // wait (from the members records, written each round).
+    let admin = peerq::admin::Admin::connect(server.url()).await.unwrap();
+    let (mut most, mut most_shown) = (0, 0);
     let began = Instant::now();
     while runs.lock().unwrap().len() < total as usize {
         most = most.max(pending(&server, &name).await);
+        if let Ok(service) = admin.service(&name).await {
+            let status = service.status().await.unwrap();
+            most_shown = most_shown.max(status.limits.waiting_per_key);
+        }
         assert!(
             began.elapsed() < Duration::from_secs(60),
             "the flood never ran"
@@ -273,5 +279,11 @@ async fn a_partition_holds_at_most_a_thousand_entries_aside_for_a_flooding_key()
     assert!(most >= 1_000, "read past the flood up to the bound: {most}");
     // The bound, plus the read that reached it and what runs.
     assert!(most <= 1_000 + 300, "{most} entries read for one key");
+    // The entries aside, as the bound allows (with the read that reached
+    // it, as above).
+    assert!(
+        (900..=1_300).contains(&most_shown),
+        "status showed at most {most_shown} tasks waiting on a limit per key"
+    );
     assert_eq!(most_at_once(&runs.lock().unwrap())["flood"], 1);
 }

@@ -2,11 +2,12 @@
 //! (derived from every command and script in `src/`): a consumer, a
 //! producer, the CLI and the outbox relay work; a user missing one right
 //! gets a one-line error naming the command and what to grant; a wrong
-//! password is an authentication error without the password in it. Task
-//! a rate limit (its tokens leased from `{N}:rate`, `peerq limit`), a
-//! unique key (its lock in `{N/p}:unique`),
-//! tracking (records, `wait`, a cancel heard by the running task) works as
-//! that user too.
+//! password is an authentication error without the password in it. A
+//! rate limit (its tokens leased from `{N}:rate`, `peerq limit`), a
+//! concurrency per key from the task (its units in `{N}:units:<key>`),
+//! priority levels (their partitions), a unique key (its lock in
+//! `{N/p}:unique`), and task tracking (records, `wait`, a cancel heard by
+//! the running task) work as that user too.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -69,6 +70,12 @@ impl Flaky {
     }
 }
 
+const LEVELS: [peerq::Priority; 3] = [
+    peerq::Priority::High,
+    peerq::Priority::Normal,
+    peerq::Priority::Low,
+];
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_consumer_a_producer_and_the_cli_work_as_a_least_privilege_user() {
     support::init_tracing();
@@ -84,7 +91,13 @@ async fn a_consumer_a_producer_and_the_cli_work_as_a_least_privilege_user() {
         // Limited: no task starts without a token leased from `{N}:rate`
         // as this user (a refused lease would leave them all waiting).
         .rate_limit(1_000, Duration::from_secs(1))
+        // Three levels: three times the partitions, all in `{N/…}`.
+        .priorities(LEVELS)
         .handler(handler.clone())
+        // Counted in `{N}:units:<key>` as this user: a refused unit would
+        // leave every task waiting aside.
+        .concurrency_per_key(100)
+        .limit_key(|job: &Job| Some(format!("s{}", job.seq % 5)))
         .periodic(
             peerq::Periodic::every("tick", Duration::from_millis(500)),
             &Job { seq: 1_000 },
@@ -93,11 +106,19 @@ async fn a_consumer_a_producer_and_the_cli_work_as_a_least_privilege_user() {
     let producer = Producer::builder()
         .redis(&url)
         .name(&name)
+        .priorities(LEVELS)
         .connect()
         .await
         .unwrap();
-    let jobs: Vec<Job> = (0..50).map(|seq| Job { seq }).collect();
-    producer.enqueue_batch(&jobs).await.unwrap();
+    let jobs: Vec<(Job, Options)> = (0..50)
+        .map(|seq| {
+            (
+                Job { seq },
+                Options::new().priority(LEVELS[(seq % 3) as usize]),
+            )
+        })
+        .collect();
+    producer.enqueue_batch_with(&jobs).await.unwrap();
     let options = Options::new()
         .idempotency_key("once")
         .delay(Duration::from_millis(300));

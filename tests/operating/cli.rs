@@ -253,7 +253,12 @@ async fn status_names_every_member_and_an_owner_for_every_partition() {
     assert_eq!(status["paused"], Value::Null);
     assert_eq!(
         fields(&status["limits"]),
-        set(&["rate", "rate_per_key", "concurrency_per_key"])
+        set(&[
+            "rate",
+            "rate_per_key",
+            "concurrency_per_key",
+            "waiting_per_key"
+        ])
     );
     assert_eq!(status["limits"]["rate"], Value::Null);
     assert_eq!(
@@ -269,11 +274,13 @@ async fn status_names_every_member_and_an_owner_for_every_partition() {
             "assignor",
             "drain_timeout",
             "ordered",
-            "priorities"
+            "priorities",
+            "limit_key"
         ])
     );
     assert_eq!(status["settings"]["partitions"], P);
     assert_eq!(status["settings"]["priorities"], "normal");
+    assert_eq!(status["settings"]["limit_key"], "partition");
     assert_eq!(status["settings"]["codec"], "json");
     assert_eq!(status["settings"]["kind"], "consumer");
     assert_eq!(status["settings"]["interval"], "300ms");
@@ -293,6 +300,7 @@ async fn status_names_every_member_and_an_owner_for_every_partition() {
             "owned",
             "in_flight",
             "handled",
+            "aside",
             "seen_at_ms",
             "seen_ago_ms",
             "live"

@@ -66,6 +66,7 @@ pub(crate) fn status(status: &Status) -> String {
         ("assignor", &s.assignor),
         ("drain_timeout", &s.drain_timeout),
         ("priorities", &s.priorities),
+        ("limit_key", &s.limit_key),
     ] {
         settings.push(format!("{name} {}", value.as_deref().unwrap_or("-")));
     }
@@ -96,6 +97,12 @@ pub(crate) fn status(status: &Status) -> String {
     }
     if let Some(n) = status.limits.concurrency_per_key {
         limits.push(format!("at most {n} tasks of one key at once"));
+    }
+    if status.limits.rate_per_key.is_some() || status.limits.concurrency_per_key.is_some() {
+        limits.push(format!(
+            "{} held aside for their key",
+            status.limits.waiting_per_key
+        ));
     }
     match limits.is_empty() {
         true => out.push_str("limits: none\n"),

@@ -1,9 +1,11 @@
 //! The builder's flow limits and priority levels (docs/design.md §15, §17).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::ConsumerBuilder;
 use crate::codec::Codec;
+use crate::consumer::erased::KeyOfTask;
 use crate::limits::RateLimit;
 use crate::priority::Priority;
 
@@ -99,6 +101,59 @@ impl<T, S, C: Codec> ConsumerBuilder<T, S, C> {
     /// ```
     pub fn concurrency_per_key(mut self, n: u32) -> Self {
         self.settings.limits = self.settings.limits.concurrency_per_key(n);
+        self
+    }
+
+    /// What the concurrency per key counts a task by (default: its
+    /// partition key): `key(&task)`, such as a customer id or a domain
+    /// inside the task, whatever its partition; a task it gives `None` is
+    /// not limited. Give it after the handler (it takes the handler's task
+    /// type). Service-wide: recorded in `{N}:meta` (`limit_key`), and
+    /// every instance must give one (the same function).
+    ///
+    /// Such a key does not choose the partition, so its tasks run on every
+    /// instance: the instances count its runs in Redis, in units that each
+    /// holds and keeps alive (`{N}:units:<key>`, docs/design.md §15). A
+    /// task takes a unit its instance holds at once; else it waits aside
+    /// (pending in Redis, kept fresh) while the instance sends for one, in
+    /// one script call for every waiting key, every 20 ms while the key is
+    /// at its limit elsewhere. A unit whose holder stops keeping it (a
+    /// crash, a freeze) lapses after three intervals, so a frozen holder's
+    /// tasks may still run while others start: the bound can be exceeded by
+    /// them until they end. The rate limit per key still counts by the
+    /// partition key.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> peerq::Result<()> {
+    /// use peerq::Consumer;
+    ///
+    /// #[derive(serde::Deserialize)]
+    /// struct Webhook { customer: String, url: String }
+    /// # struct Deliver;
+    /// # impl peerq::Handler for Deliver {
+    /// #     type Task = Webhook;
+    /// #     async fn handle(&self, _: Webhook, _: peerq::TaskContext) -> Result<(), peerq::HandlerError> { Ok(()) }
+    /// # }
+    /// // At most 2 calls to one customer at once, however the webhooks
+    /// // were keyed when enqueued.
+    /// Consumer::builder()
+    ///     .redis("redis://127.0.0.1/")
+    ///     .name("webhooks")
+    ///     .handler(Deliver)
+    ///     .concurrency_per_key(2)
+    ///     .limit_key(|hook: &Webhook| Some(hook.customer.clone()))
+    ///     .run()
+    ///     .await
+    /// # }
+    /// ```
+    pub fn limit_key<F>(mut self, key: F) -> Self
+    where
+        F: Fn(&T) -> Option<String> + Send + Sync + 'static,
+        T: 'static,
+    {
+        let key: KeyOfTask<T> = Arc::new(key);
+        self.limit_key = Some(Arc::new(key));
+        self.settings.limit_key = true;
         self
     }
 

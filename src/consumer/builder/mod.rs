@@ -64,6 +64,10 @@ pub struct ConsumerBuilder<T, S, C> {
     /// The outbox's and the inbox's databases.
     #[cfg(feature = "postgres")]
     postgres: postgres::PostgresParts,
+    /// The function of the task the limits per key count by: an
+    /// `Arc<dyn Fn(&T) -> Option<String>>` of the task type it was given
+    /// for (checked at the start, as the handler may change the type).
+    limit_key: Option<Arc<dyn std::any::Any + Send + Sync>>,
     task: PhantomData<fn() -> (T, C)>,
 }
 
@@ -95,6 +99,7 @@ impl ConsumerBuilder<(), (), Bincode> {
             http: None,
             #[cfg(feature = "postgres")]
             postgres: postgres::PostgresParts::default(),
+            limit_key: None,
             task: PhantomData,
         }
     }
@@ -300,6 +305,7 @@ impl<T, S, C: Codec> ConsumerBuilder<T, S, C> {
             http: self.http,
             #[cfg(feature = "postgres")]
             postgres: self.postgres,
+            limit_key: self.limit_key,
             task: PhantomData,
         }
     }

@@ -11,9 +11,9 @@ use tracing::Instrument;
 use super::ConsumerBuilder;
 use crate::codec::Codec;
 use crate::connection;
-use crate::consumer::erased::Runner;
+use crate::consumer::erased::{KeyOfTask, Runner};
 use crate::consumer::lifecycle;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::handler::{BoxError, Task};
 use crate::instance::InstanceId;
 
@@ -62,6 +62,16 @@ where
     ) -> Result<()> {
         crate::logs::hint_if_unseen();
         let name = self.validate()?;
+        let limit_key = match self.limit_key.take() {
+            None => None,
+            Some(given) => Some(given.downcast::<KeyOfTask<T>>().map_err(|_| {
+                Error::invalid(
+                    "limit_key",
+                    "its function takes another task type than the handler's: give it after \
+                     the handler",
+                )
+            })?),
+        };
         let redis = connection::given(self.redis)?;
         let (shown, backend) = (redis.to_string(), redis.backend()?);
         #[cfg(feature = "http")]
@@ -73,6 +83,10 @@ where
         )
         .await?;
         let id = InstanceId::generate();
+        let mut runner = Runner::new::<T, S, C>(self.service);
+        if let Some(key) = limit_key {
+            runner = runner.limit_key::<T, C>((*key).clone());
+        }
         // Everything the instance logs, in every task it spawns, is within
         // this span.
         let span = tracing::info_span!("peerq", service = %name, instance = %id);
@@ -98,7 +112,7 @@ where
                     backend,
                     indexer: self.indexer,
                     settings: self.settings,
-                    runner: Runner::new::<T, S, C>(self.service),
+                    runner,
                     standing: self.standing,
                     events: self.events,
                     clock: self.clock,

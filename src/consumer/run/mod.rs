@@ -141,7 +141,8 @@ impl Batch {
         // Entries whose key is at its limit (or out of tokens) wait aside.
         let shared = &self.shared;
         let (slots, rates) = (shared.key_slots.clone(), shared.key_rates.clone());
-        let mut aside = Aside::new(slots, rates, self.held.clone());
+        let limit_key = shared.runner.limit_key_of().cloned();
+        let mut aside = Aside::new(slots, rates, self.held.clone(), limit_key);
         // The wait for the next entry's permit, kept across the loop's
         // turns (a new one each turn would queue and unqueue a waiter).
         let mut next: Option<
