@@ -16,15 +16,31 @@ use crate::consumer::key_rates::KeyRates;
 use crate::consumer::key_slots::{KeySlot, KeySlots};
 use crate::consumer::store::Fetched;
 
+/// One entry aside: its place in the batch's order, and its keys.
+struct Item {
+    seq: u64,
+    fetched: Fetched,
+    /// The key its concurrency counts by.
+    limit: Option<String>,
+    /// With keys from the task, its partition key (its rate's).
+    rate: Option<String>,
+}
+
 /// One batch's entries held aside.
 pub(super) struct Aside {
     slots: Arc<KeySlots>,
     rates: Arc<KeyRates>,
     held: Held,
-    entries: VecDeque<Fetched>,
-    /// How many of `entries` each key has: a later entry of a key with
-    /// entries aside goes aside too, so a key's tasks start in order.
-    keys: HashMap<String, usize>,
+    /// The entries aside, by the key their concurrency counts by, each
+    /// key's in their order: a key given a slot or tokens back moves its
+    /// own entries back, with no walk over the others' (a walk of every
+    /// entry aside for each key told cost the function-of-task key most
+    /// of its time).
+    queues: HashMap<Option<String>, VecDeque<Item>>,
+    /// How many entries are aside.
+    count: usize,
+    /// The next entry's place.
+    seq: u64,
     /// The keys given a slot or tokens back, from the first entry aside.
     freed: Option<broadcast::Receiver<Arc<str>>>,
     /// With a function of the task as the concurrency's key: it, and each
@@ -48,8 +64,9 @@ impl Aside {
             slots,
             rates,
             held,
-            entries: VecDeque::new(),
-            keys: HashMap::new(),
+            queues: HashMap::new(),
+            count: 0,
+            seq: 0,
             freed: None,
             by_task: limit_key.map(|f| (f, HashMap::new())),
             rate_keys: HashMap::new(),
@@ -77,7 +94,7 @@ impl Aside {
     }
 
     pub(super) fn is_empty(&self) -> bool {
-        self.entries.is_empty()
+        self.count == 0
     }
 
     /// The first entry of `waiting` that may start, with its key's slot;
@@ -88,7 +105,7 @@ impl Aside {
     ) -> Option<(Fetched, Option<KeySlot>)> {
         // No limit per key (the common case): the front starts, with no
         // lock, no map and no subscription per batch.
-        if self.entries.is_empty() && !self.slots.keys_limited() {
+        if self.count == 0 && !self.slots.keys_limited() {
             return waiting.pop_front().map(|front| (front, None));
         }
         while let Some(front) = waiting.pop_front() {
@@ -99,8 +116,9 @@ impl Aside {
                 // back in between must wake this batch.
                 self.freed = Some(self.slots.watch_freed());
             }
-            let behind = !self.entries.is_empty()
-                && limit.as_deref().is_some_and(|k| self.keys.contains_key(k));
+            // A later entry of a key with entries aside goes aside too, so
+            // a key's tasks start in order.
+            let behind = limit.is_some() && self.queues.contains_key(&limit);
             // Its key's token first (a key without one sends for one), then
             // its slot; the token is taken only with the slot.
             if !behind
@@ -122,14 +140,17 @@ impl Aside {
     /// it: a thousand keys leasing must not make every batch look at every
     /// entry it holds aside.
     pub(super) async fn freed(&mut self) -> Option<Arc<str>> {
-        let Some(freed) = self.freed.as_mut().filter(|_| !self.entries.is_empty()) else {
+        let Some(freed) = self.freed.as_mut().filter(|_| self.count > 0) else {
             return std::future::pending().await;
         };
         loop {
             match freed.recv().await {
                 // A limit key given a unit or a slot back, or (with keys
                 // from the task) a partition key given tokens back.
-                Ok(key) if self.keys.contains_key(&*key) || self.rate_keys.contains_key(&*key) => {
+                Ok(key)
+                    if self.queues.contains_key(&Some(key.to_string()))
+                        || self.rate_keys.contains_key(&*key) =>
+                {
                     return Some(key);
                 }
                 Ok(_) => {}
@@ -142,45 +163,62 @@ impl Aside {
     /// Puts back in front of `waiting`, in their order, the entries of
     /// `key` (of every key, for `None`) that may start now.
     pub(super) fn back(&mut self, key: Option<&str>, waiting: &mut VecDeque<Fetched>) {
-        let (mut back, mut kept) = (Vec::new(), VecDeque::new());
-        // Asked once per key, not per entry.
-        let mut ready: HashMap<(Option<String>, Option<String>), bool> = HashMap::new();
-        for fetched in std::mem::take(&mut self.entries) {
-            let limit = self.limit_key(&fetched);
-            let rate = key_of(&fetched).map(str::to_owned);
-            let wanted = key.is_none() || limit.as_deref() == key || rate.as_deref() == key;
-            let may = wanted
-                && *ready
-                    .entry((limit.clone(), rate.clone()))
-                    .or_insert_with(|| {
-                        self.slots.has_room(limit.as_deref()) && self.rates.ready(rate.as_deref())
-                    });
-            if may {
-                back.push((fetched, limit));
-            } else {
-                kept.push_back(fetched);
+        let limits: Vec<Option<String>> = match key {
+            // A partition key's tokens (keys from the task): its entries
+            // may be under any limit key.
+            Some(k) if self.rate_keys.contains_key(k) => self.queues.keys().cloned().collect(),
+            Some(k) => vec![Some(k.to_owned())],
+            None => self.queues.keys().cloned().collect(),
+        };
+        let mut back = Vec::new();
+        for limit in limits {
+            let Some(mut queue) = self.queues.remove(&limit) else {
+                continue;
+            };
+            let room = self.slots.has_room(limit.as_deref());
+            let mut kept = VecDeque::new();
+            // Asked once per rate key, not per entry.
+            let mut ready: HashMap<Option<String>, bool> = HashMap::new();
+            for item in queue.drain(..) {
+                let rate = item
+                    .rate
+                    .clone()
+                    .or_else(|| key_of(&item.fetched).map(str::to_owned));
+                let may = room
+                    && *ready
+                        .entry(rate.clone())
+                        .or_insert_with(|| self.rates.ready(rate.as_deref()));
+                match may {
+                    true => back.push(item),
+                    false => kept.push_back(item),
+                }
+            }
+            if !kept.is_empty() {
+                self.queues.insert(limit, kept);
             }
         }
-        self.entries = kept;
-        for (fetched, limit) in back.iter() {
-            let rate = self.rate_key(fetched);
-            self.forget(limit.clone(), rate);
+        back.sort_by_key(|item| item.seq);
+        for item in &back {
+            self.forget(item);
         }
-        for (fetched, _) in back.into_iter().rev() {
-            waiting.push_front(fetched);
+        for item in back.into_iter().rev() {
+            waiting.push_front(item.fetched);
         }
     }
 
     /// Every entry aside, for a hand-back.
     pub(super) fn take_all(&mut self) -> Vec<Fetched> {
-        let all: Vec<Fetched> = self.entries.drain(..).collect();
-        for fetched in &all {
-            let limit = self.limit_key(fetched);
-            let rate = self.rate_key(fetched);
-            self.done_with(fetched);
-            self.forget(limit, rate);
+        let mut all: Vec<Item> = self.queues.drain().flat_map(|(_, q)| q).collect();
+        all.sort_by_key(|item| item.seq);
+        for item in &all {
+            self.forget(item);
         }
-        all
+        all.into_iter()
+            .map(|item| {
+                self.done_with(&item.fetched);
+                item.fetched
+            })
+            .collect()
     }
 
     /// With keys from the task, `fetched`'s partition key (which its
@@ -192,28 +230,34 @@ impl Aside {
 
     fn put(&mut self, fetched: Fetched, limit: Option<String>) {
         self.slots.held_aside(limit.as_deref(), 1);
-        if let Some(key) = limit {
-            *self.keys.entry(key).or_default() += 1;
+        let rate = self.rate_key(&fetched);
+        if let Some(key) = &rate {
+            *self.rate_keys.entry(key.clone()).or_default() += 1;
         }
-        if let Some(key) = self.rate_key(&fetched) {
-            *self.rate_keys.entry(key).or_default() += 1;
-        }
-        self.entries.push_back(fetched);
+        self.seq += 1;
+        let item = Item {
+            seq: self.seq,
+            fetched,
+            limit: limit.clone(),
+            rate,
+        };
+        self.queues.entry(limit).or_default().push_back(item);
+        self.count += 1;
         self.held.aside(1);
     }
 
-    fn forget(&mut self, key: Option<String>, rate: Option<String>) {
-        self.slots.held_aside(key.as_deref(), -1);
-        for (map, key) in [(&mut self.keys, key), (&mut self.rate_keys, rate)] {
-            if let Some(key) = key
-                && let Some(n) = map.get_mut(&key)
-            {
-                *n -= 1;
-                if *n == 0 {
-                    map.remove(&key);
-                }
+    /// Counts out `item`, taken out of its queue.
+    fn forget(&mut self, item: &Item) {
+        self.slots.held_aside(item.limit.as_deref(), -1);
+        if let Some(key) = &item.rate
+            && let Some(n) = self.rate_keys.get_mut(key)
+        {
+            *n -= 1;
+            if *n == 0 {
+                self.rate_keys.remove(key);
             }
         }
+        self.count -= 1;
         self.held.aside(-1);
     }
 }
@@ -221,14 +265,11 @@ impl Aside {
 impl Drop for Aside {
     fn drop(&mut self) {
         // Counted out however the batch ends.
-        let n = self.entries.len();
-        self.held.aside(-(n as isize));
-        let mut keyed = 0;
-        for (key, k) in std::mem::take(&mut self.keys) {
-            self.slots.held_aside(Some(&key), -(k as isize));
-            keyed += k;
+        self.held.aside(-(self.count as isize));
+        for (key, queue) in self.queues.drain() {
+            self.slots
+                .held_aside(key.as_deref(), -(queue.len() as isize));
         }
-        self.slots.held_aside(None, -((n - keyed) as isize));
     }
 }
 
