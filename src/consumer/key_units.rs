@@ -159,7 +159,11 @@ impl KeyUnits {
     /// sends for a unit while any does.
     pub(crate) fn waiting(&self, key: &str, delta: isize) {
         let mut state = self.state.lock().expect("not poisoned");
-        let held = state.keys.entry(Arc::from(key)).or_default();
+        // A key's name is allocated once, when it first waits.
+        if !state.keys.contains_key(key) {
+            state.keys.insert(Arc::from(key), Key::default());
+        }
+        let held = state.keys.get_mut(key).expect("just added");
         held.waiters = held.waiters.saturating_add_signed(delta);
         if held.empty() {
             state.keys.remove(key);

@@ -311,10 +311,20 @@ impl<C: Codec> Producer<C> {
     /// levels again when one is not (a producer may have connected before
     /// the service's first consumer recorded them).
     async fn know_levels(&self, wanted: impl IntoIterator<Item = Priority>) -> Result<()> {
-        let known = |levels: &std::sync::RwLock<Levels>, level| {
-            levels.read().unwrap_or_else(|e| e.into_inner()).has(level)
+        // Normal is every service's: a batch of normal tasks (the common
+        // case) takes no lock at all, and any other, one.
+        let mut others = wanted
+            .into_iter()
+            .filter(|&l| l != Priority::Normal)
+            .peekable();
+        if others.peek().is_none() {
+            return Ok(());
+        }
+        let missing = {
+            let known = self.levels.read().unwrap_or_else(|e| e.into_inner());
+            others.any(|level| !known.has(level))
         };
-        if wanted.into_iter().all(|level| known(&self.levels, level)) {
+        if !missing {
             return Ok(());
         }
         let read = builder::read_levels(&self.conn, &self.name).await?;
