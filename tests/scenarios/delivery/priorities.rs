@@ -1,8 +1,9 @@
 //! Priority levels (docs/design.md §17) with consumers as processes: tasks
 //! of three levels, enqueued by the example's producer (`--priority`),
 //! each run exactly once at its level's partitions while instances join,
-//! leave gracefully and are killed; and high tasks enqueued behind a normal
-//! backlog start ahead of it.
+//! leave gracefully and are killed (but for what the kill caught between a
+//! run and its ack, which runs again with a higher attempt: §5 rule 3);
+//! and high tasks enqueued behind a normal backlog start ahead of it.
 
 use super::*;
 
