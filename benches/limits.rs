@@ -7,7 +7,9 @@
 //!   (default 200,000) with no limit and with a service-wide limit far
 //!   above what it reaches (10,000,000 a second); and tasks spread over
 //!   1,000 partition keys with no limit, a rate limit per key far above,
-//!   and a concurrency per key far above (1,000); from the first handler
+//!   and a concurrency per key far above (1,000); and the same two limits
+//!   with the key a function of the task (counted in Redis, the tasks on
+//!   every partition); from the first handler
 //!   call to the last ack; `REPEATS` runs each, interleaved, medians
 //!   compared;
 //! - **accuracy**: the same instance under a limit of 5,000 a second over
@@ -17,7 +19,10 @@
 //! Run with `cargo bench --bench limits` (release build); it prints
 //! markdown tables (copied into BENCHMARKS.md). `PEERQ_BENCH_ONLY=<i>`
 //! runs the `i`-th kind of the cost table alone (to profile it; the others
-//! print 1 task/s).
+//! print 1 task/s), `PEERQ_BENCH_ONLY=0,5,6` those kinds. Each run starts
+//! on an empty Redis (`FLUSHALL` after the one before): the 200,000 acked
+//! entries a run leaves would otherwise weigh on the runs after it (the
+//! last kinds of a repeat ran with over a million entries in Redis).
 
 // The test harness crate (`tests/support`), named `support` here.
 extern crate peerq_test_support as support;
@@ -38,7 +43,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::meter::ratio_row;
 
-/// Runs of each kind; the median counts.
+/// Runs of each kind; the median counts (`PEERQ_BENCH_REPEATS` for more).
 const REPEATS: usize = 3;
 /// The limit far above what one instance reaches.
 const FAR_ABOVE: u32 = 10_000_000;
@@ -67,6 +72,9 @@ enum Limit {
     /// Concurrency per key, the key a function of the task
     /// (`limit_key`): counted in Redis.
     PerTaskKey(u32),
+    /// A rate limit per key, a second, the key a function of the task:
+    /// leased from Redis.
+    RatePerTaskKey(u32),
 }
 
 /// Keys over which the keyed runs' tasks spread.
@@ -86,20 +94,26 @@ async fn main() {
         .unwrap();
     // Unkeyed: none, the service's limit far above; keyed: none, a rate
     // per key far above, concurrency per key far above.
-    let kinds: [(bool, Limit); 6] = [
+    let kinds: [(bool, Limit); 7] = [
         (false, Limit::None),
         (false, Limit::Rate(FAR_ABOVE)),
         (true, Limit::None),
         (true, Limit::RatePerKey(FAR_ABOVE)),
         (true, Limit::PerKey(1_000)),
         (false, Limit::PerTaskKey(1_000)),
+        (false, Limit::RatePerTaskKey(FAR_ABOVE)),
     ];
+    let repeats = std::env::var("PEERQ_BENCH_REPEATS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(REPEATS);
     let mut rates: Vec<Vec<f64>> = vec![Vec::new(); kinds.len()];
-    for _ in 0..REPEATS {
+    for _ in 0..repeats {
         for (i, (keyed, limit)) in kinds.iter().enumerate() {
-            // `PEERQ_BENCH_ONLY=5`: that kind alone (to profile it).
+            // `PEERQ_BENCH_ONLY=5`: that kind alone (to profile it);
+            // `0,5,6`: those, interleaved.
             let only = std::env::var("PEERQ_BENCH_ONLY").ok();
-            if only.is_some_and(|o| o != i.to_string()) {
+            if only.is_some_and(|o| !o.split(',').any(|k| k == i.to_string())) {
                 rates[i].push(1.0);
                 continue;
             }
@@ -118,9 +132,9 @@ async fn main() {
 
     println!();
     println!(
-        "| consume to the last ack, 1 instance, no-op handler ({tasks} prefilled; runs in order) | without, tasks/s | with, tasks/s | with / without, each run | medians |"
+        "| consume to the last ack, 1 instance, no-op handler ({tasks} prefilled; runs in order) | without, tasks/s | with, tasks/s | with / without, each run | medians | median of the runs' ratios |"
     );
-    println!("|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|");
     let rows = [
         (format!("service-wide rate limit {FAR_ABOVE}/s"), 0, 1),
         (
@@ -139,6 +153,13 @@ async fn main() {
             ),
             0,
             5,
+        ),
+        (
+            format!(
+                "rate limit per key {FAR_ABOVE}/s, the key a function of the task ({KEYS} keys, shares held in Redis)"
+            ),
+            0,
+            6,
         ),
     ];
     for (label, without, with) in rows {
@@ -219,13 +240,13 @@ async fn consume(
     builder = match limit {
         Limit::None => builder,
         Limit::Rate(n) => builder.rate_limit(n, second),
-        Limit::RatePerKey(n) => builder.rate_limit_per_key(n, second),
+        Limit::RatePerKey(n) | Limit::RatePerTaskKey(n) => builder.rate_limit_per_key(n, second),
         Limit::PerKey(n) | Limit::PerTaskKey(n) => builder.concurrency_per_key(n),
     };
     let stop = CancellationToken::new();
     let builder = builder.service(handler);
     let run = match limit {
-        Limit::PerTaskKey(_) => tokio::spawn(
+        Limit::PerTaskKey(_) | Limit::RatePerTaskKey(_) => tokio::spawn(
             builder
                 .limit_key(|job: &Job| Some(format!("k{}", job.seq % KEYS)))
                 .run_until(stop.clone().cancelled_owned()),
@@ -242,6 +263,10 @@ async fn consume(
     let elapsed = starts[0].elapsed();
     stop.cancel();
     run.await.unwrap().unwrap();
+    let _: () = deadpool_redis::redis::cmd("FLUSHALL")
+        .query_async(conn)
+        .await
+        .unwrap();
     Run {
         rate: tasks as f64 / elapsed.as_secs_f64(),
         busiest: busiest_second(&starts),

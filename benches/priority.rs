@@ -106,9 +106,9 @@ async fn main() {
 
     println!();
     println!(
-        "| consume to the last ack, 1 instance, no-op handler ({tasks} prefilled; runs in order) | without levels, tasks/s | with, tasks/s | with / without, each run | medians |"
+        "| consume to the last ack, 1 instance, no-op handler ({tasks} prefilled; runs in order) | without levels, tasks/s | with, tasks/s | with / without, each run | medians | median of the runs' ratios |"
     );
-    println!("|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|");
     for (label, without, with) in [
         ("three levels, every task normal", 0, 1),
         ("three levels, tasks spread over them", 0, 2),

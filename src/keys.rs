@@ -105,10 +105,19 @@ pub(crate) fn rate(name: &ServiceName) -> String {
 
 /// The units of concurrency of limit key `key` held across the service,
 /// when the limits per key count by a function of the task (docs/design.md
-/// §15): a sorted set of `<instance id>/<unit>`, scored by when each
-/// lapses; in the service's slot, so one script takes many keys' units.
+/// §15): a hash of a field per instance holding units, `<count> <short>
+/// <lapse ms>`; in the service's slot, so one script takes many keys'
+/// units.
 pub(crate) fn units(name: &ServiceName, key: &str) -> String {
     format!("{{{name}}}:units:{key}")
+}
+
+/// The rate per key of limit key `key`, when the limits per key count by a
+/// function of the task (docs/design.md §15): a GCRA's theoretical arrival
+/// time as [`rate`]'s, from which instances lease the key's tokens
+/// (`task_keys.lua`); it expires once it holds no information.
+pub(crate) fn key_rate(name: &ServiceName, key: &str) -> String {
+    format!("{{{name}}}:rate:{key}")
 }
 
 /// The channel the owners of a service's partitions hear user cancels on:

@@ -248,18 +248,18 @@ pub(crate) fn listed(rates: &[f64]) -> String {
 
 /// A markdown table row comparing runs `with` against runs `without`, in
 /// run order: `| label | without | with | with / without, each run |
-/// medians |`.
+/// medians | median of the runs' ratios |`. The last is the steadier on a
+/// machine whose speed drifts between repeats (each run's pair ran back to
+/// back; the medians compare runs minutes apart).
 pub(crate) fn ratio_row(label: &str, without: &[f64], with: &[f64]) -> String {
-    let each: Vec<String> = without
-        .iter()
-        .zip(with)
-        .map(|(a, b)| format!("{:.2}", b / a))
-        .collect();
+    let ratios: Vec<f64> = without.iter().zip(with).map(|(a, b)| b / a).collect();
+    let each: Vec<String> = ratios.iter().map(|r| format!("{r:.2}")).collect();
     format!(
-        "| {label} | {} | {} | {} | **{:.2}** |",
+        "| {label} | {} | {} | {} | **{:.2}** | **{:.2}** |",
         listed(without),
         listed(with),
         each.join(" / "),
-        median(with) / median(without)
+        median(with) / median(without),
+        median(&ratios)
     )
 }

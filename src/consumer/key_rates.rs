@@ -12,16 +12,17 @@
 //!
 //! An entry whose key has no token now steps aside like one whose key runs
 //! as many tasks as it may ([`run::aside`](super::run)); a timer tells the
-//! key on the instance's channel of freed keys when its next token is due,
-//! and the batches holding entries of that key look again.
+//! key when its next token is due, and the batches holding entries of that
+//! key look again.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::sync::{broadcast, watch};
+use tokio::sync::watch;
 use tokio::time::Instant;
 
+use super::key_wakes::KeyWakes;
 use crate::limits::{Limits, RateLimit};
 
 /// The most credit a key accrues: an idle key starts at most this much of
@@ -41,14 +42,14 @@ struct Key {
 pub(crate) struct KeyRates {
     limits: watch::Receiver<Limits>,
     keys: Mutex<HashMap<Arc<str>, Key>>,
-    /// Where a key whose next token is due is told (the channel of
-    /// [`KeySlots`](super::key_slots::KeySlots)).
-    due: broadcast::Sender<Arc<str>>,
+    /// Where a key whose next token is due is told (the batches of
+    /// [`KeySlots`](super::key_slots::KeySlots) waiting on it).
+    due: Arc<KeyWakes>,
 }
 
 impl KeyRates {
     /// The rates following `limits`, telling due keys on `due`.
-    pub(crate) fn new(limits: watch::Receiver<Limits>, due: broadcast::Sender<Arc<str>>) -> Self {
+    pub(crate) fn new(limits: watch::Receiver<Limits>, due: Arc<KeyWakes>) -> Self {
         KeyRates {
             limits,
             keys: Mutex::new(HashMap::new()),
@@ -84,7 +85,7 @@ impl KeyRates {
                 if let Some(state) = rates.keys.lock().expect("not poisoned").get_mut(&key) {
                     state.timed = false;
                 }
-                let _ = rates.due.send(key);
+                rates.due.tell(&key);
             });
         }
         false

@@ -16,17 +16,14 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
-use tokio::sync::{broadcast, watch};
+use tokio::sync::watch;
 
-use super::key_units::KeyUnits;
+use super::key_wakes::KeyWakes;
+use super::task_keys::TaskKeys;
 use crate::config::ServiceName;
 use crate::limits::Limits;
 use crate::metrics as m;
 use crate::presence::Presence;
-
-/// How many freed keys a batch may fall behind by before it looks at all
-/// its entries aside again.
-const FREED_BACKLOG: usize = 4_096;
 
 /// Keys past this many are forgotten once none of their tasks runs.
 const KEPT: usize = 10_000;
@@ -41,18 +38,21 @@ pub(crate) struct KeySlots {
     /// Keys stay at 0 (a start after an end allocates nothing) until
     /// [`KEPT`] of them are known.
     running: Mutex<HashMap<Arc<str>, u32>>,
-    /// Each key whose slot is given back (or, from [`KeyRates`], whose
-    /// tokens come back): the entries of that key held aside look again.
+    /// Where each key whose slot is given back (or, from [`KeyRates`] and
+    /// [`TaskKeys`], whose tokens come back) is told: the batches holding
+    /// entries of that key aside look again.
     ///
     /// [`KeyRates`]: super::key_rates::KeyRates
-    freed: broadcast::Sender<Arc<str>>,
+    wakes: Arc<KeyWakes>,
     waiting: metrics::Gauge,
     /// Where the tasks held aside are counted for the members record.
     presence: Arc<Presence>,
-    /// With a function of the task as the key: the units each key's
-    /// running tasks hold, counted across the service in Redis instead of
-    /// `running`.
-    units: OnceLock<Arc<KeyUnits>>,
+    /// With a function of the task as the key: the units and tokens this
+    /// instance holds of each key, counted across the service in Redis
+    /// instead of `running` (and of [`KeyRates`]).
+    ///
+    /// [`KeyRates`]: super::key_rates::KeyRates
+    task_keys: OnceLock<Arc<TaskKeys>>,
 }
 
 impl KeySlots {
@@ -70,35 +70,39 @@ impl KeySlots {
         KeySlots {
             limits,
             running: Mutex::new(HashMap::new()),
-            freed: broadcast::channel(FREED_BACKLOG).0,
+            wakes: Arc::default(),
             waiting: metrics::gauge!(m::LIMITED_TASKS, &labels),
-            units: OnceLock::new(),
+            task_keys: OnceLock::new(),
             presence,
         }
     }
 
-    /// Counts the keys' runs across the service with `units` from now on
-    /// (a function of the task gives the keys).
-    pub(crate) fn count_in_redis(&self, units: Arc<KeyUnits>) {
-        let _ = self.units.set(units);
+    /// Counts the keys' runs and starts across the service with
+    /// `task_keys` from now on (a function of the task gives the keys).
+    pub(crate) fn count_in_redis(&self, task_keys: Arc<TaskKeys>) {
+        let _ = self.task_keys.set(task_keys);
     }
 
     /// A slot for a task of `key` to start: `Ok(None)` when nothing limits
-    /// it (no limit, or no key), `Err(())` when the key is at its limit.
+    /// it (no limit, or no key), `Err(Full)` when the key is at its limit
+    /// (with keys from the task: or out of tokens of its rate).
     pub(crate) fn take(self: &Arc<Self>, key: Option<&str>) -> Result<Option<KeySlot>, Full> {
+        if let (Some(task_keys), Some(key)) = (self.task_keys.get(), key) {
+            if !self.keys_limited() {
+                return Ok(None);
+            }
+            return match task_keys.take(key) {
+                None => Err(Full),
+                Some(None) => Ok(None),
+                Some(Some(key)) => Ok(Some(KeySlot {
+                    slots: self.clone(),
+                    key,
+                })),
+            };
+        }
         let (Some(key), Some(most)) = (key, self.limits.borrow().per_key()) else {
             return Ok(None);
         };
-        if let Some(units) = self.units.get() {
-            if !units.take(key) {
-                return Err(Full);
-            }
-            let key = Arc::from(key);
-            return Ok(Some(KeySlot {
-                slots: self.clone(),
-                key,
-            }));
-        }
         let mut running = self.running.lock().expect("not poisoned");
         if running.len() >= KEPT {
             running.retain(|_, n| *n > 0);
@@ -128,42 +132,38 @@ impl KeySlots {
         limits.per_key().is_some() || limits.rate_limit_per_key().is_some()
     }
 
-    /// Whether a task of `key` could take a slot now.
+    /// Whether a task of `key` could take a slot now (with keys from the
+    /// task: and a token).
     pub(crate) fn has_room(&self, key: Option<&str>) -> bool {
+        if let (Some(task_keys), Some(key)) = (self.task_keys.get(), key) {
+            return !self.keys_limited() || task_keys.has_room(key);
+        }
         let (Some(key), Some(most)) = (key, self.limits.borrow().per_key()) else {
             return true;
         };
-        if let Some(units) = self.units.get() {
-            return units.has_room(key);
-        }
         let running = self.running.lock().expect("not poisoned");
         running.get(key).is_none_or(|n| *n < most)
     }
 
-    /// Told each key whose slot is given back or whose tokens came back.
-    pub(crate) fn watch_freed(&self) -> broadcast::Receiver<Arc<str>> {
-        self.freed.subscribe()
-    }
-
-    /// Where the keys whose tokens came back are told.
-    pub(crate) fn freed(&self) -> broadcast::Sender<Arc<str>> {
-        self.freed.clone()
+    /// Where the keys given a slot or tokens back are told.
+    pub(crate) fn wakes(&self) -> &Arc<KeyWakes> {
+        &self.wakes
     }
 
     /// Counts `n` more (or fewer) entries held aside, `key`'s (for the
-    /// units sent for while they wait).
+    /// units and tokens sent for while they wait).
     pub(crate) fn held_aside(&self, key: Option<&str>, n: isize) {
         self.waiting.increment(n as f64);
         self.presence.held_aside(n);
-        if let (Some(units), Some(key)) = (self.units.get(), key) {
-            units.waiting(key, n);
+        if let (Some(task_keys), Some(key)) = (self.task_keys.get(), key) {
+            task_keys.waiting(key, n);
         }
     }
 
     fn give_back(&self, key: &Arc<str>) {
-        if let Some(units) = self.units.get() {
-            if units.give_back(key) {
-                let _ = self.freed.send(key.clone());
+        if let Some(task_keys) = self.task_keys.get() {
+            if task_keys.end(key) {
+                self.wakes.tell(key);
             }
             return;
         }
@@ -172,8 +172,7 @@ impl KeySlots {
             *n = n.saturating_sub(1);
         }
         drop(running);
-        // None listening (nothing held aside) is no error.
-        let _ = self.freed.send(key.clone());
+        self.wakes.tell(key);
     }
 }
 

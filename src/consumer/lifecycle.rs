@@ -19,7 +19,6 @@ use super::handover::Handover;
 use super::idle_reads::{self, IdleReads};
 use super::key_rates::KeyRates;
 use super::key_slots::KeySlots;
-use super::key_units::KeyUnits;
 use super::lanes::Lanes;
 use super::lease::Lease;
 use super::limiter::Limiter;
@@ -31,6 +30,7 @@ use super::scheduler;
 use super::settings::ConsumerSettings;
 use super::shared::Shared;
 use super::startup::Startup;
+use super::task_keys::TaskKeys;
 use crate::assignment::Standing;
 use crate::clock::Clock;
 use crate::config::ServiceName;
@@ -142,22 +142,26 @@ where
     let (tracked, tracking_watcher) = tracking::watch::watch(name.clone(), conn.clone(), first);
     let (limits, limits_watcher) = limits::watch(name.clone(), conn.clone(), first_limits);
     let key_slots = Arc::new(KeySlots::new(&name, limits.clone(), presence.clone()));
-    // With a function of the task as the key, its runs are counted in Redis.
+    // With a function of the task as the key, its runs and starts are
+    // counted in Redis.
     let units = settings.limit_key.then(|| {
-        let units = Arc::new(KeyUnits::new(
+        let units = Arc::new(TaskKeys::new(
             name.clone(),
             id.as_str(),
             limits.clone(),
             3 * timing.interval,
-            key_slots.freed(),
+            key_slots.wakes().clone(),
         ));
         key_slots.count_in_redis(units.clone());
         let leaser = AbortOnDrop(tokio::spawn(
-            units.clone().lease(conn.clone()).in_current_span(),
+            units
+                .clone()
+                .lease(Arc::new(SharedConnection::new(conn.backend().clone())))
+                .in_current_span(),
         ));
         (units, leaser)
     });
-    let key_rates = Arc::new(KeyRates::new(limits.clone(), key_slots.freed()));
+    let key_rates = Arc::new(KeyRates::new(limits.clone(), key_slots.wakes().clone()));
     let limiter = Arc::new(Limiter::new(&name, conn.clone(), limits));
     let running = Arc::new(Running::default());
     let cancels = running::listen(

@@ -289,3 +289,37 @@ impl Drop for Counted<'_> {
         self.0.decrement(1.0);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use peerq_test_support as support;
+
+    use super::*;
+
+    /// A freeze is time passing for the frozen instance's clock too: a
+    /// token leased before it is gone after it, so a frozen (or paused,
+    /// or starved) instance saves up no burst (docs/design.md §15).
+    #[tokio::test]
+    async fn a_leased_token_is_gone_once_its_validity_has_passed() {
+        let server = support::RedisServer::start();
+        let conn = Arc::new(SharedConnection::new(server.pool()));
+        let name = ServiceName::new("tokens").unwrap();
+        let limit = Limits::none().rate(RateLimit::new(1_000, Duration::from_secs(1)));
+        let (_set, limits) = watch::channel(limit);
+        let limiter = Arc::new(Limiter::new(&name, conn, limits));
+        // A lease from Redis: 30 ms of the rate, half for a read, half
+        // back in the pool.
+        let read = limiter.reserve(30).await;
+        assert!(read.count() > 10, "{} tokens", read.count());
+        let half = read.count() as u32 / 2;
+        limiter.give_back(half, read.until.unwrap());
+        read.left.fetch_sub(half, Ordering::Relaxed);
+        assert!(read.take() && limiter.try_take());
+        tokio::time::pause();
+        tokio::time::advance(VALID).await;
+        // Neither the read's tokens nor the pool's may start a task now.
+        assert!(!read.take());
+        assert!(!limiter.try_take());
+        assert!(!limiter.has_tokens());
+    }
+}

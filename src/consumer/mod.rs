@@ -36,8 +36,9 @@
 //! | `room` | room for tasks: running handlers (`concurrency`), and finished ones waiting for their acks; with priority levels, higher levels' turn first |
 //! | `limiter` | the service-wide rate limit's tokens, leased from `{N}:rate` |
 //! | `key_slots` | concurrency per key: each key's running tasks |
-//! | `key_rates` | the rate limit per key, each key's GCRA in memory |
-//! | `key_units` | concurrency per key from a function of the task: the units each instance holds in `{N}:units:<key>` |
+//! | `key_wakes` | which batches hold entries aside for which key, woken when it is given room |
+//! | `key_rates` | the rate limit per partition key, each key's GCRA in memory |
+//! | `task_keys` | limits per key from a function of the task: the units (`{N}:units:<key>`) and tokens (`{N}:rate:<key>`) each instance holds |
 //! | `gate` | the pause gate: no handler starts while `{N}:paused` exists |
 //! | `settle` | step 3: ack, retry, hand back, take over, dead-letter (fenced) |
 //! | `policy` | how ordered and concurrent partitions differ, asked by the steps |
@@ -66,7 +67,7 @@ mod housekeeping;
 mod idle_reads;
 mod key_rates;
 mod key_slots;
-mod key_units;
+mod key_wakes;
 mod lanes;
 mod lease;
 mod lifecycle;
@@ -83,6 +84,7 @@ mod settle;
 mod shared;
 mod startup;
 mod store;
+mod task_keys;
 mod worker;
 
 pub use self::builder::ConsumerBuilder;

@@ -191,12 +191,11 @@ async fn units_a_holder_stopped_keeping_lapse() {
     let mut conn = server.pool().get().await.unwrap();
     let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(&mut *conn).await.unwrap();
     let lapse_ms = secs * 1000 + micros / 1000 + 1_000;
-    let _: () = redis::cmd("ZADD")
+    // Its field: two units, none short, lapsing then.
+    let _: () = redis::cmd("HSET")
         .arg(format!("{{{name}}}:units:stuck"))
-        .arg(lapse_ms)
-        .arg("gone-1/1")
-        .arg(lapse_ms)
-        .arg("gone-1/2")
+        .arg("gone-1")
+        .arg(format!("2 0 {lapse_ms}"))
         .query_async(&mut *conn)
         .await
         .unwrap();

@@ -15,6 +15,7 @@ mod failures;
 mod frozen;
 mod handover;
 mod idle;
+mod key_rate;
 mod limit_key;
 mod limits;
 mod memory;

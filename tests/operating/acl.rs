@@ -4,7 +4,8 @@
 //! gets a one-line error naming the command and what to grant; a wrong
 //! password is an authentication error without the password in it. A
 //! rate limit (its tokens leased from `{N}:rate`, `peerq limit`), a
-//! concurrency per key from the task (its units in `{N}:units:<key>`),
+//! concurrency and a rate per key from the task (its units in
+//! `{N}:units:<key>`, its shares in `{N}:rate:<key>`),
 //! priority levels (their partitions), a unique key (its lock in
 //! `{N/p}:unique`), and task tracking (records, `wait`, a cancel heard by
 //! the running task) work as that user too.
@@ -94,9 +95,10 @@ async fn a_consumer_a_producer_and_the_cli_work_as_a_least_privilege_user() {
         // Three levels: three times the partitions, all in `{N/…}`.
         .priorities(LEVELS)
         .handler(handler.clone())
-        // Counted in `{N}:units:<key>` as this user: a refused unit would
-        // leave every task waiting aside.
+        // Counted in `{N}:units:<key>` and `{N}:rate:<key>` as this user: a
+        // refused unit or share would leave every task waiting aside.
         .concurrency_per_key(100)
+        .rate_limit_per_key(1_000, Duration::from_secs(1))
         .limit_key(|job: &Job| Some(format!("s{}", job.seq % 5)))
         .periodic(
             peerq::Periodic::every("tick", Duration::from_millis(500)),

@@ -199,8 +199,8 @@ impl Batch {
                 }
                 // A slot of a key was given back: its entries aside go back
                 // in front.
-                key = aside.freed(), if !aside.is_empty() => {
-                    aside.back(key.as_deref(), &mut waiting);
+                keys = aside.freed(), if !aside.is_empty() => {
+                    aside.back(&keys, &mut waiting);
                 }
                 // Released while only entries aside wait: handed back.
                 _ = self.ownership.stop.cancelled(), if next.is_none() && !aside.is_empty() => {
