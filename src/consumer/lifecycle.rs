@@ -154,10 +154,7 @@ where
         ));
         key_slots.count_in_redis(units.clone());
         let leaser = AbortOnDrop(tokio::spawn(
-            units
-                .clone()
-                .lease(Arc::new(SharedConnection::new(conn.backend().clone())))
-                .in_current_span(),
+            units.clone().lease(conn.clone()).in_current_span(),
         ));
         (units, leaser)
     });
