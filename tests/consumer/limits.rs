@@ -3,7 +3,9 @@
 //! than it can start (nothing waits outside Redis's pending list, nothing
 //! spends an attempt), and a limit set or cleared on a running service is
 //! followed within about a second, while a consumer's start does not undo
-//! an operator's change (a cleared limit stays cleared across a restart). (Three instances holding the limit through a join
+//! an operator's change (a cleared limit stays cleared across a restart);
+//! and an instance cut off from Redis starts nothing while it is away and
+//! no burst when it comes back. (Three instances holding the limit through a join
 //! and a leave: the `scenarios` binary.)
 
 use std::sync::{Arc, Mutex};
@@ -316,4 +318,43 @@ async fn a_rate_limit_per_key_holds_each_key_and_other_keys_run_beside_it() {
         assert!(at.len() >= 25, "key {key}: {} starts", at.len());
         crate::key_rate::assert_at_rate(&format!("key {key}"), &mut at, per_second, 1);
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_limited_instance_cut_from_redis_starts_no_burst_when_it_comes_back() {
+    let server = RedisServer::start();
+    let proxy = support::Proxy::start(server.port());
+    let name = unique_name("limit-cut");
+    let starts: Starts = Arc::default();
+    let per_second = 50;
+    let rate = RateLimit::new(per_second, Duration::from_secs(1));
+    // The consumer reaches Redis through the proxy; the producer directly.
+    let a = instance(&proxy.url(), &name, &starts, Some(rate));
+    let producer = producer(&server, &name).await;
+    let tasks: Vec<u64> = (0..300).collect();
+    producer.enqueue_batch(&tasks).await.unwrap();
+    wait_until(Duration::from_secs(10), "the first starts", || {
+        starts_of(&starts).len() >= 50
+    })
+    .await;
+    // Redis away for two seconds while tokens are leased: the starts stop
+    // once they expire, and none are saved up for the return.
+    proxy.cut();
+    let cut = Instant::now();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let during = starts_of(&starts)
+        .iter()
+        .filter(|(at, _)| *at > cut + Duration::from_millis(100))
+        .count();
+    proxy.restore();
+    wait_until(Duration::from_secs(30), "every task", || {
+        starts_of(&starts).len() >= 300
+    })
+    .await;
+    a.leave().await;
+    assert_eq!(during, 0, "{during} starts while Redis was away");
+    // At the limit before and after, and no burst on the return: a token
+    // of burst, and one more from the tokens leased before the cut.
+    let mut at: Vec<Instant> = starts_of(&starts).iter().map(|(at, _)| *at).collect();
+    crate::key_rate::assert_at_rate("the service", &mut at, per_second, 3);
 }
