@@ -13,11 +13,21 @@
 //! | `codec` | `bincode` or `json`: how `payload` is encoded |
 //! | `payload` | the encoded task |
 //! | `unique` | the unique key whose lock the task holds (docs/design.md §16); absent: none |
+//! | `h:<name>` | header `<name>` ([`Headers`](crate::Headers)), one field each; none: no headers |
+//!
+//! Any other field is kept as it was through every new entry of the task
+//! (a retry, a hand-back, a take-over, a dead letter and its replay), so a
+//! field a later version or another language adds survives this one.
+//! Reserved, never to be written by a producer: the names above and those a
+//! dead letter adds (`reason`, `error`, `stream_id`, `dead_at`).
 //!
 //! It also decides whether a consumer can run an entry at all
 //! (`Entry::read`, `Entry::decode`): an entry too large, malformed or not
 //! decodable is `Unrunnable`, and its `reason()` is the dead letter's.
 
+mod raw;
+
+use std::borrow::Cow;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use deadpool_redis::redis::Value;
@@ -26,7 +36,11 @@ use serde::de::DeserializeOwned;
 use crate::codec::Codec;
 use crate::error::CodecError;
 use crate::error::Error;
+use crate::headers::Headers;
 pub(crate) use crate::task_id::TaskId;
+
+pub(crate) use self::raw::RawFields;
+use self::raw::{bytes, bytes_of, entry_size, missing, text};
 
 /// The names of an entry's fields.
 pub(crate) mod field {
@@ -39,7 +53,22 @@ pub(crate) mod field {
     pub(crate) const PAYLOAD: &str = "payload";
     /// The unique key (`Options::unique`), while the task holds its lock.
     pub(crate) const UNIQUE: &str = "unique";
+    /// Every field of the format, which the entry reads itself.
+    pub(crate) const ALL: [&str; 8] = [
+        ID,
+        KEY,
+        ATTEMPT,
+        FAILURES,
+        ENQUEUED_AT,
+        CODEC,
+        PAYLOAD,
+        UNIQUE,
+    ];
 }
+
+/// A field's name as [`Entry::fields`] gives it: the format's own are
+/// static, a header's and an unknown field's are the entry's.
+pub(crate) type FieldName = Cow<'static, str>;
 
 /// Now, in milliseconds since the Unix epoch (an entry's `enqueued_at`).
 pub(crate) fn now_ms() -> u64 {
@@ -84,6 +113,12 @@ pub(crate) struct Entry {
     /// through every new entry of the task, so the script that ends it
     /// frees the lock.
     pub(crate) unique: Option<String>,
+    /// The task's headers (`h:<name>` fields), kept through every new
+    /// entry of the task.
+    pub(crate) headers: Headers,
+    /// The fields the format does not know (a later version's, another
+    /// language's), in their order: kept as they were.
+    pub(crate) extra: Vec<(String, Vec<u8>)>,
 }
 
 /// An entry whose fields do not follow the format: it cannot be run.
@@ -143,69 +178,6 @@ pub(crate) fn validate_max_entry_bytes(bytes: usize) -> crate::error::Result<()>
     Ok(())
 }
 
-/// An entry's fields as a stream reply holds them: names and values
-/// alternating, in stream order (a name written twice: its last value
-/// counts). Kept as the reply's own array, so reading an entry copies
-/// nothing but its short text fields.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub(crate) struct RawFields(pub(crate) Vec<Value>);
-
-impl RawFields {
-    /// Where the value of field `name` is (its last one).
-    fn find(&self, name: &str) -> Option<usize> {
-        let is = |v: &Value| bytes_of(v) == Some(name.as_bytes());
-        (0..self.0.len())
-            .step_by(2)
-            .rev()
-            .find(|&i| is(&self.0[i]))
-            .map(|i| i + 1)
-    }
-
-    /// The fields as names and bytes, as a dead letter keeps them: a name
-    /// that is not UTF-8 lossily, a value that is no string as nothing.
-    pub(crate) fn into_named(self) -> Vec<(String, Vec<u8>)> {
-        let mut values = self.0.into_iter();
-        let mut named = Vec::new();
-        while let Some(name) = values.next() {
-            let value = values.next().unwrap_or(Value::Nil);
-            let name = match name {
-                Value::BulkString(b) => String::from_utf8(b)
-                    .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned()),
-                Value::SimpleString(s) => s,
-                other => format!("{other:?}"),
-            };
-            let value = match value {
-                Value::BulkString(b) => b,
-                Value::SimpleString(s) => s.into_bytes(),
-                _ => Vec::new(),
-            };
-            named.push((name, value));
-        }
-        named
-    }
-}
-
-/// The bytes of a string value.
-fn bytes_of(value: &Value) -> Option<&[u8]> {
-    match value {
-        Value::BulkString(b) => Some(b),
-        Value::SimpleString(s) => Some(s.as_bytes()),
-        _ => None,
-    }
-}
-
-/// An entry's size as the limit counts it: its field names' and values'
-/// bytes. Redis sends stream names and values as bulk strings; any other
-/// value (not one Redis writes into a stream) counts nothing here, and
-/// `parse` refuses it in a format field.
-fn entry_size(fields: &RawFields) -> usize {
-    fields
-        .0
-        .iter()
-        .map(|v| bytes_of(v).map_or(0, <[u8]>::len))
-        .fold(0, usize::saturating_add)
-}
-
 impl Entry {
     /// A first attempt of `payload`, enqueued now.
     pub(crate) fn new(id: TaskId, key: Option<String>, codec: &str, payload: Vec<u8>) -> Self {
@@ -219,32 +191,42 @@ impl Entry {
             codec: codec.to_owned(),
             payload,
             unique: None,
+            headers: Headers::new(),
+            extra: Vec::new(),
         }
     }
 
-    /// The field-value pairs to `XADD`.
-    pub(crate) fn fields(&self) -> Vec<(&'static str, Vec<u8>)> {
-        let mut fields = vec![
-            (field::ID, self.id.as_str().as_bytes().to_vec()),
-            (field::ATTEMPT, self.attempt.to_string().into_bytes()),
+    /// The field-value pairs to `XADD`: the format's, the headers, and the
+    /// fields it does not know.
+    pub(crate) fn fields(&self) -> Vec<(FieldName, Vec<u8>)> {
+        let mut fields: Vec<(FieldName, Vec<u8>)> = vec![
+            (field::ID.into(), self.id.as_str().as_bytes().to_vec()),
+            (field::ATTEMPT.into(), self.attempt.to_string().into_bytes()),
             (
-                field::ENQUEUED_AT,
+                field::ENQUEUED_AT.into(),
                 self.enqueued_at.as_millis().to_string().into_bytes(),
             ),
-            (field::CODEC, self.codec.as_bytes().to_vec()),
-            (field::PAYLOAD, self.payload.clone()),
+            (field::CODEC.into(), self.codec.as_bytes().to_vec()),
+            (field::PAYLOAD.into(), self.payload.clone()),
         ];
         if let Some(key) = &self.key {
-            fields.push((field::KEY, key.as_bytes().to_vec()));
+            fields.push((field::KEY.into(), key.as_bytes().to_vec()));
         }
         if let Some(unique) = &self.unique {
-            fields.push((field::UNIQUE, unique.as_bytes().to_vec()));
+            fields.push((field::UNIQUE.into(), unique.as_bytes().to_vec()));
         }
         // Absent while none failed: a first attempt looks as any producer
         // writes it.
         if self.failures > 0 {
-            fields.push((field::FAILURES, self.failures.to_string().into_bytes()));
+            let failures = self.failures.to_string().into_bytes();
+            fields.push((field::FAILURES.into(), failures));
         }
+        fields.extend(self.headers.fields().map(|(n, v)| (n.into(), v)));
+        fields.extend(
+            self.extra
+                .iter()
+                .map(|(n, v)| (n.clone().into(), v.clone())),
+        );
         fields
     }
 
@@ -347,6 +329,7 @@ impl Entry {
             Value::SimpleString(s) => s.into_bytes(),
             _ => unreachable!("checked by `bytes`"),
         };
+        let (headers, extra) = Entry::others(fields);
         Ok(Entry {
             id: TaskId::from(id.as_str()),
             key,
@@ -356,206 +339,36 @@ impl Entry {
             codec,
             payload,
             unique,
+            headers,
+            extra,
         })
     }
-}
 
-fn missing(field: &str) -> MalformedEntry {
-    MalformedEntry(format!("no `{field}` field"))
-}
-
-/// The bytes of the value at `at`, the value of field `at - 1`.
-fn bytes(fields: &RawFields, at: usize) -> Result<&[u8], MalformedEntry> {
-    let value = fields.0.get(at).unwrap_or(&Value::Nil);
-    bytes_of(value).ok_or_else(|| MalformedEntry(format!("`{}` is {value:?}", name_at(fields, at))))
-}
-
-/// The text of the value at `at`.
-fn text(fields: &RawFields, at: usize) -> Result<&str, MalformedEntry> {
-    std::str::from_utf8(bytes(fields, at)?)
-        .map_err(|_| MalformedEntry(format!("`{}` is not UTF-8", name_at(fields, at))))
-}
-
-/// The name of the value at `at`, for errors.
-fn name_at(fields: &RawFields, at: usize) -> String {
-    let name = bytes_of(&fields.0[at - 1]).unwrap_or_default();
-    String::from_utf8_lossy(name).into_owned()
+    /// The headers and the unknown fields among `fields` (a name written
+    /// twice: its last value, in the place of its first).
+    fn others(fields: &RawFields) -> (Headers, Vec<(String, Vec<u8>)>) {
+        let mut headers = Headers::new();
+        let mut extra: Vec<(String, Vec<u8>)> = Vec::new();
+        for pair in fields.0.chunks(2) {
+            let (Some(name), Some(value)) = (bytes_of(&pair[0]), pair.get(1).and_then(bytes_of))
+            else {
+                continue;
+            };
+            let name = String::from_utf8_lossy(name);
+            if field::ALL.contains(&&*name) || headers.read_field(&name, value) {
+                continue;
+            }
+            match extra.iter_mut().find(|(n, _)| **n == *name) {
+                Some((_, v)) => *v = value.to_vec(),
+                None => extra.push((name.into_owned(), value.to_vec())),
+            }
+        }
+        (headers, extra)
+    }
 }
 
 #[cfg(test)]
 mod fuzz;
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::codec::{Bincode, Json};
-
-    fn raw(entry: &Entry) -> RawFields {
-        let mut flat = Vec::new();
-        for (name, value) in entry.fields() {
-            flat.push(Value::BulkString(name.as_bytes().to_vec()));
-            flat.push(Value::BulkString(value));
-        }
-        RawFields(flat)
-    }
-
-    fn push(fields: &mut RawFields, name: &str, value: Value) {
-        fields.0.push(Value::BulkString(name.as_bytes().to_vec()));
-        fields.0.push(value);
-    }
-
-    fn remove(fields: &mut RawFields, name: &str) {
-        let pairs: Vec<Value> = std::mem::take(&mut fields.0);
-        for pair in pairs.chunks(2) {
-            if bytes_of(&pair[0]) != Some(name.as_bytes()) {
-                fields.0.extend(pair.iter().cloned());
-            }
-        }
-    }
-
-    #[test]
-    fn entries_round_trip_through_their_fields() {
-        let e = Entry::new(
-            TaskId::generate(),
-            Some("user-42".into()),
-            "json",
-            b"{}".to_vec(),
-        );
-        assert_eq!(Entry::parse(&mut raw(&e)).unwrap(), e);
-        let unique = Entry {
-            unique: Some("report-7".into()),
-            ..e.clone()
-        };
-        assert_eq!(Entry::parse(&mut raw(&unique)).unwrap(), unique);
-        let no_key = Entry::new(TaskId::generate(), None, "bincode", vec![1, 2]);
-        let back = Entry::parse(&mut raw(&no_key)).unwrap();
-        assert_eq!(back.key, None);
-        assert_eq!(back.partition_key(), no_key.id.as_str());
-    }
-
-    #[test]
-    fn a_field_written_twice_counts_by_its_last_value() {
-        let e = Entry::new(TaskId::from("t-1"), None, "json", b"{}".to_vec());
-        let mut fields = raw(&e);
-        push(
-            &mut fields,
-            field::PAYLOAD,
-            Value::BulkString(b"[]".to_vec()),
-        );
-        assert_eq!(Entry::parse(&mut fields).unwrap().payload, b"[]");
-    }
-
-    /// A payload type whose `Deserialize` panics, as user code may.
-    #[derive(Debug)]
-    struct Fragile;
-
-    impl<'de> serde::Deserialize<'de> for Fragile {
-        fn deserialize<D: serde::Deserializer<'de>>(_: D) -> Result<Self, D::Error> {
-            panic!("fragile payload")
-        }
-    }
-
-    #[test]
-    fn a_payload_whose_deserialize_panics_is_a_decode_failure() {
-        let e = Entry::new(TaskId::generate(), None, "json", b"{}".to_vec());
-        let err = e.decode::<Fragile, _>(&Json).unwrap_err();
-        assert_eq!(err.reason(), "decode");
-        assert!(err.to_string().contains("fragile payload"), "{err}");
-    }
-
-    #[test]
-    fn malformed_entries_say_what_is_wrong_and_keep_their_fields() {
-        let e = Entry::new(TaskId::generate(), None, "json", b"{}".to_vec());
-        let mut fields = raw(&e);
-        remove(&mut fields, field::PAYLOAD);
-        assert_eq!(
-            Entry::parse(&mut fields).unwrap_err().to_string(),
-            "malformed entry: no `payload` field"
-        );
-        let mut fields = raw(&e);
-        remove(&mut fields, field::ATTEMPT);
-        push(
-            &mut fields,
-            field::ATTEMPT,
-            Value::BulkString(b"x".to_vec()),
-        );
-        let (why, kept) = Entry::read(fields.clone(), usize::MAX).unwrap_err();
-        assert!(why.to_string().contains("`attempt`"), "{why}");
-        assert_eq!(kept, fields, "the dead letter gets the fields as they were");
-    }
-
-    fn bulk_x() -> Value {
-        Value::BulkString(b"x".to_vec())
-    }
-
-    #[test]
-    fn the_limit_counts_names_and_values_and_comes_before_parsing() {
-        let e = Entry::new(TaskId::from("t-1"), None, "json", b"{}".to_vec());
-        let fields = raw(&e);
-        let size: usize = e.fields().iter().map(|(k, v)| k.len() + v.len()).sum();
-        assert_eq!(
-            Entry::read(fields.clone(), size),
-            Ok(e.clone()),
-            "at the limit"
-        );
-        let (over, _) = Entry::read(fields, size - 1).unwrap_err();
-        assert_eq!(over.reason(), "too_large");
-        assert_eq!(
-            over.to_string(),
-            format!(
-                "entry of {size} bytes exceeds the limit of {} bytes (`max_entry_bytes`)",
-                size - 1
-            )
-        );
-        // Too large wins over malformed: nothing of it is looked at.
-        let junk = RawFields(vec![bulk_x(), Value::BulkString(vec![0; 2000])]);
-        assert_eq!(
-            Entry::read(junk.clone(), 1024).unwrap_err().0.reason(),
-            "too_large"
-        );
-        assert_eq!(Entry::read(junk, 4096).unwrap_err().0.reason(), "malformed");
-    }
-
-    #[test]
-    fn a_payload_of_another_codec_or_type_does_not_decode() {
-        let e = Entry::new(TaskId::generate(), None, "json", b"[1,2]".to_vec());
-        assert_eq!(e.decode::<Vec<u8>, _>(&Json), Ok(vec![1, 2]));
-        let other = e.decode::<Vec<u8>, _>(&Bincode).unwrap_err();
-        assert_eq!(other.reason(), "decode");
-        assert!(other.to_string().contains("encoded with `json`"), "{other}");
-        let wrong = e.decode::<String, _>(&Json).unwrap_err();
-        assert_eq!(wrong.reason(), "decode");
-        let wrong = wrong.to_string();
-        assert!(
-            wrong.starts_with(
-                "the payload does not decode as the handler's task type `alloc::string::String` \
-                 with the `json` codec ("
-            ) && wrong.ends_with("); was it enqueued as another type?"),
-            "{wrong}"
-        );
-    }
-
-    #[test]
-    fn max_entry_bytes_is_refused_by_name_out_of_its_range() {
-        for bad in [0, 1023, 512 * 1024 * 1024 + 1] {
-            let err = validate_max_entry_bytes(bad).unwrap_err().to_string();
-            assert!(
-                err.starts_with("invalid setting `max_entry_bytes`: ")
-                    && err.contains("1024 (1 KiB) to 536870912 (512 MiB)"),
-                "{err}"
-            );
-        }
-        for good in [1024, 4 * 1024 * 1024, 512 * 1024 * 1024] {
-            validate_max_entry_bytes(good).unwrap();
-        }
-    }
-
-    #[test]
-    fn generated_ids_are_unique_and_ordered() {
-        let ids: Vec<TaskId> = (0..1000).map(|_| TaskId::generate()).collect();
-        let mut sorted = ids.clone();
-        sorted.sort();
-        sorted.dedup();
-        assert_eq!(sorted, ids);
-    }
-}
+mod tests;

@@ -95,6 +95,7 @@
 //! | `meta` | service-wide settings recorded in `{N}:meta`, checked at start, and the `kind` of process a name belongs to |
 //! | `task_id` | task ids ([`TaskId`]) |
 //! | `entry` | the stream entry format and what makes an entry unrunnable |
+//! | `headers` | a task's [`Headers`], and their fields in the entry (`h:<name>`) |
 //! | `codec` | payload encodings: [`Bincode`] (default) and [`Json`] |
 //! | `partition` | which partition a key goes to ([`partition_of`]: FNV-1a 64 modulo `P`) |
 //! | `clock` | the wall clock behind a trait ([`Clock`]), so tests can skew it |
@@ -137,6 +138,7 @@ mod due;
 mod entry;
 pub mod error;
 pub mod handler;
+mod headers;
 pub mod ids;
 pub mod indexer;
 mod instance;
@@ -169,6 +171,7 @@ pub use consumer::Consumer;
 pub use dead_letters::DeadLetters;
 pub use error::{Error, Result};
 pub use handler::{Handler, HandlerError, TaskContext};
+pub use headers::Headers;
 pub use indexer::Indexing;
 pub use instance::InstanceId;
 pub use partition::{DEFAULT_PARTITIONS, MAX_PARTITIONS, partition_of};

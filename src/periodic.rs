@@ -23,6 +23,7 @@ use crate::config::ServiceName;
 use crate::connection::SharedConnection;
 use crate::entry::{Entry, TaskId};
 use crate::error::{Error, Result};
+use crate::headers::Headers;
 use crate::keys;
 use crate::partition::partition_of;
 
@@ -62,6 +63,7 @@ pub struct Periodic {
     name: String,
     when: When,
     missed: Missed,
+    headers: Headers,
 }
 
 impl fmt::Debug for Periodic {
@@ -74,6 +76,7 @@ impl fmt::Debug for Periodic {
             .field("name", &self.name)
             .field("when", &when)
             .field("missed", &self.missed)
+            .field("headers", &self.headers)
             .finish()
     }
 }
@@ -87,6 +90,7 @@ impl Periodic {
             name: name.into(),
             when: When::Every(interval),
             missed: Missed::Skip,
+            headers: Headers::new(),
         }
     }
 
@@ -106,6 +110,7 @@ impl Periodic {
             name: name.into(),
             when: When::Cron(Box::new(schedule), expression.to_owned()),
             missed: Missed::Skip,
+            headers: Headers::new(),
         })
     }
 
@@ -114,6 +119,21 @@ impl Periodic {
     pub fn missed(mut self, missed: Missed) -> Self {
         self.missed = missed;
         self
+    }
+
+    /// Sets header `name` to `value` on every task of the job (as
+    /// [`Options::header`](crate::Options::header) does for one task);
+    /// checked when the consumer starts.
+    pub fn header(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
+        self.headers.insert(name, value);
+        self
+    }
+
+    /// The job's headers, refused by the name `header` when out of their
+    /// bounds.
+    pub(crate) fn checked_headers(&self) -> Result<&Headers> {
+        self.headers.check()?;
+        Ok(&self.headers)
     }
 
     /// The job's name.
@@ -210,7 +230,8 @@ impl Registered {
             .unwrap_or_default()
             .as_millis() as u64;
         let id = TaskId::from(format!("cron:{job}:{due_ms}").as_str());
-        let entry = Entry::new(id, Some(job.clone()), self.codec, self.payload.clone());
+        let mut entry = Entry::new(id, Some(job.clone()), self.codec, self.payload.clone());
+        entry.headers = self.job.headers.clone();
         let mut script = TRIGGER.key(keys::stream(name, p));
         script
             .key(keys::cron(name, p, job))

@@ -185,6 +185,16 @@ pub(crate) async fn show(
                     tr { th { "codec" } td { (letter.codec) " (" (letter.payload.len()) " bytes)" } }
                 }
             }
+            @if !letter.headers.is_empty() {
+                h2 { "Headers" }
+                div.scroll {
+                    table id="headers" {
+                        @for (header, value) in &letter.headers {
+                            tr { th { (header) } td.wrap { (value) } }
+                        }
+                    }
+                }
+            }
             h2 { "Payload" }
             pre id="payload" { (payload) }
             (actions(&dash, &base, &name, &letter))

@@ -8,6 +8,7 @@ use serde::{Serialize, Serializer};
 
 use super::Cursor;
 use crate::entry::{TaskId, field};
+use crate::headers::Headers;
 
 /// The fields the consumer adds to a task when it dead-letters it.
 pub(crate) mod added {
@@ -27,6 +28,9 @@ pub(crate) fn letter(
     error: &str,
     stream_id: Option<&str>,
 ) -> Vec<(String, Vec<u8>)> {
+    // Reserved: a field of the task with one of these names (another
+    // language's producer wrote it) would be read as the letter's own.
+    fields.retain(|(name, _)| !added::ALL.contains(&name.as_str()));
     fields.push((added::REASON.into(), reason.into()));
     fields.push((added::ERROR.into(), error.into()));
     if let Some(id) = stream_id {
@@ -78,6 +82,9 @@ pub struct DeadLetter {
     pub stream_id: String,
     /// When it was dead-lettered.
     pub dead_at: SystemTime,
+    /// The task's headers ([`Options::header`](crate::Options::header)):
+    /// a replay keeps them.
+    pub headers: Headers,
     /// Every field, to replay it as it was.
     fields: Vec<(String, Vec<u8>)>,
 }
@@ -117,6 +124,13 @@ impl DeadLetter {
             enqueued_at: time(field::ENQUEUED_AT),
             stream_id: text(added::STREAM_ID).unwrap_or_default(),
             dead_at: time(added::DEAD_AT),
+            headers: {
+                let mut headers = Headers::new();
+                for (name, value) in &fields {
+                    headers.read_field(name, value);
+                }
+                headers
+            },
             fields,
         }
     }
@@ -163,7 +177,8 @@ impl DeadLetter {
 /// The admin tools' JSON of a dead letter: `partition`, `id`, `ref`
 /// (`<partition>/<id>`), `task_id`, `reason`, `error`, `attempts`,
 /// `failures`,
-/// `dead_at_ms`, `key`, `unique` (only when the task had one), `codec`, `enqueued_at_ms`, `stream_id`,
+/// `dead_at_ms`, `key`, `unique` (only when the task had one), `headers`
+/// (an object of strings, `{}` for none), `codec`, `enqueued_at_ms`, `stream_id`,
 /// `payload_bytes`, `payload` (the JSON value, for a JSON payload) and
 /// `payload_hex` (the bytes, for any other).
 impl Serialize for DeadLetter {
@@ -183,6 +198,7 @@ impl Serialize for DeadLetter {
             key: Option<&'a str>,
             #[serde(skip_serializing_if = "Option::is_none")]
             unique: Option<&'a str>,
+            headers: std::collections::BTreeMap<&'a str, &'a str>,
             codec: &'a str,
             enqueued_at_ms: u64,
             stream_id: &'a str,
@@ -203,6 +219,7 @@ impl Serialize for DeadLetter {
             dead_at_ms: ms(self.dead_at),
             key: self.key.as_deref(),
             unique: self.unique.as_deref(),
+            headers: self.headers.iter().collect(),
             codec: &self.codec,
             enqueued_at_ms: ms(self.enqueued_at),
             stream_id: &self.stream_id,

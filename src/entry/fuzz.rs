@@ -192,6 +192,8 @@ fn well_formed(payload: impl Strategy<Value = Vec<u8>>) -> impl Strategy<Value =
             codec: codec.to_owned(),
             payload,
             unique: None,
+            headers: crate::headers::Headers::new(),
+            extra: Vec::new(),
         })
 }
 
@@ -218,7 +220,7 @@ fn as_map(entry: &Entry) -> HashMap<String, Value> {
     entry
         .fields()
         .into_iter()
-        .map(|(k, v)| (k.to_owned(), Value::BulkString(v)))
+        .map(|(k, v)| (k.into_owned(), Value::BulkString(v)))
         .collect()
 }
 

@@ -12,6 +12,7 @@ use tokio_util::sync::{CancellationToken, WaitForCancellationFuture};
 
 use crate::assignment::{Assignment, Place};
 use crate::entry::TaskId;
+use crate::headers::Headers;
 
 /// What a handler knows about the task it runs and the instance running it.
 #[derive(Debug, Clone)]
@@ -34,6 +35,8 @@ pub struct TaskContext {
     /// With tracking on (docs/design.md §14): the task's user-cancel
     /// signal and its progress.
     pub(crate) tracked: Option<Arc<dyn Tracker>>,
+    /// The task's headers (docs/design.md §18).
+    pub(crate) headers: Headers,
 }
 
 /// Why a task's [`cancelled`](TaskContext::cancelled) signal fired.
@@ -127,7 +130,14 @@ impl TaskContext {
             }),
             finished: Arc::default(),
             tracked: None,
+            headers: Headers::new(),
         }
+    }
+
+    /// For tests: this context with `headers`.
+    pub fn with_headers(mut self, headers: Headers) -> Self {
+        self.headers = headers;
+        self
     }
 
     /// For tests: this context in service `service` (a context made by
@@ -157,6 +167,13 @@ impl TaskContext {
     /// The task's id.
     pub fn task_id(&self) -> &TaskId {
         &self.task_id
+    }
+
+    /// The task's headers, as the producer set them
+    /// ([`Options::header`](crate::Options::header)), through every retry,
+    /// hand-back and replay.
+    pub fn headers(&self) -> &Headers {
+        &self.headers
     }
 
     /// The partition key the producer gave ([`Options::key`]), if any:

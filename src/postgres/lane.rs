@@ -132,7 +132,7 @@ pub(crate) async fn claim<C: Codec>(
     }
     let rows = sqlx::query(
         "SELECT id, task_id, partition_key, idempotency_key, delay_ms, codec, payload, \
-                (extract(epoch FROM created_at) * 1000)::bigint \
+                (extract(epoch FROM created_at) * 1000)::bigint, headers \
          FROM peerq_outbox WHERE service = $1 AND lane = $2 \
          ORDER BY id LIMIT $3 FOR UPDATE SKIP LOCKED",
     )
@@ -153,6 +153,7 @@ pub(crate) async fn claim<C: Codec>(
                 codec: row.try_get(5)?,
                 payload: row.try_get(6)?,
                 created_ms: row.try_get(7)?,
+                headers: row.try_get(8)?,
             })
         })
         .collect::<Result<Vec<_>, sqlx::Error>>()?;

@@ -48,6 +48,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "outbox_sent",
         sql: include_str!("../../migrations/0004_outbox_sent.sql"),
     },
+    Migration {
+        version: 5,
+        name: "outbox_headers",
+        sql: include_str!("../../migrations/0005_outbox_headers.sql"),
+    },
 ];
 
 /// The key of the advisory lock a run holds: `fnv1a64("peerq_migrations")`

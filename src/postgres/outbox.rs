@@ -104,8 +104,9 @@ impl Outbox {
             .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
         sqlx::query(
             "INSERT INTO peerq_outbox \
-             (service, task_id, lane, partition_key, idempotency_key, delay_ms, codec, payload) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+             (service, task_id, lane, partition_key, idempotency_key, delay_ms, codec, payload, \
+              headers) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
         )
         .bind(service.as_str())
         .bind(id.as_str())
@@ -115,6 +116,7 @@ impl Outbox {
         .bind(delay_ms)
         .bind(C::NAME)
         .bind(payload)
+        .bind(options.headers.to_json())
         .execute(conn)
         .await?;
         Ok(id)

@@ -5,6 +5,7 @@
 use std::time::{Duration, UNIX_EPOCH};
 
 use crate::entry::TaskId;
+use crate::headers::Headers;
 use crate::producer::{Options, Stored};
 
 /// A row of `peerq_outbox` as the relay claims it.
@@ -19,6 +20,8 @@ pub(crate) struct Row {
     pub(crate) payload: Vec<u8>,
     /// `created_at` in Unix milliseconds.
     pub(crate) created_ms: i64,
+    /// Its `headers` (a JSON object of strings, `NULL` for none).
+    pub(crate) headers: Option<String>,
 }
 
 /// What becomes of a row.
@@ -47,14 +50,20 @@ pub(crate) fn verdict(row: Row, codec: &str, max_payload: usize) -> Verdict {
         delay: None,
         at,
         priority: Default::default(),
+        headers: Headers::new(),
     };
-    let stored = Stored {
+    let headers = Headers::from_json(row.headers.as_deref());
+    let mut stored = Stored {
         id: TaskId::from(row.task_id.as_str()),
         codec: row.codec,
         payload: row.payload,
         written_ms,
         options,
     };
+    match headers.and_then(|h| h.check().map(|()| h).map_err(|e| e.to_string())) {
+        Ok(headers) => stored.options.headers = headers,
+        Err(error) => return Verdict::DeadLetter(stored, error),
+    }
     if stored.codec != codec {
         let error = format!(
             "the row is encoded with `{}`, and the service's codec is `{codec}`: write it \
@@ -87,6 +96,7 @@ mod tests {
             codec: "bincode".into(),
             payload: vec![1, 2, 3],
             created_ms: 1_700_000_000_000,
+            headers: None,
         }
     }
 

@@ -167,6 +167,7 @@ impl<C: Codec> Producer<C> {
                         let key = options.key.clone().or_else(|| options.unique.clone());
                         let mut entry = Entry::new(id.clone(), key, C::NAME, payload.clone());
                         entry.unique = options.unique.clone();
+                        entry.headers = options.headers.clone();
                         let script = self.enqueue_script(&entry, p, options, None, tracked);
                         pipe.invoke_script(&script);
                         part_scripted.push(Scripted {
@@ -181,10 +182,14 @@ impl<C: Codec> Producer<C> {
                         let fields =
                             entry::first_attempt(id.as_str(), &enqueued_at, C::NAME, payload);
                         let stream = &self.streams[p as usize];
-                        match options.and_then(|o| o.key.as_deref()) {
-                            Some(key) => pipe.add_command(xadd_keyed(stream, &fields, key)),
-                            None => pipe.add_command(xadd(stream, &fields)),
+                        let mut cmd = match options.and_then(|o| o.key.as_deref()) {
+                            Some(key) => xadd_keyed(stream, &fields, key),
+                            None => xadd(stream, &fields),
                         };
+                        for (name, value) in options.iter().flat_map(|o| o.headers.fields()) {
+                            cmd.arg(name).arg(value);
+                        }
+                        pipe.add_command(cmd);
                         commands += 1;
                     }
                 }

@@ -1,9 +1,10 @@
 //! [`Options`]: how one task is enqueued (a key, an idempotency key, a
-//! unique key, a delay), alone or in a batch.
+//! unique key, a delay, a priority, headers), alone or in a batch.
 
 use std::time::{Duration, SystemTime};
 
 use crate::error::{Error, Result};
+use crate::headers::Headers;
 use crate::priority::Priority;
 
 /// How to enqueue one task.
@@ -16,6 +17,7 @@ pub struct Options {
     pub(crate) delay: Option<Duration>,
     pub(crate) at: Option<SystemTime>,
     pub(crate) priority: Priority,
+    pub(crate) headers: Headers,
 }
 
 impl Options {
@@ -130,6 +132,29 @@ impl Options {
         self
     }
 
+    /// Sets header `name` to `value` on the task ([`Headers`]): kept
+    /// through every retry, hand-back, take-over, delay, dead letter and
+    /// replay, and read by its handler with
+    /// [`TaskContext::headers`](crate::TaskContext::headers). At most 32
+    /// headers and 4 KiB of names and values a task; a name is ASCII
+    /// letters, digits, `-`, `_` and `.`; the enqueue refuses more
+    /// (`invalid setting `header``).
+    ///
+    /// ```no_run
+    /// # async fn demo(producer: peerq::Producer) -> peerq::Result<()> {
+    /// use peerq::Options;
+    ///
+    /// let traced = Options::new()
+    ///     .header("request-id", "req-7f3a")
+    ///     .header("tenant", "acme");
+    /// producer.enqueue_with("welcome mail", traced).await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn header(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
+        self.headers.insert(name, value);
+        self
+    }
+
     /// Whether the task goes through the enqueue script.
     pub(super) fn scripted(&self) -> bool {
         self.idempotency_key.is_some()
@@ -149,11 +174,13 @@ impl Options {
             .or(self.idempotency_key.as_deref())
     }
 
-    /// Refuses a unique key beside a different partition key: the unique
+    /// Refuses headers out of their bounds, and a unique key beside a
+    /// different partition key: the unique
     /// key's lock is in the partition the task goes to, so a repeat with
     /// another partition key would look for it elsewhere; and a unique key
     /// at a level other than normal, for the same reason.
     pub(crate) fn check(&self) -> Result<()> {
+        self.headers.check()?;
         if self.unique.is_some() && self.priority != Priority::Normal {
             return Err(Error::invalid(
                 "priority",

@@ -55,6 +55,7 @@ impl<C: Codec> Producer<C> {
         self.know_levels([options.priority]).await?;
         let mut entry = self.entry(&task, options.partition_key().map(str::to_owned))?;
         entry.unique = options.unique.clone();
+        entry.headers = options.headers.clone();
         let sent = self.send_entry(entry, &options, None).await?;
         // Only the outbox relay's record comes with a deadline.
         match sent.expect("without a deadline a send is never late") {

@@ -63,6 +63,8 @@ impl Stored {
             codec: self.codec.clone(),
             payload: self.payload.clone(),
             unique: None,
+            headers: self.options.headers.clone(),
+            extra: Vec::new(),
         }
     }
 }
@@ -104,7 +106,7 @@ impl<C: Codec> Producer<C> {
         let fields = entry
             .fields()
             .into_iter()
-            .map(|(k, v)| (k.to_owned(), v))
+            .map(|(k, v)| (k.into_owned(), v))
             .collect();
         let letter = dead_letters::letter(fields, "relay", error, None);
         let mut script = RELAY_DEAD.key(keys::dead(&self.name, p));

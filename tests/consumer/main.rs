@@ -14,6 +14,7 @@ mod consumer;
 mod failures;
 mod frozen;
 mod handover;
+mod headers;
 mod idle;
 mod key_rate;
 mod limit_key;

@@ -302,6 +302,9 @@ pub(crate) struct Enqueue {
     /// by default).
     #[arg(long, value_name = "KEY")]
     pub(crate) idempotency_key: Option<String>,
+    /// A header of the task, `NAME=VALUE` (repeat it for more).
+    #[arg(long = "header", value_name = "NAME=VALUE", value_parser = header)]
+    pub(crate) headers: Vec<(String, String)>,
 }
 
 #[derive(Subcommand)]
@@ -397,6 +400,13 @@ pub(crate) enum OrderArg {
     Newest,
     /// The oldest letters first.
     Oldest,
+}
+
+fn header(text: &str) -> Result<(String, String), String> {
+    match text.split_once('=') {
+        Some((name, value)) if !name.is_empty() => Ok((name.to_owned(), value.to_owned())),
+        _ => Err(format!("`{text}` is not a header; use NAME=VALUE")),
+    }
 }
 
 fn delay(text: &str) -> Result<Duration, String> {

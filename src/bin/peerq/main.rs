@@ -232,6 +232,9 @@ async fn run(redis: Redis, command: Command) -> Result<String, String> {
             if let Some(key) = enqueue.idempotency_key {
                 options = options.idempotency_key(key);
             }
+            for (name, value) in enqueue.headers {
+                options = options.header(name, value);
+            }
             let service = service(&admin, &enqueue.name).await?;
             let id = service.enqueue_json(&task, options).await.map_err(failed)?;
             Ok(format!("{id}\n"))

@@ -24,8 +24,13 @@ impl GivenJob {
     }
 
     /// The job with its task encoded by `C`, the codec the consumer runs
-    /// with; an error naming the job when its task does not encode so.
+    /// with; an error naming the job when its task does not encode so, or
+    /// its headers are out of their bounds.
     pub(crate) fn registered<C: Codec>(&self) -> Result<Registered> {
+        if let Err(Error::InvalidSetting { setting, message }) = self.job.checked_headers() {
+            let job = self.job.name();
+            return Err(Error::invalid(setting, format!("job `{job}`: {message}")));
+        }
         match self.task.by::<C>() {
             Ok(payload) => Ok(Registered {
                 job: self.job.clone(),

@@ -187,6 +187,7 @@ impl Batch {
                 tenure: tenure.clone(),
                 finished: finished.clone(),
                 tracked: track.clone().map(|t| t as Arc<dyn Tracker>),
+                headers: entry.headers.clone(),
             };
             let call = match self.shared.runner.prepare(&entry, cx) {
                 Ok(call) => call,
