@@ -472,6 +472,7 @@ async fn enqueued_tasks_are_handled_and_dead_letters_replayed_and_purged() {
     .await;
 
     // A task refused for good becomes a dead letter, with its fields.
+    // With headers (`--header`), which the letter keeps.
     refuse.store(true, Ordering::SeqCst);
     peerq(
         &url,
@@ -479,6 +480,10 @@ async fn enqueued_tasks_are_handled_and_dead_letters_replayed_and_purged() {
             "enqueue",
             "--name",
             &name,
+            "--header",
+            "tenant=acme",
+            "--header",
+            "request-id=r-1",
             "--json",
             r#"{"to":"b@example.com"}"#,
         ],
@@ -506,6 +511,7 @@ async fn enqueued_tasks_are_handled_and_dead_letters_replayed_and_purged() {
             "failures",
             "dead_at_ms",
             "key",
+            "headers",
             "codec",
             "enqueued_at_ms",
             "stream_id",
@@ -513,6 +519,10 @@ async fn enqueued_tasks_are_handled_and_dead_letters_replayed_and_purged() {
             "payload",
             "payload_hex"
         ])
+    );
+    assert_eq!(
+        letter["headers"],
+        serde_json::json!({"tenant": "acme", "request-id": "r-1"})
     );
     assert_eq!(letter["reason"], "permanent");
     assert_eq!(letter["error"], "mailbox of b@example.com is full");
@@ -532,7 +542,9 @@ async fn enqueued_tasks_are_handled_and_dead_letters_replayed_and_purged() {
     assert_eq!(shown.json()["ref"], reference.as_str());
     let shown = peerq(&url, &["dead", "show", "--name", &name, "--id", &reference]).await;
     assert!(
-        shown.ok().contains("permanent") && shown.ok().contains("b@example.com"),
+        shown.ok().contains("permanent")
+            && shown.ok().contains("b@example.com")
+            && shown.ok().contains("h:tenant     acme"),
         "{shown:?}"
     );
     let listed = peerq(
@@ -634,6 +646,17 @@ async fn enqueued_tasks_are_handled_and_dead_letters_replayed_and_purged() {
     // Input that is not a task, or not a duration.
     let not_json = peerq(&url, &["enqueue", "--name", &name, "--json", "{to:"]).await;
     assert!(not_json.failure().contains("not JSON"), "{not_json:?}");
+    let args = [
+        "enqueue", "--name", &name, "--header", "tenant", "--json", "{}",
+    ];
+    let no_value = peerq(&url, &args).await;
+    assert_eq!(no_value.code, Some(2), "{no_value:?}");
+    assert!(no_value.stderr.contains("NAME=VALUE"), "{no_value:?}");
+    let args = [
+        "enqueue", "--name", &name, "--header", "a b=c", "--json", "{}",
+    ];
+    let odd = peerq(&url, &args).await;
+    assert!(odd.failure().contains("`header`"), "{odd:?}");
     let soon = peerq(
         &url,
         &[

@@ -6,6 +6,7 @@
 //! ChromeDriver).
 
 mod browser;
+mod headers;
 mod task;
 mod unique;
 use std::net::SocketAddr;

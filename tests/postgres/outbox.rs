@@ -6,9 +6,10 @@
 //! grace, a relay frozen before a send, and three relays at once, still
 //! run each task once; per-key order holds through several
 //! relays; a row no consumer could run is dead-lettered with reason
-//! `relay` and the rows behind it in its lane flow; and the commit →
-//! handler-start latency is measured.
+//! `relay` and the rows behind it in its lane flow; a row's headers reach
+//! the handler; and the commit → handler-start latency is measured.
 
+mod headers;
 mod killed;
 mod latency;
 mod outage;
@@ -45,6 +46,7 @@ struct Run {
     key: String,
     seq: u64,
     started: SystemTime,
+    headers: peerq::Headers,
 }
 
 /// Records every run, and wakes whoever waits for one.
@@ -63,6 +65,7 @@ impl Handler for Record {
             key: mail.key,
             seq: mail.seq,
             started,
+            headers: cx.headers().clone(),
         });
         self.ran.notify_waiters();
         Ok(())

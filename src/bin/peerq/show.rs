@@ -268,6 +268,9 @@ pub(crate) fn dead_letter(l: &DeadLetter) -> String {
     for (name, value) in fields {
         let _ = writeln!(out, "{name:<12} {value}");
     }
+    for (name, value) in &l.headers {
+        let _ = writeln!(out, "{:<12} {value}", format!("h:{name}"));
+    }
     let json = (l.codec == "json")
         .then(|| serde_json::from_slice::<serde_json::Value>(&l.payload).ok())
         .flatten();
