@@ -354,8 +354,13 @@ impl Entry {
             else {
                 continue;
             };
+            // The format's own fields, the most of every entry, are told
+            // by their bytes: no UTF-8 check, no copy.
+            if field::ALL.iter().any(|f| f.as_bytes() == name) {
+                continue;
+            }
             let name = String::from_utf8_lossy(name);
-            if field::ALL.contains(&&*name) || headers.read_field(&name, value) {
+            if headers.read_field(&name, value) {
                 continue;
             }
             match extra.iter_mut().find(|(n, _)| **n == *name) {

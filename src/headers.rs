@@ -12,6 +12,8 @@
 //! [`Options::header`]: crate::producer::Options::header
 //! [`TaskContext::headers`]: crate::TaskContext::headers
 
+use std::sync::Arc;
+
 use crate::error::{Error, Result};
 
 /// What every header's field name starts with in a stream entry.
@@ -37,7 +39,7 @@ const MOST_NAME_BYTES: usize = 128;
 /// assert_eq!(headers.len(), 2);
 /// ```
 #[derive(Debug, Clone, Default)]
-pub struct Headers(Vec<(String, String)>);
+pub struct Headers(Arc<Vec<(String, String)>>);
 
 impl PartialEq for Headers {
     fn eq(&self, other: &Headers) -> bool {
@@ -58,9 +60,12 @@ impl Headers {
     /// [`Options::header`](crate::producer::Options::header)).
     pub fn insert(&mut self, name: impl Into<String>, value: impl Into<String>) {
         let (name, value) = (name.into(), value.into());
-        match self.0.iter_mut().find(|(n, _)| *n == name) {
+        // Shared by every copy (a task's context per attempt costs a count,
+        // not a copy of its headers); written only before it is shared.
+        let headers = Arc::make_mut(&mut self.0);
+        match headers.iter_mut().find(|(n, _)| *n == name) {
             Some((_, v)) => *v = value,
-            None => self.0.push((name, value)),
+            None => headers.push((name, value)),
         }
     }
 
@@ -82,6 +87,11 @@ impl Headers {
         self.0.len()
     }
 
+    /// The bytes of their names and values.
+    pub(crate) fn bytes(&self) -> usize {
+        self.0.iter().map(|(n, v)| n.len() + v.len()).sum()
+    }
+
     /// Whether there are none.
     pub fn is_empty(&self) -> bool {
         self.0.is_empty()
@@ -101,7 +111,7 @@ impl Headers {
                 ),
             ));
         }
-        let bytes: usize = self.0.iter().map(|(n, v)| n.len() + v.len()).sum();
+        let bytes = self.bytes();
         if bytes > MOST_HEADER_BYTES {
             return Err(Error::invalid(
                 "header",
@@ -110,7 +120,7 @@ impl Headers {
                 ),
             ));
         }
-        for (name, _) in &self.0 {
+        for (name, _) in self.0.iter() {
             let allowed = |c: char| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.');
             if name.is_empty() || name.len() > MOST_NAME_BYTES || !name.chars().all(allowed) {
                 return Err(Error::invalid(

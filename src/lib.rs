@@ -96,6 +96,7 @@
 //! | `task_id` | task ids ([`TaskId`]) |
 //! | `entry` | the stream entry format and what makes an entry unrunnable |
 //! | `headers` | a task's [`Headers`], and their fields in the entry (`h:<name>`) |
+//! | `trace_context` | feature `otel`: the current span's W3C trace context into a task's headers, and a task's span joined to it (`TraceJoin`) |
 //! | `codec` | payload encodings: [`Bincode`] (default) and [`Json`] |
 //! | `partition` | which partition a key goes to ([`partition_of`]: FNV-1a 64 modulo `P`) |
 //! | `clock` | the wall clock behind a trait ([`Clock`]), so tests can skew it |
@@ -159,6 +160,8 @@ mod retry;
 mod shutdown;
 mod task_id;
 mod timing;
+#[cfg(feature = "otel")]
+mod trace_context;
 pub mod tracking;
 mod transition;
 
@@ -181,11 +184,19 @@ pub use priority::Priority;
 pub use producer::{Options, Producer};
 pub use retry::Backoff;
 pub use task_id::TaskId;
+#[cfg(feature = "otel")]
+pub use trace_context::TraceJoin;
 
 /// The README's Rust snippets, compiled as doc tests (those that need a
-/// Redis are `no_run`). Only with the `http`, `dashboard` and `postgres`
-/// features, which three of them use: `scripts/test` (and CI) runs
+/// Redis are `no_run`). Only with the `http`, `dashboard`, `postgres` and
+/// `otel` features, which some of them use: `scripts/test` (and CI) runs
 /// `cargo test --all-features`.
-#[cfg(all(doctest, feature = "http", feature = "dashboard", feature = "postgres"))]
+#[cfg(all(
+    doctest,
+    feature = "http",
+    feature = "dashboard",
+    feature = "postgres",
+    feature = "otel"
+))]
 #[doc = include_str!("../README.md")]
 mod readme {}

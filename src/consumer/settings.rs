@@ -59,6 +59,9 @@ pub(crate) struct ConsumerSettings {
     pub(crate) limits: Limits,
     /// A tracked task's largest encoded result.
     pub(crate) max_result_bytes: usize,
+    /// How a task's span joins its producer's trace (feature `otel`).
+    #[cfg(feature = "otel")]
+    pub(crate) trace_join: crate::trace_context::TraceJoin,
     /// The priority levels (docs/design.md §17); normal alone by default.
     pub(crate) priorities: Vec<Priority>,
     /// Whether the limits per key count by a function of the task rather
@@ -85,6 +88,8 @@ impl Default for ConsumerSettings {
             tracking: Tracking::off(),
             limits: Limits::none(),
             max_result_bytes: crate::tracking::DEFAULT_MAX_RESULT,
+            #[cfg(feature = "otel")]
+            trace_join: Default::default(),
             priorities: vec![Priority::Normal],
             limit_key: false,
         }

@@ -95,6 +95,10 @@ impl Outbox {
                 limit: DEFAULT_MAX_PAYLOAD,
             });
         }
+        #[allow(unused_mut)]
+        let mut headers = options.headers.clone();
+        #[cfg(feature = "otel")]
+        crate::trace_context::add(&mut headers, crate::trace_context::current().as_ref());
         let id = TaskId::generate();
         let lane = lane_of(options.partition_key().unwrap_or(id.as_str()));
         // From this process's clock to the row's: the relay counts the
@@ -116,7 +120,7 @@ impl Outbox {
         .bind(delay_ms)
         .bind(C::NAME)
         .bind(payload)
-        .bind(options.headers.to_json())
+        .bind(headers.to_json())
         .execute(conn)
         .await?;
         Ok(id)

@@ -118,8 +118,11 @@ impl<C: Codec> Producer<C> {
         // parts that each took their own would race to the pool and could
         // go over different connections, out of order.
         let conn = self.conn.get().await?;
-        // One time for the batch: its entries are enqueued together.
+        // One time for the batch: its entries are enqueued together; and
+        // one trace context (feature `otel`), the caller's span's.
         let enqueued_ms = entry::now_ms();
+        #[cfg(feature = "otel")]
+        let trace = crate::trace_context::current();
         let enqueued_at = enqueued_ms.to_string();
         // Tracked: the entries' records go first (docs/design.md §14).
         let tracked = self.tracking.on(&self.conn, &self.name).await.is_some();
@@ -168,6 +171,8 @@ impl<C: Codec> Producer<C> {
                         let mut entry = Entry::new(id.clone(), key, C::NAME, payload.clone());
                         entry.unique = options.unique.clone();
                         entry.headers = options.headers.clone();
+                        #[cfg(feature = "otel")]
+                        crate::trace_context::add(&mut entry.headers, trace.as_ref());
                         let script = self.enqueue_script(&entry, p, options, None, tracked);
                         pipe.invoke_script(&script);
                         part_scripted.push(Scripted {
@@ -186,7 +191,12 @@ impl<C: Codec> Producer<C> {
                             Some(key) => xadd_keyed(stream, &fields, key),
                             None => xadd(stream, &fields),
                         };
-                        for (name, value) in options.iter().flat_map(|o| o.headers.fields()) {
+                        #[cfg(not(feature = "otel"))]
+                        let headers = options.map(|o| std::borrow::Cow::Borrowed(&o.headers));
+                        #[cfg(feature = "otel")]
+                        let headers =
+                            crate::trace_context::with(options.map(|o| &o.headers), &trace);
+                        for (name, value) in headers.iter().flat_map(|h| h.fields()) {
                             cmd.arg(name).arg(value);
                         }
                         pipe.add_command(cmd);

@@ -56,6 +56,8 @@ impl<C: Codec> Producer<C> {
         let mut entry = self.entry(&task, options.partition_key().map(str::to_owned))?;
         entry.unique = options.unique.clone();
         entry.headers = options.headers.clone();
+        #[cfg(feature = "otel")]
+        crate::trace_context::add(&mut entry.headers, crate::trace_context::current().as_ref());
         let sent = self.send_entry(entry, &options, None).await?;
         // Only the outbox relay's record comes with a deadline.
         match sent.expect("without a deadline a send is never late") {

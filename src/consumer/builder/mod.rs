@@ -8,6 +8,8 @@ mod periodic;
 #[cfg(feature = "postgres")]
 mod postgres;
 mod run;
+#[cfg(feature = "otel")]
+mod trace;
 mod tracking;
 
 use std::fmt;

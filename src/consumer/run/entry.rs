@@ -198,14 +198,21 @@ impl Batch {
                     return Executed::Done(Box::pin(dead).await);
                 }
             };
+            // `waited_ms`: since the task's first enqueue (the producer's
+            // clock), the time it spent in the queue and its earlier runs.
+            let waited_ms =
+                crate::entry::now_ms().saturating_sub(entry.enqueued_at.as_millis() as u64);
             let span = info_span!(
                 "task",
                 task_id = %entry.id,
                 partition = self.partition,
                 attempt = entry.attempt,
                 epoch = self.place.epoch,
-                token = self.ownership.store.token()
+                token = self.ownership.store.token(),
+                waited_ms
             );
+            #[cfg(feature = "otel")]
+            crate::trace_context::join(&span, &entry.headers, self.shared.settings.trace_join);
             if order.attempts_in_redis() && entry.attempt > counted {
                 let starts = Deliveries::Runs(entry.attempt);
                 let in_place = self.in_place(&entry, &track, "", Duration::ZERO);

@@ -3,9 +3,13 @@
 //! its task id, partition, attempt, epoch and fencing token, inside the
 //! instance's `peerq` span with the service and the instance id; and the one
 //! stderr line of a consumer started where no subscriber would see them.
+//! With feature `otel`, the trace through the queue (`otel`).
 
 // The harness crate, named `support` in every module of this binary.
 extern crate peerq_test_support as support;
+
+#[cfg(feature = "otel")]
+mod otel;
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
