@@ -53,6 +53,7 @@
 
 mod acker;
 mod builder;
+mod cancels;
 mod due_watch;
 #[cfg(feature = "http")]
 mod endpoint;

@@ -60,25 +60,83 @@ pub(crate) fn waiting(enqueued_at: u64) -> Vec<u8> {
 
 /// A MessagePack string, as `cmsgpack` writes one.
 fn string(out: &mut Vec<u8>, s: &[u8]) {
-    match s.len() {
-        n @ 0..32 => out.push(0xa0 | n as u8),
-        n @ 32..256 => out.extend([0xd9, n as u8]),
+    let (head, n) = head_of(s.len());
+    out.extend(&head[..n]);
+    out.extend(s);
+}
+
+/// The head of a MessagePack string of `len` bytes: its first `n` bytes.
+fn head_of(len: usize) -> ([u8; 5], usize) {
+    let mut head = [0; 5];
+    let n = match len {
+        n @ 0..32 => {
+            head[0] = 0xa0 | n as u8;
+            1
+        }
+        n @ 32..256 => {
+            head[..2].copy_from_slice(&[0xd9, n as u8]);
+            2
+        }
         n @ 256..65536 => {
-            out.push(0xda);
-            out.extend((n as u16).to_be_bytes());
+            head[0] = 0xda;
+            head[1..3].copy_from_slice(&(n as u16).to_be_bytes());
+            3
         }
         n => {
-            out.push(0xdb);
-            out.extend((n as u32).to_be_bytes());
+            head[0] = 0xdb;
+            head[1..5].copy_from_slice(&(n as u32).to_be_bytes());
+            5
         }
-    }
-    out.extend(s);
+    };
+    (head, n)
 }
 
 /// A MessagePack unsigned integer, as a uint 64.
 fn uint(out: &mut Vec<u8>, n: u64) {
     out.push(0xcf);
     out.extend(n.to_be_bytes());
+}
+
+/// What a task runs as: `instance|token|attempt|started_at`, its
+/// `{N/p}:running` value and its final record's `r` (readers split it).
+/// Written where it goes (a command's argument, a record) rather than
+/// built as a string of its own: an allocation per task was a measurable
+/// part of a tracked task's cost to the instance (BENCHMARKS.md, "Task
+/// tracking").
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Ran<'a> {
+    /// The instance's id.
+    pub(crate) instance: &'a str,
+    /// Its fencing token.
+    pub(crate) token: u64,
+    pub(crate) attempt: u32,
+    /// Unix ms, the instance's clock.
+    pub(crate) started_at: u64,
+}
+
+impl Ran<'_> {
+    /// Its bytes' count, as `Display` writes it.
+    fn len(&self) -> usize {
+        let (token, attempt, at) = (self.token, u64::from(self.attempt), self.started_at);
+        self.instance.len() + 3 + digits(token) + digits(attempt) + digits(at)
+    }
+}
+
+impl std::fmt::Display for Ran<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let Ran {
+            instance,
+            token,
+            attempt,
+            started_at,
+        } = self;
+        write!(f, "{instance}|{token}|{attempt}|{started_at}")
+    }
+}
+
+/// The decimal digits of `n`.
+fn digits(n: u64) -> usize {
+    n.checked_ilog10().map_or(1, |d| d as usize + 1)
 }
 
 /// A final record as the instance that ran a task writes it whole with its
@@ -91,8 +149,8 @@ pub(crate) struct Finished<'a> {
     pub(crate) enqueued_at: u64,
     /// The attempt that ended it.
     pub(crate) attempt: u32,
-    /// `instance|token|attempt|started_at`, as its start wrote it.
-    pub(crate) ran: &'a str,
+    /// What it ran as, as its start wrote it.
+    pub(crate) ran: Ran<'a>,
     /// Unix ms.
     pub(crate) finished_at: u64,
     /// The last progress written, if any.
@@ -103,29 +161,42 @@ pub(crate) struct Finished<'a> {
 
 impl Finished<'_> {
     /// The record's bytes.
+    #[cfg(test)]
     pub(crate) fn encode(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(96 + self.result.len());
-        for (name, value) in [(b"s", self.state.as_bytes()), (b"r", self.ran.as_bytes())] {
-            string(&mut out, name);
-            string(&mut out, value);
-        }
+        let mut out = Vec::new();
+        self.write(&mut out).expect("a Vec takes every byte");
+        out
+    }
+
+    /// Writes the record's bytes to `out` (a command's argument, with no
+    /// buffer of its own).
+    pub(crate) fn write(&self, out: &mut impl std::io::Write) -> std::io::Result<()> {
+        let text = |out: &mut dyn std::io::Write, name: u8, len: usize| {
+            let (head, n) = head_of(len);
+            out.write_all(&[0xa1, name])?;
+            out.write_all(&head[..n])
+        };
+        text(out, b's', self.state.len())?;
+        out.write_all(self.state.as_bytes())?;
+        text(out, b'r', self.ran.len())?;
+        write!(out, "{}", self.ran)?;
         for (name, n) in [
-            (b"q", self.enqueued_at),
-            (b"a", u64::from(self.attempt)),
-            (b"f", self.finished_at),
+            (b'q', self.enqueued_at),
+            (b'a', u64::from(self.attempt)),
+            (b'f', self.finished_at),
         ] {
-            string(&mut out, name);
-            uint(&mut out, n);
+            out.write_all(&[0xa1, name, 0xcf])?;
+            out.write_all(&n.to_be_bytes())?;
         }
         if let Some(progress) = self.progress {
-            string(&mut out, b"p");
-            string(&mut out, progress);
+            text(out, b'p', progress.len())?;
+            out.write_all(progress)?;
         }
         if !self.result.is_empty() {
-            string(&mut out, b"v");
-            string(&mut out, self.result);
+            text(out, b'v', self.result.len())?;
+            out.write_all(self.result)?;
         }
-        out
+        Ok(())
     }
 }
 
@@ -218,7 +289,12 @@ mod tests {
             state: "succeeded",
             enqueued_at: 5,
             attempt: 2,
-            ran: "vm-1|7|2|9",
+            ran: Ran {
+                instance: "vm-1",
+                token: 7,
+                attempt: 2,
+                started_at: 9,
+            },
             finished_at: 11,
             progress: Some(b"{}"),
             result: &result,
@@ -233,6 +309,21 @@ mod tests {
         );
         assert_eq!(text("progress"), "{}");
         assert_eq!(fields["result"], result);
+    }
+
+    /// A record's head says how long its `ran` is before it is written:
+    /// the count must be the text's, at every number of digits.
+    #[test]
+    fn what_a_task_ran_as_is_as_long_as_its_head_says() {
+        for n in [0, 1, 9, 10, 99, 100, 12_345, u64::from(u32::MAX), u64::MAX] {
+            let ran = Ran {
+                instance: "host-1-a",
+                token: n,
+                attempt: n as u32,
+                started_at: n,
+            };
+            assert_eq!(ran.len(), ran.to_string().len(), "{ran}");
+        }
     }
 
     #[test]

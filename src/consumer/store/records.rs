@@ -7,12 +7,15 @@
 use std::sync::LazyLock;
 use std::time::Duration;
 
-use deadpool_redis::redis::{Script, ScriptInvocation, Value};
+use deadpool_redis::redis::{RedisWrite, Script, ScriptInvocation, ToRedisArgs, Value};
 
 use super::PartitionStore;
+use crate::connection::evalsha;
+use crate::entry::TaskId;
 use crate::error::Result;
 use crate::keys;
-use crate::tracking::{Tracking, tracked_script};
+use crate::tracking::packed::{Finished, Ran};
+use crate::tracking::{Block, Tracking, tracked_script};
 
 static FENCED_START: LazyLock<Script> =
     LazyLock::new(|| Script::new(tracked_script!("fenced_start.lua")));
@@ -35,9 +38,50 @@ pub(crate) struct Track<'a> {
     pub(crate) attempt: u32,
 }
 
-/// How one task of a batch starts: its stream id, task id, and what it runs
-/// as (`instance|token|attempt|started_at`, [`PartitionStore::running`]).
-pub(crate) type Starting<'a> = (&'a str, &'a str, &'a str);
+/// How one task of a batch starts: its stream id, task id, and the
+/// attempt it runs.
+pub(crate) type Starting<'a> = (&'a str, &'a str, u32);
+
+/// A tracked task that succeeded under this store's token, as its ack
+/// writes its final record whole (`fenced_ack.lua`): the record is
+/// written from these straight into the ack's command.
+#[derive(Debug)]
+pub(crate) struct Succeeded {
+    pub(crate) task: TaskId,
+    /// The attempt that ended it, and when it started (Unix ms, this
+    /// instance's clock).
+    pub(crate) attempt: u32,
+    pub(crate) started_at: u64,
+    /// As its entry says (Unix ms).
+    pub(crate) enqueued_at: u64,
+    /// Unix ms, this instance's clock.
+    pub(crate) finished_at: u64,
+    /// The last progress written, if any.
+    pub(crate) progress: Option<Vec<u8>>,
+    /// The encoded result; empty for none.
+    pub(crate) result: Vec<u8>,
+}
+
+/// A final record as one argument, written into the command's buffer.
+struct Record<'a>(Finished<'a>);
+
+impl ToRedisArgs for Record<'_> {
+    fn write_redis_args<W: ?Sized + RedisWrite>(&self, out: &mut W) {
+        let mut arg = out.writer_for_next_arg();
+        self.0
+            .write(&mut arg)
+            .expect("a command's buffer takes every byte");
+    }
+}
+
+/// A running value as one argument (`Ran`'s text).
+struct Running<'a>(Ran<'a>);
+
+impl ToRedisArgs for Running<'_> {
+    fn write_redis_args<W: ?Sized + RedisWrite>(&self, out: &mut W) {
+        out.write_arg_fmt(self.0);
+    }
+}
 
 impl PartitionStore {
     /// Adds a fenced move's tracking arguments (task id, state, reason,
@@ -56,12 +100,17 @@ impl PartitionStore {
                     .arg(state)
                     .arg(t.reason)
                     .arg(t.error)
-                    .arg(t.attempt);
-                self.records.block(script, Some(&t.tracking));
+                    .arg(t.attempt)
+                    .arg(self.records.block(Some(&t.tracking)));
             }
             None => {
-                script.arg("").arg("").arg("").arg("").arg(0);
-                self.records.block(script, None);
+                script
+                    .arg("")
+                    .arg("")
+                    .arg("")
+                    .arg("")
+                    .arg(0)
+                    .arg(self.records.block(None));
             }
         }
     }
@@ -69,36 +118,66 @@ impl PartitionStore {
     /// What a task at `attempt` that starts at `started_at` (Unix ms, this
     /// instance's clock) runs as: its `{N/p}:running` value, and its final
     /// record's `ran`.
-    pub(crate) fn running(&self, attempt: u32, started_at: u64) -> String {
-        format!("{}|{}|{attempt}|{started_at}", self.consumer, self.token)
+    pub(crate) fn ran(&self, attempt: u32, started_at: u64) -> Ran<'_> {
+        Ran {
+            instance: &self.consumer,
+            token: self.token,
+            attempt,
+            started_at,
+        }
     }
 
-    /// Writes that `tasks` start now on this instance (`{N/p}:running`);
-    /// returns the stream ids of those that must not run (a cancel request
-    /// came first: acked and `cancelled` in the same step), or `Ok(None)`
-    /// when fenced.
+    /// [`ran`](Self::ran) as text.
+    pub(crate) fn running(&self, attempt: u32, started_at: u64) -> String {
+        self.ran(attempt, started_at).to_string()
+    }
+
+    /// Writes that `tasks` start now on this instance, at `started_at`
+    /// (`{N/p}:running`); returns the stream ids of those that must not
+    /// run (a cancel request came first: acked and `cancelled` in the same
+    /// step), or `Ok(None)` when fenced.
     pub(crate) async fn start(
         &self,
         tracking: &Tracking,
+        started_at: u64,
         tasks: &[Starting<'_>],
     ) -> Result<Option<Vec<String>>> {
-        let mut script = FENCED_START.key(&self.stream);
-        script.key(&self.owner).arg(&self.record).arg(keys::GROUP);
-        self.records.block(&mut script, Some(tracking));
-        script.arg(tasks.len());
-        for (_, task, running) in tasks {
-            script.arg(*task).arg(*running);
+        let (stream, owner) = (&self.stream, &self.owner);
+        let block = self.records.block(Some(tracking));
+        let bytes = tasks.iter().map(|(s, t, _)| s.len() + t.len() + 80);
+        let bytes = stream.len() + owner.len() + self.record.len() + 200 + bytes.sum::<usize>();
+        let mut cmd = evalsha(&FENCED_START, 2, 10 + 3 * tasks.len(), bytes);
+        cmd.arg(stream)
+            .arg(owner)
+            .arg(&self.record)
+            .arg(keys::GROUP);
+        cmd.arg(block).arg(tasks.len());
+        for (_, task, attempt) in tasks {
+            cmd.arg(*task).arg(Running(self.ran(*attempt, started_at)));
         }
         for (stream_id, _, _) in tasks {
-            script.arg(*stream_id);
+            cmd.arg(*stream_id);
         }
-        let reply: Value = self.conn.invoke(&script).await?;
+        let reply: Value = self.conn.eval(&FENCED_START, &cmd).await?;
         if matches!(reply, Value::Int(_)) {
             return Ok(None);
         }
         let skipped: Vec<String> = deadpool_redis::redis::from_redis_value(reply)
             .map_err(deadpool_redis::redis::RedisError::from)?;
         Ok(Some(skipped))
+    }
+
+    /// `task`'s final record as an argument of its ack.
+    pub(super) fn record<'a>(&'a self, task: &'a Succeeded) -> impl ToRedisArgs + 'a {
+        Record(Finished {
+            state: "succeeded",
+            enqueued_at: task.enqueued_at,
+            attempt: task.attempt,
+            ran: self.ran(task.attempt, task.started_at),
+            finished_at: task.finished_at,
+            progress: task.progress.as_deref(),
+            result: &task.result,
+        })
     }
 
     /// Writes a running task's progress (encoded), only while this
@@ -140,16 +219,18 @@ impl PartitionStore {
         slice: usize,
     ) -> Result<(String, u64, Option<Duration>)> {
         let mut script = SWEEP.key(self.records.tasks());
-        script.arg(cursor.unwrap_or("")).arg(slice);
-        self.records.block(&mut script, Some(tracking));
+        script
+            .arg(cursor.unwrap_or(""))
+            .arg(slice)
+            .arg(self.records.block(Some(tracking)));
         let (next, forgotten, due): (String, u64, i64) = self.conn.invoke(&script).await?;
         let due = u64::try_from(due).ok().map(Duration::from_millis);
         Ok((next, forgotten, due))
     }
 
     /// The tracking block of this partition for `tracking`, for the acks.
-    pub(super) fn block(&self, script: &mut ScriptInvocation<'_>, tracking: &Tracking) {
-        self.records.block(script, Some(tracking));
+    pub(super) fn block<'a>(&'a self, tracking: &'a Tracking) -> Block<'a> {
+        self.records.block(Some(tracking))
     }
 }
 
