@@ -101,12 +101,39 @@ impl Started {
     }
 }
 
-/// A stream id, `<ms>-<seq>`, as its two numbers (ids Redis gave always
-/// read so).
+/// A stream id, `<ms>-<seq>` in decimal as Redis gives them, as its two
+/// numbers. By hand: `split_once` and `str::parse` were a tenth of a
+/// microsecond per task in a profile of the tracked consume.
 fn stream_key(id: &str) -> (u64, u64) {
-    let (ms, seq) = id.split_once('-').unwrap_or((id, "0"));
-    (
-        ms.parse().unwrap_or(u64::MAX),
-        seq.parse().unwrap_or(u64::MAX),
-    )
+    let (mut ms, mut seq, mut dash) = (0u64, 0u64, false);
+    for b in id.bytes() {
+        match b {
+            b'-' if !dash => dash = true,
+            _ if dash => {
+                seq = seq
+                    .wrapping_mul(10)
+                    .wrapping_add(u64::from(b.wrapping_sub(b'0')))
+            }
+            _ => {
+                ms = ms
+                    .wrapping_mul(10)
+                    .wrapping_add(u64::from(b.wrapping_sub(b'0')))
+            }
+        }
+    }
+    (ms, seq)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::stream_key;
+
+    #[test]
+    fn stream_ids_read_as_their_numbers_in_their_order() {
+        assert_eq!(stream_key("1764262594123-0"), (1_764_262_594_123, 0));
+        assert_eq!(stream_key("0-18446744073709551615"), (0, u64::MAX));
+        let ids = ["9-9", "10-0", "10-1", "10-10", "11-2"];
+        let keys: Vec<_> = ids.iter().map(|id| stream_key(id)).collect();
+        assert!(keys.windows(2).all(|w| w[0] < w[1]), "{keys:?}");
+    }
 }

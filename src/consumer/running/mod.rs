@@ -63,6 +63,14 @@ struct Task {
     /// The handler's signal (a user's cancel or the partition's
     /// interruption), made when first asked for.
     either: OnceLock<CancellationToken>,
+    /// Made by the first progress it reports (most tasks report none, and
+    /// a batch's tasks are one allocation: it stays small).
+    progress: OnceLock<Box<Writes>>,
+}
+
+/// A task's progress and its writes.
+#[derive(Debug, Default)]
+struct Writes {
     progress: Mutex<Progress>,
     /// Held while a progress write is underway, so the last one is never
     /// overtaken by an earlier one, and the end waits for it.
@@ -120,8 +128,7 @@ impl Running {
             user: AtomicBool::new(false),
             woken: Notify::new(),
             either: OnceLock::new(),
-            progress: Mutex::default(),
-            writing: tokio::sync::Mutex::new(()),
+            progress: OnceLock::new(),
         });
         let tracks = Arc::new(Tracks {
             store,
@@ -207,7 +214,8 @@ impl Tracker for Tracks {
     /// Written now if the last write is 250 ms old, else when it is; a
     /// newer value replaces one not yet written.
     fn progress(self: Arc<Self>, at: usize, value: Vec<u8>) {
-        let mut progress = self.task(at).progress.lock().expect("not poisoned");
+        let writes = self.task(at).progress.get_or_init(Box::default);
+        let mut progress = writes.progress.lock().expect("not poisoned");
         progress.pending = Some(value);
         if progress.writer {
             return;
@@ -222,6 +230,11 @@ impl Tracker for Tracks {
 impl RunningTask {
     fn task(&self) -> &Task {
         self.tracks.task(self.at)
+    }
+
+    /// Its progress and writes, once it reported any.
+    fn writes(&self) -> Option<&Writes> {
+        self.task().progress.get().map(|w| &**w)
     }
 
     /// Whether a user cancelled it.
@@ -304,13 +317,16 @@ impl RunningTask {
 
     /// Writes pending progress until none is left, at most every 250 ms.
     async fn write_progress(self) {
+        let Some(writes) = self.writes() else {
+            return;
+        };
         loop {
-            let last = self.task().progress.lock().expect("not poisoned").last;
+            let last = writes.progress.lock().expect("not poisoned").last;
             if let Some(last) = last {
                 tokio::time::sleep_until(last + PROGRESS_EVERY).await;
             }
             if !self.write_pending().await {
-                let mut progress = self.task().progress.lock().expect("not poisoned");
+                let mut progress = writes.progress.lock().expect("not poisoned");
                 // Checked under the lock `progress` sets values under: a
                 // value that came in meanwhile is written by this loop.
                 if progress.pending.is_none() {
@@ -323,14 +339,16 @@ impl RunningTask {
 
     /// Writes the pending value, if any; false when there was none.
     async fn write_pending(&self) -> bool {
-        let task = self.task();
-        let _writing = task.writing.lock().await;
-        let Some(value) = task.progress.lock().expect("not poisoned").pending.take() else {
+        let (task, Some(writes)) = (self.task(), self.writes()) else {
             return false;
         };
-        task.progress.lock().expect("not poisoned").last = Some(Instant::now());
+        let _writing = writes.writing.lock().await;
+        let Some(value) = writes.progress.lock().expect("not poisoned").pending.take() else {
+            return false;
+        };
+        writes.progress.lock().expect("not poisoned").last = Some(Instant::now());
         match self.tracks.store.progress(task.id.as_str(), &value).await {
-            Ok(true) => task.progress.lock().expect("not poisoned").written = Some(value),
+            Ok(true) => writes.progress.lock().expect("not poisoned").written = Some(value),
             Ok(false) => {}
             Err(e) => debug!(task = %task.id, cause = %e, "progress not written"),
         }
@@ -343,7 +361,10 @@ impl RunningTask {
     /// nothing writes any after its end.
     pub(crate) fn succeeded(&self, result: Vec<u8>) -> Succeeded {
         let task = self.task();
-        let progress = task.progress.lock().expect("not poisoned").written.take();
+        let written = self
+            .writes()
+            .map(|w| w.progress.lock().expect("not poisoned"));
+        let progress = written.and_then(|mut p| p.written.take());
         let run = *task.run.lock().expect("not poisoned");
         Succeeded {
             task: task.id.clone(),
@@ -366,7 +387,8 @@ impl RunningTask {
     /// Whether a progress write is underway or waits: then its end must
     /// wait for it ([`flush`](Self::flush)).
     pub(crate) fn writes_progress(&self) -> bool {
-        self.task().progress.lock().expect("not poisoned").writer
+        self.writes()
+            .is_some_and(|w| w.progress.lock().expect("not poisoned").writer)
     }
 
     /// Before the task's end is written: its last progress lands first.
