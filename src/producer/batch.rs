@@ -44,7 +44,7 @@ use crate::error::{Duplicate, Result};
 use crate::keys;
 use crate::partition::partition_of;
 use crate::priority::Priority;
-use crate::tracking::packed;
+use crate::tracking::{PAD, packed};
 
 /// Entries per part (`enqueue_batch`'s doc names it). Small enough that Redis starts on a batch soon after
 /// its encoding (the first part is built while Redis waits), large enough
@@ -264,7 +264,8 @@ impl<C: Codec> Producer<C> {
             if !options.is_some_and(Options::scripted) {
                 let hset = records.entry(*p).or_insert_with(|| {
                     let mut hset = redis::cmd("HSET");
-                    hset.arg(keys::tasks(&self.name, *p));
+                    // Kept a hash table from the first write (`PAD`).
+                    hset.arg(keys::tasks(&self.name, *p)).arg("").arg(PAD);
                     hset
                 });
                 hset.arg(id.as_str()).arg(&record);

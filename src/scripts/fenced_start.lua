@@ -23,23 +23,21 @@ if redis.call('GET', KEYS[2]) ~= ARGV[1] then
 end
 local t = tracking(3)
 local n = tonumber(ARGV[10])
--- The field '' (no task id is empty) holds a value longer than Redis keeps
--- in a listpack (hash-max-listpack-value, 64 by default), so the running
--- hash is always a hash table: in a listpack each of a batch's fields
--- would be found by a scan of the others, and the batch's start and end
--- would cost Redis time in the square of its size.
-local pad = string.rep('-', 80)
+-- The running hash is always a hash table (its field '', track.lua's
+-- PAD): in a listpack each of a batch's fields would be found by a scan of
+-- the others, and the batch's start and end would cost Redis time in the
+-- square of its size.
 if redis.call('ZCARD', t.cancels) == 0 then
   -- No cancel request in the partition: every task starts, in one call.
   for i = 11, 10 + 2 * n, 1000 do
-    redis.call('HSET', t.running, '', pad, unpack(ARGV, i, math.min(i + 999, 10 + 2 * n)))
+    redis.call('HSET', t.running, '', PAD, unpack(ARGV, i, math.min(i + 999, 10 + 2 * n)))
   end
   return {}
 end
 t.asked = true
 local m = tonumber(ARGV[11 + 2 * n])
 local skip = {}
-local running = { '', pad }
+local running = { '', PAD }
 for k = 1, n do
   local id = ARGV[9 + 2 * k]
   local stream_id = ARGV[11 + 2 * n + k]

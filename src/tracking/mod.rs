@@ -247,6 +247,16 @@ pub(crate) async fn ensure(
     Ok(read(conn, name).await?.unwrap_or(tracking))
 }
 
+/// The value of the field `''` of every `{N/p}:tasks` and `{N/p}:running`
+/// (`track.lua`'s `PAD`, which a test holds equal): longer than Redis
+/// keeps in a listpack, so that both are hash tables from their first
+/// write. In a listpack each field a batch writes is found by scanning
+/// the others, up to 512 in Redis 7.0 as packaged here: 28,800
+/// instructions a write, three fifths of what a tracked batch enqueue
+/// cost Redis (BENCHMARKS.md, "Task tracking").
+pub(crate) const PAD: &str =
+    "--------------------------------------------------------------------------------";
+
 /// The keys and channel of one partition's records, and how its scripts
 /// publish.
 #[derive(Debug, Clone)]
@@ -337,6 +347,14 @@ impl ToRedisArgs for Block<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The producer writes the pad the scripts write.
+    #[test]
+    fn the_pad_is_the_scripts_pad_and_too_long_for_a_listpack() {
+        let lua = include_str!("../scripts/track.lua");
+        assert!(lua.contains(&format!("local PAD = '{PAD}'")));
+        assert!(PAD.len() > 64, "hash-max-listpack-value is 64 by default");
+    }
 
     #[test]
     fn settings_read_back_as_written_and_bad_fields_take_their_defaults() {
