@@ -75,7 +75,7 @@ impl Batch {
         track: Option<RunningTask>,
         slot: Option<KeySlot>,
     ) -> Ran {
-        let Fetched { id, entry } = fetched;
+        let Fetched { id, entry, .. } = fetched;
         let Some(permit) = permit else {
             let settled = match &entry {
                 Ok(claimed) if self.source == Source::Claimed => {

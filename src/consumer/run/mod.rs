@@ -163,7 +163,7 @@ impl Batch {
                     let Some((fetched, slot)) = aside.admit(&mut waiting) else {
                         break;
                     };
-                    let track = tracks.take(&fetched.id);
+                    let track = tracks.take(&fetched);
                     running.push(self.entry(fetched, Some(permit), &tenure, track, slot));
                 }
                 if !waiting.is_empty() {
@@ -183,7 +183,7 @@ impl Batch {
                         Some(permit) => {
                             // None: every waiting entry went aside.
                             if let Some((fetched, slot)) = aside.admit(&mut waiting) {
-                                let track = tracks.take(&fetched.id);
+                                let track = tracks.take(&fetched);
                                 running.push(self.entry(fetched, Some(permit), &tenure, track, slot));
                             }
                         }

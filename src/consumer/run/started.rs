@@ -22,11 +22,14 @@ impl Batch {
     ) -> Option<Started> {
         let store = &self.ownership.store;
         let started_at = now_ms();
+        for (place, fetched) in entries.iter_mut().enumerate() {
+            fetched.place = place;
+        }
         let entries_read = entries
             .iter()
             .filter_map(|f| Some((f, f.entry.as_ref().ok()?)));
         let mut starting: Vec<Starting<'_>> = Vec::with_capacity(entries.len());
-        let mut at = Vec::with_capacity(entries.len());
+        let mut at = vec![None; entries.len()];
         let mut runs = Vec::with_capacity(entries.len());
         for (fetched, entry) in entries_read {
             let run = Run {
@@ -34,7 +37,7 @@ impl Batch {
                 started_at,
                 enqueued_at: entry.enqueued_at.as_millis() as u64,
             };
-            at.push((stream_key(&fetched.id), runs.len()));
+            at[fetched.place] = Some(runs.len());
             runs.push((entry.id.clone(), run));
             starting.push((fetched.id.as_str(), entry.id.as_str(), entry.attempt));
         }
@@ -63,77 +66,36 @@ impl Batch {
             }
         };
         drop(starting);
-        // Reads and pending lists come in the stream's order; sorted all
-        // the same, for the lookups.
-        at.sort_unstable_by_key(|(key, _)| *key);
         let started = Started {
             registered: Some(registered),
             at,
         };
-        for id in &skipped {
-            if let Some(task) = started.take(id) {
+        for fetched in entries.iter().filter(|f| skipped.contains(&f.id)) {
+            if let Some(task) = started.take(fetched) {
                 task.ended();
             }
-            self.held.release(id, true);
+            self.held.release(&fetched.id, true);
         }
         entries.retain(|f| !skipped.contains(&f.id));
         Some(started)
     }
 }
 
-/// A batch's tracked tasks once started: each one by its stream id.
+/// A batch's tracked tasks once started, each by its entry's place in the
+/// batch (`Fetched::place`).
 #[derive(Debug, Default)]
 pub(super) struct Started {
     registered: Option<Registered>,
-    /// Each task's stream id (`stream_key`) and its place among them,
-    /// sorted by the id: a lookup costs no allocation (a map by the
-    /// stream id's text cost one per task).
-    at: Vec<((u64, u64), usize)>,
+    /// Each entry's task, by its place (none for an entry that cannot be
+    /// read).
+    at: Vec<Option<usize>>,
 }
 
 impl Started {
-    /// The task of the entry with stream id `id`, if it is tracked.
-    pub(super) fn take(&self, id: &str) -> Option<RunningTask> {
+    /// The task of entry `fetched`, if it is tracked.
+    pub(super) fn take(&self, fetched: &Fetched) -> Option<RunningTask> {
         let registered = self.registered.as_ref()?;
-        let key = stream_key(id);
-        let i = self.at.binary_search_by_key(&key, |(key, _)| *key).ok()?;
-        Some(registered.task(self.at[i].1))
-    }
-}
-
-/// A stream id, `<ms>-<seq>` in decimal as Redis gives them, as its two
-/// numbers. By hand: `split_once` and `str::parse` were a tenth of a
-/// microsecond per task in a profile of the tracked consume.
-fn stream_key(id: &str) -> (u64, u64) {
-    let (mut ms, mut seq, mut dash) = (0u64, 0u64, false);
-    for b in id.bytes() {
-        match b {
-            b'-' if !dash => dash = true,
-            _ if dash => {
-                seq = seq
-                    .wrapping_mul(10)
-                    .wrapping_add(u64::from(b.wrapping_sub(b'0')))
-            }
-            _ => {
-                ms = ms
-                    .wrapping_mul(10)
-                    .wrapping_add(u64::from(b.wrapping_sub(b'0')))
-            }
-        }
-    }
-    (ms, seq)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::stream_key;
-
-    #[test]
-    fn stream_ids_read_as_their_numbers_in_their_order() {
-        assert_eq!(stream_key("1764262594123-0"), (1_764_262_594_123, 0));
-        assert_eq!(stream_key("0-18446744073709551615"), (0, u64::MAX));
-        let ids = ["9-9", "10-0", "10-1", "10-10", "11-2"];
-        let keys: Vec<_> = ids.iter().map(|id| stream_key(id)).collect();
-        assert!(keys.windows(2).all(|w| w[0] < w[1]), "{keys:?}");
+        let at = (*self.at.get(fetched.place)?)?;
+        Some(registered.task(at))
     }
 }
