@@ -79,7 +79,10 @@ struct Running<'a>(Ran<'a>);
 
 impl ToRedisArgs for Running<'_> {
     fn write_redis_args<W: ?Sized + RedisWrite>(&self, out: &mut W) {
-        out.write_arg_fmt(self.0);
+        let mut arg = out.writer_for_next_arg();
+        self.0
+            .write(&mut arg)
+            .expect("a command's buffer takes every byte");
     }
 }
 
