@@ -61,6 +61,20 @@ async fn delivered(
     name: &ServiceName,
     consumer: &InstanceId,
 ) -> String {
+    let entries: [&[(&str, &str)]; 1] = [&[("k", "v")]];
+    delivered_all(server, name, consumer.as_str(), &entries)
+        .await
+        .remove(0)
+}
+
+/// Partition 0's stream and group with an entry of each of `entries`'
+/// fields, all delivered to `consumer`: their ids.
+pub(super) async fn delivered_all(
+    server: &support::RedisServer,
+    name: &ServiceName,
+    consumer: &str,
+    entries: &[&[(&str, &str)]],
+) -> Vec<String> {
     let mut raw = server.pool().get().await.unwrap();
     let stream = keys::stream(name, 0);
     let () = redis::cmd("XGROUP")
@@ -72,18 +86,22 @@ async fn delivered(
         .query_async(&mut *raw)
         .await
         .unwrap();
-    let id: String = raw.xadd(&stream, "*", &[("k", "v")]).await.unwrap();
+    let mut ids = Vec::new();
+    for fields in entries {
+        let id: String = raw.xadd(&stream, "*", fields).await.unwrap();
+        ids.push(id);
+    }
     let _: Value = redis::cmd("XREADGROUP")
         .arg("GROUP")
         .arg(keys::GROUP)
-        .arg(consumer.as_str())
+        .arg(consumer)
         .arg("STREAMS")
         .arg(&stream)
         .arg(">")
         .query_async(&mut *raw)
         .await
         .unwrap();
-    id
+    ids
 }
 
 async fn pending(server: &support::RedisServer, name: &ServiceName) -> usize {

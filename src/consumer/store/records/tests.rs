@@ -163,40 +163,16 @@ async fn a_record_written_often_stays_small_and_keeps_its_last_values() {
 async fn a_start_ends_a_requested_task_cancelled_and_starts_the_others() {
     let (server, store, name) = setup();
     assert_eq!(store.acquire().await.unwrap(), None);
+    let entries: Vec<[(&str, &str); 1]> = ["t1", "t2", "t3"].map(|t| [("id", t)]).into();
+    let entries: Vec<&[(&str, &str)]> = entries.iter().map(|e| &e[..]).collect();
+    let consumer = store.ran(1, 0).instance;
+    let ids = super::super::tests::delivered_all(&server, &name, consumer, &entries).await;
     let mut raw = server.pool().get().await.unwrap();
-    let stream = keys::stream(&name, 0);
-    let () = deadpool_redis::redis::cmd("XGROUP")
-        .arg("CREATE")
-        .arg(&stream)
-        .arg(keys::GROUP)
-        .arg("0")
-        .arg("MKSTREAM")
-        .query_async(&mut *raw)
-        .await
-        .unwrap();
-    let mut ids = Vec::new();
     for task in ["t1", "t2", "t3"] {
-        let id: String = raw.xadd(&stream, "*", &[("id", task)]).await.unwrap();
-        let () = raw
-            .hset(
-                keys::tasks(&name, 0),
-                task,
-                crate::tracking::packed::waiting(1_000),
-            )
-            .await
-            .unwrap();
-        ids.push(id);
+        let record = crate::tracking::packed::waiting(1_000);
+        let () = raw.hset(keys::tasks(&name, 0), task, record).await.unwrap();
     }
-    let _: deadpool_redis::redis::Value = deadpool_redis::redis::cmd("XREADGROUP")
-        .arg("GROUP")
-        .arg(keys::GROUP)
-        .arg(store.ran(1, 0).instance)
-        .arg("STREAMS")
-        .arg(&stream)
-        .arg(">")
-        .query_async(&mut *raw)
-        .await
-        .unwrap();
+    let stream = keys::stream(&name, 0);
     let _: u64 = raw
         .zadd(keys::cancel_requests(&name, 0), "t2", 1_500)
         .await
