@@ -27,7 +27,8 @@
 //! (default 2,000) and `PEERQ_BENCH_WAITS` (default 1,000) set the samples
 //! of the latencies; `PEERQ_BENCH_ONLY=throughput`, `cancel` or `wait` runs
 //! one part alone, and `PEERQ_BENCH_ONLY=consume` one tracked consume
-//! alone, for a profiler of Redis ([`throughput::profiled`]); `RUST_LOG`
+//! alone (`consume-off` one untracked), for a profiler of Redis or of the
+//! bench process ([`throughput::profiled`]); `RUST_LOG`
 //! (say `peerq=info`) logs to stderr.
 
 // The test harness crate (`tests/support`), named `support` here.
@@ -104,8 +105,12 @@ async fn main() {
     let admin = Admin::connect(server.url()).await.unwrap();
     let mut conn = connect(&server).await;
     let load_before = cost::load_average();
-    if only.as_deref() == Some("consume") {
-        throughput::profiled(&server, &admin, &mut conn, tasks).await;
+    if let Some(on) = match only.as_deref() {
+        Some("consume") => Some(true),
+        Some("consume-off") => Some(false),
+        _ => None,
+    } {
+        throughput::profiled(&server, &admin, &mut conn, tasks, on).await;
         return;
     }
 

@@ -108,22 +108,33 @@ pub(crate) async fn repeat(
     }
 }
 
-/// One tracked consume alone, for a profiler of Redis: the queue is
-/// prefilled, then redis-server's pid is printed on stderr, and the
-/// consume starts [`PROFILER_READY`] later, so that a profiler started on
-/// that line (`perf record -p <pid>`) sees Redis idle until the consume.
+/// One consume alone, tracked (`on`) or not, for a profiler of Redis or
+/// of this process: the queue is prefilled, then redis-server's pid and
+/// this process's are printed on stderr, and the consume starts
+/// [`PROFILER_READY`] later, so that a profiler started on that line
+/// (`perf record -p <pid>`) sees both idle until the consume.
 pub(crate) async fn profiled(
     server: &RedisServer,
     admin: &Admin,
     conn: &mut MultiplexedConnection,
     tasks: u64,
+    on: bool,
 ) {
-    let (_, service, _) = enqueue_batch(server, admin, conn, Tracking::on(), tasks).await;
-    eprintln!("redis-server pid {}", server.pid());
+    let (tracking, kind) = match on {
+        true => (Tracking::on(), Kind::On),
+        false => (Tracking::off(), Kind::Off),
+    };
+    let (_, service, _) = enqueue_batch(server, admin, conn, tracking, tasks).await;
+    eprintln!(
+        "redis-server pid {}, bench pid {}",
+        server.pid(),
+        std::process::id()
+    );
     tokio::time::sleep(PROFILER_READY).await;
-    let run = consume(server, conn, &service, tasks, Kind::On).await;
-    println!("tracked consume: {:.0} tasks/s", run.rate);
-    cost::print_spent(&[("consume on", &run.spent)]);
+    let run = consume(server, conn, &service, tasks, kind).await;
+    let what = if on { "tracked" } else { "untracked" };
+    println!("{what} consume: {:.0} tasks/s", run.rate);
+    cost::print_spent(&[(what, &run.spent)]);
 }
 
 /// A new service with `tracking` and a producer of it: the producer writes

@@ -31,7 +31,7 @@ pub(crate) use redact::redact;
 pub use redis::Redis;
 pub(crate) use redis::given;
 pub(crate) use replicated::Waited;
-pub(crate) use shared::SharedConnection;
+pub(crate) use shared::{SharedConnection, evalsha};
 pub use tls::Tls;
 
 use deadpool_redis::redis::{Client, RedisError};

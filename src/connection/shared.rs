@@ -3,7 +3,10 @@
 
 use std::sync::Mutex;
 
-use deadpool_redis::redis::{Cmd, FromRedisValue, Pipeline, RedisError, ScriptInvocation, Value};
+use deadpool_redis::redis::{
+    Cmd, ErrorKind, FromRedisValue, Pipeline, RedisError, Script, ScriptInvocation,
+    ServerErrorKind, Value,
+};
 
 use super::{Backend, Conn, cluster};
 use crate::error::Result;
@@ -184,6 +187,23 @@ impl SharedConnection {
         Ok(reply.inspect_err(|e| self.reset_after(e))?)
     }
 
+    /// Runs `cmd`, an `EVALSHA` of `script` ([`evalsha`]), loading the
+    /// script first if Redis no longer knows it (after a restart), and
+    /// replacing the connection after an error.
+    pub(crate) async fn eval<T: FromRedisValue>(&self, script: &Script, cmd: &Cmd) -> Result<T> {
+        let mut conn = self.get().await?;
+        let reply: Result<T, RedisError> = match cmd.query_async(&mut conn).await {
+            Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                match script.prepare_invoke().load_async(&mut conn).await {
+                    Ok(_) => cmd.query_async(&mut conn).await,
+                    Err(e) => Err(e),
+                }
+            }
+            reply => reply,
+        };
+        Ok(reply.inspect_err(|e| self.reset_after(e))?)
+    }
+
     /// Replaces the connection after `error` if it may be broken; an error
     /// reply from Redis (a BUSYGROUP, a script error) leaves it in use.
     pub(crate) fn reset_after(&self, error: &RedisError) {
@@ -195,4 +215,18 @@ impl SharedConnection {
     fn lock(&self) -> std::sync::MutexGuard<'_, Option<Conn>> {
         self.cached.lock().unwrap_or_else(|e| e.into_inner())
     }
+}
+
+/// The start of an `EVALSHA` of `script` with `keys` keys, its buffers
+/// sized for `args` more arguments of about `bytes` bytes in all, to run
+/// with [`SharedConnection::eval`] (or in a pipeline, which loads no
+/// script by itself). The arguments go straight into the command's one
+/// buffer: redis-rs's `ScriptInvocation` keeps each in a buffer of its
+/// own and then copies them all, an allocation per argument, which a
+/// tracked batch's start and ack paid for every task (BENCHMARKS.md,
+/// "Task tracking").
+pub(crate) fn evalsha(script: &Script, keys: usize, args: usize, bytes: usize) -> Cmd {
+    let mut cmd = Cmd::with_capacity(3 + keys + args, 64 + bytes);
+    cmd.arg("EVALSHA").arg(script.get_hash()).arg(keys);
+    cmd
 }

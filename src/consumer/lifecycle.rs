@@ -11,6 +11,7 @@ use tokio::time::Instant;
 use tracing::{Instrument, info, warn};
 
 use super::acker;
+use super::cancels;
 use super::due_watch::DueWatch;
 use super::erased::Runner;
 use super::event::PartitionEvent;
@@ -25,7 +26,7 @@ use super::limiter::Limiter;
 use super::meters::{QueueGauges, TaskMetrics};
 use super::policy::Order;
 use super::room::Room;
-use super::running::{self, Running};
+use super::running::Running;
 use super::scheduler;
 use super::settings::ConsumerSettings;
 use super::shared::Shared;
@@ -161,7 +162,7 @@ where
     let key_rates = Arc::new(KeyRates::new(limits.clone(), key_slots.wakes().clone()));
     let limiter = Arc::new(Limiter::new(&name, conn.clone(), limits));
     let running = Arc::new(Running::default());
-    let cancels = running::listen(
+    let cancels = cancels::listen(
         name.clone(),
         conn.backend().pubsub.clone(),
         tracked.clone(),

@@ -54,6 +54,7 @@
 
 mod acker;
 mod builder;
+mod cancels;
 mod due_watch;
 #[cfg(feature = "http")]
 mod endpoint;

@@ -34,7 +34,7 @@ pub struct TaskContext {
     pub(crate) finished: Arc<AtomicBool>,
     /// With tracking on (docs/design.md §14): the task's user-cancel
     /// signal and its progress.
-    pub(crate) tracked: Option<Arc<dyn Tracker>>,
+    pub(crate) tracked: Option<TrackedAt>,
     /// The task's headers (docs/design.md §18).
     pub(crate) headers: Headers,
 }
@@ -52,17 +52,28 @@ pub enum CancelReason {
     Interrupted,
 }
 
-/// What a tracked task's context asks of the instance running it: its
-/// user-cancel signal and where its progress goes.
+/// A tracked task in its context: the tracked tasks of its batch (one
+/// allocation for them all) and which one it is.
+#[derive(Debug, Clone)]
+pub(crate) struct TrackedAt {
+    pub(crate) tasks: Arc<dyn Tracker>,
+    pub(crate) at: usize,
+}
+
+/// What a tracked task's context asks of the instance running it, of the
+/// task `at` of a batch: its user-cancel signal and where its progress
+/// goes.
 pub(crate) trait Tracker: fmt::Debug + Send + Sync {
     /// Fires on a user's cancel or on an interruption.
-    fn either(&self) -> &CancellationToken;
+    fn either(&self, at: usize) -> &CancellationToken;
+    /// Whether `either` fired (answered without making it).
+    fn is_cancelled(&self, at: usize) -> bool;
     /// Whether a user cancelled the task.
-    fn user_cancelled(&self) -> bool;
+    fn user_cancelled(&self, at: usize) -> bool;
     /// The service's codec's name (progress is encoded with it).
     fn codec(&self) -> &'static str;
     /// Records the task's progress, encoded.
-    fn progress(self: Arc<Self>, value: Vec<u8>);
+    fn progress(self: Arc<Self>, at: usize, value: Vec<u8>);
 }
 
 /// What [`TaskContext::still_owned`] asks: the task's cancellation, the
@@ -294,7 +305,10 @@ impl TaskContext {
     /// With tracking on, it fires on a user's cancel too: see
     /// [`cancel_reason`](Self::cancel_reason).
     pub fn is_cancelled(&self) -> bool {
-        self.signal().is_cancelled()
+        match &self.tracked {
+            Some(t) => t.tasks.is_cancelled(t.at),
+            None => self.tenure.cancel().is_cancelled(),
+        }
     }
 
     /// Resolves when the handler's stop signal fires: the run is being
@@ -317,8 +331,8 @@ impl TaskContext {
     /// ```
     pub fn cancel_reason(&self) -> Option<CancelReason> {
         match &self.tracked {
-            Some(tracked) if tracked.user_cancelled() => Some(CancelReason::User),
-            _ if self.signal().is_cancelled() => Some(CancelReason::Interrupted),
+            Some(t) if t.tasks.user_cancelled(t.at) => Some(CancelReason::User),
+            _ if self.is_cancelled() => Some(CancelReason::Interrupted),
             _ => None,
         }
     }
@@ -338,12 +352,12 @@ impl TaskContext {
         let Some(tracked) = &self.tracked else {
             return;
         };
-        let encoded = match tracked.codec() {
+        let encoded = match tracked.tasks.codec() {
             "json" => crate::codec::Codec::encode(&crate::codec::Json, &value),
             _ => crate::codec::Codec::encode(&crate::codec::Bincode, &value),
         };
         match encoded {
-            Ok(bytes) => tracked.clone().progress(bytes),
+            Ok(bytes) => tracked.tasks.clone().progress(tracked.at, bytes),
             Err(e) => tracing::warn!(task = %self.task_id, cause = %e, "progress not encoded"),
         }
     }
@@ -352,7 +366,7 @@ impl TaskContext {
     /// (user cancel or interruption), else the partition's.
     fn signal(&self) -> &CancellationToken {
         match &self.tracked {
-            Some(tracked) => tracked.either(),
+            Some(t) => t.tasks.either(t.at),
             None => self.tenure.cancel(),
         }
     }

@@ -18,7 +18,7 @@ use serde::de::DeserializeOwned;
 mod context;
 
 pub use context::{CancelReason, TaskContext};
-pub(crate) use context::{Tenure, Tracker};
+pub(crate) use context::{Tenure, TrackedAt, Tracker};
 
 /// The error type tower services and layers use.
 pub type BoxError = Box<dyn StdError + Send + Sync + 'static>;

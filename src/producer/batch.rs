@@ -41,10 +41,8 @@ use crate::codec::Codec;
 use crate::connection::{Carriers, Conn};
 use crate::entry::{self, Entry, TaskId};
 use crate::error::{Duplicate, Result};
-use crate::keys;
 use crate::partition::partition_of;
 use crate::priority::Priority;
-use crate::tracking::packed;
 
 /// Entries per part (`enqueue_batch`'s doc names it). Small enough that Redis starts on a batch soon after
 /// its encoding (the first part is built while Redis waits), large enough
@@ -265,27 +263,6 @@ impl<C: Codec> Producer<C> {
                 Ok((id, p))
             })
             .collect()
-    }
-
-    /// Tracked: the `waiting` records of the tasks that go without the
-    /// enqueue script (which writes its own), one `HSET` per partition for
-    /// the whole batch (docs/design.md §14). A batch that fails part-way
-    /// leaves the records of tasks never added, which the owners' sweep
-    /// forgets; nobody has their ids.
-    fn records(&self, items: &[Item<'_>], placed: &[(TaskId, u32)], enqueued_ms: u64) -> Vec<Cmd> {
-        let mut records: BTreeMap<u32, Cmd> = BTreeMap::new();
-        let record = packed::waiting(enqueued_ms);
-        for ((_, options), (id, p)) in items.iter().zip(placed) {
-            if !options.is_some_and(Options::scripted) {
-                let hset = records.entry(*p).or_insert_with(|| {
-                    let mut hset = redis::cmd("HSET");
-                    hset.arg(keys::tasks(&self.name, *p));
-                    hset
-                });
-                hset.arg(id.as_str()).arg(&record);
-            }
-        }
-        records.into_values().collect()
     }
 
     /// Reads the enqueue scripts' replies of every part: each task's id

@@ -7,8 +7,10 @@
 //! - [`Producer`] (here): what a caller holds, and the entry every path
 //!   builds;
 //! - `options`: how one task is enqueued ([`Options`]);
-//! - `send`: one task, a plain `XADD` or the enqueue script;
+//! - `send`: one task, a plain `XADD` (tracked, its record just before) or
+//!   the enqueue script;
 //! - `batch`: many tasks, each with its options or none;
+//! - `records`: a tracked batch's `waiting` records;
 //! - `stored`: what the outbox relay sends: a stored task under its own
 //!   id, or its dead letter (feature `postgres`);
 //! - `builder`: the settings, checked against the service's `{N}:meta`.
@@ -16,6 +18,7 @@
 mod batch;
 mod builder;
 mod options;
+mod records;
 mod send;
 #[cfg(feature = "postgres")]
 mod stored;

@@ -76,10 +76,11 @@ if tonumber(ARGV[6]) > 0 then
   -- A unique task's record names its key: a user's cancel frees it.
   local u = unique and cmsgpack.pack('u', unique) or ''
   if delayed then
-    redis.call('HSET', KEYS[5], ARGV[2],
+    redis.call('HSET', KEYS[5], '', PAD, ARGV[2],
       cmsgpack.pack('s', 'delayed', 'a', 1, 'q', now_ms(), 'd', due) .. u)
   else
-    redis.call('HSET', KEYS[5], ARGV[2], cmsgpack.pack('s', 'waiting', 'a', 1, 'q', now_ms()) .. u)
+    redis.call('HSET', KEYS[5], '', PAD, ARGV[2],
+      cmsgpack.pack('s', 'waiting', 'a', 1, 'q', now_ms()) .. u)
   end
 end
 if ttl > 0 then

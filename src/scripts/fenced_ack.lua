@@ -40,7 +40,7 @@ if t then
   if all == m and redis.call('ZCARD', t.cancels) == 0 then
     t.asked = false
     for i = pairs_, last, 1000 do
-      redis.call('HSET', t.tasks, unpack(ARGV, i, math.min(i + 999, last)))
+      redis.call('HSET', t.tasks, '', PAD, unpack(ARGV, i, math.min(i + 999, last)))
     end
     for i = pairs_, last, 2 do
       t.ended[#t.ended + 1] = ARGV[i]

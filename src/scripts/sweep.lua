@@ -39,8 +39,8 @@ local oldest = now - tonumber(t.stale)
 local gone = {}
 for i = 1, #scan[2], 2 do
   local id = scan[2][i]
-  local r = decoded(scan[2][i + 1])
-  if not FINAL[r.s] and redis.call('HEXISTS', t.running, id) == 0 then
+  local r = id ~= '' and decoded(scan[2][i + 1])
+  if r and not FINAL[r.s] and redis.call('HEXISTS', t.running, id) == 0 then
     local last = math.max(tonumber(r.q) or 0, tonumber(r.d) or 0,
       tonumber(r.t) or 0, tonumber(r.c) or 0)
     if last < oldest then

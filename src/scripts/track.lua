@@ -73,6 +73,16 @@ end
 
 local FINAL = { succeeded = true, dead = true, cancelled = true }
 
+-- The value of the field '' (no task id is empty) of `{N/p}:tasks` and
+-- `{N/p}:running`, longer than Redis keeps in a listpack
+-- (hash-max-listpack-value, 64 by default), so that both hashes are hash
+-- tables from their first write: in a listpack each field a batch writes
+-- is found by a scan of the others (up to hash-max-listpack-entries, 512
+-- in Redis 7.0 as packaged here), which was 28,800 instructions per write
+-- and three fifths of what a tracked batch enqueue cost Redis. A literal,
+-- made once as the script is loaded (tracking/mod.rs holds the same).
+local PAD = '--------------------------------------------------------------------------------'
+
 -- Calls `command key <items…>` in chunks: Lua unpacks at most a few
 -- thousand values at once (1,000 is even, so field/value pairs stay whole).
 local function chunked(command, key, items)

@@ -49,7 +49,7 @@ pub(crate) async fn cancel(
     let id = handle.id().as_str();
     let mut script = CANCEL.key(records.tasks());
     script.arg(id);
-    records.block(&mut script, Some(tracking));
+    script.arg(records.block(Some(tracking)));
     let (what, state): (String, String) = conn.invoke(&script).await?;
     // `state` is the final state for 'final', the running value for 'running'.
     Ok(match what.as_str() {

@@ -32,7 +32,7 @@ use std::collections::HashMap;
 use std::sync::LazyLock;
 use std::time::Duration;
 
-use deadpool_redis::redis::{self, Script, ScriptInvocation};
+use deadpool_redis::redis::{self, RedisWrite, Script, ToRedisArgs};
 
 use crate::config::ServiceName;
 use crate::connection::SharedConnection;
@@ -247,6 +247,16 @@ pub(crate) async fn ensure(
     Ok(read(conn, name).await?.unwrap_or(tracking))
 }
 
+/// The value of the field `''` of every `{N/p}:tasks` and `{N/p}:running`
+/// (`track.lua`'s `PAD`, which a test holds equal): longer than Redis
+/// keeps in a listpack, so that both are hash tables from their first
+/// write. In a listpack each field a batch writes is found by scanning
+/// the others, up to 512 in Redis 7.0 as packaged here: 28,800
+/// instructions a write, three fifths of what a tracked batch enqueue
+/// cost Redis (BENCHMARKS.md, "Task tracking").
+pub(crate) const PAD: &str =
+    "--------------------------------------------------------------------------------";
+
 /// The keys and channel of one partition's records, and how its scripts
 /// publish.
 #[derive(Debug, Clone)]
@@ -288,32 +298,63 @@ impl PartitionKeys {
         &self.running
     }
 
-    /// Adds the tracking block (`track.lua`) for `tracking` to `script`; an
-    /// empty block (seven empty values) when `tracking` is `None`.
-    pub(crate) fn block(&self, script: &mut ScriptInvocation<'_>, tracking: Option<&Tracking>) {
-        match tracking {
+    /// The tracking block (`track.lua`) for `tracking`, as a script's
+    /// arguments; an empty block (seven empty values) when `tracking` is
+    /// `None`.
+    pub(crate) fn block<'a>(&'a self, tracking: Option<&'a Tracking>) -> Block<'a> {
+        Block {
+            keys: self,
+            tracking,
+        }
+    }
+}
+
+/// A partition's tracking block (`track.lua`): seven arguments of a
+/// script, written where they go (a script's arguments or a command's
+/// buffer).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Block<'a> {
+    keys: &'a PartitionKeys,
+    tracking: Option<&'a Tracking>,
+}
+
+impl ToRedisArgs for Block<'_> {
+    fn write_redis_args<W: ?Sized + RedisWrite>(&self, out: &mut W) {
+        let keys = self.keys;
+        match self.tracking {
             Some(t) => {
-                script
-                    .arg(&self.tasks)
-                    .arg(STALE.as_millis() as u64)
-                    .arg(t.keep.as_millis() as u64)
-                    .arg(t.keep_count)
-                    .arg(&self.ended)
-                    .arg(self.publish)
-                    .arg(&self.channel);
+                out.write_arg(keys.tasks.as_bytes());
+                out.write_arg_fmt(STALE.as_millis());
+                out.write_arg_fmt(t.keep.as_millis());
+                out.write_arg_fmt(t.keep_count);
+                out.write_arg(keys.ended.as_bytes());
+                out.write_arg(keys.publish.as_bytes());
+                out.write_arg(keys.channel.as_bytes());
             }
             None => {
                 for _ in 0..7 {
-                    script.arg("");
+                    out.write_arg(b"");
                 }
             }
         }
+    }
+
+    fn num_of_args(&self) -> usize {
+        7
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The producer writes the pad the scripts write.
+    #[test]
+    fn the_pad_is_the_scripts_pad_and_too_long_for_a_listpack() {
+        let lua = include_str!("../scripts/track.lua");
+        assert!(lua.contains(&format!("local PAD = '{PAD}'")));
+        assert!(PAD.len() > 64, "hash-max-listpack-value is 64 by default");
+    }
 
     #[test]
     fn settings_read_back_as_written_and_bad_fields_take_their_defaults() {

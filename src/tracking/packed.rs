@@ -60,25 +60,124 @@ pub(crate) fn waiting(enqueued_at: u64) -> Vec<u8> {
 
 /// A MessagePack string, as `cmsgpack` writes one.
 fn string(out: &mut Vec<u8>, s: &[u8]) {
-    match s.len() {
-        n @ 0..32 => out.push(0xa0 | n as u8),
-        n @ 32..256 => out.extend([0xd9, n as u8]),
+    let (head, n) = head_of(s.len());
+    out.extend(&head[..n]);
+    out.extend(s);
+}
+
+/// The head of a MessagePack string of `len` bytes: its first `n` bytes.
+fn head_of(len: usize) -> ([u8; 5], usize) {
+    let mut head = [0; 5];
+    let n = match len {
+        n @ 0..32 => {
+            head[0] = 0xa0 | n as u8;
+            1
+        }
+        n @ 32..256 => {
+            head[..2].copy_from_slice(&[0xd9, n as u8]);
+            2
+        }
         n @ 256..65536 => {
-            out.push(0xda);
-            out.extend((n as u16).to_be_bytes());
+            head[0] = 0xda;
+            head[1..3].copy_from_slice(&(n as u16).to_be_bytes());
+            3
         }
         n => {
-            out.push(0xdb);
-            out.extend((n as u32).to_be_bytes());
+            head[0] = 0xdb;
+            head[1..5].copy_from_slice(&(n as u32).to_be_bytes());
+            5
         }
-    }
-    out.extend(s);
+    };
+    (head, n)
 }
 
 /// A MessagePack unsigned integer, as a uint 64.
 fn uint(out: &mut Vec<u8>, n: u64) {
     out.push(0xcf);
     out.extend(n.to_be_bytes());
+}
+
+/// What a task runs as: `instance|token|attempt|started_at`, its
+/// `{N/p}:running` value and its final record's `r` (readers split it).
+/// Written where it goes (a command's argument, a record) rather than
+/// built as a string of its own: an allocation per task was a measurable
+/// part of a tracked task's cost to the instance (BENCHMARKS.md, "Task
+/// tracking").
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Ran<'a> {
+    /// The instance's id.
+    pub(crate) instance: &'a str,
+    /// Its fencing token.
+    pub(crate) token: u64,
+    pub(crate) attempt: u32,
+    /// Unix ms, the instance's clock.
+    pub(crate) started_at: u64,
+}
+
+impl Ran<'_> {
+    /// Its bytes' count, as `Display` writes it.
+    fn len(&self) -> usize {
+        let (token, attempt, at) = (self.token, u64::from(self.attempt), self.started_at);
+        self.instance.len() + 3 + digits(token) + digits(attempt) + digits(at)
+    }
+
+    /// Writes its text to `out`, as `Display` does, in one piece and
+    /// without `core::fmt`: formatting the numbers with `write!`, a piece
+    /// at a time, was half of what a tracked task added to the instance's
+    /// instructions (callgrind, 3,000 of 5,600), twice per task (its start
+    /// and its final record).
+    pub(crate) fn write(&self, out: &mut impl std::io::Write) -> std::io::Result<()> {
+        let mut text = [0; 256];
+        match self.put(&mut text) {
+            Some(n) => out.write_all(&text[..n]),
+            None => write!(out, "{self}"),
+        }
+    }
+
+    /// Puts its text at the start of `out`; its length, `None` when it
+    /// does not fit (an instance id of hundreds of bytes).
+    fn put(&self, out: &mut [u8]) -> Option<usize> {
+        // Three numbers of at most 20 digits, three bars.
+        let mut at = self.instance.len();
+        if at + 3 * 21 > out.len() {
+            return None;
+        }
+        out[..at].copy_from_slice(self.instance.as_bytes());
+        for n in [self.token, u64::from(self.attempt), self.started_at] {
+            out[at] = b'|';
+            at += 1 + decimal(n, &mut out[at + 1..]);
+        }
+        Some(at)
+    }
+}
+
+impl std::fmt::Display for Ran<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let Ran {
+            instance,
+            token,
+            attempt,
+            started_at,
+        } = self;
+        write!(f, "{instance}|{token}|{attempt}|{started_at}")
+    }
+}
+
+/// The decimal digits of `n`.
+fn digits(n: u64) -> usize {
+    n.checked_ilog10().map_or(1, |d| d as usize + 1)
+}
+
+/// Writes `n` in decimal at the start of `out` (room for 20 digits);
+/// returns how many digits.
+fn decimal(n: u64, out: &mut [u8]) -> usize {
+    let len = digits(n);
+    let mut n = n;
+    for i in (0..len).rev() {
+        out[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+    }
+    len
 }
 
 /// A final record as the instance that ran a task writes it whole with its
@@ -91,8 +190,8 @@ pub(crate) struct Finished<'a> {
     pub(crate) enqueued_at: u64,
     /// The attempt that ended it.
     pub(crate) attempt: u32,
-    /// `instance|token|attempt|started_at`, as its start wrote it.
-    pub(crate) ran: &'a str,
+    /// What it ran as, as its start wrote it.
+    pub(crate) ran: Ran<'a>,
     /// Unix ms.
     pub(crate) finished_at: u64,
     /// The last progress written, if any.
@@ -103,30 +202,67 @@ pub(crate) struct Finished<'a> {
 
 impl Finished<'_> {
     /// The record's bytes.
+    #[cfg(test)]
     pub(crate) fn encode(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(96 + self.result.len());
-        for (name, value) in [(b"s", self.state.as_bytes()), (b"r", self.ran.as_bytes())] {
-            string(&mut out, name);
-            string(&mut out, value);
-        }
-        for (name, n) in [
-            (b"q", self.enqueued_at),
-            (b"a", u64::from(self.attempt)),
-            (b"f", self.finished_at),
-        ] {
-            string(&mut out, name);
-            uint(&mut out, n);
-        }
-        if let Some(progress) = self.progress {
-            string(&mut out, b"p");
-            string(&mut out, progress);
-        }
-        if !self.result.is_empty() {
-            string(&mut out, b"v");
-            string(&mut out, self.result);
-        }
+        let mut out = Vec::new();
+        self.write(&mut out).expect("a Vec takes every byte");
         out
     }
+
+    /// Writes the record's bytes to `out` (a command's argument, with no
+    /// buffer of its own): its head (state, what it ran as, the numbers)
+    /// in one piece, then its progress and result.
+    pub(crate) fn write(&self, out: &mut impl std::io::Write) -> std::io::Result<()> {
+        let mut head = [0; 384];
+        let mut at = 0;
+        named(&mut head, &mut at, b's', self.state.len());
+        put(&mut head, &mut at, self.state.as_bytes());
+        named(&mut head, &mut at, b'r', self.ran.len());
+        // What it ran as fits, unless its instance id is hundreds of bytes
+        // long.
+        let room = head.len() - 3 * 11;
+        match self.ran.put(&mut head[at..room]) {
+            Some(ran) => at += ran,
+            None => {
+                out.write_all(&head[..at])?;
+                self.ran.write(out)?;
+                at = 0;
+            }
+        }
+        for (name, n) in [
+            (b'q', self.enqueued_at),
+            (b'a', u64::from(self.attempt)),
+            (b'f', self.finished_at),
+        ] {
+            put(&mut head, &mut at, &[0xa1, name, 0xcf]);
+            put(&mut head, &mut at, &n.to_be_bytes());
+        }
+        out.write_all(&head[..at])?;
+        let result = (!self.result.is_empty()).then_some(self.result);
+        for (name, value) in [(b'p', self.progress), (b'v', result)] {
+            if let Some(value) = value {
+                let (mut head, mut at) = ([0; 7], 0);
+                named(&mut head, &mut at, name, value.len());
+                out.write_all(&head[..at])?;
+                out.write_all(value)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Puts `bytes` at `at` in `head`, and moves `at` past them.
+fn put(head: &mut [u8], at: &mut usize, bytes: &[u8]) {
+    head[*at..*at + bytes.len()].copy_from_slice(bytes);
+    *at += bytes.len();
+}
+
+/// Puts the one-letter name `name` and the head of a string of `len`
+/// bytes at `at` in `head`.
+fn named(head: &mut [u8], at: &mut usize, name: u8, len: usize) {
+    let (len, n) = head_of(len);
+    put(head, at, &[0xa1, name]);
+    put(head, at, &len[..n]);
 }
 
 /// Takes the next `n` bytes (also for `admin::delayed`'s reader).
@@ -214,25 +350,77 @@ mod tests {
     #[test]
     fn a_final_record_reads_back_whole() {
         let result = vec![3u8; 70_000];
+        // An instance id too long for the record's head goes apart.
+        let long = "h".repeat(400);
+        for instance in ["vm-1", &long] {
+            let record = Finished {
+                state: "succeeded",
+                enqueued_at: 5,
+                attempt: 2,
+                ran: Ran {
+                    instance,
+                    token: 7,
+                    attempt: 2,
+                    started_at: 9,
+                },
+                finished_at: 11,
+                progress: Some(b"{}"),
+                result: &result,
+            };
+            let fields = decode(&record.encode()).unwrap();
+            let text = |k: &str| String::from_utf8(fields[k].clone()).unwrap();
+            assert_eq!(text("state"), "succeeded");
+            assert_eq!(text("ran"), format!("{instance}|7|2|9"));
+            assert_eq!(
+                [text("enqueued_at"), text("attempt"), text("finished_at")],
+                ["5", "2", "11"]
+            );
+            assert_eq!(text("progress"), "{}");
+            assert_eq!(fields["result"], result);
+        }
+        // Progress that encodes to no bytes (a unit) is still written.
+        let ran = Ran {
+            instance: "vm-1",
+            token: 7,
+            attempt: 1,
+            started_at: 9,
+        };
         let record = Finished {
             state: "succeeded",
             enqueued_at: 5,
-            attempt: 2,
-            ran: "vm-1|7|2|9",
+            attempt: 1,
+            ran,
             finished_at: 11,
-            progress: Some(b"{}"),
-            result: &result,
+            progress: Some(b""),
+            result: b"",
         };
         let fields = decode(&record.encode()).unwrap();
-        let text = |k: &str| String::from_utf8(fields[k].clone()).unwrap();
-        assert_eq!(text("state"), "succeeded");
-        assert_eq!(text("ran"), "vm-1|7|2|9");
-        assert_eq!(
-            [text("enqueued_at"), text("attempt"), text("finished_at")],
-            ["5", "2", "11"]
-        );
-        assert_eq!(text("progress"), "{}");
-        assert_eq!(fields["result"], result);
+        assert_eq!(fields.get("progress").map(Vec::len), Some(0));
+        assert!(!fields.contains_key("result"));
+    }
+
+    /// A record's head says how long its `ran` is before it is written:
+    /// the count must be the text's, at every number of digits, and the
+    /// text written by hand `Display`'s.
+    #[test]
+    fn what_a_task_ran_as_is_as_long_as_its_head_says() {
+        let long = "h".repeat(300);
+        let cases = [0, 1, 9, 10, 99, 100, 12_345, u64::from(u32::MAX), u64::MAX];
+        for (n, instance) in cases
+            .into_iter()
+            .flat_map(|n| [(n, "host-1-a"), (n, &*long)])
+        {
+            let ran = Ran {
+                instance,
+                token: n,
+                attempt: n as u32,
+                started_at: n,
+            };
+            assert_eq!(ran.len(), ran.to_string().len(), "{ran}");
+            let mut written = Vec::new();
+            ran.write(&mut written).unwrap();
+            assert_eq!(written, ran.to_string().as_bytes());
+        }
     }
 
     #[test]

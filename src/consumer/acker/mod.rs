@@ -52,7 +52,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, error, warn};
 
-use super::store::{self, AckGroup, AckReply, PartitionStore};
+use super::store::{self, AckGroup, AckReply, PartitionStore, Succeeded};
 use crate::config::ServiceName;
 use crate::connection::SharedConnection;
 use crate::entry::TaskId;
@@ -98,9 +98,8 @@ pub(crate) struct Ack {
 #[derive(Debug)]
 pub(crate) struct Tracked {
     pub(crate) tracking: Tracking,
-    /// Task id and final record (`packed::Finished`), one per id of the
-    /// ack.
-    pub(crate) tasks: Vec<(TaskId, Vec<u8>)>,
+    /// How each task ended, one per id of the ack.
+    pub(crate) tasks: Vec<Succeeded>,
 }
 
 /// Where the outcomes of acks go back: the stream entry ids of one
@@ -330,9 +329,9 @@ async fn ack_groups(
                     Some(tracked) => {
                         group.tracking = Some(tracked.tracking);
                         let tasks = ack.ids.iter().zip(&tracked.tasks);
-                        group.tracked.extend(tasks.map(|(id, (task, result))| {
-                            (id.as_str(), task.as_str(), result.as_slice())
-                        }));
+                        group
+                            .tracked
+                            .extend(tasks.map(|(id, task)| (id.as_str(), task)));
                     }
                 }
             }

@@ -29,7 +29,7 @@ use crate::consumer::policy::Unfinished;
 use crate::consumer::running::RunningTask;
 use crate::consumer::store::{Attempts, Deliveries, Fetched, Recorded, Unreadable};
 use crate::entry::Entry;
-use crate::handler::{Disposition, TaskContext, Tenure, Tracker, disposition_of};
+use crate::handler::{Disposition, TaskContext, Tenure, disposition_of};
 
 /// How long an interrupted handler may take to notice its cancellation
 /// signal and return before it is aborted. Kept within the 50 ms that
@@ -72,10 +72,10 @@ impl Batch {
         fetched: Fetched,
         permit: Option<SemaphorePermit<'_>>,
         tenure: &Arc<dyn Tenure>,
-        track: Option<Arc<RunningTask>>,
+        track: Option<RunningTask>,
         slot: Option<KeySlot>,
     ) -> Ran {
-        let Fetched { id, entry } = fetched;
+        let Fetched { id, entry, .. } = fetched;
         let Some(permit) = permit else {
             let settled = match &entry {
                 Ok(claimed) if self.source == Source::Claimed => {
@@ -86,7 +86,7 @@ impl Batch {
             return Ran::Done(id, settled);
         };
         let task = match (&track, &entry) {
-            (Some(track), Ok(entry)) => Some((entry.id.clone(), track.clone())),
+            (Some(track), Ok(_)) => Some(track.clone()),
             _ => None,
         };
         // Its unique key is freed by its ack (docs/design.md §16).
@@ -99,8 +99,12 @@ impl Batch {
             _ => None,
         };
         let executed = self.execute(&id, entry, tenure, track).await;
-        // The handler is done: its key's slot goes back.
+        // The handler is done: its key's slot goes back, and a cancel no
+        // longer finds it (its ack reads any request).
         drop(slot);
+        if let Some(task) = &task {
+            task.ended();
+        }
         match executed {
             Executed::Succeeded(result) => {
                 // The ack's slot before the handler's permit: while acks do
@@ -110,7 +114,7 @@ impl Batch {
                 // Tracked: its whole final record (a user's cancel is
                 // written over it by the ack script, which finds the
                 // request).
-                let task = task.map(|(task, track)| (task, track.succeeded(&result)));
+                let task = task.map(|task| task.succeeded(result));
                 Ran::Succeeded(id, task, unique)
             }
             Executed::Done(settled) => Ran::Done(id, settled),
@@ -143,7 +147,7 @@ impl Batch {
         id: &str,
         entry: Result<Entry, Unreadable>,
         tenure: &Arc<dyn Tenure>,
-        track: Option<Arc<RunningTask>>,
+        track: Option<RunningTask>,
     ) -> Executed {
         let settle = self.settle();
         // Dead-lettered as it was: too large (never decoded) or malformed.
@@ -186,7 +190,7 @@ impl Batch {
                 fencing_token: self.ownership.store.token(),
                 tenure: tenure.clone(),
                 finished: finished.clone(),
-                tracked: track.clone().map(|t| t as Arc<dyn Tracker>),
+                tracked: track.as_ref().map(RunningTask::tracked_at),
                 headers: entry.headers.clone(),
             };
             let call = match self.shared.runner.prepare(&entry, cx) {
@@ -229,11 +233,11 @@ impl Batch {
                     call,
                     &finished,
                     tenure,
-                    track.as_deref(),
+                    track.as_ref(),
                     span.clone(),
                 )
                 .await;
-            if let Some(track) = &track {
+            if let Some(track) = track.as_ref().filter(|t| t.writes_progress()) {
                 // Its last progress lands before its end.
                 Box::pin(track.flush()).await;
             }
@@ -300,7 +304,7 @@ impl Batch {
             }
             warn!(parent: &span, error, retry_in = ?delay, "task failed; retried in place");
             self.shared.metrics.retried();
-            match Box::pin(self.wait_in_place(delay, track.as_deref())).await {
+            match Box::pin(self.wait_in_place(delay, track.as_ref())).await {
                 Waited::Go => {}
                 Waited::Leave => return Executed::Done(false),
                 Waited::Cancelled => return Executed::Succeeded(Vec::new()),
@@ -345,12 +349,16 @@ async fn call_handler(
     track: Option<&RunningTask>,
     span: Span,
 ) -> Outcome {
-    // Tracked, the task's own signal: a user's cancel, or the partition's
-    // interruption.
-    let cancel = match track {
-        Some(track) => track.either(),
-        None => tenure.cancel(),
+    // Tracked, the task's own signal too: a user's cancel, beside the
+    // partition's interruption.
+    let cancel = tenure.cancel();
+    let stopped = async {
+        match track {
+            Some(track) => track.stopped().await,
+            None => cancel.cancelled().await,
+        }
     };
+    let is_stopped = || track.map_or_else(|| cancel.is_cancelled(), RunningTask::is_stopped);
     // Run inline, a panic caught as a failed attempt; dropping the future
     // is the cancellation (it stops at its next `.await`).
     let handler = AssertUnwindSafe(call.instrument(span)).catch_unwind();
@@ -358,7 +366,7 @@ async fn call_handler(
     let result = tokio::select! {
         biased;
         result = &mut handler => result,
-        _ = cancel.cancelled() => {
+        _ = stopped => {
             // The handler saw the signal (its context shares it): give it
             // a moment to return, then abort it.
             match Box::pin(tokio::time::timeout(CANCEL_GRACE, &mut handler)).await {
@@ -374,7 +382,7 @@ async fn call_handler(
     // cancellation has not fired yet (a lease that lapsed before the
     // driver woke, a drain deadline before its timer): a handler that saw
     // `still_owned()` false and gave up did not fail.
-    if !cancel.is_cancelled() && tenure.holds() {
+    if !is_stopped() && tenure.holds() {
         return outcome(result);
     }
     // A user's cancel: the task ends `cancelled`, whatever it returned.

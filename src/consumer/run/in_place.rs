@@ -5,7 +5,6 @@
 //! `running` as the next attempt starts, and a user's cancel, which ends
 //! the task rather than letting it run again.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use tracing::warn;
@@ -14,7 +13,6 @@ use super::Batch;
 use crate::consumer::running::RunningTask;
 use crate::consumer::store::{Attempts, Deliveries, InPlace, Recorded, Track};
 use crate::entry::{Entry, now_ms};
-use crate::handler::Tracker;
 
 /// How an in-place retry's wait ended.
 pub(super) enum Waited {
@@ -39,7 +37,7 @@ impl Batch {
         let (stop, cancel) = (&self.ownership.stop, &self.ownership.cancel);
         let user = async {
             match track {
-                Some(track) => track.either().cancelled().await,
+                Some(track) => track.stopped().await,
                 None => std::future::pending().await,
             }
         };
@@ -78,7 +76,7 @@ impl Batch {
     pub(super) fn in_place<'a>(
         &self,
         entry: &'a Entry,
-        track: &Option<Arc<RunningTask>>,
+        track: &Option<RunningTask>,
         error: &'a str,
         backoff: Duration,
     ) -> Option<InPlace<'a>> {
@@ -90,9 +88,10 @@ impl Batch {
             entry.attempt + 1
         };
         // The next attempt starts now: its final record says so.
-        let running = self.ownership.store.running(attempt, now_ms());
+        let started_at = now_ms();
+        let running = self.ownership.store.running(attempt, started_at);
         if error.is_empty() {
-            track.restarted(&running, attempt);
+            track.restarted(attempt, started_at);
         }
         Some(InPlace {
             track: Track {

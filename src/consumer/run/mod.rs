@@ -23,8 +23,9 @@ mod aside;
 mod entry;
 mod in_place;
 mod ready;
+mod started;
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -34,23 +35,21 @@ use futures_util::{FutureExt, StreamExt};
 use tokio::sync::{SemaphorePermit, mpsc};
 
 use self::aside::Aside;
+use self::started::Started;
 use super::acker::{Acked, Tracked};
 use super::held::Held;
 use super::lease::Lease;
 use super::limiter::Reserved;
 use super::ownership::Ownership;
 use super::room::Room;
-use super::running::{Run, RunningTask};
 use super::settle::Settle;
 use super::shared::Shared;
-use super::store::{Fetched, Starting};
-use tracing::warn;
+use super::store::{Fetched, Succeeded};
 
 use crate::assignment::Place;
-use crate::entry::{TaskId, now_ms};
+use crate::entry::TaskId;
 use crate::handler::Tenure;
 use crate::priority::Priority;
-use crate::tracking::Tracking;
 
 /// Where a batch's entries come from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -88,9 +87,9 @@ pub(crate) struct Batch {
 /// How one entry's run ended.
 enum Ran {
     /// Its handler succeeded (or a user cancelled it), and it holds an ack
-    /// slot: to be acked; tracked, with its task id and final record;
-    /// with its task id and unique key if it holds one.
-    Succeeded(String, Option<(TaskId, Vec<u8>)>, Option<(TaskId, String)>),
+    /// slot: to be acked; tracked, with how it ended; with its task id and
+    /// unique key if it holds one.
+    Succeeded(String, Option<Succeeded>, Option<(TaskId, String)>),
     /// Done here: settled (no longer pending), or left pending.
     Done(String, bool),
 }
@@ -116,7 +115,7 @@ impl Batch {
         let settle = self.settle();
         // Tracked: the tasks' records say `running` before any starts,
         // and those a user cancelled first leave here.
-        let mut tracks = HashMap::new();
+        let mut tracks = Started::default();
         let tracking = match self.source {
             Source::Claimed => None,
             _ => self.shared.tracking.on(),
@@ -164,7 +163,7 @@ impl Batch {
                     let Some((fetched, slot)) = aside.admit(&mut waiting) else {
                         break;
                     };
-                    let track = tracks.remove(&fetched.id);
+                    let track = tracks.take(&fetched);
                     running.push(self.entry(fetched, Some(permit), &tenure, track, slot));
                 }
                 if !waiting.is_empty() {
@@ -184,7 +183,7 @@ impl Batch {
                         Some(permit) => {
                             // None: every waiting entry went aside.
                             if let Some((fetched, slot)) = aside.admit(&mut waiting) {
-                                let track = tracks.remove(&fetched.id);
+                                let track = tracks.take(&fetched);
                                 running.push(self.entry(fetched, Some(permit), &tenure, track, slot));
                             }
                         }
@@ -265,68 +264,6 @@ impl Batch {
             }
         }
         all_settled
-    }
-
-    /// Tracked: registers `entries`' tasks (so a user's cancel finds them
-    /// from now on) and writes their start; those a user cancelled first
-    /// were acked by that write and leave `entries`. `None` when none may
-    /// run now: fenced, or Redis did not answer (they stay pending).
-    async fn start(
-        &self,
-        tracking: &Tracking,
-        entries: &mut Vec<Fetched>,
-    ) -> Option<HashMap<String, Arc<RunningTask>>> {
-        let store = &self.ownership.store;
-        let codec = self.shared.runner.codec();
-        let started_at = now_ms();
-        let mut tracks = HashMap::with_capacity(entries.len());
-        // Stream id, task id and what it runs as, for the start.
-        let mut runs: Vec<(&str, &str, String)> = Vec::with_capacity(entries.len());
-        for fetched in entries.iter() {
-            if let Ok(entry) = &fetched.entry {
-                let ran = store.running(entry.attempt, started_at);
-                let run = Run {
-                    ran: ran.clone(),
-                    attempt: entry.attempt,
-                    enqueued_at: entry.enqueued_at.as_millis() as u64,
-                };
-                let track = self.shared.running.register(
-                    &entry.id,
-                    run,
-                    &self.ownership.cancel,
-                    store.clone(),
-                    codec,
-                );
-                tracks.insert(fetched.id.clone(), track);
-                runs.push((fetched.id.as_str(), entry.id.as_str(), ran));
-            }
-        }
-        let starting: Vec<Starting<'_>> =
-            runs.iter().map(|(s, t, r)| (*s, *t, r.as_str())).collect();
-        if starting.is_empty() {
-            return Some(tracks);
-        }
-        let skipped = match store.start(tracking, &starting).await {
-            Ok(Some(skipped)) => skipped,
-            Ok(None) => {
-                self.ownership.fenced("starting tracked tasks");
-                self.held
-                    .release_all(entries.iter().map(|f| (f.id.as_str(), false)));
-                return None;
-            }
-            Err(e) => {
-                warn!(partition = self.partition, cause = %e, "cannot write the tasks' start; they stay pending and are read again");
-                self.held
-                    .release_all(entries.iter().map(|f| (f.id.as_str(), false)));
-                return None;
-            }
-        };
-        for id in &skipped {
-            tracks.remove(id);
-            self.held.release(id, true);
-        }
-        entries.retain(|f| !skipped.contains(&f.id));
-        Some(tracks)
     }
 
     /// Settles this batch's entries.

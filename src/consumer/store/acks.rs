@@ -5,10 +5,10 @@
 
 use std::sync::LazyLock;
 
-use deadpool_redis::redis::{self, RedisError, Script, ScriptInvocation, Value};
+use deadpool_redis::redis::{self, Cmd, RedisError, Script, Value};
 
-use super::PartitionStore;
-use crate::connection::{SharedConnection, Waited};
+use super::{PartitionStore, Succeeded};
+use crate::connection::{SharedConnection, Waited, evalsha};
 use crate::keys;
 use crate::tracking::{Tracking, tracked_script};
 
@@ -16,7 +16,7 @@ use crate::tracking::{Tracking, tracked_script};
 /// after a Redis restart the acks load it again.
 const FENCED_ACK_LUA: &str = tracked_script!("fenced_ack.lua");
 
-static FENCED_ACK: LazyLock<Script> = LazyLock::new(|| Script::new(FENCED_ACK_LUA));
+pub(super) static FENCED_ACK: LazyLock<Script> = LazyLock::new(|| Script::new(FENCED_ACK_LUA));
 
 /// Error replies that say "not now" rather than "no": Redis is loading its
 /// data, failing over or busy.
@@ -51,8 +51,8 @@ pub(crate) enum AckReply {
 pub(crate) struct AckGroup<'a> {
     pub(crate) store: &'a PartitionStore,
     pub(crate) ids: Vec<&'a str>,
-    /// Stream id, task id and final record (`packed::Finished`) of each.
-    pub(crate) tracked: Vec<(&'a str, &'a str, &'a [u8])>,
+    /// Stream id and how it ended, of each.
+    pub(crate) tracked: Vec<(&'a str, &'a Succeeded)>,
     /// Set when `tracked` is not empty.
     pub(crate) tracking: Option<Tracking>,
     /// Task id and unique key of each task that holds one (docs/design.md
@@ -62,38 +62,48 @@ pub(crate) struct AckGroup<'a> {
 
 impl PartitionStore {
     /// The fenced ack of `group`, for a pipeline; replies the number
-    /// acked, or -1 when fenced.
-    pub(super) fn ack_script<'a>(&'a self, group: &AckGroup<'_>) -> ScriptInvocation<'a> {
-        let mut script = FENCED_ACK.key(&self.stream);
-        script
-            .key(&self.owner)
-            .arg(&self.record)
+    /// acked, or -1 when fenced. Built as one command, every argument in
+    /// its one buffer (each tracked task's final record too).
+    pub(super) fn ack_script(&self, group: &AckGroup<'_>) -> Cmd {
+        let unique = !group.unique.is_empty();
+        let ids = group.ids.iter().map(|id| id.len());
+        let records = group.tracked.iter().map(|(id, task)| {
+            let progress = task.progress.as_ref().map_or(0, Vec::len);
+            id.len() + task.task.as_str().len() + 160 + progress + task.result.len()
+        });
+        let unique_bytes = group.unique.iter().map(|(t, k)| t.len() + k.len());
+        let bytes = 200 + ids.sum::<usize>() + records.sum::<usize>() + unique_bytes.sum::<usize>();
+        let args = 12 + group.ids.len() + 3 * group.tracked.len() + 2 * group.unique.len();
+        let mut cmd = evalsha(&FENCED_ACK, if unique { 3 } else { 2 }, args, bytes);
+        cmd.arg(&self.stream).arg(&self.owner);
+        if unique {
+            // Only acks with unique tasks name the locks: the others cost
+            // nothing more.
+            cmd.arg(&self.unique);
+        }
+        cmd.arg(&self.record)
             .arg(keys::GROUP)
             .arg(group.ids.len())
             .arg(&group.ids);
         if let (Some(tracking), false) = (&group.tracking, group.tracked.is_empty()) {
-            self.block(&mut script, tracking);
-            script.arg(group.tracked.len());
-            for (stream_id, _, _) in &group.tracked {
-                script.arg(*stream_id);
+            cmd.arg(self.block(tracking)).arg(group.tracked.len());
+            for (stream_id, _) in &group.tracked {
+                cmd.arg(*stream_id);
             }
-            for (_, task, record) in &group.tracked {
-                script.arg(*task).arg(*record);
+            for (_, task) in &group.tracked {
+                cmd.arg(task.task.as_str()).arg(self.record(task));
             }
-        } else if !group.unique.is_empty() {
+        } else if unique {
             // No tracking block: its place says so.
-            script.arg("");
+            cmd.arg("");
         }
-        if !group.unique.is_empty() {
-            // Only acks with unique tasks name the locks: the others cost
-            // nothing more.
-            script.key(&self.unique);
+        if unique {
             for (task, unique) in &group.unique {
-                script.arg(*task).arg(*unique);
+                cmd.arg(*task).arg(*unique);
             }
-            script.arg(group.unique.len());
+            cmd.arg(group.unique.len());
         }
-        script
+        cmd
     }
 }
 
@@ -113,7 +123,7 @@ pub(crate) async fn ack(
 ) -> Result<Vec<AckReply>, String> {
     let mut pipe = redis::pipe();
     for group in groups {
-        pipe.invoke_script(&group.store.ack_script(group));
+        pipe.add_command(group.store.ack_script(group));
     }
     let mut sent = send(conn, &mut pipe).await?;
     if sent.replies().iter().any(is_noscript) {

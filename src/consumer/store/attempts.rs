@@ -137,7 +137,7 @@ impl PartitionStore {
                     .arg(track.attempt)
                     .arg(in_place.backoff.as_millis() as u64)
                     .arg(&in_place.running);
-                self.block(&mut script, &track.tracking);
+                script.arg(self.block(&track.tracking));
             }
             None => {
                 script.arg("");

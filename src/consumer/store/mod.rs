@@ -39,7 +39,7 @@ use deadpool_redis::redis::{self, FromRedisValue, Script, Value};
 pub(crate) use self::acks::{AckGroup, AckReply, ack};
 pub(crate) use self::attempts::{Attempts, Deliveries, InPlace, Recorded};
 pub(crate) use self::reader::{BlockingReads, Fetched, Unreadable, is_nogroup, unblock};
-pub(crate) use self::records::{Starting, Track};
+pub(crate) use self::records::{Starting, Succeeded, Track};
 use self::reply::AutoClaim;
 pub(crate) use self::sizes::{Group, Sizes};
 use crate::config::ServiceName;

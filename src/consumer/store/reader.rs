@@ -25,6 +25,12 @@ use crate::keys;
 pub(crate) struct Fetched {
     /// Its stream id.
     pub(crate) id: String,
+    /// Its place in the batch that runs it (the batch sets it): where the
+    /// batch finds what it keeps per entry without reading the stream id,
+    /// which by then is often out of the cache (a lookup by the id was a
+    /// cache miss per task, about 0.2 µs, in a profile of a tracked
+    /// consume).
+    pub(crate) place: usize,
     /// The entry, or why it cannot run.
     pub(crate) entry: std::result::Result<Entry, Unreadable>,
 }
@@ -46,7 +52,11 @@ impl Fetched {
             why,
             fields: fields.into_named(),
         });
-        Fetched { id: raw.id, entry }
+        Fetched {
+            id: raw.id,
+            place: 0,
+            entry,
+        }
     }
 }
 

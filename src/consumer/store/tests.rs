@@ -61,6 +61,20 @@ async fn delivered(
     name: &ServiceName,
     consumer: &InstanceId,
 ) -> String {
+    let entries: [&[(&str, &str)]; 1] = [&[("k", "v")]];
+    delivered_all(server, name, consumer.as_str(), &entries)
+        .await
+        .remove(0)
+}
+
+/// Partition 0's stream and group with an entry of each of `entries`'
+/// fields, all delivered to `consumer`: their ids.
+pub(super) async fn delivered_all(
+    server: &support::RedisServer,
+    name: &ServiceName,
+    consumer: &str,
+    entries: &[&[(&str, &str)]],
+) -> Vec<String> {
     let mut raw = server.pool().get().await.unwrap();
     let stream = keys::stream(name, 0);
     let () = redis::cmd("XGROUP")
@@ -72,18 +86,22 @@ async fn delivered(
         .query_async(&mut *raw)
         .await
         .unwrap();
-    let id: String = raw.xadd(&stream, "*", &[("k", "v")]).await.unwrap();
+    let mut ids = Vec::new();
+    for fields in entries {
+        let id: String = raw.xadd(&stream, "*", fields).await.unwrap();
+        ids.push(id);
+    }
     let _: Value = redis::cmd("XREADGROUP")
         .arg("GROUP")
         .arg(keys::GROUP)
-        .arg(consumer.as_str())
+        .arg(consumer)
         .arg("STREAMS")
         .arg(&stream)
         .arg(">")
         .query_async(&mut *raw)
         .await
         .unwrap();
-    id
+    ids
 }
 
 async fn pending(server: &support::RedisServer, name: &ServiceName) -> usize {
@@ -120,7 +138,9 @@ async fn run_ack(conn: &SharedConnection, store: &PartitionStore, id: &str) -> i
         unique: Vec::new(),
         tracking: None,
     };
-    conn.invoke(&store.ack_script(&group)).await.unwrap()
+    conn.eval(&super::acks::FENCED_ACK, &store.ack_script(&group))
+        .await
+        .unwrap()
 }
 
 #[tokio::test]
@@ -313,52 +333,46 @@ async fn a_stale_owner_writes_no_task_record_and_the_owner_does() {
     let (server, conn, name) = setup().await;
     let (id, stale, owner) = moved_on(&server, &conn, &name).await;
     let tracking = crate::tracking::Tracking::on();
-    // Each instance's final record, as its run builds it (with the
-    // progress it wrote and its result).
-    let record = |store: &PartitionStore| {
-        crate::tracking::packed::Finished {
-            state: "succeeded",
-            enqueued_at: 1,
-            attempt: 1,
-            ran: &store.running(1, 2),
-            finished_at: 3,
-            progress: Some(b"7"),
-            result: b"42",
-        }
-        .encode()
+    // How the task ended, as its run tells its ack (with the progress it
+    // wrote and its result); each instance writes it as it ran it.
+    let ended = super::Succeeded {
+        task: "t1".into(),
+        attempt: 1,
+        started_at: 2,
+        enqueued_at: 1,
+        finished_at: 3,
+        progress: Some(b"7".to_vec()),
+        result: b"42".to_vec(),
     };
-    let (stale_record, owner_record) = (record(&stale), record(&owner));
     let id = id.as_str();
-    let group = |store, record| super::AckGroup {
-        store,
-        ids: Vec::new(),
-        tracked: vec![(id, "t1", record)],
-        unique: Vec::new(),
-        tracking: Some(tracking),
+    let ack = |store: &PartitionStore| {
+        let group = super::AckGroup {
+            store,
+            ids: Vec::new(),
+            tracked: vec![(id, &ended)],
+            unique: Vec::new(),
+            tracking: Some(tracking),
+        };
+        let cmd = store.ack_script(&group);
+        let conn = conn.clone();
+        async move {
+            let acked: i64 = conn.eval(&super::acks::FENCED_ACK, &cmd).await.unwrap();
+            acked
+        }
     };
     // The old owner: its start, progress and ack are refused, and write
     // nothing.
     assert_eq!(
-        stale
-            .start(&tracking, &[(id, "t1", &stale.running(1, 2))])
-            .await
-            .unwrap(),
+        stale.start(&tracking, 2, &[(id, "t1", 1)]).await.unwrap(),
         None
     );
     assert!(!stale.progress("t1", b"7").await.unwrap());
-    let refused: i64 = conn
-        .invoke(&stale.ack_script(&group(&stale, &stale_record)))
-        .await
-        .unwrap();
-    assert_eq!(refused, -1);
+    assert_eq!(ack(&stale).await, -1);
     assert_eq!(record_field(&server, &name, "t1", "state").await, None);
     // The owner: running under its token, its progress, then succeeded
     // with the result, as the ack acked the entry.
     assert_eq!(
-        owner
-            .start(&tracking, &[(id, "t1", &owner.running(1, 2))])
-            .await
-            .unwrap(),
+        owner.start(&tracking, 2, &[(id, "t1", 1)]).await.unwrap(),
         Some(vec![])
     );
     let mut raw = server.pool().get().await.unwrap();
@@ -370,11 +384,7 @@ async fn a_stale_owner_writes_no_task_record_and_the_owner_does() {
     );
     assert!(owner.progress("t1", b"7").await.unwrap());
     assert!(!stale.progress("t1", b"8").await.unwrap(), "still refused");
-    let acked: i64 = conn
-        .invoke(&owner.ack_script(&group(&owner, &owner_record)))
-        .await
-        .unwrap();
-    assert_eq!(acked, 1);
+    assert_eq!(ack(&owner).await, 1);
     assert_eq!(
         record_field(&server, &name, "t1", "state").await.as_deref(),
         Some("succeeded")
@@ -399,9 +409,5 @@ async fn a_stale_owner_writes_no_task_record_and_the_owner_does() {
     );
     // Not pending any more: an ack sent again acks nothing and leaves the
     // record as it is.
-    let again: i64 = conn
-        .invoke(&owner.ack_script(&group(&owner, &owner_record)))
-        .await
-        .unwrap();
-    assert_eq!(again, 0);
+    assert_eq!(ack(&owner).await, 0);
 }

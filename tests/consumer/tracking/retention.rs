@@ -6,7 +6,8 @@
 use super::*;
 
 /// The service's task records, as `(partition, task id)`: the fields of
-/// each partition's `{N/p}:tasks`.
+/// each partition's `{N/p}:tasks` (but `''`, whose long value only keeps
+/// the hash out of a listpack).
 async fn records(
     conn: &mut deadpool_redis::redis::aio::MultiplexedConnection,
     name: &str,
@@ -18,7 +19,12 @@ async fn records(
             .query_async(conn)
             .await
             .unwrap();
-        found.extend(fields.into_iter().map(|id| (p, id)));
+        found.extend(
+            fields
+                .into_iter()
+                .filter(|id| !id.is_empty())
+                .map(|id| (p, id)),
+        );
     }
     found.into_iter().collect()
 }
