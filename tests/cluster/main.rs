@@ -108,6 +108,8 @@ type Builder = peerq::consumer::ConsumerBuilder<(), (), peerq::Bincode>;
 struct Instance {
     stop: CancellationToken,
     task: tokio::task::JoinHandle<peerq::Result<()>>,
+    /// The instance's assignment, round by round.
+    standing: tokio::sync::watch::Receiver<peerq::assignment::Standing>,
 }
 
 impl Instance {
@@ -127,9 +129,14 @@ impl Instance {
             .redis(peerq::Redis::cluster(cluster.seed_urls()))
             .name(name);
         let builder = settings(builder).handler(handler);
+        let standing = builder.standing();
         let stop = CancellationToken::new();
         let task = tokio::spawn(builder.run_until(stop.clone().cancelled_owned()));
-        Instance { stop, task }
+        Instance {
+            stop,
+            task,
+            standing,
+        }
     }
 
     async fn shutdown(self) {
@@ -156,6 +163,36 @@ async fn wait_all_ran(record: &Recorder, instances: &[Instance], count: u64) {
     })
     .await;
     tokio::time::sleep(500 * MS).await;
+}
+
+/// Waits until every instance is assigned among `instances.len()`, and
+/// one epoch more, so that the handover of the first epoch that counted
+/// them all (the joiners' partitions drained to them) is over.
+async fn wait_settled(instances: &[Instance]) {
+    let n = instances.len() as u32;
+    // The oldest epoch of the instances' standings, if all count them all.
+    let epoch = || -> Option<u64> {
+        let mut oldest = u64::MAX;
+        for instance in instances {
+            let a = instance.standing.borrow().assignment()?;
+            if a.replicas != n {
+                return None;
+            }
+            oldest = oldest.min(a.epoch);
+        }
+        Some(oldest)
+    };
+    let mut first = None;
+    wait_until(Duration::from_secs(30), "the fleet settled", || {
+        assert!(running(instances), "an instance stopped");
+        match (epoch(), first) {
+            (None, _) => first = None,
+            (Some(epoch), None) => first = Some(epoch),
+            (Some(epoch), Some(at)) => return epoch > at,
+        }
+        false
+    })
+    .await;
 }
 
 /// Whether every instance still runs (one that stopped at start, on an

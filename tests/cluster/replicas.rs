@@ -9,7 +9,7 @@
 use peerq::assignment::Standing;
 use peerq::consumer::{PartitionChange, PartitionEvent};
 use support::slot_of;
-use tokio::sync::{broadcast, watch};
+use tokio::sync::broadcast;
 
 use super::*;
 
@@ -195,7 +195,6 @@ async fn an_enqueue_redirected_to_another_master_waits_for_that_masters_replica(
 struct Watched {
     instance: Instance,
     events: broadcast::Receiver<PartitionEvent>,
-    standing: watch::Receiver<Standing>,
 }
 
 impl Watched {
@@ -209,9 +208,12 @@ impl Watched {
         let stop = CancellationToken::new();
         let task = tokio::spawn(builder.run_until(stop.clone().cancelled_owned()));
         Watched {
-            instance: Instance { stop, task },
+            instance: Instance {
+                stop,
+                task,
+                standing,
+            },
             events,
-            standing,
         }
     }
 
@@ -238,7 +240,8 @@ impl Watched {
     async fn assigned(&mut self) -> BTreeSet<u32> {
         let standing = tokio::time::timeout(
             Duration::from_secs(30),
-            self.standing
+            self.instance
+                .standing
                 .wait_for(|standing| matches!(standing, Standing::Assigned(_))),
         )
         .await
