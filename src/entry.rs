@@ -230,6 +230,14 @@ impl Entry {
         fields
     }
 
+    /// The batch this task is a member of (docs/design.md §19), if any:
+    /// its `batch` field, kept among the fields this module does not read.
+    pub(crate) fn member_of(&self) -> Option<&str> {
+        let batch = crate::workflow::field::BATCH;
+        let (_, value) = self.extra.iter().find(|(name, _)| name == batch)?;
+        std::str::from_utf8(value).ok()
+    }
+
     /// The partition key: the given key, else the id.
     pub(crate) fn partition_key(&self) -> &str {
         self.key.as_deref().unwrap_or(self.id.as_str())

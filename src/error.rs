@@ -10,8 +10,10 @@ use std::time::Duration;
 use deadpool_redis::redis::{ErrorKind, RedisError};
 use deadpool_redis::{HookError, PoolError};
 
+mod batch;
 mod duplicate;
 
+pub use batch::BatchRefused;
 pub use duplicate::{BatchDuplicates, Duplicate};
 
 /// A `Result` with peerq's [`Error`].
@@ -72,6 +74,10 @@ pub enum Error {
     /// for their unique keys; the batch's other tasks were enqueued.
     #[error("{0}")]
     DuplicatesInBatch(Box<BatchDuplicates>),
+
+    /// A batch refused an add or a seal (docs/design.md §19).
+    #[error(transparent)]
+    Batch(#[from] BatchRefused),
 
     /// A part of the consumer stopped unexpectedly.
     #[error("consumer runtime: {0}")]

@@ -217,6 +217,27 @@ pub(crate) fn dead(name: &ServiceName, p: u32) -> String {
     format!("{{{name}/{p}}}:dead")
 }
 
+/// The completion records of partition `p`'s batch members (docs/design.md
+/// §19): a stream, each entry a member's end (`b` batch id, `t` task id,
+/// `s` state), written by the script that ends it and deleted once the
+/// partition's owner forwarded it to the batch. The scripts name it after
+/// the stream (`members.lua`).
+pub(crate) fn completions(name: &ServiceName, p: u32) -> String {
+    format!("{{{name}/{p}}}:completions")
+}
+
+/// The record of batch `<h>/<uuid>` (docs/design.md §19), a hash in the
+/// slot of its home partition `h`, where its callback is added.
+pub(crate) fn batch(name: &ServiceName, h: u32, uuid: &str) -> String {
+    format!("{{{name}/{h}}}:batch:{uuid}")
+}
+
+/// The members of batch `<h>/<uuid>`: task id → `pending`, or its state
+/// and the completion record that said so.
+pub(crate) fn batch_members(name: &ServiceName, h: u32, uuid: &str) -> String {
+    format!("{{{name}/{h}}}:batch:{uuid}:m")
+}
+
 /// One sequence of [`MajorityIds`](crate::ids::MajorityIds) on each of
 /// its servers: the highest ID the server has taken, as a decimal string
 /// (docs/design.md §13). Not a service key: the servers are independent,
@@ -252,6 +273,9 @@ mod tests {
         assert_eq!(running(&n, 7), "{mail-sender/7}:running");
         assert_eq!(cancel_requests(&n, 7), "{mail-sender/7}:cancel_requests");
         assert_eq!(final_channel(&n, 7), "{mail-sender/7}:final");
+        assert_eq!(completions(&n, 7), "{mail-sender/7}:completions");
+        assert_eq!(batch(&n, 7, "u"), "{mail-sender/7}:batch:u");
+        assert_eq!(batch_members(&n, 7, "u"), "{mail-sender/7}:batch:u:m");
     }
 
     #[test]

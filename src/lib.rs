@@ -76,6 +76,7 @@
 //! | [`producer`] | enqueues typed tasks: one, a batch, with a key, a delay or an idempotency key |
 //! | [`handler`] | the `Handler` trait, `TaskContext`, `HandlerError`, the tower adapter |
 //! | [`dead_letters`] | lists (a page at a time, oldest or newest first, by reason), finds, replays and purges the dead letters across partitions |
+//! | [`workflow`] | batches: member tasks and a callback enqueued once every member is final, counted through the fenced scripts that end them |
 //! | [`admin`] | what the `peerq` CLI and the dashboard read and do: the services on a Redis, a service's status, its delayed tasks and periodic jobs, JSON enqueues, pause and resume; summaries only, never a scan of the streams |
 //! | `dashboard` | feature `dashboard`: the web dashboard, to mount in an axum app or run with `peerq dashboard` |
 //! | `postgres` | feature `postgres`: peerq's tables (`migrations/`), the transactional `Outbox` and its `Relay`, the `Inbox` (its own Layout table) |
@@ -164,6 +165,7 @@ mod timing;
 mod trace_context;
 pub mod tracking;
 mod transition;
+pub mod workflow;
 
 pub use assignment::{Assignment, Assignor};
 pub use clock::{Clock, OffsetClock, SystemClock};

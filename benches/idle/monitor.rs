@@ -57,19 +57,20 @@ impl Tally {
 
 /// The names of peerq's scripts by their SHA1 (as `EVALSHA` sends them),
 /// each alone, with `unique.lua` before it (as `promote.lua` is sent) and
-/// with `track.lua` and `unique.lua` before it (as the tracking scripts
-/// are sent).
+/// with `track.lua`, `unique.lua` and `members.lua` before it (as the
+/// tracking scripts are sent).
 fn scripts() -> BTreeMap<String, String> {
     let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/src/scripts");
     let read = |name: &str| std::fs::read_to_string(format!("{dir}/{name}")).expect(name);
     let (unique, track) = (read("unique.lua"), read("track.lua"));
+    let members = read("members.lua");
     let mut names = BTreeMap::new();
     for file in std::fs::read_dir(dir).expect("src/scripts") {
         let path = file.expect("a script").path();
         if path.extension().is_some_and(|e| e == "lua") {
             let text = std::fs::read_to_string(&path).expect("a script's text");
             let name = path.file_name().unwrap().to_string_lossy().into_owned();
-            let tracked = redis::Script::new(&format!("{track}{unique}{text}"));
+            let tracked = redis::Script::new(&format!("{track}{unique}{members}{text}"));
             names.insert(tracked.get_hash().to_owned(), name.clone());
             let with_unique = redis::Script::new(&format!("{unique}{text}"));
             names.insert(with_unique.get_hash().to_owned(), name.clone());

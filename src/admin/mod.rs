@@ -28,6 +28,7 @@
 //! # Ok(()) }
 //! ```
 
+mod batches;
 mod delayed;
 mod limits;
 mod members;

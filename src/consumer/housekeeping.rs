@@ -1,7 +1,8 @@
 //! A worker's housekeeping, apart from its fetch loop: keep the entries it
 //! runs fresh, look at the partition's consumer group, trim what was
 //! acknowledged, move due delayed entries into the stream, forget task
-//! records that stopped changing, and keep the queue gauges.
+//! records that stopped changing, forward batch members' ends to their
+//! batches (`super::completions`), and keep the queue gauges.
 //!
 //! What an idle partition costs (issue 26): a look at its group
 //! (`XINFO GROUPS`) every 10 s, the sizes of its dead letters and delayed
@@ -63,6 +64,8 @@ struct Due {
     records: Instant,
     /// `None`: no delayed entry is known to wait.
     promote: Option<Instant>,
+    /// `None`: no completion record is known to wait.
+    forward: Option<Instant>,
 }
 
 impl Due {
@@ -71,6 +74,7 @@ impl Due {
             return self.keep;
         }
         let next = self.keep.min(self.look).min(self.count).min(self.records);
+        let next = self.forward.map_or(next, |at| next.min(at));
         self.promote.map_or(next, |at| next.min(at))
     }
 
@@ -122,6 +126,8 @@ pub(super) async fn housekeeping(
         records: now,
         // At once: retries the previous owner delayed may be due.
         promote: Some(now),
+        // At once: members' ends the previous owner did not forward.
+        forward: Some(now),
     };
     // Partitions acquired together do not read together: the first idle
     // look and the second count come at a random point of their period.
@@ -148,6 +154,9 @@ pub(super) async fn housekeeping(
             }
             _ = noticed(notices.as_ref()) => due.promote_by(Instant::now()),
             _ = tracking.changed() => due.records = Instant::now(),
+            _ = store.completion_noted() => {
+                due.forward = Some(due.forward.map_or(Instant::now(), |at| at.min(Instant::now())));
+            }
         }
         let now = Instant::now();
         if now >= due.keep {
@@ -195,6 +204,9 @@ pub(super) async fn housekeeping(
         }
         if now >= due.records {
             due.records = records.tend(&shared, &ownership, now).await;
+        }
+        if due.forward.is_some_and(|at| now >= at) {
+            due.forward = super::completions::forward(&shared, &ownership).await;
         }
         if due.promote.is_some_and(|at| now >= at) {
             let (moved, next) = promote(&ownership).await;
@@ -355,6 +367,7 @@ mod tests {
             count: now + 2 * s,
             records: now + 4 * s,
             promote: None,
+            forward: None,
         };
         assert_eq!(due.next(false), now + s);
         assert_eq!(due.next(true), now + 3 * s);

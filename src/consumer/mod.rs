@@ -55,6 +55,7 @@
 mod acker;
 mod builder;
 mod cancels;
+mod completions;
 mod due_watch;
 #[cfg(feature = "http")]
 mod endpoint;

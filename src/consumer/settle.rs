@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use tracing::{error, warn};
 
-use super::acker::{Ack, Replies, Tracked};
+use super::acker::{Ack, Ending, Replies, Tracked};
 use super::ownership::Ownership;
 use super::shared::Shared;
 use super::store::{Fields, Moved, To, Track};
@@ -52,7 +52,7 @@ impl Settle<'_> {
         &self,
         ids: Vec<String>,
         tracked: Option<Tracked>,
-        unique: Vec<(TaskId, String)>,
+        ending: Ending,
         reply: &Replies,
     ) {
         let ack = Ack::new(
@@ -62,7 +62,7 @@ impl Settle<'_> {
             tracked,
             reply.clone(),
         )
-        .freeing(unique);
+        .ending(ending);
         // Refused only once the acker has stopped: the ack, dropped, tells
         // `reply` it was given up.
         let _ = self.shared.acks.send(ack);

@@ -13,6 +13,7 @@ use tokio_util::sync::{CancellationToken, WaitForCancellationFuture};
 use crate::assignment::{Assignment, Place};
 use crate::entry::TaskId;
 use crate::headers::Headers;
+use crate::workflow::{BatchId, BatchLink, BatchSummary};
 
 /// What a handler knows about the task it runs and the instance running it.
 #[derive(Debug, Clone)]
@@ -37,6 +38,8 @@ pub struct TaskContext {
     pub(crate) tracked: Option<TrackedAt>,
     /// The task's headers (docs/design.md §18).
     pub(crate) headers: Headers,
+    /// A batch member's batch, or a batch callback's summary (§19).
+    pub(crate) batch: Option<Arc<BatchLink>>,
 }
 
 /// Why a task's [`cancelled`](TaskContext::cancelled) signal fired.
@@ -142,6 +145,7 @@ impl TaskContext {
             finished: Arc::default(),
             tracked: None,
             headers: Headers::new(),
+            batch: None,
         }
     }
 
@@ -185,6 +189,26 @@ impl TaskContext {
     /// hand-back and replay.
     pub fn headers(&self) -> &Headers {
         &self.headers
+    }
+
+    /// The batch this task is a member of ([`OpenBatch::add`]), if any:
+    /// its end counts there once, whatever runs it.
+    ///
+    /// [`OpenBatch::add`]: crate::producer::OpenBatch::add
+    pub fn batch(&self) -> Option<&BatchId> {
+        match self.batch.as_deref() {
+            Some(BatchLink::Member(id)) => Some(id),
+            _ => None,
+        }
+    }
+
+    /// For a batch's callback: how the batch's members ended. `None` for
+    /// any other task.
+    pub fn batch_summary(&self) -> Option<&BatchSummary> {
+        match self.batch.as_deref() {
+            Some(BatchLink::Callback(summary)) => Some(summary),
+            _ => None,
+        }
     }
 
     /// The partition key the producer gave ([`Options::key`]), if any:

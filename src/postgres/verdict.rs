@@ -51,6 +51,8 @@ pub(crate) fn verdict(row: Row, codec: &str, max_payload: usize) -> Verdict {
         at,
         priority: Default::default(),
         headers: Headers::new(),
+        member_of: None,
+        id: None,
     };
     let headers = Headers::from_json(row.headers.as_deref());
     let mut stored = Stored {

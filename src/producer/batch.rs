@@ -43,6 +43,7 @@ use crate::entry::{self, Entry, TaskId};
 use crate::error::{Duplicate, Result};
 use crate::partition::partition_of;
 use crate::priority::Priority;
+use crate::workflow::field::BATCH;
 
 /// Entries per part (`enqueue_batch`'s doc names it). Small enough that Redis starts on a batch soon after
 /// its encoding (the first part is built while Redis waits), large enough
@@ -169,6 +170,10 @@ impl<C: Codec> Producer<C> {
                         let mut entry = Entry::new(id.clone(), key, C::NAME, payload.clone());
                         entry.unique = options.unique.clone();
                         entry.headers = options.headers.clone();
+                        if let Some(batch) = &options.member_of {
+                            let member = (BATCH.to_owned(), batch.as_bytes().to_vec());
+                            entry.extra.push(member);
+                        }
                         #[cfg(feature = "otel")]
                         crate::trace_context::add(&mut entry.headers, trace.as_ref());
                         let script = self.enqueue_script(&entry, p, options, None, tracked);
@@ -196,6 +201,9 @@ impl<C: Codec> Producer<C> {
                             crate::trace_context::with(options.map(|o| &o.headers), &trace);
                         for (name, value) in headers.iter().flat_map(|h| h.fields()) {
                             cmd.arg(name).arg(value);
+                        }
+                        if let Some(batch) = options.and_then(|o| o.member_of.as_deref()) {
+                            cmd.arg(BATCH).arg(batch);
                         }
                         pipe.add_command(cmd);
                         commands += 1;
@@ -253,7 +261,8 @@ impl<C: Codec> Producer<C> {
         items
             .iter()
             .map(|(_, options)| {
-                let id = TaskId::generate();
+                let id = options.and_then(|o| o.id.clone());
+                let id = id.unwrap_or_else(TaskId::generate);
                 let key = options.and_then(|o| o.partition_key());
                 let key = key.unwrap_or(id.as_str()).as_bytes();
                 let p = match options {

@@ -13,6 +13,8 @@
 //! - `records`: a tracked batch's `waiting` records;
 //! - `stored`: what the outbox relay sends: a stored task under its own
 //!   id, or its dead letter (feature `postgres`);
+//! - `workflow`: batches with a callback (docs/design.md §19): open, add
+//!   members, seal;
 //! - `builder`: the settings, checked against the service's `{N}:meta`.
 
 mod batch;
@@ -22,6 +24,7 @@ mod records;
 mod send;
 #[cfg(feature = "postgres")]
 mod stored;
+mod workflow;
 
 use std::fmt;
 use std::time::Duration;
@@ -42,6 +45,7 @@ pub use builder::ProducerBuilder;
 pub use options::Options;
 #[cfg(feature = "postgres")]
 pub(crate) use stored::{Sent, Stored};
+pub use workflow::{BatchBuilder, DEFAULT_BATCH_EXPIRY, DEFAULT_BATCH_KEEP, OpenBatch};
 
 /// Default largest encoded payload a producer accepts.
 pub const DEFAULT_MAX_PAYLOAD: usize = 1024 * 1024;

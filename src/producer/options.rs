@@ -18,6 +18,12 @@ pub struct Options {
     pub(crate) at: Option<SystemTime>,
     pub(crate) priority: Priority,
     pub(crate) headers: Headers,
+    /// A batch member's batch id (docs/design.md §19), set by
+    /// [`OpenBatch::add`](crate::producer::OpenBatch::add).
+    pub(crate) member_of: Option<std::sync::Arc<str>>,
+    /// The id the task gets, when the caller chose it (a batch's members
+    /// are counted by their ids before they go).
+    pub(crate) id: Option<crate::entry::TaskId>,
 }
 
 impl Options {

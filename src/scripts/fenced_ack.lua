@@ -18,9 +18,28 @@
 -- KEYS[3] = {N/p}:unique, the tracking block's place holds '' if none is
 -- tracked, and the last values are u pairs of task id and unique key, then
 -- u: each key is freed if its task holds it. Without, this costs nothing.
+-- With batch members among them (docs/design.md §19), and only then:
+-- KEYS[3] is named (u may be 0), KEYS[4] = {N/p}:completions, and after
+-- the unique keys' values come k triples of stream id, task id and batch
+-- id, then k: each member this call acks gets its completion record,
+-- `succeeded` (or `cancelled`, as its record is written).
 -- Returns the number acknowledged, or -1 when fenced.
 if redis.call('GET', KEYS[2]) ~= ARGV[1] then
   return -1
+end
+-- The members this call ends: those still pending before it acks any (a
+-- call sent again after a lost reply ends none twice).
+local last = #ARGV
+local members = {}
+if KEYS[4] then
+  local k = tonumber(ARGV[last])
+  local from = last - 3 * k
+  for i = from, last - 1, 3 do
+    if #redis.call('XPENDING', KEYS[1], ARGV[2], ARGV[i], ARGV[i], 1) > 0 then
+      members[#members + 1] = i
+    end
+  end
+  last = from - 1
 end
 local n = tonumber(ARGV[3])
 local acked = 0
@@ -60,14 +79,21 @@ if t then
     end
   end
   acked = acked + all
-  flush(t)
 end
+for _, i in ipairs(members) do
+  local state = 'succeeded'
+  if t and t.done[ARGV[i + 1]] == 'cancelled' then
+    state = 'cancelled'
+  end
+  completed(KEYS[1], ARGV[i + 2], ARGV[i + 1], state)
+end
+flush(t)
 if KEYS[3] then
   -- Every task of this call is final (succeeded or cancelled), also one
   -- whose entry an earlier call acked (its reply lost): its key was
   -- freed then, unless a newer task holds it, which `release` leaves.
-  local u = tonumber(ARGV[#ARGV])
-  for i = #ARGV - 2 * u, #ARGV - 1, 2 do
+  local u = tonumber(ARGV[last])
+  for i = last - 2 * u, last - 1, 2 do
     release(KEYS[3], ARGV[i + 1], ARGV[i])
   end
 end

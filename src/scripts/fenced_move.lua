@@ -13,7 +13,8 @@
 -- value, ...
 -- A unique task's lock (docs/design.md §16; its key is the new entry's
 -- `unique` field) is freed with its dead letter or its cancel, and follows
--- its new entry otherwise.
+-- its new entry otherwise. A batch member (its `batch` field, §19) that
+-- ends here, dead or cancelled, gets its completion record.
 -- Returns 1 when moved (or cancelled), 0 when the entry was no longer
 -- pending (a retried call whose first reply was lost: it is not added
 -- twice), -1 when fenced.
@@ -28,8 +29,10 @@ local unique = field_of(16, 'unique')
 local locks = locks_of(KEYS[1])
 local task = unique and field_of(16, 'id')
 local t = ARGV[4] ~= '' and tracking(9)
+local batch = field_of(16, 'batch')
 if t and not unless_cancelled(t, ARGV[4]) then
   release(locks, unique, task)
+  completed(KEYS[1], batch, field_of(16, 'id'), 'cancelled')
   flush(t)
   return 1
 end
@@ -37,6 +40,7 @@ local added = redis.call('XADD', KEYS[3], '*', unpack(ARGV, 16))
 -- (The destination says which: ARGV[5] is empty for an untracked task.)
 if KEYS[3] ~= KEYS[1] then
   release(locks, unique, task)
+  completed(KEYS[1], batch, field_of(16, 'id'), 'dead')
 else
   relocate(locks, unique, task, 's:' .. added)
 end

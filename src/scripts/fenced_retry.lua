@@ -15,6 +15,8 @@
 -- ARGV[17..] = the next attempt's field, value, ...
 -- A unique task's lock (docs/design.md §16; its key is the next attempt's
 -- `unique` field) follows the next attempt, or is freed with its cancel.
+-- A batch member (its `batch` field, §19) cancelled here gets its
+-- completion record.
 -- Returns 1 when retried (or cancelled), 0 when the entry was no longer
 -- pending (a call repeated after a lost reply: nothing is added twice), -1
 -- when fenced.
@@ -31,6 +33,7 @@ local task = unique and field_of(17, 'id')
 local t = ARGV[5] ~= '' and tracking(10)
 if t and not unless_cancelled(t, ARGV[5]) then
   release(locks, unique, task)
+  completed(KEYS[1], field_of(17, 'batch'), field_of(17, 'id'), 'cancelled')
   flush(t)
   return 1
 end

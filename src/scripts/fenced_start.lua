@@ -14,7 +14,8 @@
 -- started and nothing is written for it, and its id is in the reply, for
 -- the caller to send again with its stream id (m = n), which ends it.
 -- A unique task that does not start frees its key (docs/design.md §16),
--- read from its entry: only on this path, which costs one read per task.
+-- and a batch member gets its completion record (§19), both read from its
+-- entry: only on this path, which costs one read per task.
 -- Returns, with m = n, the stream ids of the tasks that must not run
 -- (cancelled); with m = 0, the task ids of those to send again; -1 when
 -- fenced.
@@ -48,10 +49,14 @@ for k = 1, n do
     skip[#skip + 1] = id
   else
     local entry = redis.call('XRANGE', KEYS[1], stream_id, stream_id)[1]
+    local acked = redis.call('XACK', KEYS[1], ARGV[2], stream_id)
     if entry then
-      release(locks_of(KEYS[1]), field_in(entry[2], 'unique'), field_in(entry[2], 'id'))
+      local task = field_in(entry[2], 'id')
+      release(locks_of(KEYS[1]), field_in(entry[2], 'unique'), task)
+      if acked == 1 then
+        completed(KEYS[1], field_in(entry[2], 'batch'), task, 'cancelled')
+      end
     end
-    redis.call('XACK', KEYS[1], ARGV[2], stream_id)
     cancelled(t, id, true)
     skip[#skip + 1] = stream_id
   end

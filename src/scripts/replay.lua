@@ -13,7 +13,8 @@
 -- ARGV[3..] = the task's field, value, ...
 -- A task with a unique key (its `unique` field, docs/design.md §16) takes
 -- its lock again, unless another task holds it and lives: then nothing is
--- replayed, and the letter stays.
+-- replayed, and the letter stays. A batch member (its `batch` field, §19)
+-- is pending again in its batch: a completion record says so.
 -- Returns { code, holder }: 1 when replayed, 0 when it was not there (any
 -- more), -1 when it has no fields to replay, -2 when its unique key is
 -- held, by the task `holder` names ('' otherwise).
@@ -37,6 +38,7 @@ if unique then
   redis.call('HSET', locks, unique, 's:' .. added .. ' ' .. ARGV[2])
 end
 redis.call('XDEL', KEYS[1], ARGV[1])
+completed(KEYS[2], field_of(3, 'batch'), field_of(3, 'id'), 'pending')
 local id = ARGV[2]
 local record = id ~= '' and redis.call('HGET', KEYS[3], id)
 if record then

@@ -44,7 +44,8 @@ pub use handle::{TaskHandle, TaskRecord, TaskState};
 pub use read::Waited;
 pub use view::TaskView;
 
-/// The functions every script that writes a record shares, prepended to it.
+/// The functions every script that writes a record or ends a task
+/// shares, prepended to it.
 macro_rules! tracked_script {
     ($file:literal) => {
         concat!(
@@ -55,6 +56,10 @@ macro_rules! tracked_script {
             include_str!(concat!(
                 env!("CARGO_MANIFEST_DIR"),
                 "/src/scripts/unique.lua"
+            )),
+            include_str!(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/src/scripts/members.lua"
             )),
             include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/src/scripts/", $file))
         )

@@ -18,6 +18,7 @@
 //! In both, the owner's claim on acquire has already run, so only the
 //! periodic claim can pick the entry up.
 
+use crate::producer;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -26,7 +27,6 @@ use deadpool_redis::redis::{self, AsyncCommands};
 use peerq::assignment::Standing;
 use peerq::consumer::{ConsumerBuilder, PartitionChange, PartitionEvent};
 use peerq::handler::HandlerService;
-use peerq::producer::Producer;
 use peerq::{Bincode, Codec};
 use peerq::{Consumer, Handler, HandlerError, TaskContext};
 use serde::{Deserialize, Serialize};
@@ -86,16 +86,6 @@ fn builder(url: &str, name: &str, partitions: u32, runs: &Runs) -> Builder {
         .claim_idle(CLAIM_IDLE)
         .block(BLOCK)
         .handler(Recorder { runs: runs.clone() })
-}
-
-async fn producer(url: &str, name: &str, partitions: u32) -> Producer {
-    Producer::builder()
-        .name(name)
-        .redis(url)
-        .partitions(partitions)
-        .connect()
-        .await
-        .unwrap()
 }
 
 fn stream(name: &str, p: u32) -> String {

@@ -7,6 +7,7 @@
 //! Each rule of the state machine has a unit test in `src/transition/tests.rs`;
 //! these tests show the wired runtime keeps them.
 
+use crate::producer;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
@@ -40,16 +41,6 @@ fn base(url: &str, name: &str, partitions: u32) -> ConsumerBuilder<(), (), Binco
         .interval(INTERVAL)
         .drain_timeout(DRAIN)
         .partitions(partitions)
-}
-
-async fn producer(url: &str, name: &str, partitions: u32) -> Producer {
-    Producer::builder()
-        .name(name)
-        .redis(url)
-        .partitions(partitions)
-        .connect()
-        .await
-        .unwrap()
 }
 
 /// A key for each partition `0..partitions`.

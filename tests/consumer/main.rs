@@ -8,6 +8,7 @@
 extern crate peerq_test_support as support;
 
 mod attempts;
+mod batches;
 mod cancellation;
 mod claims;
 mod consumer;
@@ -43,4 +44,15 @@ impl Instance {
         self.stop.cancel();
         self.task.await.unwrap().unwrap();
     }
+}
+
+/// A producer of service `name` at `url` with `partitions`.
+async fn producer(url: &str, name: &str, partitions: u32) -> peerq::Producer {
+    peerq::Producer::builder()
+        .name(name)
+        .redis(url)
+        .partitions(partitions)
+        .connect()
+        .await
+        .unwrap()
 }

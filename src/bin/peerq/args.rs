@@ -94,6 +94,11 @@ pub(crate) enum Command {
         #[command(subcommand)]
         command: TaskCommand,
     },
+    /// A batch (members and a callback): its counts and its callback.
+    Batch {
+        #[command(subcommand)]
+        command: BatchCommand,
+    },
     /// Task tracking on a running service: show it, switch it on or off
     /// (every instance follows within a second).
     Tracking {
@@ -324,6 +329,22 @@ pub(crate) enum TaskCommand {
         #[arg(long, value_parser = delay, default_value = "30s")]
         timeout: Duration,
     },
+}
+
+#[derive(Subcommand)]
+pub(crate) enum BatchCommand {
+    /// A batch's members by state, whether it is sealed, and its callback.
+    Show(BatchArgs),
+}
+
+// One batch of one service.
+#[derive(Args)]
+pub(crate) struct BatchArgs {
+    #[command(flatten)]
+    pub(crate) named: Named,
+    /// The batch's id (`<partition>/<uuid>`), as its enqueue returned it.
+    #[arg(long, value_name = "ID")]
+    pub(crate) id: String,
 }
 
 // One task of one service.

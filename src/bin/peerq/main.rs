@@ -39,6 +39,7 @@
 //! never a password), 2 on a usage error.
 
 mod args;
+mod batch;
 mod ids;
 mod limit;
 mod migrate;
@@ -254,6 +255,7 @@ async fn run(redis: Redis, command: Command) -> Result<String, String> {
             unreachable!("`main` runs it without a Redis")
         }
         Command::Task { command } => task::task(&admin, command).await,
+        Command::Batch { command } => batch::batch(&admin, command).await,
         Command::Tracking { command } => task::tracking(&admin, command).await,
         Command::Limit { command } => limit::limit(&admin, command).await,
         Command::Resume(named) => {

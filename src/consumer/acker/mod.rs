@@ -58,6 +58,8 @@ use crate::connection::SharedConnection;
 use crate::entry::TaskId;
 use crate::retry::Pauses;
 use crate::tracking::Tracking;
+use ends::Member;
+pub(crate) use ends::{Ending, Ends};
 
 /// Most ids acked in one pipeline (an [`Ack`] with more goes alone).
 /// With `IN_FLIGHT`, it bounds the finished tasks waiting for acks
@@ -86,6 +88,9 @@ pub(crate) struct Ack {
     /// The task id and unique key of each of its tasks that holds one
     /// (docs/design.md §16): the ack frees their keys. Empty for most.
     unique: Vec<(TaskId, String)>,
+    /// Its batch members (§19): the ack writes their completion records.
+    /// Empty for most.
+    members: Vec<Member>,
     /// Told the ids and the outcome once the ack has landed or was fenced
     /// (or given up, as the acker stops); `None` once told.
     reply: Option<Replies>,
@@ -123,15 +128,18 @@ impl Ack {
             ids,
             tracked,
             unique: Vec::new(),
+            members: Vec::new(),
             reply: Some(reply),
             retries: PAUSES,
         }
     }
 
-    /// The same ack, freeing the unique keys of `unique` (task id and key
-    /// of each of its tasks that holds one).
-    pub(crate) fn freeing(mut self, unique: Vec<(TaskId, String)>) -> Ack {
+    /// The same ack, ending `ending` too: freeing the unique keys (task
+    /// id and key of each of its tasks that holds one) and reporting the
+    /// batch members.
+    pub(crate) fn ending(mut self, (unique, members): Ending) -> Ack {
         self.unique = unique;
+        self.members = members;
         self
     }
 
@@ -318,12 +326,17 @@ async fn ack_groups(
                 tracked: Vec::new(),
                 tracking: None,
                 unique: Vec::new(),
+                members: Vec::new(),
             };
             for ack in acks {
                 let unique = ack.unique.iter();
                 group
                     .unique
                     .extend(unique.map(|(task, key)| (task.as_str(), key.as_str())));
+                let members = ack.members.iter();
+                group.members.extend(
+                    members.map(|(id, task, batch)| (id.as_str(), task.as_str(), batch.as_str())),
+                );
                 match &ack.tracked {
                     None => group.ids.extend(ack.ids.iter().map(String::as_str)),
                     Some(tracked) => {
@@ -373,7 +386,13 @@ fn outcome(
     reply: AckReply,
 ) -> Option<Acked> {
     Some(match reply {
-        AckReply::Acked => Acked::Yes,
+        AckReply::Acked => {
+            if acks.iter().any(|ack| !ack.members.is_empty()) {
+                // Their completion records are written: forwarded soon.
+                store.note_completion();
+            }
+            Acked::Yes
+        }
         AckReply::Fenced => Acked::Fenced,
         AckReply::Unconfirmed(cause) => {
             let partition = store.partition();
@@ -396,5 +415,6 @@ fn outcome(
     })
 }
 
+mod ends;
 #[cfg(test)]
 mod tests;

@@ -22,6 +22,7 @@ use tracing::{Instrument, Span, info_span, warn};
 
 use super::in_place::Waited;
 use super::{Batch, Ran, Source};
+use crate::consumer::acker::Ends;
 use crate::consumer::erased::{Call, HandlerResult};
 use crate::consumer::key_slots::KeySlot;
 use crate::consumer::meters::Ended;
@@ -30,6 +31,7 @@ use crate::consumer::running::RunningTask;
 use crate::consumer::store::{Attempts, Deliveries, Fetched, Recorded, Unreadable};
 use crate::entry::Entry;
 use crate::handler::{Disposition, TaskContext, Tenure, disposition_of};
+use crate::workflow::BatchLink;
 
 /// How long an interrupted handler may take to notice its cancellation
 /// signal and return before it is aborted. Kept within the 50 ms that
@@ -89,14 +91,11 @@ impl Batch {
             (Some(track), Ok(_)) => Some(track.clone()),
             _ => None,
         };
-        // Its unique key is freed by its ack (docs/design.md §16).
-        let unique = match &entry {
-            Ok(Entry {
-                id: task,
-                unique: Some(unique),
-                ..
-            }) => Some((task.clone(), unique.clone())),
-            _ => None,
+        // Its unique key is freed by its ack (docs/design.md §16), which
+        // tells its batch too (§19).
+        let ends = match &entry {
+            Ok(entry) => Ends::of(entry),
+            Err(_) => Ends::default(),
         };
         let executed = self.execute(&id, entry, tenure, track).await;
         // The handler is done: its key's slot goes back, and a cancel no
@@ -115,7 +114,7 @@ impl Batch {
                 // written over it by the ack script, which finds the
                 // request).
                 let task = task.map(|task| task.succeeded(result));
-                Ran::Succeeded(id, task, unique)
+                Ran::Succeeded(id, task, ends)
             }
             Executed::Done(settled) => Ran::Done(id, settled),
         }
@@ -192,6 +191,7 @@ impl Batch {
                 finished: finished.clone(),
                 tracked: track.as_ref().map(RunningTask::tracked_at),
                 headers: entry.headers.clone(),
+                batch: BatchLink::of(&entry.extra),
             };
             let call = match self.shared.runner.prepare(&entry, cx) {
                 Ok(call) => call,

@@ -36,7 +36,7 @@ use tokio::sync::{SemaphorePermit, mpsc};
 
 use self::aside::Aside;
 use self::started::Started;
-use super::acker::{Acked, Tracked};
+use super::acker::{Acked, Ends, Tracked};
 use super::held::Held;
 use super::lease::Lease;
 use super::limiter::Reserved;
@@ -47,7 +47,6 @@ use super::shared::Shared;
 use super::store::{Fetched, Succeeded};
 
 use crate::assignment::Place;
-use crate::entry::TaskId;
 use crate::handler::Tenure;
 use crate::priority::Priority;
 
@@ -87,9 +86,9 @@ pub(crate) struct Batch {
 /// How one entry's run ended.
 enum Ran {
     /// Its handler succeeded (or a user cancelled it), and it holds an ack
-    /// slot: to be acked; tracked, with how it ended; with its task id and
-    /// unique key if it holds one.
-    Succeeded(String, Option<Succeeded>, Option<(TaskId, String)>),
+    /// slot: to be acked; tracked, with how it ended; with what else its
+    /// ack ends.
+    Succeeded(String, Option<Succeeded>, Ends),
     /// Done here: settled (no longer pending), or left pending.
     Done(String, bool),
 }
@@ -211,16 +210,20 @@ impl Batch {
                     // Every entry that finished by now goes in one ack.
                     let (mut succeeded, mut tracked) = (Vec::new(), Vec::new());
                     let (mut unique, mut unique_tracked) = (Vec::new(), Vec::new());
+                    let (mut members, mut members_tracked) = (Vec::new(), Vec::new());
                     let mut next = Some(ran);
                     while let Some(one) = next {
                         match one {
-                            Ran::Succeeded(id, None, key) => {
+                            Ran::Succeeded(id, None, ends) => {
+                                members.extend(ends.member.map(|(t, b)| (id.clone(), t, b)));
                                 succeeded.push(id);
-                                unique.extend(key);
+                                unique.extend(ends.unique);
                             }
-                            Ran::Succeeded(id, Some(task), key) => {
+                            Ran::Succeeded(id, Some(task), ends) => {
+                                let member = ends.member.map(|(t, b)| (id.clone(), t, b));
+                                members_tracked.extend(member);
                                 tracked.push((id, task));
-                                unique_tracked.extend(key);
+                                unique_tracked.extend(ends.unique);
                             }
                             Ran::Done(id, settled) => {
                                 all_settled &= settled;
@@ -233,13 +236,13 @@ impl Batch {
                     let reply = reply.as_ref().expect("open while entries run");
                     if !succeeded.is_empty() {
                         slots.taken += succeeded.len();
-                        settle.ack(succeeded, None, unique, reply);
+                        settle.ack(succeeded, None, (unique, members), reply);
                     }
                     if let (false, Some(tracking)) = (tracked.is_empty(), tracking) {
                         slots.taken += tracked.len();
                         let (ids, tasks) = tracked.into_iter().unzip();
                         let tracked = Some(Tracked { tracking, tasks });
-                        settle.ack(ids, tracked, unique_tracked, reply);
+                        settle.ack(ids, tracked, (unique_tracked, members_tracked), reply);
                     }
                 }
                 n = replies.recv_many(&mut told, usize::MAX), if slots.taken > 0 => {

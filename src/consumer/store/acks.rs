@@ -58,6 +58,9 @@ pub(crate) struct AckGroup<'a> {
     /// Task id and unique key of each task that holds one (docs/design.md
     /// §16), among `ids` or `tracked`: the script frees their keys.
     pub(crate) unique: Vec<(&'a str, &'a str)>,
+    /// Stream id, task id and batch id of each batch member (§19) among
+    /// `ids` or `tracked`: the script writes their completion records.
+    pub(crate) members: Vec<(&'a str, &'a str, &'a str)>,
 }
 
 impl PartitionStore {
@@ -65,21 +68,40 @@ impl PartitionStore {
     /// acked, or -1 when fenced. Built as one command, every argument in
     /// its one buffer (each tracked task's final record too).
     pub(super) fn ack_script(&self, group: &AckGroup<'_>) -> Cmd {
-        let unique = !group.unique.is_empty();
+        let members = !group.members.is_empty();
+        // The unique keys' place is named (and its tail sent, maybe empty)
+        // when either tail follows.
+        let unique = !group.unique.is_empty() || members;
         let ids = group.ids.iter().map(|id| id.len());
         let records = group.tracked.iter().map(|(id, task)| {
             let progress = task.progress.as_ref().map_or(0, Vec::len);
             id.len() + task.task.as_str().len() + 160 + progress + task.result.len()
         });
         let unique_bytes = group.unique.iter().map(|(t, k)| t.len() + k.len());
-        let bytes = 200 + ids.sum::<usize>() + records.sum::<usize>() + unique_bytes.sum::<usize>();
-        let args = 12 + group.ids.len() + 3 * group.tracked.len() + 2 * group.unique.len();
-        let mut cmd = evalsha(&FENCED_ACK, if unique { 3 } else { 2 }, args, bytes);
+        let member_bytes = group
+            .members
+            .iter()
+            .map(|(s, t, b)| s.len() + t.len() + b.len());
+        let bytes = 200
+            + ids.sum::<usize>()
+            + records.sum::<usize>()
+            + unique_bytes.sum::<usize>()
+            + member_bytes.sum::<usize>();
+        let args = 13
+            + group.ids.len()
+            + 3 * group.tracked.len()
+            + 2 * group.unique.len()
+            + 3 * group.members.len();
+        let keys = 2 + usize::from(unique) + usize::from(members);
+        let mut cmd = evalsha(&FENCED_ACK, keys, args, bytes);
         cmd.arg(&self.stream).arg(&self.owner);
         if unique {
-            // Only acks with unique tasks name the locks: the others cost
-            // nothing more.
+            // Only acks with unique tasks or batch members name the locks
+            // and the completions: the others cost nothing more.
             cmd.arg(&self.unique);
+        }
+        if members {
+            cmd.arg(&self.completions);
         }
         cmd.arg(&self.record)
             .arg(keys::GROUP)
@@ -102,6 +124,12 @@ impl PartitionStore {
                 cmd.arg(*task).arg(*unique);
             }
             cmd.arg(group.unique.len());
+        }
+        if members {
+            for (stream_id, task, batch) in &group.members {
+                cmd.arg(*stream_id).arg(*task).arg(*batch);
+            }
+            cmd.arg(group.members.len());
         }
         cmd
     }

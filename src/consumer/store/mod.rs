@@ -23,6 +23,7 @@
 
 mod acks;
 mod attempts;
+mod completions;
 pub(crate) mod marks;
 mod reader;
 mod records;
@@ -131,6 +132,11 @@ pub(crate) struct PartitionStore {
     dead: String,
     /// The unique keys' locks (docs/design.md §16).
     unique: String,
+    /// The batch members' completion records (§19).
+    completions: String,
+    /// Told when this instance's script may have written one: the
+    /// housekeeping forwards them (`completions`).
+    completed: tokio::sync::Notify,
     /// Ordered mode: the failure counts of entries retried in place.
     failures: String,
     /// This instance's id: its consumer name in the group.
@@ -166,6 +172,8 @@ impl PartitionStore {
             delayed: keys::delayed(name, p),
             dead: keys::dead(name, p),
             unique: keys::unique(name, p),
+            completions: keys::completions(name, p),
+            completed: tokio::sync::Notify::new(),
             failures: keys::failures(name, p),
             consumer: id.as_str().to_owned(),
             record: owner_record(token, id),
@@ -238,6 +246,11 @@ impl PartitionStore {
         if moved == Moved::Yes && to == To::DeadLetters {
             self.noted_dead_letter();
         }
+        // A dead letter, or a tracked task a user's cancel ended, may be a
+        // batch member's end (docs/design.md §19).
+        if moved == Moved::Yes && (to == To::DeadLetters || track.is_some()) {
+            self.note_completion();
+        }
         Ok(moved)
     }
 
@@ -273,6 +286,10 @@ impl PartitionStore {
         let moved = Moved::from_reply(self.conn.invoke(&script).await?);
         if moved == Moved::Yes {
             self.noted_retry(delay);
+            // A member a user's cancel ended here (docs/design.md §19).
+            if track.is_some() && next.member_of().is_some() {
+                self.note_completion();
+            }
         }
         Ok(moved)
     }

@@ -8,7 +8,7 @@ use peerq_test_support as support;
 /// The largest entry read: far above what these tests write.
 const LIMIT: usize = 1 << 20;
 
-async fn setup() -> (support::RedisServer, Arc<SharedConnection>, ServiceName) {
+pub(super) async fn setup() -> (support::RedisServer, Arc<SharedConnection>, ServiceName) {
     let server = support::RedisServer::start();
     let conn = Arc::new(SharedConnection::new(server.pool()));
     let name = ServiceName::new(&support::unique_name("fencing")).unwrap();
@@ -137,6 +137,7 @@ async fn run_ack(conn: &SharedConnection, store: &PartitionStore, id: &str) -> i
         tracked: Vec::new(),
         unique: Vec::new(),
         tracking: None,
+        members: Vec::new(),
     };
     conn.eval(&super::acks::FENCED_ACK, &store.ack_script(&group))
         .await
@@ -352,6 +353,7 @@ async fn a_stale_owner_writes_no_task_record_and_the_owner_does() {
             tracked: vec![(id, &ended)],
             unique: Vec::new(),
             tracking: Some(tracking),
+            members: Vec::new(),
         };
         let cmd = store.ack_script(&group);
         let conn = conn.clone();

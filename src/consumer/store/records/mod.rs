@@ -161,7 +161,10 @@ impl PartitionStore {
             .filter(|(_, task, _)| again.iter().any(|a| a == task))
             .copied()
             .collect();
-        self.start_call(tracking, started_at, &asked, true).await
+        let ended = self.start_call(tracking, started_at, &asked, true).await;
+        // Members among them ended `cancelled` (docs/design.md §19).
+        self.note_completion();
+        ended
     }
 
     /// One call of `fenced_start.lua`, with the tasks' stream ids or not

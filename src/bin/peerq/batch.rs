@@ -1,0 +1,60 @@
+//! `peerq batch show`: a batch's record (docs/design.md §19), through the
+//! library's `Service`.
+
+use peerq::admin::Admin;
+use peerq::workflow::{BatchId, BatchView, CallbackState};
+
+use crate::args::{BatchArgs, BatchCommand};
+use crate::{failed, service};
+
+/// `peerq batch …`.
+pub(crate) async fn batch(admin: &Admin, command: BatchCommand) -> Result<String, String> {
+    match command {
+        BatchCommand::Show(args) => show(admin, args).await,
+    }
+}
+
+async fn show(admin: &Admin, args: BatchArgs) -> Result<String, String> {
+    let id: BatchId = args.id.parse().map_err(|e: peerq::Error| e.to_string())?;
+    let service = service(admin, &args.named.name).await?;
+    let view = service.batch(&id).await.map_err(failed)?;
+    let view = view.ok_or_else(|| {
+        format!(
+            "no batch {id} in service `{}` (never opened, or gone after its retention)",
+            args.named.name
+        )
+    })?;
+    args.named.output.show(&view, || shown(&view))
+}
+
+/// The text form: a line per field.
+fn shown(view: &BatchView) -> String {
+    let state = if view.expired {
+        "expired"
+    } else if view.done {
+        "done"
+    } else if view.sealed {
+        "sealed"
+    } else {
+        "open"
+    };
+    let callback = match view.callback {
+        CallbackState::Enqueued => "enqueued",
+        _ => "none",
+    };
+    let rows = [
+        ("id", view.id.to_string()),
+        ("state", state.to_owned()),
+        ("total", view.total.to_string()),
+        ("pending", view.pending.to_string()),
+        ("succeeded", view.succeeded.to_string()),
+        ("dead", view.dead.to_string()),
+        ("cancelled", view.cancelled.to_string()),
+        ("callback", callback.to_owned()),
+        (
+            "callback_id",
+            view.callback_id.clone().unwrap_or_else(|| "-".into()),
+        ),
+    ];
+    rows.iter().map(|(k, v)| format!("{k:<12} {v}\n")).collect()
+}

@@ -1,0 +1,145 @@
+//! The partition's completion records (docs/design.md §19): each a batch
+//! member's end, written by the fenced script that ended it; read by the
+//! partition's owner, forwarded to their batches, then deleted.
+
+use deadpool_redis::redis;
+
+use super::PartitionStore;
+use crate::config::ServiceName;
+use crate::error::Result;
+use crate::workflow::{BatchId, Completion};
+
+impl PartitionStore {
+    /// Says that a script of this instance may have written a completion
+    /// record: the housekeeping forwards them soon.
+    pub(crate) fn note_completion(&self) {
+        self.completed.notify_one();
+    }
+
+    /// Resolves once a completion record may have been written since the
+    /// last time it resolved.
+    pub(crate) async fn completion_noted(&self) {
+        self.completed.notified().await;
+    }
+
+    /// The partition's oldest `count` completion records, in order.
+    pub(crate) async fn completions(&self, count: usize) -> Result<Vec<Completion>> {
+        let mut range = redis::cmd("XRANGE");
+        range
+            .arg(&self.completions)
+            .arg("-")
+            .arg("+")
+            .arg("COUNT")
+            .arg(count);
+        let entries: Vec<(String, Vec<String>)> = self.conn.query(&range).await?;
+        Ok(entries
+            .into_iter()
+            .filter_map(|(at, fields)| {
+                let field = |name: &str| {
+                    let at = fields.chunks(2).position(|pair| pair[0] == name)?;
+                    fields.get(2 * at + 1).cloned()
+                };
+                Some(Completion {
+                    batch: field("b")?,
+                    task: field("t")?,
+                    state: field("s")?,
+                    at,
+                })
+            })
+            .collect())
+    }
+
+    /// Forwards `completions`, all of batch `id`, to its record.
+    pub(crate) async fn forward(
+        &self,
+        name: &ServiceName,
+        id: &BatchId,
+        completions: &[&Completion],
+    ) -> Result<()> {
+        crate::workflow::forward(&self.conn, name, id, completions).await
+    }
+
+    /// Deletes the completion records `ids`: their batches have them.
+    pub(crate) async fn forget_completions(&self, ids: &[&str]) -> Result<()> {
+        if ids.is_empty() {
+            return Ok(());
+        }
+        let mut del = redis::cmd("XDEL");
+        del.arg(&self.completions).arg(ids);
+        let _: i64 = self.conn.query(&del).await?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::tests::{delivered_all, setup};
+    use super::super::{AckGroup, PartitionStore, ack};
+    use crate::instance::InstanceId;
+    use crate::workflow::BatchId;
+
+    /// A member's ack writes its completion record once: an ack sent again
+    /// (its reply lost) writes none, nor does a stale owner's; forwarding
+    /// the records twice counts each member once, and the seal then finds
+    /// the batch complete.
+    #[tokio::test]
+    async fn a_members_end_is_recorded_once_and_counted_once() {
+        let (server, conn, name) = setup().await;
+        let batch = BatchId::generate(1);
+        let owner = InstanceId::generate();
+        let fields: [&[(&str, &str)]; 2] = [
+            &[("id", "t1"), ("batch", batch.as_str())],
+            &[("id", "t2"), ("batch", batch.as_str())],
+        ];
+        let ids = delivered_all(&server, &name, owner.as_str(), &fields).await;
+        let store = PartitionStore::new(conn.clone(), &name, 0, 7, &owner, 1 << 20);
+        store.acquire().await.unwrap();
+        let stale =
+            PartitionStore::new(conn.clone(), &name, 0, 6, &InstanceId::generate(), 1 << 20);
+        let members = |store| AckGroup {
+            store,
+            ids: ids.iter().map(String::as_str).collect(),
+            tracked: Vec::new(),
+            tracking: None,
+            unique: Vec::new(),
+            members: vec![
+                (ids[0].as_str(), "t1", batch.as_str()),
+                (ids[1].as_str(), "t2", batch.as_str()),
+            ],
+        };
+        // The batch exists: members are counted only in an open batch.
+        let keys = crate::workflow::BatchKeys::of(&name, &batch);
+        let mut open = keys.call("open", &batch);
+        open.arg(60_000).arg(60_000).arg(0).arg(0);
+        let _: i64 = conn.invoke(&open).await.unwrap();
+        let mut add = keys.call("add", &batch);
+        add.arg("t1").arg("t2");
+        let _: (i64, String) = conn.invoke(&add).await.unwrap();
+
+        let stale_reply = ack(&conn, &[members(&stale)]).await.unwrap();
+        assert_eq!(stale_reply, vec![super::super::AckReply::Fenced]);
+        assert!(store.completions(10).await.unwrap().is_empty(), "stale");
+        for _ in 0..2 {
+            let reply = ack(&conn, &[members(&store)]).await.unwrap();
+            assert_eq!(reply, vec![super::super::AckReply::Acked]);
+        }
+        let records = store.completions(10).await.unwrap();
+        let ended: Vec<(&str, &str)> = records
+            .iter()
+            .map(|c| (c.task.as_str(), c.state.as_str()))
+            .collect();
+        assert_eq!(ended, [("t1", "succeeded"), ("t2", "succeeded")]);
+        let all: Vec<&crate::workflow::Completion> = records.iter().collect();
+        for _ in 0..2 {
+            store.forward(&name, &batch, &all).await.unwrap();
+        }
+        let view = crate::workflow::view(&conn, &name, &batch)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!((view.total, view.succeeded, view.pending), (2, 2, 0));
+        let ats: Vec<&str> = records.iter().map(|c| c.at.as_str()).collect();
+        store.forget_completions(&ats).await.unwrap();
+        assert!(store.completions(10).await.unwrap().is_empty());
+    }
+}

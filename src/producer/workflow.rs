@@ -1,0 +1,306 @@
+//! A producer's batches (docs/design.md §19): [`BatchBuilder`] opens one
+//! with its callbacks, [`OpenBatch`] adds members and seals it.
+//!
+//! Members are counted by their ids before they are enqueued: the batch
+//! script registers them (`add`), then they go as a batch enqueue whose
+//! entries carry the batch's id. A member's end reaches the batch through
+//! the script that ends it, so a seal after every member ended finds the
+//! batch complete and adds the callback at once.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use deadpool_redis::redis::Value;
+use serde::Serialize;
+
+use super::{Options, Producer};
+use crate::codec::Codec;
+use crate::entry::{TaskId, field as entry_field};
+use crate::error::{BatchRefused, Error, Result};
+use crate::headers::Headers;
+use crate::workflow::{BatchId, BatchKeys};
+
+/// Default time an open batch waits to be sealed before it expires.
+pub const DEFAULT_BATCH_EXPIRY: Duration = Duration::from_secs(24 * 3600);
+
+/// Default time a done batch's record is kept (for `peerq batch show`).
+pub const DEFAULT_BATCH_KEEP: Duration = Duration::from_secs(24 * 3600);
+
+/// Members registered per call of the batch script.
+const REGISTER: usize = 4096;
+
+/// A callback, encoded.
+#[derive(Debug)]
+struct Callback {
+    payload: Vec<u8>,
+    headers: Headers,
+}
+
+/// Opens a batch: a callback task enqueued once every member is final
+/// (succeeded, dead or cancelled), with a [`BatchSummary`]
+/// (`TaskContext::batch_summary`). Made by [`Producer::batch`].
+///
+/// [`BatchSummary`]: crate::workflow::BatchSummary
+///
+/// ```no_run
+/// # #[derive(serde::Serialize)]
+/// # enum Job { Mail(u32), Report }
+/// # async fn demo(producer: peerq::Producer) -> peerq::Result<()> {
+/// let mails: Vec<Job> = (0..100).map(Job::Mail).collect();
+/// // Open, add every member, seal: the report runs once, after the last.
+/// let batch = producer.batch().callback(&Job::Report).enqueue(&mails).await?;
+/// println!("batch {batch}");
+/// # Ok(()) }
+/// ```
+#[must_use]
+pub struct BatchBuilder<'p, C: Codec> {
+    producer: &'p Producer<C>,
+    callback: Option<Result<Callback>>,
+    on_failure: Option<Result<Callback>>,
+    expire_after: Duration,
+    keep_for: Duration,
+}
+
+impl<C: Codec> std::fmt::Debug for BatchBuilder<'_, C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BatchBuilder")
+            .field("callback", &self.callback.is_some())
+            .field("on_failure", &self.on_failure.is_some())
+            .field("expire_after", &self.expire_after)
+            .field("keep_for", &self.keep_for)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<C: Codec> Producer<C> {
+    /// A new batch of this producer's service: its members and callbacks
+    /// are tasks of the service's task type.
+    pub fn batch(&self) -> BatchBuilder<'_, C> {
+        BatchBuilder {
+            producer: self,
+            callback: None,
+            on_failure: None,
+            expire_after: DEFAULT_BATCH_EXPIRY,
+            keep_for: DEFAULT_BATCH_KEEP,
+        }
+    }
+}
+
+impl<'p, C: Codec> BatchBuilder<'p, C> {
+    /// The task enqueued once every member is final, whatever became of
+    /// them (unless an [`on_failure`](Self::on_failure) callback is set
+    /// and some member died or was cancelled).
+    pub fn callback<T: Serialize>(self, task: &T) -> Self {
+        self.callback_with(task, Options::new())
+    }
+
+    /// The callback with its headers (`options`' other settings are
+    /// refused at [`open`](Self::open), naming them: a callback goes to the
+    /// batch's home partition, at once).
+    pub fn callback_with<T: Serialize>(mut self, task: &T, options: Options) -> Self {
+        self.callback = Some(self.encode(task, options));
+        self
+    }
+
+    /// The task enqueued instead of the callback when some member died or
+    /// was cancelled; with every member succeeded, the callback alone
+    /// runs (or nothing, without one).
+    pub fn on_failure<T: Serialize>(mut self, task: &T) -> Self {
+        self.on_failure = Some(self.encode(task, Options::new()));
+        self
+    }
+
+    /// How long the batch may stay open (not sealed): after that it takes
+    /// no member, is never sealed and sends no callback (`peerq batch
+    /// show` says `expired`). Default 24 h.
+    pub fn expire_after(mut self, after: Duration) -> Self {
+        self.expire_after = after;
+        self
+    }
+
+    /// How long a done batch's record is kept, for `peerq batch show`
+    /// (and for a replayed member to find it). Default 24 h.
+    pub fn keep_for(mut self, keep: Duration) -> Self {
+        self.keep_for = keep;
+        self
+    }
+
+    fn encode<T: Serialize>(&self, task: &T, options: Options) -> Result<Callback> {
+        let refused = [
+            ("key", options.key.is_some()),
+            ("idempotency_key", options.idempotency_key.is_some()),
+            ("unique", options.unique.is_some()),
+            ("delay", options.delay.is_some() || options.at.is_some()),
+            ("priority", options.priority != crate::Priority::Normal),
+        ];
+        if let Some((setting, _)) = refused.iter().find(|(_, set)| *set) {
+            return Err(Error::invalid(
+                setting,
+                "a batch's callback is enqueued by the batch, to its home partition, as soon as \
+                 the batch is done: it takes headers only",
+            ));
+        }
+        options.headers.check()?;
+        Ok(Callback {
+            payload: self.producer.payload(task)?,
+            headers: options.headers,
+        })
+    }
+
+    /// Opens the batch in Redis: members may be added until it is sealed.
+    /// An invalid setting or a callback that does not encode is refused
+    /// here, naming it.
+    pub async fn open(self) -> Result<OpenBatch<'p, C>> {
+        for (setting, d) in [
+            ("expire_after", self.expire_after),
+            ("keep_for", self.keep_for),
+        ] {
+            if d < Duration::from_secs(1) {
+                return Err(Error::invalid(
+                    setting,
+                    format!("{d:?} is too short: use 1 s or more"),
+                ));
+            }
+        }
+        let callback = self.callback.transpose()?;
+        let on_failure = self.on_failure.transpose()?;
+        let producer = self.producer;
+        let id = BatchId::generate(producer.partitions);
+        let keys = BatchKeys::of(&producer.name, &id);
+        let mut script = keys.call("open", &id);
+        script
+            .arg(self.expire_after.as_millis() as u64)
+            .arg(self.keep_for.as_millis() as u64);
+        for callback in [&callback, &on_failure] {
+            let fields = callback
+                .as_ref()
+                .map(|c| fields::<C>(c, &id))
+                .unwrap_or_default();
+            script.arg(fields.len());
+            for (name, value) in fields {
+                script.arg(name).arg(value);
+            }
+        }
+        let _: i64 = producer.conn.write_script(&script).await?;
+        Ok(OpenBatch { producer, id })
+    }
+
+    /// Opens the batch, adds `members` and seals it: its id.
+    pub async fn enqueue<T: Serialize>(self, members: &[T]) -> Result<BatchId> {
+        let batch = self.open().await?;
+        batch.add(members).await?;
+        batch.seal().await
+    }
+}
+
+/// A callback's entry fields but its attempt and enqueue time, which the
+/// batch script writes as it adds it: a new id, the batch's UUID as its
+/// partition key (its home partition is that key's), codec, payload,
+/// headers.
+fn fields<C: Codec>(callback: &Callback, batch: &BatchId) -> Vec<(String, Vec<u8>)> {
+    let id = TaskId::generate();
+    let mut fields = vec![
+        (entry_field::ID.to_owned(), id.as_str().as_bytes().to_vec()),
+        (
+            entry_field::KEY.to_owned(),
+            batch.uuid().as_bytes().to_vec(),
+        ),
+        (entry_field::CODEC.to_owned(), C::NAME.as_bytes().to_vec()),
+        (entry_field::PAYLOAD.to_owned(), callback.payload.clone()),
+    ];
+    fields.extend(callback.headers.fields().map(|(n, v)| (n.to_owned(), v)));
+    fields
+}
+
+/// An open batch: add members, then [`seal`](Self::seal) it.
+///
+/// An add that returns an error may have enqueued some of its members and
+/// not others: such a batch cannot complete. Seal only after every add
+/// succeeded; a batch never sealed expires (`expire_after`).
+#[derive(Debug)]
+pub struct OpenBatch<'p, C: Codec> {
+    producer: &'p Producer<C>,
+    id: BatchId,
+}
+
+impl<C: Codec> OpenBatch<'_, C> {
+    /// The batch's id, `<home partition>/<uuid>`.
+    pub fn id(&self) -> &BatchId {
+        &self.id
+    }
+
+    /// Adds and enqueues `members`; their task ids, in order.
+    pub async fn add<T: Serialize>(&self, members: &[T]) -> Result<Vec<TaskId>> {
+        let items: Vec<(&T, Options)> = members.iter().map(|m| (m, Options::new())).collect();
+        self.send(&items).await
+    }
+
+    /// Adds and enqueues `members`, each with its options: a key, a delay,
+    /// a priority, headers. An idempotency key and a unique key are
+    /// refused, naming them: a member refused or deduplicated would be
+    /// counted and never end.
+    pub async fn add_with<T: Serialize>(&self, members: &[(T, Options)]) -> Result<Vec<TaskId>> {
+        let items: Vec<(&T, Options)> = members.iter().map(|(m, o)| (m, o.clone())).collect();
+        self.send(&items).await
+    }
+
+    async fn send<T: Serialize>(&self, members: &[(&T, Options)]) -> Result<Vec<TaskId>> {
+        let batch: Arc<str> = self.id.as_str().into();
+        let mut tasks = Vec::with_capacity(members.len());
+        for (member, options) in members {
+            for (setting, set) in [
+                ("idempotency_key", options.idempotency_key.is_some()),
+                ("unique", options.unique.is_some()),
+            ] {
+                if set {
+                    return Err(Error::invalid(
+                        setting,
+                        "a batch member is counted before it is enqueued: one that an \
+                         idempotency or unique key kept out would never end",
+                    ));
+                }
+            }
+            let mut options = options.clone();
+            options.id = Some(TaskId::generate());
+            options.member_of = Some(batch.clone());
+            tasks.push((*member, options));
+        }
+        let ids: Vec<&TaskId> = tasks.iter().filter_map(|(_, o)| o.id.as_ref()).collect();
+        self.register(&ids).await?;
+        self.producer.enqueue_batch_with(&tasks).await
+    }
+
+    /// Counts `ids` as members, before they go.
+    async fn register(&self, ids: &[&TaskId]) -> Result<()> {
+        let keys = BatchKeys::of(&self.producer.name, &self.id);
+        for part in ids.chunks(REGISTER) {
+            let mut script = keys.call("add", &self.id);
+            for id in part {
+                script.arg(id.as_str());
+            }
+            let (code, _total): (i64, Value) = self.producer.conn.write_script(&script).await?;
+            self.refused(code)?;
+        }
+        Ok(())
+    }
+
+    fn refused(&self, code: i64) -> Result<()> {
+        let id = self.id.to_string();
+        match code {
+            1 => Ok(()),
+            0 => Err(BatchRefused::Gone(id).into()),
+            -1 => Err(BatchRefused::Sealed(id).into()),
+            _ => Err(BatchRefused::Expired(id).into()),
+        }
+    }
+
+    /// Seals the batch: no member may be added any more. If every member
+    /// is already final, the callback is enqueued now. Returns its id.
+    pub async fn seal(self) -> Result<BatchId> {
+        let keys = BatchKeys::of(&self.producer.name, &self.id);
+        let script = keys.call("seal", &self.id);
+        let (code, _state): (i64, Value) = self.producer.conn.write_script(&script).await?;
+        self.refused(code)?;
+        Ok(self.id)
+    }
+}

@@ -1,0 +1,21 @@
+-- docs/design.md §19 (batches), prepended to every script that ends a task:
+-- a batch member's end (or, after a replay, its return to pending) is a
+-- completion record in its partition's own `{N/p}:completions` stream,
+-- written in the same step as the end itself (so a stale owner, refused,
+-- writes none, and a counted member is final). The partition's owner
+-- forwards the records to the batch (`batch.lua`), which counts each
+-- member once, and deletes them after. A task that is no member (no
+-- `batch` field) costs nothing here.
+
+-- The partition's completions stream, named after its stream `{N/p}:stream`.
+local function completions_of(stream)
+  return string.sub(stream, 1, #stream - 6) .. 'completions'
+end
+
+-- Says that member `id` of batch `batch` is now `state`: `succeeded`,
+-- `dead`, `cancelled` or `pending` (replayed).
+local function completed(stream, batch, id, state)
+  if batch and batch ~= '' and id then
+    redis.call('XADD', completions_of(stream), '*', 'b', batch, 't', id, 's', state)
+  end
+end

@@ -1,0 +1,392 @@
+//! Batches: member tasks and a callback enqueued once, when every member
+//! is final (docs/design.md §19).
+//!
+//! A batch's record lives in the slot of its *home* partition `h` (its id
+//! is `<h>/<uuid>`), and its callback is added to that partition's stream
+//! by the same script that finds the batch complete, so the callback is
+//! enqueued once whoever forwards the last member's end, and never again.
+//! A member's end is written by the fenced script that ends it (ack, dead
+//! letter, cancel) as a completion record in the member's own partition;
+//! that partition's owner forwards the records to the batch
+//! (`consumer::completions`), which counts each member once.
+//!
+//! - here: a batch's id, the summary a callback gets, a batch's view, and
+//!   the batch script's calls;
+//! - the producer's side ([`crate::producer::BatchBuilder`],
+//!   [`crate::producer::OpenBatch`]) opens batches, adds members and seals.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::str::FromStr;
+use std::sync::LazyLock;
+
+use deadpool_redis::redis::{self, Script};
+use serde::Serialize;
+
+use crate::config::ServiceName;
+use crate::connection::SharedConnection;
+use crate::error::{Error, Result};
+use crate::keys;
+use crate::task_id::TaskId;
+
+/// The entry fields of batches (docs/design.md §19): a member's batch id,
+/// and a callback's batch id and summary.
+pub(crate) mod field {
+    /// A member's batch id.
+    pub(crate) const BATCH: &str = "batch";
+    /// A callback's batch id.
+    pub(crate) const CALLBACK_OF: &str = "callback_of";
+    /// A callback's summary: total, succeeded, dead, cancelled and the
+    /// ids of the dead, space-separated.
+    pub(crate) const SUMMARY: &str = "summary";
+}
+
+/// `batch.lua`, with `unique.lua`'s helpers before it.
+pub(crate) static BATCH: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(concat!(
+        include_str!("../scripts/unique.lua"),
+        include_str!("../scripts/batch.lua")
+    ))
+});
+
+/// A batch's id: its home partition and a UUIDv7, `<h>/<uuid>`.
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct BatchId {
+    home: u32,
+    text: String,
+}
+
+impl BatchId {
+    /// A new id whose home is the partition of its UUID among `partitions`
+    /// (normal level): its callback's partition key is that UUID.
+    pub(crate) fn generate(partitions: u32) -> BatchId {
+        let uuid = TaskId::generate();
+        let home = crate::partition::partition_of(uuid.as_str().as_bytes(), partitions);
+        BatchId {
+            home,
+            text: format!("{home}/{uuid}"),
+        }
+    }
+
+    /// The id as a string, `<h>/<uuid>`.
+    pub fn as_str(&self) -> &str {
+        &self.text
+    }
+
+    /// The home partition: where the batch's record and its callback are.
+    pub fn home(&self) -> u32 {
+        self.home
+    }
+
+    /// The UUID part: the callback's partition key.
+    pub(crate) fn uuid(&self) -> &str {
+        let slash = self.text.find('/').expect("a batch id has its home");
+        &self.text[slash + 1..]
+    }
+}
+
+impl fmt::Display for BatchId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.text)
+    }
+}
+
+impl fmt::Debug for BatchId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&self.text, f)
+    }
+}
+
+impl FromStr for BatchId {
+    type Err = Error;
+
+    /// Reads `<h>/<uuid>`, as [`BatchId::as_str`] writes it.
+    fn from_str(s: &str) -> Result<BatchId> {
+        let bad = || {
+            Error::invalid(
+                "batch",
+                format!(
+                    "`{s}` is no batch id: one reads `<partition>/<uuid>`, as the batch's enqueue returned it"
+                ),
+            )
+        };
+        let (home, uuid) = s.split_once('/').ok_or_else(bad)?;
+        let home: u32 = home.parse().map_err(|_| bad())?;
+        if uuid.is_empty() || uuid.contains(char::is_whitespace) {
+            return Err(bad());
+        }
+        Ok(BatchId {
+            home,
+            text: s.to_owned(),
+        })
+    }
+}
+
+/// What a batch's callback is told (`TaskContext::batch_summary`): how its
+/// members ended.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct BatchSummary {
+    /// The batch.
+    #[serde(serialize_with = "as_str")]
+    pub batch: BatchId,
+    /// Its members.
+    pub total: u64,
+    /// Members that succeeded.
+    pub succeeded: u64,
+    /// Members that went to the dead letters.
+    pub dead: u64,
+    /// Members a user cancelled.
+    pub cancelled: u64,
+    /// The ids of the dead members (at most 1,000).
+    #[serde(serialize_with = "ids")]
+    pub dead_ids: Vec<TaskId>,
+}
+
+fn as_str<S: serde::Serializer>(id: &BatchId, s: S) -> std::result::Result<S::Ok, S::Error> {
+    s.serialize_str(id.as_str())
+}
+
+fn ids<S: serde::Serializer>(ids: &[TaskId], s: S) -> std::result::Result<S::Ok, S::Error> {
+    s.collect_seq(ids.iter().map(TaskId::as_str))
+}
+
+impl BatchSummary {
+    /// Reads a callback's `callback_of` and `summary` fields.
+    pub(crate) fn read(batch: &str, summary: &str) -> Option<BatchSummary> {
+        let mut words = summary.split(' ');
+        let mut count = || words.next()?.parse::<u64>().ok();
+        let (total, succeeded, dead, cancelled) = (count()?, count()?, count()?, count()?);
+        Some(BatchSummary {
+            batch: batch.parse().ok()?,
+            total,
+            succeeded,
+            dead,
+            cancelled,
+            dead_ids: words.filter(|w| !w.is_empty()).map(TaskId::from).collect(),
+        })
+    }
+}
+
+/// What a task is to a batch: a member, or a callback with its summary.
+#[derive(Debug)]
+pub(crate) enum BatchLink {
+    Member(BatchId),
+    Callback(BatchSummary),
+}
+
+impl BatchLink {
+    /// The link an entry's other fields say (its `batch`, or its
+    /// `callback_of` and `summary`); `None` for most tasks, with no
+    /// allocation.
+    pub(crate) fn of(extra: &[(String, Vec<u8>)]) -> Option<std::sync::Arc<BatchLink>> {
+        if extra.is_empty() {
+            return None;
+        }
+        let value = |name: &str| {
+            let (_, v) = extra.iter().find(|(n, _)| n == name)?;
+            std::str::from_utf8(v).ok()
+        };
+        let link = match (value(field::BATCH), value(field::CALLBACK_OF)) {
+            (Some(batch), _) => BatchLink::Member(batch.parse().ok()?),
+            (None, Some(batch)) => {
+                BatchLink::Callback(BatchSummary::read(batch, value(field::SUMMARY)?)?)
+            }
+            (None, None) => return None,
+        };
+        Some(std::sync::Arc::new(link))
+    }
+}
+
+/// Whether a batch's callback went out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum CallbackState {
+    /// None went: the batch is not done yet, or it is done with nothing to
+    /// send (an on-failure callback alone, and every member succeeded).
+    None,
+    /// Enqueued: the callback (or the on-failure callback) is a task.
+    Enqueued,
+}
+
+/// A batch as its record says now (`peerq batch show`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct BatchView {
+    /// The batch.
+    #[serde(serialize_with = "as_str")]
+    pub id: BatchId,
+    /// Members added.
+    pub total: u64,
+    /// Members not final yet.
+    pub pending: u64,
+    /// Members that succeeded.
+    pub succeeded: u64,
+    /// Members that went to the dead letters.
+    pub dead: u64,
+    /// Members a user cancelled.
+    pub cancelled: u64,
+    /// Whether members may still be added.
+    pub sealed: bool,
+    /// Not sealed before its time ran out: no callback will come.
+    pub expired: bool,
+    /// Done: sealed and every member final (its callback, if any, went).
+    pub done: bool,
+    /// Whether its callback went out.
+    pub callback: CallbackState,
+    /// The callback's task id, once enqueued.
+    pub callback_id: Option<String>,
+    /// Which callback went: `callback` or `on_failure`.
+    pub callback_kind: Option<String>,
+    /// When it was opened, Unix ms (Redis's clock).
+    pub created_at: u64,
+    /// When an unsealed batch expires, Unix ms.
+    pub expires_at: u64,
+    /// When it was done (callback enqueued or not needed), Unix ms.
+    pub done_at: Option<u64>,
+}
+
+impl BatchView {
+    /// The view of record `fields` (HGETALL) of batch `id`, read at
+    /// `now_ms`; `None` for no record.
+    fn read(id: &BatchId, fields: HashMap<String, String>, now_ms: u64) -> Option<BatchView> {
+        if fields.is_empty() {
+            return None;
+        }
+        let n = |name: &str| fields.get(name).and_then(|v| v.parse::<u64>().ok());
+        let (total, succeeded) = (n("total")?, n("ok").unwrap_or(0));
+        let (dead, cancelled) = (n("dead").unwrap_or(0), n("cancelled").unwrap_or(0));
+        let sealed = n("sealed") == Some(1);
+        let expires_at = n("expires_at").unwrap_or(0);
+        let done_at = n("done_at");
+        let sent = fields.get("sent").map(String::as_str);
+        let callback = match sent {
+            Some("none") | None => CallbackState::None,
+            Some(_) => CallbackState::Enqueued,
+        };
+        let sent_id = fields.get("sent_id").filter(|id| !id.is_empty());
+        Some(BatchView {
+            id: id.clone(),
+            total,
+            pending: total.saturating_sub(succeeded + dead + cancelled),
+            succeeded,
+            dead,
+            cancelled,
+            sealed,
+            expired: !sealed && now_ms > expires_at,
+            done: done_at.is_some(),
+            callback,
+            callback_id: sent_id.cloned(),
+            callback_kind: sent.filter(|s| *s != "none").map(str::to_owned),
+            created_at: n("created_at").unwrap_or(0),
+            expires_at,
+            done_at,
+        })
+    }
+}
+
+/// A batch's keys: its record, its members, its home's stream.
+pub(crate) struct BatchKeys {
+    record: String,
+    members: String,
+    stream: String,
+}
+
+impl BatchKeys {
+    pub(crate) fn of(name: &ServiceName, id: &BatchId) -> BatchKeys {
+        BatchKeys {
+            record: keys::batch(name, id.home, id.uuid()),
+            members: keys::batch_members(name, id.home, id.uuid()),
+            stream: keys::stream(name, id.home),
+        }
+    }
+
+    /// The batch script's call `op` on these keys, for batch `id`.
+    pub(crate) fn call(&self, op: &str, id: &BatchId) -> redis::ScriptInvocation<'static> {
+        let mut script = BATCH.key(&self.record);
+        script
+            .key(&self.members)
+            .key(&self.stream)
+            .arg(op)
+            .arg(id.as_str());
+        script
+    }
+}
+
+/// One member's end, as a completion record says it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Completion {
+    /// The record's stream id in the member's partition: a member's
+    /// state changes only for a newer one.
+    pub(crate) at: String,
+    pub(crate) batch: String,
+    pub(crate) task: String,
+    pub(crate) state: String,
+}
+
+/// Forwards `completions`, all of batch `id`, to its record. `Ok(true)`
+/// when the batch took them (or no longer exists: an expired batch's
+/// members end unheard), for the caller to delete the records.
+pub(crate) async fn forward(
+    conn: &SharedConnection,
+    name: &ServiceName,
+    id: &BatchId,
+    completions: &[&Completion],
+) -> Result<()> {
+    let keys = BatchKeys::of(name, id);
+    let mut script = keys.call("forward", id);
+    for c in completions {
+        script.arg(&c.task).arg(&c.state).arg(&c.at);
+    }
+    let _: i64 = conn.invoke(&script).await?;
+    Ok(())
+}
+
+/// Batch `id` of service `name` as its record says now; `None` when it
+/// does not exist (never, or expired and gone).
+pub(crate) async fn view(
+    conn: &SharedConnection,
+    name: &ServiceName,
+    id: &BatchId,
+) -> Result<Option<BatchView>> {
+    let keys = BatchKeys::of(name, id);
+    let mut hgetall = redis::cmd("HGETALL");
+    hgetall.arg(&keys.record);
+    let fields: HashMap<String, String> = conn.query(&hgetall).await?;
+    // Whether an open batch expired, by this clock: the record's times
+    // are Redis's, a skew of the clock moves the answer by as much.
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+    let now_ms = now.unwrap_or_default().as_millis() as u64;
+    Ok(BatchView::read(id, fields, now_ms))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_batch_id_names_its_home_and_reads_back() {
+        let id = BatchId::generate(64);
+        assert!(id.home() < 64);
+        assert_eq!(
+            crate::partition::partition_of(id.uuid().as_bytes(), 64),
+            id.home()
+        );
+        let again: BatchId = id.as_str().parse().unwrap();
+        assert_eq!(again, id);
+        for bad in ["", "7", "x/abc", "7/", "7/a b"] {
+            let err = bad.parse::<BatchId>().unwrap_err();
+            assert!(err.to_string().contains("`batch`"), "{bad}: {err}");
+        }
+    }
+
+    #[test]
+    fn a_summary_reads_its_counts_and_dead_ids() {
+        let s = BatchSummary::read("3/u", "5 3 1 1 t-9").unwrap();
+        assert_eq!((s.total, s.succeeded, s.dead, s.cancelled), (5, 3, 1, 1));
+        assert_eq!(s.dead_ids, vec![TaskId::from("t-9")]);
+        assert_eq!(s.batch.as_str(), "3/u");
+        assert!(BatchSummary::read("3/u", "5 3").is_none());
+    }
+}
