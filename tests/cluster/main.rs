@@ -10,6 +10,7 @@
 // The harness crate, named `support` in every module of this binary.
 extern crate peerq_test_support as support;
 
+mod batches;
 mod failover;
 mod replicas;
 mod tls;

@@ -5,6 +5,7 @@
 // The harness crate, named `support` in every module of this binary.
 extern crate peerq_test_support as support;
 
+mod batches;
 mod delivery;
 mod example;
 mod unique;

@@ -31,3 +31,18 @@ pub(crate) type Member = (String, TaskId, String);
 /// What an [`Ack`](super::Ack) of many tasks ends: the unique keys (task
 /// id and key) it frees, and the batch members it reports.
 pub(crate) type Ending = (Vec<(TaskId, String)>, Vec<Member>);
+
+/// A test hook (`tests/scenarios/batches.rs`): with the environment
+/// variable `PEERQ_TEST_CRASH_AFTER_MEMBER_ACK` set, the process aborts at
+/// once the first time an ack of batch members lands, before their ends are
+/// forwarded: the crash the batches' exactly-once argument must survive
+/// (docs/design.md §19). Read once; unset, it costs a load.
+pub(super) fn crash_hook() {
+    static SET: std::sync::LazyLock<bool> = std::sync::LazyLock::new(|| {
+        std::env::var_os("PEERQ_TEST_CRASH_AFTER_MEMBER_ACK").is_some()
+    });
+    if *SET {
+        eprintln!("PEERQ_TEST_CRASH_AFTER_MEMBER_ACK: aborting after a member's ack");
+        std::process::abort();
+    }
+}
