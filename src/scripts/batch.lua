@@ -107,7 +107,7 @@ if op == 'open' then
   return 1
 end
 
-local r = redis.call('HMGET', KEYS[1], 'sealed', 'expires_at', 'total')
+local r = redis.call('HMGET', KEYS[1], 'sealed', 'expires_at', 'total', 'keep')
 if not r[1] then
   if op == 'forward' then
     return 0
@@ -127,8 +127,9 @@ if op == 'add' then
   for i = 3, #ARGV do
     new = new + redis.call('HSETNX', KEYS[2], ARGV[i], 'pending')
   end
-  -- The members' hash lives as long as the record.
-  redis.call('PEXPIRE', KEYS[2], redis.call('PTTL', KEYS[1]))
+  -- The members' hash lives as long as the record (no PTTL: the README's
+  -- least-privilege rule grants PEXPIRE, not the keyspace's reads).
+  redis.call('PEXPIRE', KEYS[2], tonumber(r[2]) + tonumber(r[4]) - now)
   return { 1, tostring(redis.call('HINCRBY', KEYS[1], 'total', new)) }
 end
 

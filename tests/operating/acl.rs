@@ -7,7 +7,8 @@
 //! concurrency and a rate per key from the task (its units in
 //! `{N}:units:<key>`, its shares in `{N}:rate:<key>`),
 //! priority levels (their partitions), a unique key (its lock in
-//! `{N/p}:unique`), and task tracking (records, `wait`, a cancel heard by
+//! `{N/p}:unique`), a batch (its record, its members' completion records,
+//! `peerq batch show`), and task tracking (records, `wait`, a cancel heard by
 //! the running task) work as that user too.
 
 use std::sync::{Arc, Mutex};
@@ -143,11 +144,31 @@ async fn a_consumer_a_producer_and_the_cli_work_as_a_least_privilege_user() {
         Err(peerq::Error::Duplicate(d)) => assert_eq!(d.existing, holder),
         other => panic!("a held unique key enqueued again: {other:?}"),
     }
+    // A batch as this user: its record in its home partition's slot, its
+    // members' completion records in theirs, its callback (seq 54).
+    let batch = producer.batch().callback(&Job { seq: 54 });
+    let batch = batch.enqueue(&[Job { seq: 52 }, Job { seq: 53 }]).await;
+    let batch = batch.unwrap();
     wait_until(Duration::from_secs(30), "every task ran", || {
         assert!(!running.is_finished(), "the consumer stopped");
-        handler.done(52)
+        handler.done(55)
     })
     .await;
+    let shown = cli(
+        &url,
+        &[
+            "batch",
+            "show",
+            "--name",
+            &name,
+            "--id",
+            batch.as_str(),
+            "--json",
+        ],
+    );
+    let shown: serde_json::Value = serde_json::from_str(&shown).unwrap();
+    assert_eq!(shown["succeeded"], 2, "{shown}");
+    assert_eq!(shown["callback"], "enqueued", "{shown}");
     let dead = peerq::DeadLetters::connect(&url, &name).await.unwrap();
     // Read to the end each time: a read polled once and dropped (as
     // `now_or_never` did here) only sees a reply that came at once, which
