@@ -14,6 +14,7 @@ mod ids;
 mod limit;
 mod migrate;
 mod task;
+mod task_headers;
 mod unique;
 use std::collections::BTreeSet;
 use std::future::Future;
