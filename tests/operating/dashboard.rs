@@ -1,12 +1,14 @@
 //! The dashboard (feature `dashboard`) against a real Redis with a running
 //! consumer: over plain HTTP (mounted under a prefix, actions refused
 //! without the CSRF token or when read-only, credentials, the search's
-//! bound), a tracked task's page (`dashboard/task.rs`), and in a real
+//! bound), a tracked task's page (`dashboard/task.rs`), the limits in
+//! force (`dashboard/limits.rs`), and in a real
 //! browser (`dashboard/browser.rs`: headless Chromium through
 //! ChromeDriver).
 
 mod browser;
 mod headers;
+mod limits;
 mod task;
 mod unique;
 use std::collections::HashMap;
