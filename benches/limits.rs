@@ -14,7 +14,12 @@
 //!   compared;
 //! - **accuracy**: the same instance under a limit of 5,000 a second over
 //!   a backlog of 30,000: the starts a second it reached, against the
-//!   limit, and its busiest second.
+//!   limit, and its busiest second;
+//! - **batch options** (issue 38 §0: a batch with options per task as fast
+//!   as one without): the same `PEERQ_BENCH_TASKS` tasks enqueued in
+//!   batches of 1,000 with `enqueue_batch`, and with `enqueue_batch_with`
+//!   and `Options::new()` per task, each on a new service, `REPEATS` runs
+//!   each, interleaved, medians compared.
 //!
 //! Run with `cargo bench --bench limits` (release build); it prints
 //! markdown tables (copied into BENCHMARKS.md). `PEERQ_BENCH_ONLY=<i>`
@@ -107,6 +112,12 @@ async fn main() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(REPEATS);
+    // Batches without and with options, interleaved.
+    let (mut plain, mut optioned) = (Vec::new(), Vec::new());
+    for _ in 0..repeats {
+        plain.push(enqueue(&server, &mut conn, tasks, false).await);
+        optioned.push(enqueue(&server, &mut conn, tasks, true).await);
+    }
     let mut rates: Vec<Vec<f64>> = vec![Vec::new(); kinds.len()];
     for _ in 0..repeats {
         for (i, (keyed, limit)) in kinds.iter().enumerate() {
@@ -177,6 +188,62 @@ async fn main() {
         accuracy.busiest,
         accuracy.busiest as f64 / f64::from(ACCURACY_LIMIT)
     );
+    println!();
+    println!(
+        "| enqueue, batches of {BATCH} ({tasks} tasks; runs in order) | enqueue_batch, tasks/s | enqueue_batch_with, Options::new() each, tasks/s | with / without, each run | medians | median of the runs' ratios |"
+    );
+    println!("|---|---|---|---|---|---|");
+    let label = "the same tasks, no option set";
+    println!("{}", ratio_row(label, &plain, &optioned));
+}
+
+/// Tasks per batch of the enqueue runs (and the prefills).
+const BATCH: usize = 1000;
+
+/// The same bench tasks for every run.
+fn jobs(tasks: u64) -> Vec<Job> {
+    (0..tasks)
+        .map(|seq| Job {
+            seq,
+            sent_ns: 0,
+            body: "hello, this is a mail body of moderate size".into(),
+        })
+        .collect()
+}
+
+/// Tasks a second of enqueueing `tasks` into a new service in batches of
+/// [`BATCH`]: with `options`, through `enqueue_batch_with` with
+/// `Options::new()` per task (made in the timed loop), else
+/// `enqueue_batch`.
+async fn enqueue(
+    server: &RedisServer,
+    conn: &mut MultiplexedConnection,
+    tasks: u64,
+    options: bool,
+) -> f64 {
+    let (jobs, name) = (jobs(tasks), unique_name("batch"));
+    let producer = Producer::connect(&server.url(), &name).await.unwrap();
+    let started = Instant::now();
+    for chunk in jobs.chunks(BATCH) {
+        if options {
+            // Made as a caller makes them: timed too.
+            let with: Vec<(&Job, Options)> = chunk.iter().map(|j| (j, Options::new())).collect();
+            producer.enqueue_batch_with(&with).await.unwrap();
+        } else {
+            producer.enqueue_batch(chunk).await.unwrap();
+        }
+    }
+    let elapsed = started.elapsed();
+    flush(conn).await;
+    tasks as f64 / elapsed.as_secs_f64()
+}
+
+/// Empties Redis: the entries a run leaves would weigh on the runs after.
+async fn flush(conn: &mut MultiplexedConnection) {
+    let _: () = deadpool_redis::redis::cmd("FLUSHALL")
+        .query_async(conn)
+        .await
+        .unwrap();
 }
 
 /// A consume run: tasks a second from the first start to the last ack,
@@ -197,14 +264,8 @@ async fn consume(
 ) -> Run {
     let name = unique_name("limits");
     let producer = Producer::connect(&server.url(), &name).await.unwrap();
-    let jobs: Vec<Job> = (0..tasks)
-        .map(|seq| Job {
-            seq,
-            sent_ns: 0,
-            body: "hello, this is a mail body of moderate size".into(),
-        })
-        .collect();
-    for chunk in jobs.chunks(1000) {
+    let jobs = jobs(tasks);
+    for chunk in jobs.chunks(BATCH) {
         if keyed {
             let with: Vec<(&Job, Options)> = chunk
                 .iter()
@@ -263,10 +324,7 @@ async fn consume(
     let elapsed = starts[0].elapsed();
     stop.cancel();
     run.await.unwrap().unwrap();
-    let _: () = deadpool_redis::redis::cmd("FLUSHALL")
-        .query_async(conn)
-        .await
-        .unwrap();
+    flush(conn).await;
     Run {
         rate: tasks as f64 / elapsed.as_secs_f64(),
         busiest: busiest_second(&starts),

@@ -9,6 +9,7 @@ use super::Service;
 use super::partitions::parse;
 use crate::entry::field;
 use crate::error::Result;
+use crate::headers::Headers;
 use crate::keys;
 
 /// A page of delayed tasks. Its JSON: `total` and `tasks`.
@@ -116,33 +117,11 @@ impl Service {
         if partition >= self.streams() {
             return Ok(false);
         }
+        let Some(member) = self.delayed_member(partition, due_at_ms, task_id).await? else {
+            return Ok(false);
+        };
         let conn = &self.admin.conn;
         let key = keys::delayed(&self.name, partition);
-        // Tasks enqueued with one `at` share a score: look among them a
-        // page at a time, never all at once.
-        const PAGE: usize = 100;
-        let mut offset = 0;
-        let member = loop {
-            let mut range = redis::cmd("ZRANGE");
-            range
-                .arg(&key)
-                .arg(due_at_ms)
-                .arg(due_at_ms)
-                .arg("BYSCORE")
-                .arg("LIMIT")
-                .arg(offset)
-                .arg(PAGE);
-            let members: Vec<Vec<u8>> = conn.query(&range).await?;
-            let last = members.len() < PAGE;
-            let found = members
-                .into_iter()
-                .find(|m| task(partition, m, due_at_ms, 0).task_id.as_deref() == Some(task_id));
-            match found {
-                Some(member) => break member,
-                None if last => return Ok(false),
-                None => offset += PAGE,
-            }
-        };
         let changed: u64 = match action {
             DelayedAction::RunNow => {
                 let now_ms = self.admin.now_ms().await?;
@@ -167,6 +146,58 @@ impl Service {
         };
         Ok(changed == 1)
     }
+}
+
+impl Service {
+    /// Task `task_id`'s member of `partition`'s delayed set, due at
+    /// `due_at_ms`; `None` when it is not there (promoted, acted on, or
+    /// never delayed at that time).
+    pub(super) async fn delayed_member(
+        &self,
+        partition: u32,
+        due_at_ms: u64,
+        task_id: &str,
+    ) -> Result<Option<Vec<u8>>> {
+        let conn = &self.admin.conn;
+        let key = keys::delayed(&self.name, partition);
+        // Tasks enqueued with one `at` share a score: look among them a
+        // page at a time, never all at once.
+        const PAGE: usize = 100;
+        let mut offset = 0;
+        loop {
+            let mut range = redis::cmd("ZRANGE");
+            range
+                .arg(&key)
+                .arg(due_at_ms)
+                .arg(due_at_ms)
+                .arg("BYSCORE")
+                .arg("LIMIT")
+                .arg(offset)
+                .arg(PAGE);
+            let members: Vec<Vec<u8>> = conn.query(&range).await?;
+            let last = members.len() < PAGE;
+            let found = members
+                .into_iter()
+                .find(|m| task(partition, m, due_at_ms, 0).task_id.as_deref() == Some(task_id));
+            match found {
+                Some(member) => return Ok(Some(member)),
+                None if last => return Ok(None),
+                None => offset += PAGE,
+            }
+        }
+    }
+}
+
+/// The headers of a delayed set's member (its `h:<name>` fields).
+pub(super) fn member_headers(member: &[u8]) -> Headers {
+    let fields = unpack_strings(member).unwrap_or_default();
+    let mut headers = Headers::new();
+    for pair in fields.chunks(2) {
+        if let [name, value] = pair {
+            headers.read_field(&String::from_utf8_lossy(name), value);
+        }
+    }
+    headers
 }
 
 /// A delayed set's member: the entry's field-value list, packed by

@@ -8,7 +8,8 @@
 //! `{N}:members` and the per-minute counts; per partition `GET` of the owner
 //! record, `XLEN`, `XINFO GROUPS` and the `XPENDING` summary of the stream,
 //! `ZCARD` of the delayed set and `XLEN` of the dead letters. Stream contents
-//! are read only for a page of dead letters or of delayed tasks. The
+//! are read only for a page of dead letters or of delayed tasks, and for a
+//! tracked task's headers (its entry, a page at a time). The
 //! per-partition reads of one answer go in one pipeline, one command per key
 //! and never a `MULTI` or a script across partitions (under Redis Cluster
 //! the partitions live in different slots).
@@ -36,6 +37,7 @@ mod partitions;
 mod periodic;
 mod services;
 mod status;
+mod task_headers;
 mod tasks;
 
 use std::collections::HashMap;

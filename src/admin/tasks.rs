@@ -11,11 +11,17 @@ use crate::tracking::{self, CancelOutcome, TaskHandle, TaskRecord, Tracking, Wai
 
 impl Service {
     /// Task `handle`'s record (one read in its partition; a bare id is
-    /// looked up over every partition in one pipeline); `None` when it has
+    /// looked up over every partition in one pipeline), with its headers
+    /// read from its entry ([`TaskRecord::headers`]); `None` when it has
     /// none: tracking was off when it was enqueued and it has not started,
     /// it never existed, or its record expired.
     pub async fn task(&self, handle: &TaskHandle) -> Result<Option<TaskRecord>> {
-        read::find(&self.admin.conn, &self.name, self.streams(), handle).await
+        let found = read::find(&self.admin.conn, &self.name, self.streams(), handle).await?;
+        let Some(mut record) = found else {
+            return Ok(None);
+        };
+        record.headers = self.headers_of(&record).await?;
+        Ok(Some(record))
     }
 
     /// Cancels task `handle`: a task not started never starts, a running
@@ -32,12 +38,17 @@ impl Service {
     /// Waits until task `handle` is final, at most `timeout`; woken
     /// through Redis pub/sub when it ends, never by polling. Every wait of
     /// one [`Admin`](super::Admin) (and the services it gave) shares one
-    /// pub/sub connection, made at the first wait.
+    /// pub/sub connection, made at the first wait. The record it ends
+    /// with has its headers, as [`task`](Self::task)'s.
     pub async fn wait(&self, handle: &TaskHandle, timeout: Duration) -> Result<Waited> {
         let partition = self.partition_of(handle).await?;
         let id = handle.id().as_str();
         let (conn, channels) = (&self.admin.conn, &self.admin.channels);
-        read::wait(conn, channels, &self.name, partition, id, timeout).await
+        let mut waited = read::wait(conn, channels, &self.name, partition, id, timeout).await?;
+        if let Waited::Final(record) | Waited::TimedOut(record) = &mut waited {
+            record.headers = self.headers_of(record).await?;
+        }
+        Ok(waited)
     }
 
     /// The service's tracking as `{N}:tracking` holds it (off, with the
@@ -60,7 +71,8 @@ impl Service {
         if let Some(p) = handle.partition() {
             return Ok(p);
         }
-        if let Some(record) = self.task(handle).await? {
+        let conn = &self.admin.conn;
+        if let Some(record) = read::find(conn, &self.name, self.streams(), handle).await? {
             return Ok(record.handle.partition().unwrap_or_default());
         }
         let id = handle.id().as_str();

@@ -8,7 +8,7 @@ use axum::response::Response;
 use maud::{Markup, html};
 use serde::Deserialize;
 
-use super::layout::{Base, escape_segment, page, tabs};
+use super::layout::{Base, escape_segment, headers, page, tabs};
 use super::periodic::at;
 use super::search::{Filter, SEARCH_CALLS, back, search};
 use super::{Failure, Shared};
@@ -185,16 +185,7 @@ pub(crate) async fn show(
                     tr { th { "codec" } td { (letter.codec) " (" (letter.payload.len()) " bytes)" } }
                 }
             }
-            @if !letter.headers.is_empty() {
-                h2 { "Headers" }
-                div.scroll {
-                    table id="headers" {
-                        @for (header, value) in &letter.headers {
-                            tr { th { (header) } td.wrap { (value) } }
-                        }
-                    }
-                }
-            }
+            (headers(&letter.headers))
             h2 { "Payload" }
             pre id="payload" { (payload) }
             (actions(&dash, &base, &name, &letter))

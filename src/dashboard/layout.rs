@@ -142,6 +142,24 @@ pub(crate) fn ago(ms: u64) -> String {
     }
 }
 
+/// A task's headers under their heading (the dead letter's and the task's
+/// pages); nothing when it has none.
+pub(crate) fn headers<'a>(headers: impl IntoIterator<Item = (&'a str, &'a str)>) -> Markup {
+    let headers: Vec<_> = headers.into_iter().collect();
+    html! {
+        @if !headers.is_empty() {
+            h2 { "Headers" }
+            div.scroll {
+                table id="headers" {
+                    @for (header, value) in headers {
+                        tr { th { (header) } td.wrap { (value) } }
+                    }
+                }
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -10,7 +10,7 @@ use axum::response::{IntoResponse, Redirect, Response};
 use maud::{Markup, html};
 use serde::Deserialize;
 
-use super::layout::{Base, page, tabs, url_query};
+use super::layout::{Base, headers, page, tabs, url_query};
 use super::periodic::at;
 use super::{Dash, Failure, Shared};
 use crate::admin::Service;
@@ -136,6 +136,17 @@ fn record(dash: &Dash, base: &Base, name: &str, task: &TaskRecord, codec: &str) 
                 }
                 @if let Some(reason) = &view.reason { tr { th { "reason" } td { (reason) } } }
                 @if let Some(error) = &view.error { tr { th { "error" } td.wrap id="error" { (error) } } }
+                tr {
+                    th { "headers" }
+                    td id="header-count" {
+                        // Read from its entry, which is gone once it ended.
+                        @match &view.headers {
+                            None => "–",
+                            Some(h) if h.is_empty() => "none",
+                            Some(h) => (h.len()),
+                        }
+                    }
+                }
                 @if let Some(id) = &view.dead_id {
                     tr {
                         th { "dead letter" }
@@ -147,6 +158,7 @@ fn record(dash: &Dash, base: &Base, name: &str, task: &TaskRecord, codec: &str) 
                 }
             }
         }
+        (headers(view.headers.iter().flatten().map(|(n, v)| (n.as_str(), v.as_str()))))
         @if let Some(result) = &view.result {
             h2 { "Result" }
             pre id="result" { (serde_json::to_string_pretty(result).unwrap_or_default()) }

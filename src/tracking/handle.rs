@@ -15,6 +15,7 @@ use serde::de::DeserializeOwned;
 use crate::codec::Codec;
 use crate::entry::TaskId;
 use crate::error::{CodecError, Error, Result};
+use crate::headers::Headers;
 
 /// A task, by its partition and id: `<partition>/<task id>`.
 ///
@@ -200,6 +201,13 @@ pub struct TaskRecord {
     pub started_at: Option<SystemTime>,
     /// When it became final.
     pub finished_at: Option<SystemTime>,
+    /// Its headers, read from its entry (the record holds none) by
+    /// [`Service::task`](crate::admin::Service::task) and
+    /// [`wait`](crate::admin::Service::wait); `None` when no entry was
+    /// read: a `succeeded` or `cancelled` task's is gone (acked at its end,
+    /// trimmed soon after), a `dead` one's letter was purged, or the entry
+    /// was not found (docs/design.md §18, "Shown with a task's record").
+    pub headers: Option<Headers>,
 }
 
 impl TaskRecord {
@@ -240,6 +248,7 @@ impl TaskRecord {
             finished_at: time(text("finished_at")),
             progress: fields.remove("progress"),
             result: fields.remove("result"),
+            headers: None,
         };
         // What it runs as now (the running hash), else what it last ran as
         // (a final record's `ran`): `instance|token|attempt|started_at`.

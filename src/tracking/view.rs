@@ -3,6 +3,7 @@
 //! milliseconds (Redis's clock), and the result and progress as JSON for a
 //! service whose codec is JSON, else as `{"base64": …}` of their bytes.
 
+use std::collections::BTreeMap;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use base64::Engine as _;
@@ -12,7 +13,7 @@ use super::handle::TaskRecord;
 
 /// A task's record, to show. JSON fields: `id` (the handle,
 /// `<partition>/<task id>`), `state`, `attempt`, `partition`, `instance`,
-/// `token`, `progress`, `result`, `error`, `reason`, `dead_id`,
+/// `token`, `progress`, `result`, `error`, `reason`, `dead_id`, `headers`,
 /// `cancel_requested_at`, `enqueued_at`, `due_at`, `started_at`,
 /// `finished_at`.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -41,6 +42,9 @@ pub struct TaskView {
     pub reason: Option<String>,
     /// Its dead letter's id.
     pub dead_id: Option<String>,
+    /// Its headers, name to value (`{}`: none); `null` when its entry was
+    /// not read (see [`TaskRecord::headers`]).
+    pub headers: Option<BTreeMap<String, String>>,
     /// When a cancel was requested (Unix ms).
     pub cancel_requested_at: Option<u64>,
     /// When it was enqueued (Unix ms).
@@ -70,6 +74,11 @@ impl TaskRecord {
             error: self.error.clone(),
             reason: self.reason.clone(),
             dead_id: self.dead_id.clone(),
+            headers: self.headers.as_ref().map(|h| {
+                h.iter()
+                    .map(|(n, v)| (n.to_owned(), v.to_owned()))
+                    .collect()
+            }),
             cancel_requested_at: ms(self.cancel_requested_at),
             enqueued_at: ms(self.enqueued_at),
             due_at: ms(self.due_at),

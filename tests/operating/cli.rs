@@ -14,19 +14,20 @@ mod ids;
 mod limit;
 mod migrate;
 mod task;
+mod task_headers;
 mod unique;
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::future::Future;
 use std::process::Command;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use deadpool_redis::redis;
-use peerq::Json;
 use peerq::Periodic;
 use peerq::producer::Producer;
 use peerq::{Consumer, Handler, HandlerError, TaskContext};
+use peerq::{Headers, Json};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use support::{RedisServer, ServerOptions, unique_name, unused_port, wait_until};
@@ -47,17 +48,24 @@ struct Mail {
     to: String,
 }
 
-/// Counts the mails it sent; while `refuse` is set, refuses them for good
-/// (they go to the dead letters).
+/// Counts the mails it sent, and keeps the headers each recipient's last
+/// run saw; while `refuse` is set, refuses them for good (they go to the
+/// dead letters).
 #[derive(Clone, Default)]
 struct SendMail {
     sent: Arc<AtomicU64>,
     refuse: Arc<AtomicBool>,
+    headers: Arc<Mutex<HashMap<String, Headers>>>,
 }
 
 impl Handler for SendMail {
     type Task = Mail;
-    async fn handle(&self, mail: Mail, _cx: TaskContext) -> Result<(), HandlerError> {
+    async fn handle(&self, mail: Mail, cx: TaskContext) -> Result<(), HandlerError> {
+        let headers = cx.headers().clone();
+        self.headers
+            .lock()
+            .unwrap()
+            .insert(mail.to.clone(), headers);
         if self.refuse.load(Ordering::SeqCst) {
             return Err(HandlerError::msg(format!("mailbox of {} is full", mail.to)).permanent());
         }
@@ -571,6 +579,11 @@ async fn enqueued_tasks_are_handled_and_dead_letters_replayed_and_purged() {
         sent.load(Ordering::SeqCst) == 2
     })
     .await;
+    let mut expected = Headers::new();
+    expected.insert("tenant", "acme");
+    expected.insert("request-id", "r-1");
+    let seen = mail.headers.lock().unwrap()["b@example.com"].clone();
+    assert_eq!(seen, expected, "the replayed run's headers");
     until("the member to count the replayed task", status, |s| {
         s["members"][0]["handled"].as_u64() >= Some(2)
     })

@@ -1,17 +1,20 @@
 //! The dashboard (feature `dashboard`) against a real Redis with a running
 //! consumer: over plain HTTP (mounted under a prefix, actions refused
 //! without the CSRF token or when read-only, credentials, the search's
-//! bound), a tracked task's page (`dashboard/task.rs`), and in a real
+//! bound), a tracked task's page (`dashboard/task.rs`), the limits in
+//! force (`dashboard/limits.rs`), and in a real
 //! browser (`dashboard/browser.rs`: headless Chromium through
 //! ChromeDriver).
 
 mod browser;
 mod headers;
+mod limits;
 mod task;
 mod unique;
+use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::Router;
@@ -21,12 +24,12 @@ use deadpool_redis::redis;
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use peerq::Json;
 use peerq::admin::Admin;
 use peerq::dashboard::{self, Access, Settings};
 use peerq::dead_letters::Query;
 use peerq::producer::Producer;
 use peerq::{Consumer, Handler, HandlerError, TaskContext};
+use peerq::{Headers, Json};
 use serde::{Deserialize, Serialize};
 use support::{RedisServer, unique_name, wait_until};
 use tokio::task::JoinHandle;
@@ -40,17 +43,23 @@ struct Order {
     order: String,
 }
 
-/// Ships orders; while `failing` is set, every order fails for good (a
-/// dead letter at once).
+/// Ships orders, and keeps the headers of each order's last run; while
+/// `failing` is set, every order fails for good (a dead letter at once).
 #[derive(Clone, Default)]
 struct Ship {
     failing: Arc<AtomicBool>,
     shipped: Arc<AtomicU64>,
+    headers: Arc<Mutex<HashMap<String, Headers>>>,
 }
 
 impl Handler for Ship {
     type Task = Order;
-    async fn handle(&self, order: Order, _cx: TaskContext) -> Result<(), HandlerError> {
+    async fn handle(&self, order: Order, cx: TaskContext) -> Result<(), HandlerError> {
+        let headers = cx.headers().clone();
+        self.headers
+            .lock()
+            .unwrap()
+            .insert(order.order.clone(), headers);
         if self.failing.load(Ordering::SeqCst) {
             return Err(
                 HandlerError::msg(format!("warehouse closed for {}", order.order)).permanent(),

@@ -2,7 +2,11 @@
 //! consumers as child processes, a producer of 5,000 tasks; with
 //! `--wait-for-replicas`, on one server and on a Cluster, a producer that
 //! prints a batch only once a replica has it; and with `--track` and
-//! `--codec json`, tasks' progress, results and a user's cancel.
+//! `--codec json`, tasks' progress, results and a user's cancel; with
+//! `--concurrency-per-key`, at most that many tasks of one key at once
+//! (`per_key`).
+
+mod per_key;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, BufReader};
@@ -516,6 +520,16 @@ fn json_consumer(url: &str, name: &str, flags: &[&str]) -> (Proc, Receiver<Strin
     (Proc(child), printed)
 }
 
+/// Runs `mail_sender produce` of `name` at `url` with `--codec json` and
+/// `flags` to its end.
+fn produce_json(url: &str, name: &str, flags: &[&str]) -> std::process::Output {
+    Command::new(example_binary())
+        .args(["produce", "--redis", url, "--name", name, "--codec", "json"])
+        .args(flags)
+        .output()
+        .expect("run the producer")
+}
+
 /// The fields of a printed `<kind> key=value …` line, if it is one.
 fn fields<'a>(line: &'a str, kind: &str) -> Option<BTreeMap<&'a str, &'a str>> {
     let rest = line.strip_prefix(kind)?.strip_prefix(' ')?;
@@ -761,23 +775,18 @@ fn keys_and_first_seq_place_the_tasks_and_the_lines_name_their_keys() {
     let url = server.url();
     let name = unique_name("keys");
     let (mut consumer, printed) = json_consumer(&url, &name, &["--print-tasks"]);
-    let produced = Command::new(example_binary())
-        .args([
-            "produce", "--redis", &url, "--name", &name, "--codec", "json",
-        ])
-        .args([
-            "--count",
-            "30",
-            "--batch",
-            "7",
-            "--keys",
-            "3",
-            "--first-seq",
-            "100",
-        ])
-        .args(["--print-enqueued", "--print-ids"])
-        .output()
-        .expect("run the producer");
+    let plan = [
+        "--count",
+        "30",
+        "--batch",
+        "7",
+        "--keys",
+        "3",
+        "--first-seq",
+        "100",
+    ];
+    let printing = ["--print-enqueued", "--print-ids"];
+    let produced = produce_json(&url, &name, &[&plan[..], &printing].concat());
     assert!(produced.status.success(), "the producer failed");
     let stdout = String::from_utf8(produced.stdout).unwrap();
     let enqueued: Vec<&str> = stdout

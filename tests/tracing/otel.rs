@@ -4,7 +4,11 @@
 //! in a `task` span of the same trace, a child of that span; a retried task
 //! has a span per attempt in that trace, each with its `attempt`; with
 //! `TraceJoin::Link`, a task's span starts a trace of its own linked to the
-//! producer's; and a task's own `traceparent` header wins.
+//! producer's; and a task's own `traceparent` header wins. Through the
+//! Postgres outbox: `outbox`.
+
+#[cfg(feature = "postgres")]
+mod outbox;
 
 use std::time::Duration;
 
@@ -82,6 +86,16 @@ fn task_spans(exporter: &InMemorySpanExporter, ids: &[(u64, String)], seq: u64) 
         .collect()
 }
 
+/// The trace and the id of the finished span `name` (a producer's).
+fn span_ids(exporter: &InMemorySpanExporter, name: &str) -> (TraceId, SpanId) {
+    let spans = exporter.get_finished_spans().unwrap();
+    let span = spans
+        .iter()
+        .find(|s| s.name == name)
+        .unwrap_or_else(|| panic!("no span {name}"));
+    (span.span_context.trace_id(), span.span_context.span_id())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_task_runs_in_a_child_of_the_span_that_enqueued_it_a_span_per_attempt() {
     let (exporter, provider) = install();
@@ -124,15 +138,7 @@ async fn a_task_runs_in_a_child_of_the_span_that_enqueued_it_a_span_per_attempt(
     stop.cancel();
     running.await.unwrap().unwrap();
     let _ = provider.force_flush();
-    let spans = exporter.get_finished_spans().unwrap();
-    let request = spans
-        .iter()
-        .find(|s| s.name == "request")
-        .expect("the request's span");
-    let (trace, parent): (TraceId, SpanId) = (
-        request.span_context.trace_id(),
-        request.span_context.span_id(),
-    );
+    let (trace, parent) = span_ids(&exporter, "request");
     for seq in 1..=3 {
         for span in task_spans(&exporter, &ids, seq) {
             assert_eq!(

@@ -145,6 +145,7 @@ fn shown(view: &TaskView) -> String {
         ("error", opt(view.error.clone())),
         ("reason", opt(view.reason.clone())),
         ("dead_id", opt(view.dead_id.clone())),
+        ("headers", headers(view.headers.as_ref())),
         ("cancel_requested_at", time(view.cancel_requested_at)),
         ("enqueued_at", time(view.enqueued_at)),
         ("due_at", time(view.due_at)),
@@ -154,8 +155,24 @@ fn shown(view: &TaskView) -> String {
     let mut out = String::new();
     for (k, v) in rows {
         let _ = writeln!(out, "{k:<20} {v}");
+        if k == "headers" {
+            // One line each, as `dead show` prints them.
+            for (name, value) in view.headers.iter().flatten() {
+                let _ = writeln!(out, "{:<20} {value}", format!("h:{name}"));
+            }
+        }
     }
     out
+}
+
+/// The `headers` line: how many, `none`, or `-` when its entry was not
+/// read (a task that ended, a dead letter purged).
+fn headers(headers: Option<&std::collections::BTreeMap<String, String>>) -> String {
+    match headers.map(|h| h.len()) {
+        None => "-".to_owned(),
+        Some(0) => "none".to_owned(),
+        Some(n) => n.to_string(),
+    }
 }
 
 /// Unix milliseconds as an RFC 3339 UTC time.

@@ -72,6 +72,7 @@ async fn tracking_switches_on_a_running_service_and_task_commands_show_cancel_an
             "error",
             "reason",
             "dead_id",
+            "headers",
             "cancel_requested_at",
             "enqueued_at",
             "due_at",
@@ -85,6 +86,11 @@ async fn tracking_switches_on_a_running_service_and_task_commands_show_cancel_an
         done["result"],
         Value::Null,
         "a handler that returns nothing"
+    );
+    assert_eq!(
+        done["headers"],
+        Value::Null,
+        "a succeeded task's entry is gone"
     );
     assert!(done["finished_at"].as_u64().unwrap() >= done["started_at"].as_u64().unwrap());
     let handle = done["id"].as_str().unwrap().to_owned();

@@ -1,11 +1,13 @@
 //! The task page (issue 37) against a real Redis and a tracked consumer of
 //! the JSON codec: a waiting task found by its handle, its cancel refused
 //! without the CSRF token or when read-only and done with it, a finished
-//! task's progress bar and result, a dead one's link to its letter, and
-//! the 404 and 400 of an unknown task and a mistyped handle.
+//! task's progress bar and result, a dead one's link to its letter, a
+//! task's headers (read from its entry), and the 404 and 400 of an unknown
+//! task and a mistyped handle.
 
 use peerq::admin::Service;
 use peerq::handler::HandlerWithResult;
+use peerq::producer::Options;
 use peerq::tracking::{TaskHandle, TaskState, Tracking};
 
 use super::*;
@@ -99,10 +101,15 @@ impl Tracked {
 
     /// Enqueues order `order`; its handle.
     async fn enqueue(&self, order: &str) -> TaskHandle {
+        self.enqueue_with(order, Options::new()).await
+    }
+
+    /// Enqueues order `order` with `options` (no key); its handle.
+    async fn enqueue_with(&self, order: &str, options: Options) -> TaskHandle {
         let order = Order {
             order: order.to_owned(),
         };
-        let id = self.producer.enqueue(&order).await.unwrap();
+        let id = self.producer.enqueue_with(&order, options).await.unwrap();
         self.producer.handle_of(&id, None)
     }
 
@@ -331,5 +338,39 @@ async fn a_finished_task_shows_its_progress_and_result_and_a_dead_one_its_letter
     let shown = get(addr, &letter).await;
     assert_eq!(shown.status, 200, "{}", shown.body);
     assert!(shown.body.contains("box torn"), "{}", shown.body);
+    world.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tasks_page_shows_the_headers_of_its_entry() {
+    let world = Tracked::start("dash-task-headers").await;
+    world.service.pause("test").await.unwrap();
+    let headed = Options::new()
+        .header("tenant", "acme")
+        .header("request-id", "r-1");
+    let waiting = world.enqueue_with("parcel-7", headed.clone()).await;
+    let later = headed.delay(Duration::from_secs(3600));
+    let delayed = world.enqueue_with("parcel-8", later).await;
+    let plain = world.enqueue("parcel-9").await;
+    let addr = world.dashboard(Settings::new()).await;
+    // The count in the record's table, and the headers' own table.
+    let shows = async |handle: &TaskHandle, count: &str, table: bool| {
+        let page = get(addr, &world.page(&handle.to_string())).await;
+        assert_eq!(page.status, 200, "{}", page.body);
+        let counted = format!(r#"<td id="header-count">{count}</td>"#);
+        let row = r#"<tr><th>tenant</th><td class="wrap">acme</td></tr>"#;
+        assert!(
+            page.body.contains(&counted) && page.body.contains(row) == table,
+            "{handle}: {}",
+            page.body
+        );
+    };
+    shows(&waiting, "2", true).await;
+    shows(&delayed, "2", true).await;
+    shows(&plain, "none", false).await;
+    // Succeeded, its entry is gone: not known any more.
+    world.service.resume().await.unwrap();
+    world.until(&waiting, TaskState::Succeeded).await;
+    shows(&waiting, "–", false).await;
     world.shutdown().await;
 }
