@@ -168,7 +168,10 @@ async fn latency(server: &RedisServer) -> (f64, f64, f64) {
     let name = unique_name("batch-latency");
     let producer = Producer::connect(&server.url(), &name).await.unwrap();
     let last_return: Arc<Mutex<Option<Instant>>> = Arc::default();
-    let (done, waits) = (Arc::new(AtomicU64::new(0)), Arc::new(Mutex::new(Vec::new())));
+    let (done, waits) = (
+        Arc::new(AtomicU64::new(0)),
+        Arc::new(Mutex::new(Vec::new())),
+    );
     let handler = {
         let (last_return, done, waits) = (last_return.clone(), done.clone(), waits.clone());
         tower::service_fn(move |task: Task<Job>| {

@@ -26,6 +26,11 @@ use crate::workflow::{BatchId, Completion};
 const PAGE: usize = 512;
 /// How soon forwarding is tried again after a failure.
 const AGAIN: Duration = Duration::from_secs(1);
+/// How long after a script of this instance wrote records they are
+/// forwarded: the records of the acks of that while go in one forward
+/// (with a no-op handler, an ack lands about every millisecond, and a
+/// forward each was most of what a member cost).
+pub(super) const GATHER: Duration = Duration::from_millis(5);
 
 /// Forwards the partition's completion records, a page of them; returns
 /// when to come back: at once when a full page went, after a pause when

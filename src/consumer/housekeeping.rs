@@ -155,7 +155,8 @@ pub(super) async fn housekeeping(
             _ = noticed(notices.as_ref()) => due.promote_by(Instant::now()),
             _ = tracking.changed() => due.records = Instant::now(),
             _ = store.completion_noted() => {
-                due.forward = Some(due.forward.map_or(Instant::now(), |at| at.min(Instant::now())));
+                let at = Instant::now() + super::completions::GATHER;
+                due.forward = Some(due.forward.map_or(at, |due| due.min(at)));
             }
         }
         let now = Instant::now();

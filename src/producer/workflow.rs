@@ -1,9 +1,9 @@
 //! A producer's batches (docs/design.md §19): [`BatchBuilder`] opens one
 //! with its callbacks, [`OpenBatch`] adds members and seals it.
 //!
-//! Members are counted by their ids before they are enqueued: the batch
-//! script registers them (`add`), then they go as a batch enqueue whose
-//! entries carry the batch's id. A member's end reaches the batch through
+//! Members are counted before they are enqueued: the batch script adds
+//! each add's count to the batch's total once (`add`, by the add's id),
+//! then they go as a batch enqueue whose entries carry the batch's id. A member's end reaches the batch through
 //! the script that ends it, so a seal after every member ended finds the
 //! batch complete and adds the callback at once.
 
@@ -25,9 +25,6 @@ pub const DEFAULT_BATCH_EXPIRY: Duration = Duration::from_secs(24 * 3600);
 
 /// Default time a done batch's record is kept (for `peerq batch show`).
 pub const DEFAULT_BATCH_KEEP: Duration = Duration::from_secs(24 * 3600);
-
-/// Members registered per call of the batch script.
-const REGISTER: usize = 4096;
 
 /// A callback, encoded.
 #[derive(Debug)]
@@ -265,23 +262,18 @@ impl<C: Codec> OpenBatch<'_, C> {
             options.member_of = Some(batch.clone());
             tasks.push((*member, options));
         }
-        let ids: Vec<&TaskId> = tasks.iter().filter_map(|(_, o)| o.id.as_ref()).collect();
-        self.register(&ids).await?;
+        self.count(tasks.len()).await?;
         self.producer.enqueue_batch_with(&tasks).await
     }
 
-    /// Counts `ids` as members, before they go.
-    async fn register(&self, ids: &[&TaskId]) -> Result<()> {
+    /// Counts `n` more members, before they go: once, under an id of this
+    /// add's own (sent again after a lost reply, it counts nothing more).
+    async fn count(&self, n: usize) -> Result<()> {
         let keys = BatchKeys::of(&self.producer.name, &self.id);
-        for part in ids.chunks(REGISTER) {
-            let mut script = keys.call("add", &self.id);
-            for id in part {
-                script.arg(id.as_str());
-            }
-            let (code, _total): (i64, Value) = self.producer.conn.write_script(&script).await?;
-            self.refused(code)?;
-        }
-        Ok(())
+        let mut script = keys.call("add", &self.id);
+        script.arg(TaskId::generate().as_str()).arg(n);
+        let (code, _total): (i64, Value) = self.producer.conn.write_script(&script).await?;
+        self.refused(code)
     }
 
     fn refused(&self, code: i64) -> Result<()> {

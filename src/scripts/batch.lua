@@ -9,22 +9,24 @@
 -- (ms kept once done), `c:<field>` and `o:<field>` (the callback's and the
 -- on-failure callback's entry fields; absent: none), and once done
 -- `done_at`, `sent` (`callback`, `on_failure` or `none`) and `sent_id`.
--- KEYS[2] = {N/h}:batch:<uuid>:m, a hash: member task id → `pending`, or
--- its state and the id of the completion record that said so
--- (`<state> <stream id>`, in the member's own partition).
+-- KEYS[2] = {N/h}:batch:<uuid>:m, a hash: member task id → its state and
+-- the id of the completion record that said so (`<state> <stream id>`, in
+-- the member's own partition); a member not in it has not ended yet.
 -- KEYS[3] = {N/h}:stream
 -- ARGV[1] = what to do     ARGV[2] = the batch id
 -- `open` ARGV[3] = ms until an unsealed batch expires, ARGV[4] = ms kept
 --   once done, ARGV[5] = c, then c pairs of the callback's field and value,
 --   then o, then o pairs of the on-failure callback's (0: none). Returns 1,
 --   or 0 if it existed.
--- `add` ARGV[3..] = member task ids, each counted once. Returns { code,
---   total }: 1 added, 0 no such batch, -1 sealed, -2 expired.
+-- `add` ARGV[3] = the add's id, ARGV[4] = how many members it adds: each
+--   add is counted once (a call sent again after a lost reply adds none).
+--   Returns { code, total }: 1 added, 0 no such batch, -1 sealed, -2
+--   expired.
 -- `seal` Returns { code, state }: 1 sealed (state `open` or `done`), 0 no
 --   such batch, -2 expired.
--- `forward` ARGV[3..] = triples of member task id, state and completion
---   id; a member's state changes only for a newer completion. Returns 1,
---   or 0 if there is no such batch (any more).
+-- `forward` ARGV[3..] = triples of member task ids (space-separated),
+--   state and completion id; a member's state changes only for a newer
+--   completion. Returns 1, or 0 if there is no such batch (any more).
 
 local now_t = redis.call('TIME')
 local now = tonumber(now_t[1]) * 1000 + math.floor(tonumber(now_t[2]) / 1000)
@@ -107,7 +109,7 @@ if op == 'open' then
   return 1
 end
 
-local r = redis.call('HMGET', KEYS[1], 'sealed', 'expires_at', 'total', 'keep')
+local r = redis.call('HMGET', KEYS[1], 'sealed', 'expires_at', 'total', 'keep', 'done_at')
 if not r[1] then
   if op == 'forward' then
     return 0
@@ -123,14 +125,10 @@ if op == 'add' then
   if expired then
     return { -2, r[3] }
   end
-  local new = 0
-  for i = 3, #ARGV do
-    new = new + redis.call('HSETNX', KEYS[2], ARGV[i], 'pending')
+  if redis.call('HSETNX', KEYS[1], 'a:' .. ARGV[3], 1) == 0 then
+    return { 1, r[3] }
   end
-  -- The members' hash lives as long as the record (no PTTL: the README's
-  -- least-privilege rule grants PEXPIRE, not the keyspace's reads).
-  redis.call('PEXPIRE', KEYS[2], tonumber(r[2]) + tonumber(r[4]) - now)
-  return { 1, tostring(redis.call('HINCRBY', KEYS[1], 'total', new)) }
+  return { 1, tostring(redis.call('HINCRBY', KEYS[1], 'total', tonumber(ARGV[4]))) }
 end
 
 if op == 'seal' then
@@ -142,22 +140,58 @@ if op == 'seal' then
 end
 
 if op == 'forward' then
+  -- Every member told, with its state and record, in order.
+  local told = {}
   for i = 3, #ARGV - 2, 3 do
-    local id, state, at = ARGV[i], ARGV[i + 1], ARGV[i + 2]
-    local prev = redis.call('HGET', KEYS[2], id)
-    if prev then
-      local was, was_at = string.match(prev, '^(%S+) ?(%S*)$')
-      if was_at == '' or after(at, was_at) then
-        if COUNTER[was] then
-          redis.call('HINCRBY', KEYS[1], COUNTER[was], -1)
-        end
-        if COUNTER[state] then
-          redis.call('HINCRBY', KEYS[1], COUNTER[state], 1)
-        end
-        redis.call('HSET', KEYS[2], id, state .. ' ' .. at)
-      end
+    for id in string.gmatch(ARGV[i], '%S+') do
+      told[#told + 1] = { id, ARGV[i + 1], ARGV[i + 2] }
     end
   end
+  local moved = { ok = 0, dead = 0, cancelled = 0 }
+  for from = 1, #told, 1000 do
+    local to = math.min(from + 999, #told)
+    local ids = {}
+    for k = from, to do
+      ids[#ids + 1] = told[k][1]
+    end
+    local prev = redis.call('HMGET', KEYS[2], unpack(ids))
+    local writes = {}
+    local now_of = {}
+    for k = from, to do
+      local id, state, at = told[k][1], told[k][2], told[k][3]
+      -- A member told twice in one call: its later record is its state.
+      local held = now_of[id] or prev[k - from + 1]
+      local was, was_at = nil, ''
+      if held then
+        was, was_at = string.match(held, '^(%S+) (%S+)$')
+      end
+      if not was or after(at, was_at) then
+        if COUNTER[was] then
+          moved[COUNTER[was]] = moved[COUNTER[was]] - 1
+        end
+        if COUNTER[state] then
+          moved[COUNTER[state]] = moved[COUNTER[state]] + 1
+        end
+        now_of[id] = state .. ' ' .. at
+        writes[#writes + 1] = id
+        writes[#writes + 1] = now_of[id]
+      end
+    end
+    if #writes > 0 then
+      redis.call('HSET', KEYS[2], unpack(writes))
+    end
+  end
+  for counter, n in pairs(moved) do
+    if n ~= 0 then
+      redis.call('HINCRBY', KEYS[1], counter, n)
+    end
+  end
+  -- The members' hash lives as long as the record: `keep` after the end,
+  -- or after the unsealed batch's expiry (computed, not read with PTTL:
+  -- the README's least-privilege rule grants PEXPIRE, not the keyspace's
+  -- reads).
+  local ends = tonumber(r[5] or r[2]) + tonumber(r[4])
+  redis.call('PEXPIRE', KEYS[2], math.max(ends - now, 1))
   settle()
   return 1
 end

@@ -20,26 +20,22 @@
 -- u: each key is freed if its task holds it. Without, this costs nothing.
 -- With batch members among them (docs/design.md §19), and only then:
 -- KEYS[3] is named (u may be 0), KEYS[4] = {N/p}:completions, and after
--- the unique keys' values come k triples of stream id, task id and batch
--- id, then k: each member this call acks gets its completion record,
--- `succeeded` (or `cancelled`, as its record is written).
+-- the unique keys' values come k pairs of task id and batch id, then k:
+-- their ends are written as completion records, one per batch and state,
+-- `succeeded` (or `cancelled`, as its record says). A call sent again
+-- after a lost reply writes them again: the batch counts a member's end
+-- once however often it is told (batch.lua keeps each member's state).
 -- Returns the number acknowledged, or -1 when fenced.
 if redis.call('GET', KEYS[2]) ~= ARGV[1] then
   return -1
 end
--- The members this call ends: those still pending before it acks any (a
--- call sent again after a lost reply ends none twice).
+-- The batch members' pairs, at the end, before the unique keys'.
 local last = #ARGV
-local members = {}
+local members_from, members_to = 1, 0
 if KEYS[4] then
   local k = tonumber(ARGV[last])
-  local from = last - 3 * k
-  for i = from, last - 1, 3 do
-    if #redis.call('XPENDING', KEYS[1], ARGV[2], ARGV[i], ARGV[i], 1) > 0 then
-      members[#members + 1] = i
-    end
-  end
-  last = from - 1
+  members_from, members_to = last - 2 * k, last - 1
+  last = members_from - 1
 end
 local n = tonumber(ARGV[3])
 local acked = 0
@@ -80,12 +76,23 @@ if t then
   end
   acked = acked + all
 end
-for _, i in ipairs(members) do
+-- One record per batch and state.
+local ended = {}
+for i = members_from, members_to, 2 do
+  local id, batch = ARGV[i], ARGV[i + 1]
   local state = 'succeeded'
-  if t and t.done[ARGV[i + 1]] == 'cancelled' then
+  if t and (t.done[id] == 'cancelled' or (t.asked ~= false and state_of(t, id) == 'cancelled')) then
     state = 'cancelled'
   end
-  completed(KEYS[1], ARGV[i + 2], ARGV[i + 1], state)
+  local group = batch .. ' ' .. state
+  if not ended[group] then
+    ended[group] = { batch = batch, state = state, ids = {} }
+  end
+  local ids = ended[group].ids
+  ids[#ids + 1] = id
+end
+for _, e in pairs(ended) do
+  completed(KEYS[1], e.batch, table.concat(e.ids, ' '), e.state)
 end
 flush(t)
 if KEYS[3] then

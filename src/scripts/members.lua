@@ -12,10 +12,12 @@ local function completions_of(stream)
   return string.sub(stream, 1, #stream - 6) .. 'completions'
 end
 
--- Says that member `id` of batch `batch` is now `state`: `succeeded`,
--- `dead`, `cancelled` or `pending` (replayed).
-local function completed(stream, batch, id, state)
-  if batch and batch ~= '' and id then
-    redis.call('XADD', completions_of(stream), '*', 'b', batch, 't', id, 's', state)
+-- Says that member(s) `ids` (task ids, space-separated) of batch `batch`
+-- are now `state`: `succeeded`, `dead`, `cancelled` or `pending`
+-- (replayed). One record for many members of one batch: what one ack
+-- ends of a batch costs one entry.
+local function completed(stream, batch, ids, state)
+  if batch and batch ~= '' and ids and ids ~= '' then
+    redis.call('XADD', completions_of(stream), '*', 'b', batch, 't', ids, 's', state)
   end
 end

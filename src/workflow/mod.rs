@@ -314,14 +314,16 @@ impl BatchKeys {
     }
 }
 
-/// One member's end, as a completion record says it.
+/// Members' end, as a completion record says it: some members of one
+/// batch, all in one state.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Completion {
-    /// The record's stream id in the member's partition: a member's
+    /// The record's stream id in the members' partition: a member's
     /// state changes only for a newer one.
     pub(crate) at: String,
     pub(crate) batch: String,
-    pub(crate) task: String,
+    /// Their task ids, space-separated.
+    pub(crate) tasks: String,
     pub(crate) state: String,
 }
 
@@ -337,7 +339,7 @@ pub(crate) async fn forward(
     let keys = BatchKeys::of(name, id);
     let mut script = keys.call("forward", id);
     for c in completions {
-        script.arg(&c.task).arg(&c.state).arg(&c.at);
+        script.arg(&c.tasks).arg(&c.state).arg(&c.at);
     }
     let _: i64 = conn.invoke(&script).await?;
     Ok(())

@@ -59,7 +59,8 @@ pub(crate) struct AckGroup<'a> {
     /// §16), among `ids` or `tracked`: the script frees their keys.
     pub(crate) unique: Vec<(&'a str, &'a str)>,
     /// Stream id, task id and batch id of each batch member (§19) among
-    /// `ids` or `tracked`: the script writes their completion records.
+    /// `ids` or `tracked`: the script writes their completion records (the
+    /// stream id it does not need).
     pub(crate) members: Vec<(&'a str, &'a str, &'a str)>,
 }
 
@@ -78,10 +79,7 @@ impl PartitionStore {
             id.len() + task.task.as_str().len() + 160 + progress + task.result.len()
         });
         let unique_bytes = group.unique.iter().map(|(t, k)| t.len() + k.len());
-        let member_bytes = group
-            .members
-            .iter()
-            .map(|(s, t, b)| s.len() + t.len() + b.len());
+        let member_bytes = group.members.iter().map(|(_, t, b)| t.len() + b.len());
         let bytes = 200
             + ids.sum::<usize>()
             + records.sum::<usize>()
@@ -91,7 +89,7 @@ impl PartitionStore {
             + group.ids.len()
             + 3 * group.tracked.len()
             + 2 * group.unique.len()
-            + 3 * group.members.len();
+            + 2 * group.members.len();
         let keys = 2 + usize::from(unique) + usize::from(members);
         let mut cmd = evalsha(&FENCED_ACK, keys, args, bytes);
         cmd.arg(&self.stream).arg(&self.owner);
@@ -126,8 +124,8 @@ impl PartitionStore {
             cmd.arg(group.unique.len());
         }
         if members {
-            for (stream_id, task, batch) in &group.members {
-                cmd.arg(*stream_id).arg(*task).arg(*batch);
+            for (_, task, batch) in &group.members {
+                cmd.arg(*task).arg(*batch);
             }
             cmd.arg(group.members.len());
         }

@@ -41,7 +41,7 @@ impl PartitionStore {
                 };
                 Some(Completion {
                     batch: field("b")?,
-                    task: field("t")?,
+                    tasks: field("t")?,
                     state: field("s")?,
                     at,
                 })
@@ -78,10 +78,10 @@ mod tests {
     use crate::instance::InstanceId;
     use crate::workflow::BatchId;
 
-    /// A member's ack writes its completion record once: an ack sent again
-    /// (its reply lost) writes none, nor does a stale owner's; forwarding
-    /// the records twice counts each member once, and the seal then finds
-    /// the batch complete.
+    /// A member's ack writes its completion record (one per batch and
+    /// state), a stale owner's none; an ack sent again after a lost reply
+    /// writes it again, and forwarding the records, twice over, counts each
+    /// member once; the seal then finds the batch complete.
     #[tokio::test]
     async fn a_members_end_is_recorded_once_and_counted_once() {
         let (server, conn, name) = setup().await;
@@ -113,8 +113,11 @@ mod tests {
         open.arg(60_000).arg(60_000).arg(0).arg(0);
         let _: i64 = conn.invoke(&open).await.unwrap();
         let mut add = keys.call("add", &batch);
-        add.arg("t1").arg("t2");
-        let _: (i64, String) = conn.invoke(&add).await.unwrap();
+        add.arg("add-1").arg(2);
+        for _ in 0..2 {
+            // Sent again: counted once.
+            let _: (i64, String) = conn.invoke(&add).await.unwrap();
+        }
 
         let stale_reply = ack(&conn, &[members(&stale)]).await.unwrap();
         assert_eq!(stale_reply, vec![super::super::AckReply::Fenced]);
@@ -126,9 +129,9 @@ mod tests {
         let records = store.completions(10).await.unwrap();
         let ended: Vec<(&str, &str)> = records
             .iter()
-            .map(|c| (c.task.as_str(), c.state.as_str()))
+            .map(|c| (c.tasks.as_str(), c.state.as_str()))
             .collect();
-        assert_eq!(ended, [("t1", "succeeded"), ("t2", "succeeded")]);
+        assert_eq!(ended, [("t1 t2", "succeeded"), ("t1 t2", "succeeded")]);
         let all: Vec<&crate::workflow::Completion> = records.iter().collect();
         for _ in 0..2 {
             store.forward(&name, &batch, &all).await.unwrap();
