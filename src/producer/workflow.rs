@@ -18,6 +18,7 @@ use crate::codec::Codec;
 use crate::entry::{TaskId, field as entry_field};
 use crate::error::{BatchRefused, Error, Result};
 use crate::headers::Headers;
+use crate::priority::Priority;
 use crate::workflow::{BatchId, BatchKeys};
 
 /// Default time an open batch waits to be sealed before it expires.
@@ -128,7 +129,7 @@ impl<'p, C: Codec> BatchBuilder<'p, C> {
             ("idempotency_key", options.idempotency_key.is_some()),
             ("unique", options.unique.is_some()),
             ("delay", options.delay.is_some() || options.at.is_some()),
-            ("priority", options.priority != crate::Priority::Normal),
+            ("priority", options.priority != Priority::Normal),
         ];
         if let Some((setting, _)) = refused.iter().find(|(_, set)| *set) {
             return Err(Error::invalid(
