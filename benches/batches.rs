@@ -73,11 +73,13 @@ async fn main() {
         .await
         .unwrap();
     let (mut enqueue, mut consume) = ([Vec::new(), Vec::new()], [Vec::new(), Vec::new()]);
+    let mut costs: [Option<meter::Cost>; 2] = [None, None];
     for _ in 0..repeats {
         for batched in [false, true] {
-            let (e, c) = run(&server, &mut conn, tasks, batched).await;
+            let (e, c, cost) = run(&server, &mut conn, tasks, batched).await;
             enqueue[usize::from(batched)].push(e);
             consume[usize::from(batched)].push(c);
+            costs[usize::from(batched)].get_or_insert(cost);
         }
     }
     println!();
@@ -89,6 +91,28 @@ async fn main() {
     println!("{}", ratio_row(enqueue_label, &enqueue[0], &enqueue[1]));
     let consume_label = "consume, to the last ack (and the last callback)";
     println!("{}", ratio_row(consume_label, &consume[0], &consume[1]));
+    println!();
+    println!(
+        "| the consume's cost per task (first repeat) | Redis CPU | bench process CPU | Redis commands | the most called |"
+    );
+    println!("|---|---|---|---|---|");
+    for (label, cost) in ["plain", "members"].iter().zip(&costs) {
+        let cost = cost.as_ref().expect("a run");
+        let per = |d: Duration| d.as_secs_f64() * 1e6 / tasks as f64;
+        let top: Vec<String> = cost
+            .by_calls()
+            .iter()
+            .take(6)
+            .map(|(name, c)| format!("{name} {:.3}", c.calls as f64 / tasks as f64))
+            .collect();
+        println!(
+            "| {label} | {:.2} µs | {:.2} µs | {:.3} | {} |",
+            per(cost.redis_cpu),
+            per(cost.process_cpu),
+            cost.calls() as f64 / tasks as f64,
+            top.join(", ")
+        );
+    }
     let (p50, p99, max) = latency(&server).await;
     println!();
     println!(
@@ -105,7 +129,7 @@ async fn run(
     conn: &mut MultiplexedConnection,
     tasks: u64,
     batched: bool,
-) -> (f64, f64) {
+) -> (f64, f64, meter::Cost) {
     let name = unique_name("batches");
     let producer = Producer::connect(&server.url(), &name).await.unwrap();
     let jobs: Vec<Job> = (0..tasks).map(task).collect();
@@ -137,6 +161,7 @@ async fn run(
             }
         })
     };
+    let before = meter::read(conn).await;
     let stop = CancellationToken::new();
     let consumer = Consumer::builder()
         .name(&name)
@@ -153,13 +178,14 @@ async fn run(
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let elapsed = first.lock().unwrap().expect("a task ran").elapsed();
+    let cost = meter::read(conn).await.since(&before);
     stop.cancel();
     running.await.unwrap().unwrap();
     let _: () = deadpool_redis::redis::cmd("FLUSHALL")
         .query_async(conn)
         .await
         .unwrap();
-    (enqueue, tasks as f64 / elapsed.as_secs_f64())
+    (enqueue, tasks as f64 / elapsed.as_secs_f64(), cost)
 }
 
 /// Batches one at a time: from the last member's handler returning to the

@@ -53,6 +53,11 @@ pub(crate) mod field {
     pub(crate) const PAYLOAD: &str = "payload";
     /// The unique key (`Options::unique`), while the task holds its lock.
     pub(crate) const UNIQUE: &str = "unique";
+    /// A batch member's batch id (docs/design.md §19), among the fields
+    /// the entry keeps without reading them.
+    pub(crate) const BATCH: &str = "batch";
+    /// Present (`1`) on a member whose batch wants its result.
+    pub(crate) const BATCH_RESULTS: &str = "batch_results";
     /// Every field of the format, which the entry reads itself.
     pub(crate) const ALL: [&str; 8] = [
         ID,
@@ -230,12 +235,14 @@ impl Entry {
         fields
     }
 
-    /// The batch this task is a member of (docs/design.md §19), if any:
-    /// its `batch` field, kept among the fields this module does not read.
-    pub(crate) fn member_of(&self) -> Option<&str> {
-        let batch = crate::workflow::field::BATCH;
-        let (_, value) = self.extra.iter().find(|(name, _)| name == batch)?;
-        std::str::from_utf8(value).ok()
+    /// The batch this task is a member of (docs/design.md §19), if any
+    /// (its `batch` field, kept among the fields this module does not
+    /// read), and whether the batch wants its result (`batch_results`).
+    pub(crate) fn member_of(&self) -> Option<(&str, bool)> {
+        use self::field::{BATCH, BATCH_RESULTS};
+        let (_, value) = self.extra.iter().find(|(name, _)| name == BATCH)?;
+        let wants = self.extra.iter().any(|(name, _)| name == BATCH_RESULTS);
+        Some((std::str::from_utf8(value).ok()?, wants))
     }
 
     /// The partition key: the given key, else the id.

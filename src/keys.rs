@@ -238,6 +238,12 @@ pub(crate) fn batch_members(name: &ServiceName, h: u32, uuid: &str) -> String {
     format!("{{{name}/{h}}}:batch:{uuid}:m")
 }
 
+/// The results of batch `<h>/<uuid>`'s members, when it wants them (a
+/// flow's parent, a chain's next step): task id → the result's bytes.
+pub(crate) fn batch_results(name: &ServiceName, h: u32, uuid: &str) -> String {
+    format!("{{{name}/{h}}}:batch:{uuid}:r")
+}
+
 /// One sequence of [`MajorityIds`](crate::ids::MajorityIds) on each of
 /// its servers: the highest ID the server has taken, as a decimal string
 /// (docs/design.md §13). Not a service key: the servers are independent,
@@ -276,6 +282,7 @@ mod tests {
         assert_eq!(completions(&n, 7), "{mail-sender/7}:completions");
         assert_eq!(batch(&n, 7, "u"), "{mail-sender/7}:batch:u");
         assert_eq!(batch_members(&n, 7, "u"), "{mail-sender/7}:batch:u:m");
+        assert_eq!(batch_results(&n, 7, "u"), "{mail-sender/7}:batch:u:r");
     }
 
     #[test]

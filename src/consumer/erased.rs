@@ -70,8 +70,10 @@ impl<T: Payload, S: TaskService<T>, C: Codec> Prepare for Typed<T, S, C> {
         // A clone per task, as tower's services expect (`ConcurrencyLimit`
         // takes its permit in `poll_ready` and gives it back on drop).
         let mut service = self.service.clone();
-        // Results are kept only for tracked tasks, and `()` never.
-        let keep = cx.tracked.is_some() && TypeId::of::<S::Response>() != TypeId::of::<()>();
+        // Results are kept only for tracked tasks and for members whose
+        // batch wants them (docs/design.md §19), and `()` never.
+        let wanted = cx.tracked.is_some() || cx.batch.as_ref().is_some_and(|b| b.wants_result);
+        let keep = wanted && TypeId::of::<S::Response>() != TypeId::of::<()>();
         let codec = self.codec.clone();
         // One allocation per task: the call's future, boxed once.
         Ok(Box::pin(async move {

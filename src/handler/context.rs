@@ -196,19 +196,30 @@ impl TaskContext {
     ///
     /// [`OpenBatch::add`]: crate::producer::OpenBatch::add
     pub fn batch(&self) -> Option<&BatchId> {
-        match self.batch.as_deref() {
-            Some(BatchLink::Member(id)) => Some(id),
-            _ => None,
-        }
+        self.batch.as_deref()?.member_of.as_ref()
     }
 
-    /// For a batch's callback: how the batch's members ended. `None` for
-    /// any other task.
+    /// For a batch's callback (a flow's parent): how the batch's members
+    /// ended. `None` for any other task.
     pub fn batch_summary(&self) -> Option<&BatchSummary> {
-        match self.batch.as_deref() {
-            Some(BatchLink::Callback(summary)) => Some(summary),
-            _ => None,
-        }
+        self.batch.as_deref()?.summary.as_ref()
+    }
+
+    /// For a flow's parent: each child's task id and result (its handler's
+    /// output, encoded with the service's codec: decode it with the same
+    /// codec, `Bincode.decode(..)` or `Json.decode(..)`); children that
+    /// returned nothing are not listed. Empty for any other task.
+    pub fn batch_results(&self) -> &[(TaskId, Vec<u8>)] {
+        self.batch.as_deref().map_or(&[], |b| b.results.as_slice())
+    }
+
+    /// For a chain's step after the first: the step before's result
+    /// (encoded with the service's codec, as [`batch_results`] says);
+    /// `None` for the first step and any other task.
+    ///
+    /// [`batch_results`]: Self::batch_results
+    pub fn previous_result(&self) -> Option<&[u8]> {
+        self.batch.as_deref()?.previous_result.as_deref()
     }
 
     /// The partition key the producer gave ([`Options::key`]), if any:

@@ -52,6 +52,7 @@ pub(crate) fn verdict(row: Row, codec: &str, max_payload: usize) -> Verdict {
         priority: Default::default(),
         headers: Headers::new(),
         member_of: None,
+        member_results: false,
         id: None,
     };
     let headers = Headers::from_json(row.headers.as_deref());

@@ -43,7 +43,7 @@ use crate::entry::{self, Entry, TaskId};
 use crate::error::{Duplicate, Result};
 use crate::partition::partition_of;
 use crate::priority::Priority;
-use crate::workflow::field::BATCH;
+use crate::workflow::field::{BATCH, BATCH_RESULTS};
 
 /// Entries per part (`enqueue_batch`'s doc names it). Small enough that Redis starts on a batch soon after
 /// its encoding (the first part is built while Redis waits), large enough
@@ -105,7 +105,7 @@ impl<C: Codec> Producer<C> {
     /// Sends `items` in parts: a task without options (or with a key only)
     /// as an `XADD`, one with an idempotency key or a delay through the
     /// enqueue script, in the same part.
-    async fn send_items(&self, items: Vec<Item<'_>>) -> Result<Sent> {
+    pub(super) async fn send_items(&self, items: Vec<Item<'_>>) -> Result<Sent> {
         if items.is_empty() {
             return Ok(Sent {
                 ids: Vec::new(),
@@ -173,6 +173,9 @@ impl<C: Codec> Producer<C> {
                         if let Some(batch) = &options.member_of {
                             let member = (BATCH.to_owned(), batch.as_bytes().to_vec());
                             entry.extra.push(member);
+                            if options.member_results {
+                                entry.extra.push((BATCH_RESULTS.to_owned(), b"1".to_vec()));
+                            }
                         }
                         #[cfg(feature = "otel")]
                         crate::trace_context::add(&mut entry.headers, trace.as_ref());
@@ -202,8 +205,11 @@ impl<C: Codec> Producer<C> {
                         for (name, value) in headers.iter().flat_map(|h| h.fields()) {
                             cmd.arg(name).arg(value);
                         }
-                        if let Some(batch) = options.and_then(|o| o.member_of.as_deref()) {
-                            cmd.arg(BATCH).arg(batch);
+                        if let Some(o) = options.filter(|o| o.member_of.is_some()) {
+                            cmd.arg(BATCH).arg(o.member_of.as_deref());
+                            if o.member_results {
+                                cmd.arg(BATCH_RESULTS).arg("1");
+                            }
                         }
                         pipe.add_command(cmd);
                         commands += 1;

@@ -45,7 +45,9 @@ pub use builder::ProducerBuilder;
 pub use options::Options;
 #[cfg(feature = "postgres")]
 pub(crate) use stored::{Sent, Stored};
-pub use workflow::{BatchBuilder, DEFAULT_BATCH_EXPIRY, DEFAULT_BATCH_KEEP, OpenBatch};
+pub use workflow::{
+    BatchBuilder, ChainBuilder, DEFAULT_BATCH_EXPIRY, DEFAULT_BATCH_KEEP, Flow, OpenBatch,
+};
 
 /// Default largest encoded payload a producer accepts.
 pub const DEFAULT_MAX_PAYLOAD: usize = 1024 * 1024;
@@ -284,7 +286,7 @@ impl<C: Codec> Producer<C> {
 
     /// `task` encoded, or the error that fails its enqueue before anything
     /// is sent: it does not encode, or it is over `max_payload`.
-    fn payload<T: Serialize>(&self, task: &T) -> Result<Vec<u8>> {
+    pub(super) fn payload<T: Serialize>(&self, task: &T) -> Result<Vec<u8>> {
         let payload = self.codec.encode(task)?;
         if payload.len() > self.max_payload {
             return Err(Error::PayloadTooLarge {
@@ -317,7 +319,10 @@ impl<C: Codec> Producer<C> {
     /// Makes sure the levels `wanted` are known: reads `{N}:meta`'s
     /// levels again when one is not (a producer may have connected before
     /// the service's first consumer recorded them).
-    async fn know_levels(&self, wanted: impl IntoIterator<Item = Priority>) -> Result<()> {
+    pub(super) async fn know_levels(
+        &self,
+        wanted: impl IntoIterator<Item = Priority>,
+    ) -> Result<()> {
         // Normal is every service's: a batch of normal tasks (the common
         // case) takes no lock at all, and any other, one.
         let mut others = wanted

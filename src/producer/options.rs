@@ -21,6 +21,9 @@ pub struct Options {
     /// A batch member's batch id (docs/design.md §19), set by
     /// [`OpenBatch::add`](crate::producer::OpenBatch::add).
     pub(crate) member_of: Option<std::sync::Arc<str>>,
+    /// Whether its batch wants its result (a flow's child, a chain's
+    /// step).
+    pub(crate) member_results: bool,
     /// The id the task gets, when the caller chose it (a batch's members
     /// are counted by their ids before they go).
     pub(crate) id: Option<crate::entry::TaskId>,

@@ -20,9 +20,11 @@
 -- u: each key is freed if its task holds it. Without, this costs nothing.
 -- With batch members among them (docs/design.md §19), and only then:
 -- KEYS[3] is named (u may be 0), KEYS[4] = {N/p}:completions, and after
--- the unique keys' values come k pairs of task id and batch id, then k:
--- their ends are written as completion records, one per batch and state,
--- `succeeded` (or `cancelled`, as its record says). A call sent again
+-- the unique keys' values come k triples of task id, batch id and result
+-- ('' unless the batch wants it), then k: their ends are written as
+-- completion records, one per batch and state, `succeeded` (or
+-- `cancelled`, as its record says), and one of its own for a member with a
+-- result (its `r`). A call sent again
 -- after a lost reply writes them again: the batch counts a member's end
 -- once however often it is told (batch.lua keeps each member's state).
 -- Returns the number acknowledged, or -1 when fenced.
@@ -34,7 +36,7 @@ local last = #ARGV
 local members_from, members_to = 1, 0
 if KEYS[4] then
   local k = tonumber(ARGV[last])
-  members_from, members_to = last - 2 * k, last - 1
+  members_from, members_to = last - 3 * k, last - 1
   last = members_from - 1
 end
 local n = tonumber(ARGV[3])
@@ -78,18 +80,22 @@ if t then
 end
 -- One record per batch and state.
 local ended = {}
-for i = members_from, members_to, 2 do
-  local id, batch = ARGV[i], ARGV[i + 1]
+for i = members_from, members_to, 3 do
+  local id, batch, result = ARGV[i], ARGV[i + 1], ARGV[i + 2]
   local state = 'succeeded'
   if t and (t.done[id] == 'cancelled' or (t.asked ~= false and state_of(t, id) == 'cancelled')) then
     state = 'cancelled'
   end
-  local group = batch .. ' ' .. state
-  if not ended[group] then
-    ended[group] = { batch = batch, state = state, ids = {} }
+  if state == 'succeeded' and result ~= '' then
+    redis.call('XADD', completions_of(KEYS[1]), '*', 'b', batch, 't', id, 's', state, 'r', result)
+  else
+    local group = batch .. ' ' .. state
+    if not ended[group] then
+      ended[group] = { batch = batch, state = state, ids = {} }
+    end
+    local ids = ended[group].ids
+    ids[#ids + 1] = id
   end
-  local ids = ended[group].ids
-  ids[#ids + 1] = id
 end
 for _, e in pairs(ended) do
   completed(KEYS[1], e.batch, table.concat(e.ids, ' '), e.state)

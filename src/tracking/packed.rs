@@ -45,6 +45,17 @@ pub(crate) fn decode(mut bytes: &[u8]) -> Option<HashMap<String, Vec<u8>>> {
     Some(fields)
 }
 
+/// A run of MessagePack strings (as `cmsgpack.pack` writes a list of
+/// them: a batch's results, docs/design.md §19), each as its bytes; `None`
+/// when cut short or holding another kind.
+pub(crate) fn strings(mut bytes: &[u8]) -> Option<Vec<Vec<u8>>> {
+    let mut all = Vec::new();
+    while !bytes.is_empty() {
+        all.push(value(&mut bytes)??);
+    }
+    Some(all)
+}
+
 /// A record as a batch's enqueue writes it, as `enqueue.lua` does: waiting,
 /// attempt 1, enqueued at `enqueued_at` (Unix ms).
 pub(crate) fn waiting(enqueued_at: u64) -> Vec<u8> {

@@ -29,16 +29,21 @@ use crate::error::{Error, Result};
 use crate::keys;
 use crate::task_id::TaskId;
 
-/// The entry fields of batches (docs/design.md §19): a member's batch id,
-/// and a callback's batch id and summary.
+/// The entry fields of batches (docs/design.md §19): a member's batch id
+/// (and whether its batch wants its result, and a chain step's input), and
+/// a callback's batch id, summary and members' results.
 pub(crate) mod field {
-    /// A member's batch id.
-    pub(crate) const BATCH: &str = "batch";
+    pub(crate) use crate::entry::field::{BATCH, BATCH_RESULTS};
+    /// A chain step's input: the result of the step before.
+    pub(crate) const PREVIOUS_RESULT: &str = "previous_result";
     /// A callback's batch id.
     pub(crate) const CALLBACK_OF: &str = "callback_of";
     /// A callback's summary: total, succeeded, dead, cancelled and the
     /// ids of the dead, space-separated.
     pub(crate) const SUMMARY: &str = "summary";
+    /// A flow parent's members' results: task id and result pairs,
+    /// MessagePack strings.
+    pub(crate) const RESULTS: &str = "results";
 }
 
 /// `batch.lua`, with `unique.lua`'s helpers before it.
@@ -168,33 +173,45 @@ impl BatchSummary {
     }
 }
 
-/// What a task is to a batch: a member, or a callback with its summary.
-#[derive(Debug)]
-pub(crate) enum BatchLink {
-    Member(BatchId),
-    Callback(BatchSummary),
+/// What a task is to batches: a member of one (a chain's step with its
+/// input), the callback of one (with its summary and, for a flow's parent,
+/// its members' results), or both (a flow's child that is a flow itself).
+#[derive(Debug, Default)]
+pub(crate) struct BatchLink {
+    pub(crate) member_of: Option<BatchId>,
+    /// Its batch wants its result (its `batch_results`).
+    pub(crate) wants_result: bool,
+    pub(crate) previous_result: Option<Vec<u8>>,
+    pub(crate) summary: Option<BatchSummary>,
+    pub(crate) results: Vec<(TaskId, Vec<u8>)>,
 }
 
 impl BatchLink {
-    /// The link an entry's other fields say (its `batch`, or its
-    /// `callback_of` and `summary`); `None` for most tasks, with no
-    /// allocation.
+    /// The link an entry's other fields say; `None` for most tasks, with
+    /// no allocation.
     pub(crate) fn of(extra: &[(String, Vec<u8>)]) -> Option<std::sync::Arc<BatchLink>> {
         if extra.is_empty() {
             return None;
         }
-        let value = |name: &str| {
-            let (_, v) = extra.iter().find(|(n, _)| n == name)?;
-            std::str::from_utf8(v).ok()
+        let bytes = |name: &str| extra.iter().find(|(n, _)| n == name).map(|(_, v)| v);
+        let text = |name: &str| std::str::from_utf8(bytes(name)?).ok();
+        let mut link = BatchLink {
+            member_of: text(field::BATCH).and_then(|b| b.parse().ok()),
+            wants_result: bytes(field::BATCH_RESULTS).is_some(),
+            previous_result: bytes(field::PREVIOUS_RESULT).cloned(),
+            ..BatchLink::default()
         };
-        let link = match (value(field::BATCH), value(field::CALLBACK_OF)) {
-            (Some(batch), _) => BatchLink::Member(batch.parse().ok()?),
-            (None, Some(batch)) => {
-                BatchLink::Callback(BatchSummary::read(batch, value(field::SUMMARY)?)?)
+        if let Some(batch) = text(field::CALLBACK_OF) {
+            link.summary = BatchSummary::read(batch, text(field::SUMMARY)?);
+            let results = bytes(field::RESULTS).and_then(|r| crate::tracking::packed::strings(r));
+            let mut pairs = results.unwrap_or_default().into_iter();
+            while let (Some(id), Some(result)) = (pairs.next(), pairs.next()) {
+                let id = String::from_utf8_lossy(&id);
+                link.results.push((TaskId::from(&*id), result));
             }
-            (None, None) => return None,
-        };
-        Some(std::sync::Arc::new(link))
+        }
+        let none = link.member_of.is_none() && link.summary.is_none();
+        (!none).then(|| std::sync::Arc::new(link))
     }
 }
 
@@ -239,6 +256,12 @@ pub struct BatchView {
     pub callback_id: Option<String>,
     /// Which callback went: `callback` or `on_failure`.
     pub callback_kind: Option<String>,
+    /// A chain: its steps.
+    pub steps: Option<u64>,
+    /// A chain's step running (or the last that ran), from 1.
+    pub step: Option<u64>,
+    /// A chain a dead (or cancelled) step stopped.
+    pub stopped: bool,
     /// When it was opened, Unix ms (Redis's clock).
     pub created_at: u64,
     /// When an unsealed batch expires, Unix ms.
@@ -262,8 +285,8 @@ impl BatchView {
         let done_at = n("done_at");
         let sent = fields.get("sent").map(String::as_str);
         let callback = match sent {
-            Some("none") | None => CallbackState::None,
-            Some(_) => CallbackState::Enqueued,
+            Some("callback" | "on_failure") => CallbackState::Enqueued,
+            _ => CallbackState::None,
         };
         let sent_id = fields.get("sent_id").filter(|id| !id.is_empty());
         Some(BatchView {
@@ -278,7 +301,12 @@ impl BatchView {
             done: done_at.is_some(),
             callback,
             callback_id: sent_id.cloned(),
-            callback_kind: sent.filter(|s| *s != "none").map(str::to_owned),
+            callback_kind: sent
+                .filter(|s| matches!(*s, "callback" | "on_failure"))
+                .map(str::to_owned),
+            steps: n("steps"),
+            step: n("step"),
+            stopped: n("steps").is_some() && done_at.is_some() && dead + cancelled > 0,
             created_at: n("created_at").unwrap_or(0),
             expires_at,
             done_at,
@@ -286,11 +314,13 @@ impl BatchView {
     }
 }
 
-/// A batch's keys: its record, its members, its home's stream.
+/// A batch's keys: its record, its members, its home's stream, its
+/// members' results.
 pub(crate) struct BatchKeys {
     record: String,
     members: String,
     stream: String,
+    results: String,
 }
 
 impl BatchKeys {
@@ -299,6 +329,7 @@ impl BatchKeys {
             record: keys::batch(name, id.home, id.uuid()),
             members: keys::batch_members(name, id.home, id.uuid()),
             stream: keys::stream(name, id.home),
+            results: keys::batch_results(name, id.home, id.uuid()),
         }
     }
 
@@ -308,6 +339,7 @@ impl BatchKeys {
         script
             .key(&self.members)
             .key(&self.stream)
+            .key(&self.results)
             .arg(op)
             .arg(id.as_str());
         script
@@ -325,6 +357,8 @@ pub(crate) struct Completion {
     /// Their task ids, space-separated.
     pub(crate) tasks: String,
     pub(crate) state: String,
+    /// A lone member's result, when its batch wants it; else empty.
+    pub(crate) result: Vec<u8>,
 }
 
 /// Forwards `completions`, all of batch `id`, to its record. `Ok(true)`
@@ -339,7 +373,7 @@ pub(crate) async fn forward(
     let keys = BatchKeys::of(name, id);
     let mut script = keys.call("forward", id);
     for c in completions {
-        script.arg(&c.tasks).arg(&c.state).arg(&c.at);
+        script.arg(&c.tasks).arg(&c.state).arg(&c.at).arg(&c.result);
     }
     let _: i64 = conn.invoke(&script).await?;
     Ok(())

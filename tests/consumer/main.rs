@@ -13,6 +13,7 @@ mod cancellation;
 mod claims;
 mod consumer;
 mod failures;
+mod flows;
 mod frozen;
 mod handover;
 mod headers;

@@ -31,6 +31,8 @@ async fn show(admin: &Admin, args: BatchArgs) -> Result<String, String> {
 fn shown(view: &BatchView) -> String {
     let state = if view.expired {
         "expired"
+    } else if view.stopped {
+        "stopped"
     } else if view.done {
         "done"
     } else if view.sealed {
@@ -56,5 +58,9 @@ fn shown(view: &BatchView) -> String {
             view.callback_id.clone().unwrap_or_else(|| "-".into()),
         ),
     ];
-    rows.iter().map(|(k, v)| format!("{k:<12} {v}\n")).collect()
+    // A chain's step.
+    let step = view.steps.zip(view.step);
+    let step = step.map(|(steps, step)| ("step", format!("{step} of {steps}")));
+    let rows = rows.into_iter().chain(step);
+    rows.map(|(k, v)| format!("{k:<12} {v}\n")).collect()
 }

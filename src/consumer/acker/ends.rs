@@ -1,7 +1,8 @@
 //! What a task's ack ends besides its entry: the lock of its unique key
 //! (docs/design.md §16) and, for a batch member, its place in the batch,
-//! as its completion record (§19). Both are written by the ack script, in
-//! the step that acks the entry.
+//! as its completion record (§19), with its result when its batch wants
+//! it (a chain's step, a flow's child). Both are written by the ack
+//! script, in the step that acks the entry.
 
 use crate::entry::{Entry, TaskId};
 
@@ -10,8 +11,22 @@ use crate::entry::{Entry, TaskId};
 pub(crate) struct Ends {
     /// Its task id and unique key, if it holds one: the key is freed.
     pub(crate) unique: Option<(TaskId, String)>,
-    /// Its task id and batch id, if it is a batch member: it is counted.
-    pub(crate) member: Option<(TaskId, String)>,
+    /// Its place in a batch, if it is a member: it is counted. Boxed: a
+    /// run's outcome stays small for the tasks that are no members.
+    pub(crate) member: Option<Box<Member>>,
+}
+
+/// A batch member an ack ends.
+#[derive(Debug)]
+pub(crate) struct Member {
+    pub(crate) task: TaskId,
+    /// Its batch's id.
+    pub(crate) batch: String,
+    /// Whether its batch wants its result.
+    pub(crate) wants_result: bool,
+    /// Its result (the handler's output, encoded), once it succeeded and
+    /// only if its batch wants it; empty otherwise.
+    pub(crate) result: Vec<u8>,
 }
 
 impl Ends {
@@ -20,13 +35,25 @@ impl Ends {
         let id = || entry.id.clone();
         Ends {
             unique: entry.unique.as_ref().map(|key| (id(), key.clone())),
-            member: entry.member_of().map(|batch| (id(), batch.to_owned())),
+            member: entry.member_of().map(|(batch, wants_result)| {
+                Box::new(Member {
+                    task: id(),
+                    batch: batch.to_owned(),
+                    wants_result,
+                    result: Vec::new(),
+                })
+            }),
         }
     }
-}
 
-/// A batch member an ack ends: its stream id, task id and batch id.
-pub(crate) type Member = (String, TaskId, String);
+    /// Keeps `result` for the batch, if it wants it.
+    pub(crate) fn with_result(mut self, result: &[u8]) -> Ends {
+        if let Some(member) = self.member.as_mut().filter(|m| m.wants_result) {
+            member.result = result.to_vec();
+        }
+        self
+    }
+}
 
 /// What an [`Ack`](super::Ack) of many tasks ends: the unique keys (task
 /// id and key) it frees, and the batch members it reports.

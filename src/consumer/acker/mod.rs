@@ -58,8 +58,7 @@ use crate::connection::SharedConnection;
 use crate::entry::TaskId;
 use crate::retry::Pauses;
 use crate::tracking::Tracking;
-use ends::Member;
-pub(crate) use ends::{Ending, Ends};
+pub(crate) use ends::{Ending, Ends, Member};
 
 /// Most ids acked in one pipeline (an [`Ack`] with more goes alone).
 /// With `IN_FLIGHT`, it bounds the finished tasks waiting for acks
@@ -335,7 +334,7 @@ async fn ack_groups(
                     .extend(unique.map(|(task, key)| (task.as_str(), key.as_str())));
                 let members = ack.members.iter();
                 group.members.extend(
-                    members.map(|(id, task, batch)| (id.as_str(), task.as_str(), batch.as_str())),
+                    members.map(|m| (m.task.as_str(), m.batch.as_str(), m.result.as_slice())),
                 );
                 match &ack.tracked {
                     None => group.ids.extend(ack.ids.iter().map(String::as_str)),

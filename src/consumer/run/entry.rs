@@ -110,6 +110,8 @@ impl Batch {
                 // not land, handlers' permits are held, and so are reads.
                 self.shared.room.ack_slot().await;
                 drop(permit);
+                // A batch that wants its result gets it with its end.
+                let ends = ends.with_result(&result);
                 // Tracked: its whole final record (a user's cancel is
                 // written over it by the ack script, which finds the
                 // request).

@@ -215,13 +215,12 @@ impl Batch {
                     while let Some(one) = next {
                         match one {
                             Ran::Succeeded(id, None, ends) => {
-                                members.extend(ends.member.map(|(t, b)| (id.clone(), t, b)));
+                                members.extend(ends.member.map(|m| *m));
                                 succeeded.push(id);
                                 unique.extend(ends.unique);
                             }
                             Ran::Succeeded(id, Some(task), ends) => {
-                                let member = ends.member.map(|(t, b)| (id.clone(), t, b));
-                                members_tracked.extend(member);
+                                members_tracked.extend(ends.member.map(|m| *m));
                                 tracked.push((id, task));
                                 unique_tracked.extend(ends.unique);
                             }

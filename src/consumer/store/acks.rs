@@ -58,10 +58,10 @@ pub(crate) struct AckGroup<'a> {
     /// Task id and unique key of each task that holds one (docs/design.md
     /// §16), among `ids` or `tracked`: the script frees their keys.
     pub(crate) unique: Vec<(&'a str, &'a str)>,
-    /// Stream id, task id and batch id of each batch member (§19) among
-    /// `ids` or `tracked`: the script writes their completion records (the
-    /// stream id it does not need).
-    pub(crate) members: Vec<(&'a str, &'a str, &'a str)>,
+    /// Task id, batch id and result (empty: none wanted) of each batch
+    /// member (§19) among `ids` or `tracked`: the script writes their
+    /// completion records.
+    pub(crate) members: Vec<(&'a str, &'a str, &'a [u8])>,
 }
 
 impl PartitionStore {
@@ -79,7 +79,10 @@ impl PartitionStore {
             id.len() + task.task.as_str().len() + 160 + progress + task.result.len()
         });
         let unique_bytes = group.unique.iter().map(|(t, k)| t.len() + k.len());
-        let member_bytes = group.members.iter().map(|(_, t, b)| t.len() + b.len());
+        let member_bytes = group
+            .members
+            .iter()
+            .map(|(t, b, r)| t.len() + b.len() + r.len());
         let bytes = 200
             + ids.sum::<usize>()
             + records.sum::<usize>()
@@ -89,7 +92,7 @@ impl PartitionStore {
             + group.ids.len()
             + 3 * group.tracked.len()
             + 2 * group.unique.len()
-            + 2 * group.members.len();
+            + 3 * group.members.len();
         let keys = 2 + usize::from(unique) + usize::from(members);
         let mut cmd = evalsha(&FENCED_ACK, keys, args, bytes);
         cmd.arg(&self.stream).arg(&self.owner);
@@ -124,8 +127,8 @@ impl PartitionStore {
             cmd.arg(group.unique.len());
         }
         if members {
-            for (_, task, batch) in &group.members {
-                cmd.arg(*task).arg(*batch);
+            for (task, batch, result) in &group.members {
+                cmd.arg(*task).arg(*batch).arg(*result);
             }
             cmd.arg(group.members.len());
         }

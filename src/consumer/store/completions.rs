@@ -31,18 +31,23 @@ impl PartitionStore {
             .arg("+")
             .arg("COUNT")
             .arg(count);
-        let entries: Vec<(String, Vec<String>)> = self.conn.query(&range).await?;
+        // Bytes: a member's result (`r`) is the codec's, not text.
+        let entries: Vec<(String, Vec<Vec<u8>>)> = self.conn.query(&range).await?;
         Ok(entries
             .into_iter()
             .filter_map(|(at, fields)| {
                 let field = |name: &str| {
-                    let at = fields.chunks(2).position(|pair| pair[0] == name)?;
+                    let at = fields
+                        .chunks(2)
+                        .position(|pair| pair[0] == name.as_bytes())?;
                     fields.get(2 * at + 1).cloned()
                 };
+                let text = |name: &str| String::from_utf8(field(name)?).ok();
                 Some(Completion {
-                    batch: field("b")?,
-                    tasks: field("t")?,
-                    state: field("s")?,
+                    batch: text("b")?,
+                    tasks: text("t")?,
+                    state: text("s")?,
+                    result: field("r").unwrap_or_default(),
                     at,
                 })
             })
@@ -103,17 +108,18 @@ mod tests {
             tracking: None,
             unique: Vec::new(),
             members: vec![
-                (ids[0].as_str(), "t1", batch.as_str()),
-                (ids[1].as_str(), "t2", batch.as_str()),
+                ("t1", batch.as_str(), &b""[..]),
+                ("t2", batch.as_str(), &b""[..]),
             ],
         };
         // The batch exists: members are counted only in an open batch.
         let keys = crate::workflow::BatchKeys::of(&name, &batch);
         let mut open = keys.call("open", &batch);
-        open.arg(60_000).arg(60_000).arg(0).arg(0);
+        // Kept a minute; no results, no callbacks, no steps.
+        open.arg(60_000).arg(60_000).arg(0).arg(0).arg(0).arg(0);
         let _: i64 = conn.invoke(&open).await.unwrap();
         let mut add = keys.call("add", &batch);
-        add.arg("add-1").arg(2);
+        add.arg("add-1").arg(2).arg("");
         for _ in 0..2 {
             // Sent again: counted once.
             let _: (i64, String) = conn.invoke(&add).await.unwrap();

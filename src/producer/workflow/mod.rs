@@ -1,5 +1,6 @@
 //! A producer's batches (docs/design.md §19): [`BatchBuilder`] opens one
-//! with its callbacks, [`OpenBatch`] adds members and seals it.
+//! with its callbacks, [`OpenBatch`] adds members and seals it; a chain
+//! (`chain`) and a flow (`flow`) are batches too.
 //!
 //! Members are counted before they are enqueued: the batch script adds
 //! each add's count to the batch's total once (`add`, by the add's id),
@@ -19,7 +20,7 @@ use crate::entry::{TaskId, field as entry_field};
 use crate::error::{BatchRefused, Error, Result};
 use crate::headers::Headers;
 use crate::priority::Priority;
-use crate::workflow::{BatchId, BatchKeys};
+use crate::workflow::{BatchId, BatchKeys, field};
 
 /// Default time an open batch waits to be sealed before it expires.
 pub const DEFAULT_BATCH_EXPIRY: Duration = Duration::from_secs(24 * 3600);
@@ -27,7 +28,25 @@ pub const DEFAULT_BATCH_EXPIRY: Duration = Duration::from_secs(24 * 3600);
 /// Default time a done batch's record is kept (for `peerq batch show`).
 pub const DEFAULT_BATCH_KEEP: Duration = Duration::from_secs(24 * 3600);
 
-/// A callback, encoded.
+mod chain;
+mod flow;
+
+pub use chain::ChainBuilder;
+pub use flow::Flow;
+
+/// What a batch wants of members it adds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Wanted {
+    /// Their ends.
+    Ends,
+    /// Their ends and results (a flow's children).
+    Results,
+    /// A chain's first step: its end and result, and it is the step
+    /// running.
+    FirstStep,
+}
+
+/// A callback (or a chain's step), encoded.
 #[derive(Debug)]
 struct Callback {
     payload: Vec<u8>,
@@ -57,6 +76,13 @@ pub struct BatchBuilder<'p, C: Codec> {
     on_failure: Option<Result<Callback>>,
     expire_after: Duration,
     keep_for: Duration,
+    /// The callback gets the members' results (a flow's parent).
+    results: bool,
+    /// A chain's steps after the first.
+    steps: Vec<Callback>,
+    /// The batch whose member the callback is (a flow's child that is a
+    /// flow itself).
+    member_of: Option<BatchId>,
 }
 
 impl<C: Codec> std::fmt::Debug for BatchBuilder<'_, C> {
@@ -80,6 +106,9 @@ impl<C: Codec> Producer<C> {
             on_failure: None,
             expire_after: DEFAULT_BATCH_EXPIRY,
             keep_for: DEFAULT_BATCH_KEEP,
+            results: false,
+            steps: Vec::new(),
+            member_of: None,
         }
     }
 }
@@ -168,12 +197,22 @@ impl<'p, C: Codec> BatchBuilder<'p, C> {
         let mut script = keys.call("open", &id);
         script
             .arg(self.expire_after.as_millis() as u64)
-            .arg(self.keep_for.as_millis() as u64);
+            .arg(self.keep_for.as_millis() as u64)
+            .arg(u8::from(self.results));
+        let member_of = self.member_of.as_ref();
         for callback in [&callback, &on_failure] {
             let fields = callback
                 .as_ref()
-                .map(|c| fields::<C>(c, &id))
+                .map(|c| fields::<C>(c, &id, member_of))
                 .unwrap_or_default();
+            script.arg(fields.len());
+            for (name, value) in fields {
+                script.arg(name).arg(value);
+            }
+        }
+        script.arg(self.steps.len());
+        for step in &self.steps {
+            let fields = fields::<C>(step, &id, None);
             script.arg(fields.len());
             for (name, value) in fields {
                 script.arg(name).arg(value);
@@ -191,11 +230,16 @@ impl<'p, C: Codec> BatchBuilder<'p, C> {
     }
 }
 
-/// A callback's entry fields but its attempt and enqueue time, which the
-/// batch script writes as it adds it: a new id, the batch's UUID as its
-/// partition key (its home partition is that key's), codec, payload,
-/// headers.
-fn fields<C: Codec>(callback: &Callback, batch: &BatchId) -> Vec<(String, Vec<u8>)> {
+/// A callback's (or a chain's step's) entry fields but its attempt and
+/// enqueue time, which the batch script writes as it adds it: a new id,
+/// the batch's UUID as its partition key (its home partition is that
+/// key's), codec, payload, headers; and, for a flow's parent that is an
+/// outer flow's child, its membership there (its result wanted).
+fn fields<C: Codec>(
+    callback: &Callback,
+    batch: &BatchId,
+    member_of: Option<&BatchId>,
+) -> Vec<(String, Vec<u8>)> {
     let id = TaskId::generate();
     let mut fields = vec![
         (entry_field::ID.to_owned(), id.as_str().as_bytes().to_vec()),
@@ -207,6 +251,10 @@ fn fields<C: Codec>(callback: &Callback, batch: &BatchId) -> Vec<(String, Vec<u8
         (entry_field::PAYLOAD.to_owned(), callback.payload.clone()),
     ];
     fields.extend(callback.headers.fields().map(|(n, v)| (n.to_owned(), v)));
+    if let Some(outer) = member_of {
+        fields.push((field::BATCH.to_owned(), outer.as_str().as_bytes().to_vec()));
+        fields.push((field::BATCH_RESULTS.to_owned(), b"1".to_vec()));
+    }
     fields
 }
 
@@ -230,7 +278,7 @@ impl<C: Codec> OpenBatch<'_, C> {
     /// Adds and enqueues `members`; their task ids, in order.
     pub async fn add<T: Serialize>(&self, members: &[T]) -> Result<Vec<TaskId>> {
         let items: Vec<(&T, Options)> = members.iter().map(|m| (m, Options::new())).collect();
-        self.send(&items).await
+        self.send(&items, Wanted::Ends).await
     }
 
     /// Adds and enqueues `members`, each with its options: a key, a delay,
@@ -239,10 +287,29 @@ impl<C: Codec> OpenBatch<'_, C> {
     /// counted and never end.
     pub async fn add_with<T: Serialize>(&self, members: &[(T, Options)]) -> Result<Vec<TaskId>> {
         let items: Vec<(&T, Options)> = members.iter().map(|(m, o)| (m, o.clone())).collect();
-        self.send(&items).await
+        self.send(&items, Wanted::Ends).await
     }
 
-    async fn send<T: Serialize>(&self, members: &[(&T, Options)]) -> Result<Vec<TaskId>> {
+    /// Adds and enqueues `members`, with what the batch wants of them.
+    async fn send<T: Serialize>(
+        &self,
+        members: &[(&T, Options)],
+        wanted: Wanted,
+    ) -> Result<Vec<TaskId>> {
+        let encoded = members
+            .iter()
+            .map(|(member, options)| Ok((self.producer.payload(member)?, options.clone())))
+            .collect::<Result<Vec<_>>>()?;
+        self.send_encoded(encoded, wanted).await
+    }
+
+    /// Adds and enqueues `members`, encoded, with what the batch wants of
+    /// them.
+    async fn send_encoded(
+        &self,
+        members: Vec<(Vec<u8>, Options)>,
+        wanted: Wanted,
+    ) -> Result<Vec<TaskId>> {
         let batch: Arc<str> = self.id.as_str().into();
         let mut tasks = Vec::with_capacity(members.len());
         for (member, options) in members {
@@ -258,21 +325,40 @@ impl<C: Codec> OpenBatch<'_, C> {
                     ));
                 }
             }
-            let mut options = options.clone();
+            options.check()?;
+            let mut options = options;
             options.id = Some(TaskId::generate());
             options.member_of = Some(batch.clone());
-            tasks.push((*member, options));
+            options.member_results = wanted != Wanted::Ends;
+            tasks.push((member, options));
         }
-        self.count(tasks.len()).await?;
-        self.producer.enqueue_batch_with(&tasks).await
+        let first_step = match wanted {
+            Wanted::FirstStep => tasks.first().and_then(|(_, o)| o.id.as_ref()),
+            _ => None,
+        };
+        self.count(tasks.len(), first_step).await?;
+        let producer = self.producer;
+        // Collected: an iterator held across the await is not `Send` in a
+        // boxed future (a flow's).
+        let levels: Vec<Priority> = tasks.iter().map(|(_, o)| o.priority).collect();
+        producer.know_levels(levels).await?;
+        let items = tasks.iter().map(|(m, o)| (m.clone(), Some(o))).collect();
+        let sent = producer.send_items(items).await;
+        match &sent {
+            Ok(sent) => producer.enqueued.increment(sent.new as u64),
+            Err(_) => producer.errors.increment(1),
+        }
+        Ok(sent?.ids)
     }
 
     /// Counts `n` more members, before they go: once, under an id of this
-    /// add's own (sent again after a lost reply, it counts nothing more).
-    async fn count(&self, n: usize) -> Result<()> {
+    /// add's own (sent again after a lost reply, it counts nothing more);
+    /// a chain's first step is named as the step running.
+    async fn count(&self, n: usize, first_step: Option<&TaskId>) -> Result<()> {
         let keys = BatchKeys::of(&self.producer.name, &self.id);
         let mut script = keys.call("add", &self.id);
-        script.arg(TaskId::generate().as_str()).arg(n);
+        let step = first_step.map_or("", TaskId::as_str);
+        script.arg(TaskId::generate().as_str()).arg(n).arg(step);
         let (code, _total): (i64, Value) = self.producer.conn.write_script(&script).await?;
         self.refused(code)
     }

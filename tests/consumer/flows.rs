@@ -1,0 +1,261 @@
+//! Chains and flows (docs/design.md §19) with an in-process instance
+//! against a real redis-server: a chain's steps run one after the other,
+//! each with the result of the one before; a dead step stops the chain; a
+//! two-level flow runs each parent after all its children, with their
+//! results.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use peerq::admin::Admin;
+use peerq::handler::HandlerWithResult;
+use peerq::producer::Flow;
+use peerq::{Bincode, Codec, Consumer, HandlerError, TaskContext};
+use serde::{Deserialize, Serialize};
+use support::{RedisServer, unique_name};
+use tokio_util::sync::CancellationToken;
+
+use crate::Instance;
+
+const P: u32 = 4;
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+enum Job {
+    /// Returns `n`; fails for good when `fail`.
+    Step { n: u64, fail: bool },
+    /// A parent or a callback: records what it was given.
+    Parent { name: String },
+}
+
+/// What ran, in order.
+#[derive(Debug, Clone, PartialEq)]
+enum Ran {
+    /// A step or a child: its `n`, and the step before's result.
+    Step { n: u64, previous: Option<u64> },
+    /// A parent: its name, its children's results (sorted), its summary's
+    /// total and succeeded.
+    Parent {
+        name: String,
+        results: Vec<u64>,
+        total: u64,
+        succeeded: u64,
+    },
+}
+
+#[derive(Clone, Default)]
+struct Recorder(Arc<Mutex<Vec<Ran>>>);
+
+impl HandlerWithResult for Recorder {
+    type Task = Job;
+    type Output = u64;
+    async fn handle(&self, job: Job, cx: TaskContext) -> Result<u64, HandlerError> {
+        let decode = |bytes: &[u8]| Bincode.decode::<u64>(bytes).unwrap();
+        match job {
+            Job::Step { n, fail } => {
+                let previous = cx.previous_result().map(decode);
+                self.0.lock().unwrap().push(Ran::Step { n, previous });
+                if fail {
+                    return Err(HandlerError::msg("this step fails").permanent());
+                }
+                Ok(n)
+            }
+            Job::Parent { name } => {
+                let mut results: Vec<u64> =
+                    cx.batch_results().iter().map(|(_, r)| decode(r)).collect();
+                results.sort();
+                let summary = cx.batch_summary().expect("a parent has its summary");
+                let (total, succeeded) = (summary.total, summary.succeeded);
+                let ran = Ran::Parent {
+                    name: name.clone(),
+                    results: results.clone(),
+                    total,
+                    succeeded,
+                };
+                self.0.lock().unwrap().push(ran);
+                // A parent's result: the sum of its children's.
+                Ok(results.iter().sum::<u64>() + 1000)
+            }
+        }
+    }
+}
+
+struct Setup {
+    server: RedisServer,
+    name: String,
+    ran: Recorder,
+    instance: Instance,
+    producer: peerq::Producer,
+}
+
+async fn setup() -> Setup {
+    support::init_tracing();
+    let server = RedisServer::start();
+    let name = unique_name("flows");
+    let ran = Recorder::default();
+    let builder = Consumer::builder()
+        .name(&name)
+        .redis(server.url())
+        .partitions(P)
+        .interval(Duration::from_millis(500))
+        .drain_timeout(Duration::from_millis(200))
+        .handler(ran.clone());
+    let stop = CancellationToken::new();
+    let task = tokio::spawn(builder.run_until(stop.clone().cancelled_owned()));
+    let producer = crate::producer(&server.url(), &name, P).await;
+    Setup {
+        server,
+        name,
+        ran,
+        instance: Instance { stop, task },
+        producer,
+    }
+}
+
+impl Setup {
+    fn ran(&self) -> Vec<Ran> {
+        self.ran.0.lock().unwrap().clone()
+    }
+
+    async fn wait_for(&self, what: &str, until: impl Fn(&[Ran]) -> bool) -> Vec<Ran> {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while !until(&self.ran()) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{what}: {:?}",
+                self.ran()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        self.ran()
+    }
+}
+
+/// Steps `ns` as a chain runs them: each with the one before's result.
+fn ran_in_order(ns: std::ops::RangeInclusive<u64>) -> Vec<Ran> {
+    ns.map(|n| Ran::Step {
+        n,
+        previous: (n > 1).then(|| n - 1),
+    })
+    .collect()
+}
+
+fn step(n: u64) -> Job {
+    Job::Step { n, fail: false }
+}
+
+fn parent(name: &str) -> Job {
+    Job::Parent { name: name.into() }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_chains_steps_run_in_order_each_with_the_result_before() {
+    let t = setup().await;
+    let chain = t
+        .producer
+        .chain()
+        .step(&step(1))
+        .step(&step(2))
+        .step(&step(3));
+    let id = chain.callback(&parent("done")).enqueue().await.unwrap();
+    let ran = t
+        .wait_for("the chain's callback", |r| {
+            r.iter().any(|r| matches!(r, Ran::Parent { .. }))
+        })
+        .await;
+    let mut expected = ran_in_order(1..=3);
+    expected.push(Ran::Parent {
+        name: "done".into(),
+        results: vec![1, 2, 3],
+        total: 3,
+        succeeded: 3,
+    });
+    assert_eq!(ran, expected);
+    let admin = Admin::connect(&t.server.url()).await.unwrap();
+    let view = admin
+        .service(&t.name)
+        .await
+        .unwrap()
+        .batch(&id)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (view.steps, view.step, view.stopped),
+        (Some(3), Some(3), false)
+    );
+    t.instance.leave().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_step_stops_the_chain_and_its_state_says_so() {
+    let t = setup().await;
+    let failing = Job::Step { n: 2, fail: true };
+    let chain = t
+        .producer
+        .chain()
+        .step(&step(1))
+        .step(&failing)
+        .step(&step(3));
+    let id = chain.enqueue().await.unwrap();
+    let admin = Admin::connect(&t.server.url()).await.unwrap();
+    let service = admin.service(&t.name).await.unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let view = loop {
+        let view = service.batch(&id).await.unwrap().unwrap();
+        if view.done {
+            break view;
+        }
+        assert!(std::time::Instant::now() < deadline, "{view:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(view.stopped, "{view:?}");
+    assert_eq!((view.step, view.succeeded, view.dead), (Some(2), 1, 1));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(t.ran(), ran_in_order(1..=2), "step 3 never runs");
+    t.instance.leave().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_two_level_flow_runs_each_parent_after_its_children_with_their_results() {
+    let t = setup().await;
+    let index = Flow::new(parent("index")).children((1..=5).map(step));
+    let flow = Flow::new(parent("report")).subflow(index).child(step(100));
+    t.producer.enqueue_flow(&flow).await.unwrap();
+    let ran = t
+        .wait_for("the top parent", |r| {
+            r.iter()
+                .any(|r| matches!(r, Ran::Parent { name, .. } if name == "report"))
+        })
+        .await;
+    let at = |want: &dyn Fn(&Ran) -> bool| ran.iter().position(want).unwrap();
+    let index_at = at(&|r| matches!(r, Ran::Parent { name, .. } if name == "index"));
+    for n in 1..=5 {
+        assert!(
+            at(&|r| *r == Ran::Step { n, previous: None }) < index_at,
+            "chunk {n}"
+        );
+    }
+    assert_eq!(
+        ran[index_at],
+        Ran::Parent {
+            name: "index".into(),
+            results: vec![1, 2, 3, 4, 5],
+            total: 5,
+            succeeded: 5,
+        }
+    );
+    // The report gets the index's result (its children's sum + 1000) and
+    // chunk 100's, and runs last.
+    assert_eq!(
+        ran.last().unwrap(),
+        &Ran::Parent {
+            name: "report".into(),
+            results: vec![100, 1015],
+            total: 2,
+            succeeded: 2,
+        }
+    );
+    assert_eq!(ran.len(), 8, "each ran once: {ran:?}");
+    t.instance.leave().await;
+}
