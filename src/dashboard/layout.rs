@@ -160,6 +160,53 @@ pub(crate) fn headers<'a>(headers: impl IntoIterator<Item = (&'a str, &'a str)>)
     }
 }
 
+/// What a page that finds one thing by its id found (the task page, the
+/// batch page): no id asked for yet, an id that does not parse (400, and
+/// why), no such thing (404), or it.
+pub(crate) enum Lookup<I, T> {
+    Nothing,
+    Invalid(String),
+    Unknown(I),
+    Found(T),
+}
+
+impl<I, T> Lookup<I, T> {
+    /// What was asked for (trimmed; empty: nothing asked), parsed with
+    /// `parse`: `Ok(None)` for nothing, `Err` for an id that does not
+    /// parse (the page's answer, with why).
+    pub(crate) fn asked<E: std::fmt::Display>(
+        asked: &str,
+        parse: impl FnOnce(&str) -> Result<I, E>,
+    ) -> Result<Option<I>, Lookup<I, T>> {
+        match asked.trim() {
+            "" => Ok(None),
+            id => parse(id)
+                .map(Some)
+                .map_err(|e| Lookup::Invalid(e.to_string())),
+        }
+    }
+
+    /// `found` for `id`: it, or `Unknown`.
+    pub(crate) fn of(id: I, found: Option<T>) -> Lookup<I, T> {
+        match found {
+            Some(found) => Lookup::Found(found),
+            None => Lookup::Unknown(id),
+        }
+    }
+
+    /// The page's status: a mistyped or unknown id answers 400 or 404 with
+    /// the whole page, its search form included (the operator most likely
+    /// mistyped, and fixes it right there).
+    pub(crate) fn status(&self) -> axum::http::StatusCode {
+        use axum::http::StatusCode;
+        match self {
+            Lookup::Invalid(_) => StatusCode::BAD_REQUEST,
+            Lookup::Unknown(_) => StatusCode::NOT_FOUND,
+            Lookup::Nothing | Lookup::Found(_) => StatusCode::OK,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

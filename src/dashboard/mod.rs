@@ -1,7 +1,8 @@
 //! The web dashboard (feature `dashboard`): every service on a Redis, a
 //! service's members and partitions, its dead letters (search, replay,
 //! purge), delayed tasks, periodic jobs, a tracked task (and its cancel),
-//! and pause and resume.
+//! a batch (its members by state, a chain's step, its callback), and pause
+//! and resume.
 //!
 //! Server-rendered HTML (maud) on axum, with one stylesheet and one small
 //! script of its own, served by the dashboard itself: nothing is loaded
@@ -27,6 +28,7 @@
 //! the dashboard's CSRF token; a read-only dashboard shows no action and
 //! refuses them all.
 
+mod batch;
 mod cache;
 mod chart;
 mod dead;
@@ -120,6 +122,7 @@ pub fn router(admin: Admin, settings: Settings) -> Router {
         .route("/services/{name}/delayed/act", post(delayed::act))
         .route("/services/{name}/periodic", get(periodic::list))
         .route("/services/{name}/task", get(task::show))
+        .route("/services/{name}/batch", get(batch::show))
         .route("/services/{name}/task/cancel", post(task::cancel))
         .route("/assets/style.css", get(style))
         .route("/assets/dashboard.js", get(script))

@@ -5,12 +5,11 @@
 
 use axum::Form;
 use axum::extract::{Path, Query as UrlQuery, State};
-use axum::http::StatusCode;
 use axum::response::{IntoResponse, Redirect, Response};
 use maud::{Markup, html};
 use serde::Deserialize;
 
-use super::layout::{Base, headers, page, tabs, url_query};
+use super::layout::{Base, Lookup, headers, page, tabs, url_query};
 use super::periodic::at;
 use super::{Dash, Failure, Shared};
 use crate::admin::Service;
@@ -28,18 +27,6 @@ pub(crate) struct Find {
     done: String,
 }
 
-/// What the page found for the handle asked for.
-enum Found {
-    /// No handle asked for yet.
-    Nothing,
-    /// The handle does not parse: 400 and why.
-    Invalid(String),
-    /// No record: 404.
-    Unknown(TaskHandle),
-    /// Its record, and the service's codec to show its values with.
-    Task(Box<TaskRecord>, String),
-}
-
 /// `GET /services/{name}/task?id=…`.
 ///
 /// An unknown task or a mistyped handle answers 404 or 400 with the whole
@@ -52,24 +39,18 @@ pub(crate) async fn show(
     base: Base,
 ) -> Result<Response, Failure> {
     let service = dash.admin.service(&name).await?;
-    let found = match find.id.trim() {
-        "" => Found::Nothing,
-        id => match id.parse::<TaskHandle>() {
-            Err(e) => Found::Invalid(e.to_string()),
-            Ok(handle) => match service.task(&handle).await? {
-                Some(record) => Found::Task(Box::new(record), codec(&service).to_owned()),
-                None => Found::Unknown(handle),
-            },
-        },
+    let found = match Lookup::asked(&find.id, |id| id.parse::<TaskHandle>()) {
+        Ok(Some(handle)) => {
+            let record = service.task(&handle).await?;
+            Lookup::of(handle, record.map(Box::new))
+        }
+        Ok(None) => Lookup::Nothing,
+        Err(lookup) => lookup,
     };
     // Off, a search finds only tasks enqueued while it was on: say so
     // before the operator wonders why nothing is found.
     let tracked = service.tracking().await?.is_on();
-    let status = match &found {
-        Found::Invalid(_) => StatusCode::BAD_REQUEST,
-        Found::Unknown(_) => StatusCode::NOT_FOUND,
-        Found::Nothing | Found::Task(..) => StatusCode::OK,
-    };
+    let status = found.status();
     let frame = dash.frame(&base, &name);
     let body = page(
         &frame,
@@ -89,13 +70,13 @@ pub(crate) async fn show(
                 }
             }
             @match &found {
-                Found::Nothing => {}
-                Found::Invalid(why) => p.bad id="failure" { (why) }
-                Found::Unknown(handle) => p.bad id="failure" {
+                Lookup::Nothing => {}
+                Lookup::Invalid(why) => p.bad id="failure" { (why) }
+                Lookup::Unknown(handle) => p.bad id="failure" {
                     "No such task: " (handle.to_string()) " (untracked when enqueued and not \
                      started, never enqueued, or its record expired)."
                 }
-                Found::Task(task, codec) => (record(&dash, &base, &name, task, codec))
+                Lookup::Found(task) => (record(&dash, &base, &name, task, codec(&service)))
             }
         },
     );

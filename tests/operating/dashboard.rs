@@ -6,6 +6,7 @@
 //! browser (`dashboard/browser.rs`: headless Chromium through
 //! ChromeDriver).
 
+mod batch;
 mod browser;
 mod headers;
 mod limits;
