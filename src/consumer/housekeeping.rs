@@ -1,8 +1,8 @@
 //! A worker's housekeeping, apart from its fetch loop: keep the entries it
 //! runs fresh, look at the partition's consumer group, trim what was
 //! acknowledged, move due delayed entries into the stream, forget task
-//! records that stopped changing, forward batch members' ends to their
-//! batches (`super::completions`), and keep the queue gauges.
+//! records that stopped changing, have batch members' ends forwarded to
+//! their batches (`super::completions`), and keep the queue gauges.
 //!
 //! What an idle partition costs (issue 26): a look at its group
 //! (`XINFO GROUPS`) every 10 s, the sizes of its dead letters and delayed
@@ -64,8 +64,6 @@ struct Due {
     records: Instant,
     /// `None`: no delayed entry is known to wait.
     promote: Option<Instant>,
-    /// `None`: no completion record is known to wait.
-    forward: Option<Instant>,
 }
 
 impl Due {
@@ -74,7 +72,6 @@ impl Due {
             return self.keep;
         }
         let next = self.keep.min(self.look).min(self.count).min(self.records);
-        let next = self.forward.map_or(next, |at| next.min(at));
         self.promote.map_or(next, |at| next.min(at))
     }
 
@@ -126,9 +123,9 @@ pub(super) async fn housekeeping(
         records: now,
         // At once: retries the previous owner delayed may be due.
         promote: Some(now),
-        // At once: members' ends the previous owner did not forward.
-        forward: Some(now),
     };
+    // At once: members' ends the previous owner did not forward.
+    shared.completions.note(store);
     // Partitions acquired together do not read together: the first idle
     // look and the second count come at a random point of their period.
     let (mut look_phase, mut count_phase) = (Some(rand::random::<f64>()), Some(rand::random()));
@@ -154,10 +151,7 @@ pub(super) async fn housekeeping(
             }
             _ = noticed(notices.as_ref()) => due.promote_by(Instant::now()),
             _ = tracking.changed() => due.records = Instant::now(),
-            _ = store.completion_noted() => {
-                let at = Instant::now() + super::completions::GATHER;
-                due.forward = Some(due.forward.map_or(at, |due| due.min(at)));
-            }
+            _ = store.completion_noted() => shared.completions.note(store),
         }
         let now = Instant::now();
         if now >= due.keep {
@@ -205,9 +199,6 @@ pub(super) async fn housekeeping(
         }
         if now >= due.records {
             due.records = records.tend(&shared, &ownership, now).await;
-        }
-        if due.forward.is_some_and(|at| now >= at) {
-            due.forward = super::completions::forward(&shared, &ownership).await;
         }
         if due.promote.is_some_and(|at| now >= at) {
             let (moved, next) = promote(&ownership).await;
@@ -368,7 +359,6 @@ mod tests {
             count: now + 2 * s,
             records: now + 4 * s,
             promote: None,
-            forward: None,
         };
         assert_eq!(due.next(false), now + s);
         assert_eq!(due.next(true), now + 3 * s);

@@ -12,6 +12,7 @@ use tracing::{Instrument, info, warn};
 
 use super::acker;
 use super::cancels;
+use super::completions::Completions;
 use super::due_watch::DueWatch;
 use super::erased::Runner;
 use super::event::PartitionEvent;
@@ -192,6 +193,13 @@ where
     let lanes = Arc::new(Lanes::new(conn.clone()));
     let lanes_let_go = lanes.spawn_let_go();
     let (due, due_watcher) = DueWatch::spawn(name.clone(), conn.clone(), clock.clone());
+    let completions = Arc::new(Completions::default());
+    let forwarder = AbortOnDrop(tokio::spawn(
+        completions
+            .clone()
+            .run(name.clone(), conn.clone())
+            .in_current_span(),
+    ));
     let shared = Arc::new(Shared {
         name: name.clone(),
         id: id.clone(),
@@ -215,6 +223,7 @@ where
         key_slots,
         key_rates,
         levels,
+        completions,
     });
     info!(service = %name, instance = %id, "consumer started");
 
@@ -296,6 +305,7 @@ where
     drop(cancels);
     drop(due_watcher);
     drop(lanes_let_go);
+    drop(forwarder);
     indexer.stop().await;
     drop(beating);
     drop(handover);

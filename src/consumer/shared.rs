@@ -9,6 +9,7 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 
 use super::acker::Ack;
+use super::completions::Completions;
 use super::due_watch::DueWatch;
 use super::erased::Runner;
 use super::gate::Gate;
@@ -74,4 +75,7 @@ pub(crate) struct Shared {
     pub(crate) key_rates: Arc<KeyRates>,
     /// The priority levels, from the settings (docs/design.md §17).
     pub(crate) levels: Levels,
+    /// The partitions whose batch members' ends wait to be forwarded
+    /// (docs/design.md §19).
+    pub(crate) completions: Arc<Completions>,
 }

@@ -14,9 +14,13 @@
 -- from 1), `s<i>:<field>` (step i's entry fields, from step 2) and `cur`
 -- (the running step's task id); once done `done_at`, `sent` (`callback`,
 -- `on_failure`, `stopped` or `none`) and `sent_id`.
--- KEYS[2] = {N/h}:batch:<uuid>:m, a hash: member task id → its state and
--- the id of the completion record that said so (`<state> <stream id>`, in
--- the member's own partition); a member not in it has not ended yet.
+-- KEYS[2] = {N/h}:batch:<uuid>:m, a hash: the dead members' task ids (→
+-- 1), for the callback's summary; a replayed one leaves it.
+-- The record's `w:<p>` fields: the newest completion record of partition
+-- `p` the batch took. Records of a partition come in their order, and each
+-- member's end is written once (fenced_ack.lua), so a record at or before
+-- `w:<p>` was taken already (forwarded twice: a crash before the delete,
+-- a stale owner beside the new one) and changes nothing.
 -- KEYS[3] = {N/h}:stream
 -- KEYS[4] = {N/h}:batch:<uuid>:r, a hash: member task id → its result, for
 -- a batch that wants them (a flow's parent, a chain's next step).
@@ -33,15 +37,23 @@
 --   }: 1 added, 0 no such batch, -1 sealed, -2 expired.
 -- `seal` Returns { code, state }: 1 sealed (state `open` or `done`), 0 no
 --   such batch, -2 expired.
--- `forward` ARGV[3..] = quadruples of member task ids (space-separated),
---   state, completion id and result (''); a member's state changes only
---   for a newer completion. Returns 1, or 0 if there is no such batch (any
---   more).
+-- `forward` ARGV[3..] = quintuples of the record's partition, its id, the
+--   state, the members' task ids (space-separated) and a lone member's
+--   result (''), each partition's in order. Returns 1, or 0 if there is no
+--   such batch (any more).
 
 local now_t = redis.call('TIME')
 local now = tonumber(now_t[1]) * 1000 + math.floor(tonumber(now_t[2]) / 1000)
 local op, batch = ARGV[1], ARGV[2]
 local COUNTER = { succeeded = 'ok', dead = 'dead', cancelled = 'cancelled' }
+
+-- Calls `command key <items…>` in chunks (Lua unpacks a few thousand
+-- values at most; 1,000 is even, so pairs stay whole).
+local function chunked(command, key, items)
+  for i = 1, #items, 1000 do
+    redis.call(command, key, unpack(items, i, math.min(i + 999, #items)))
+  end
+end
 
 -- The fields stored under `prefix` (`c:`, `o:`, `s2:`…) among the record's
 -- `all` (HGETALL), in their order; none: an empty table.
@@ -111,10 +123,9 @@ local function settle()
     local summary = { total, ok, dead, cancelled }
     if dead > 0 then
       -- The ids of the dead, for the callback (at most 1,000).
-      local members = redis.call('HGETALL', KEYS[2])
-      for i = 1, #members - 1, 2 do
-        if #summary < 1004 and string.sub(members[i + 1], 1, 5) == 'dead ' then
-          summary[#summary + 1] = members[i]
+      for _, id in ipairs(redis.call('HKEYS', KEYS[2])) do
+        if #summary < 1004 then
+          summary[#summary + 1] = id
         end
       end
     end
@@ -203,65 +214,74 @@ if op == 'seal' then
 end
 
 if op == 'forward' then
-  -- Every member told, with its state, record and result, in order.
-  local told = {}
-  for i = 3, #ARGV - 3, 4 do
-    for id in string.gmatch(ARGV[i], '%S+') do
-      told[#told + 1] = { id, ARGV[i + 1], ARGV[i + 2], ARGV[i + 3] }
+  local records = {}
+  local seen, partitions = {}, {}
+  for i = 3, #ARGV - 4, 5 do
+    records[#records + 1] = i
+    if not seen[ARGV[i]] then
+      seen[ARGV[i]] = true
+      partitions[#partitions + 1] = 'w:' .. ARGV[i]
     end
+  end
+  local marks = {}
+  local held = redis.call('HMGET', KEYS[1], unpack(partitions))
+  for k, field in ipairs(partitions) do
+    marks[field] = held[k]
   end
   local moved = { ok = 0, dead = 0, cancelled = 0 }
-  for from = 1, #told, 1000 do
-    local to = math.min(from + 999, #told)
-    local ids = {}
-    for k = from, to do
-      ids[#ids + 1] = told[k][1]
-    end
-    local prev = redis.call('HMGET', KEYS[2], unpack(ids))
-    local writes, results, now_of = {}, {}, {}
-    for k = from, to do
-      local id, state, at, result = told[k][1], told[k][2], told[k][3], told[k][4]
-      -- A member told twice in one call: its later record is its state.
-      local held = now_of[id] or prev[k - from + 1]
-      local was, was_at = nil, ''
-      if held then
-        was, was_at = string.match(held, '^(%S+) (%S+)$')
-      end
-      if not was or after(at, was_at) then
-        if COUNTER[was] then
-          moved[COUNTER[was]] = moved[COUNTER[was]] - 1
+  local dead, undead, results = {}, {}, {}
+  for _, i in ipairs(records) do
+    local field, at, state, ids, result = 'w:' .. ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4]
+    if not marks[field] or after(at, marks[field]) then
+      marks[field] = at
+      local _, spaces = string.gsub(ids, ' ', ' ')
+      local n = spaces + 1
+      if state == 'pending' then
+        -- A dead member replayed (replay.lua): no longer final.
+        moved.dead = moved.dead - n
+        for id in string.gmatch(ids, '%S+') do
+          undead[#undead + 1] = id
         end
-        if COUNTER[state] then
-          moved[COUNTER[state]] = moved[COUNTER[state]] + 1
-        end
-        now_of[id] = state .. ' ' .. at
-        writes[#writes + 1] = id
-        writes[#writes + 1] = now_of[id]
-        if result ~= '' then
-          results[#results + 1] = id
-          results[#results + 1] = result
+      elseif COUNTER[state] then
+        moved[COUNTER[state]] = moved[COUNTER[state]] + n
+        if state == 'dead' then
+          for id in string.gmatch(ids, '%S+') do
+            dead[#dead + 1] = id
+            dead[#dead + 1] = 1
+          end
         end
       end
-    end
-    if #writes > 0 then
-      redis.call('HSET', KEYS[2], unpack(writes))
-    end
-    if #results > 0 then
-      redis.call('HSET', KEYS[4], unpack(results))
+      if result ~= '' then
+        results[#results + 1] = ids
+        results[#results + 1] = result
+      end
     end
   end
+  local writes = {}
+  for _, field in ipairs(partitions) do
+    writes[#writes + 1] = field
+    writes[#writes + 1] = marks[field]
+  end
+  redis.call('HSET', KEYS[1], unpack(writes))
   for counter, n in pairs(moved) do
     if n ~= 0 then
       redis.call('HINCRBY', KEYS[1], counter, n)
     end
   end
-  -- The members' and results' hashes live as long as the record: `keep`
-  -- after the end, or after the unsealed batch's expiry (computed, not
-  -- read with PTTL: the README's least-privilege rule grants PEXPIRE, not
-  -- the keyspace's reads).
+  -- The dead members' and the results' hashes live as long as the record:
+  -- `keep` after the end, or after the unsealed batch's expiry (computed,
+  -- not read with PTTL: the README's least-privilege rule grants PEXPIRE,
+  -- not the keyspace's reads).
   local ends = tonumber(r[5] or r[2]) + tonumber(r[4])
-  redis.call('PEXPIRE', KEYS[2], math.max(ends - now, 1))
-  redis.call('PEXPIRE', KEYS[4], math.max(ends - now, 1))
+  for _, write in ipairs({ { KEYS[2], dead }, { KEYS[4], results } }) do
+    if #write[2] > 0 then
+      chunked('HSET', write[1], write[2])
+      redis.call('PEXPIRE', write[1], math.max(ends - now, 1))
+    end
+  end
+  if #undead > 0 then
+    chunked('HDEL', KEYS[2], undead)
+  end
   settle()
   return 1
 end

@@ -20,23 +20,35 @@
 -- u: each key is freed if its task holds it. Without, this costs nothing.
 -- With batch members among them (docs/design.md §19), and only then:
 -- KEYS[3] is named (u may be 0), KEYS[4] = {N/p}:completions, and after
--- the unique keys' values come k triples of task id, batch id and result
--- ('' unless the batch wants it), then k: their ends are written as
--- completion records, one per batch and state, `succeeded` (or
--- `cancelled`, as its record says), and one of its own for a member with a
--- result (its `r`). A call sent again
--- after a lost reply writes them again: the batch counts a member's end
--- once however often it is told (batch.lua keeps each member's state).
+-- the unique keys' values come k quadruples of task id, batch id, result
+-- ('' unless the batch wants it) and stream id ('' unless looked at), then
+-- k, then `check`: their ends are written as completion records, one per
+-- batch and state, `succeeded` (or `cancelled`, as its record says), and
+-- one of its own for a member with a result (its `r`). A member's end is
+-- written once: a first call acks every member it is given (each is
+-- pending: only an earlier call of the same ack could have acked it), and
+-- a call sent again (`check` = 1) writes the end only of a member still
+-- pending before it acks anything (the batch counts each record it is
+-- given: batch.lua).
 -- Returns the number acknowledged, or -1 when fenced.
 if redis.call('GET', KEYS[2]) ~= ARGV[1] then
   return -1
 end
--- The batch members' pairs, at the end, before the unique keys'.
+-- The batch members, at the end, after the unique keys'; with `check`,
+-- those already acked by an earlier call are left out.
 local last = #ARGV
 local members_from, members_to = 1, 0
+local acked_before = {}
 if KEYS[4] then
-  local k = tonumber(ARGV[last])
-  members_from, members_to = last - 3 * k, last - 1
+  local k = tonumber(ARGV[last - 1])
+  members_from, members_to = last - 1 - 4 * k, last - 2
+  if ARGV[last] == '1' then
+    for i = members_from, members_to, 4 do
+      if #redis.call('XPENDING', KEYS[1], ARGV[2], ARGV[i + 3], ARGV[i + 3], 1) == 0 then
+        acked_before[i] = true
+      end
+    end
+  end
   last = members_from - 1
 end
 local n = tonumber(ARGV[3])
@@ -80,21 +92,24 @@ if t then
 end
 -- One record per batch and state.
 local ended = {}
-for i = members_from, members_to, 3 do
+for i = members_from, members_to, 4 do
   local id, batch, result = ARGV[i], ARGV[i + 1], ARGV[i + 2]
-  local state = 'succeeded'
-  if t and (t.done[id] == 'cancelled' or (t.asked ~= false and state_of(t, id) == 'cancelled')) then
-    state = 'cancelled'
-  end
-  if state == 'succeeded' and result ~= '' then
-    redis.call('XADD', completions_of(KEYS[1]), '*', 'b', batch, 't', id, 's', state, 'r', result)
-  else
-    local group = batch .. ' ' .. state
-    if not ended[group] then
-      ended[group] = { batch = batch, state = state, ids = {} }
+  -- A member an earlier call acked had its end written by that call.
+  if not acked_before[i] then
+    local state = 'succeeded'
+    if t and (t.done[id] == 'cancelled' or (t.asked ~= false and state_of(t, id) == 'cancelled')) then
+      state = 'cancelled'
     end
-    local ids = ended[group].ids
-    ids[#ids + 1] = id
+    if state == 'succeeded' and result ~= '' then
+      redis.call('XADD', completions_of(KEYS[1]), '*', 'b', batch, 't', id, 's', state, 'r', result)
+    else
+      local group = batch .. ' ' .. state
+      if not ended[group] then
+        ended[group] = { batch = batch, state = state, ids = {} }
+      end
+      local ids = ended[group].ids
+      ids[#ids + 1] = id
+    end
   end
 end
 for _, e in pairs(ended) do

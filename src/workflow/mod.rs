@@ -350,8 +350,10 @@ impl BatchKeys {
 /// batch, all in one state.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Completion {
-    /// The record's stream id in the members' partition: a member's
-    /// state changes only for a newer one.
+    /// The members' partition.
+    pub(crate) partition: u32,
+    /// The record's stream id there: the batch takes a partition's
+    /// records in their order, each once.
     pub(crate) at: String,
     pub(crate) batch: String,
     /// Their task ids, space-separated.
@@ -373,7 +375,12 @@ pub(crate) async fn forward(
     let keys = BatchKeys::of(name, id);
     let mut script = keys.call("forward", id);
     for c in completions {
-        script.arg(&c.tasks).arg(&c.state).arg(&c.at).arg(&c.result);
+        script
+            .arg(c.partition)
+            .arg(&c.at)
+            .arg(&c.state)
+            .arg(&c.tasks)
+            .arg(&c.result);
     }
     let _: i64 = conn.invoke(&script).await?;
     Ok(())

@@ -27,6 +27,8 @@ pub(crate) struct Member {
     /// Its result (the handler's output, encoded), once it succeeded and
     /// only if its batch wants it; empty otherwise.
     pub(crate) result: Vec<u8>,
+    /// Where its entry's stream id is among its ack's ids.
+    pub(crate) at: usize,
 }
 
 impl Ends {
@@ -41,6 +43,7 @@ impl Ends {
                     batch: batch.to_owned(),
                     wants_result,
                     result: Vec::new(),
+                    at: 0,
                 })
             }),
         }

@@ -326,16 +326,25 @@ async fn ack_groups(
                 tracking: None,
                 unique: Vec::new(),
                 members: Vec::new(),
+                // Sent again, an ack may have landed before: its members
+                // are looked at one by one (docs/design.md §19).
+                check: !first_try(acks),
             };
             for ack in acks {
                 let unique = ack.unique.iter();
                 group
                     .unique
                     .extend(unique.map(|(task, key)| (task.as_str(), key.as_str())));
-                let members = ack.members.iter();
-                group.members.extend(
-                    members.map(|m| (m.task.as_str(), m.batch.as_str(), m.result.as_slice())),
-                );
+                let members = ack.members.iter().map(|m| {
+                    let stream_id = ack.ids[m.at].as_str();
+                    (
+                        m.task.as_str(),
+                        m.batch.as_str(),
+                        m.result.as_slice(),
+                        stream_id,
+                    )
+                });
+                group.members.extend(members);
                 match &ack.tracked {
                     None => group.ids.extend(ack.ids.iter().map(String::as_str)),
                     Some(tracked) => {

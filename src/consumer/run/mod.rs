@@ -36,7 +36,7 @@ use tokio::sync::{SemaphorePermit, mpsc};
 
 use self::aside::Aside;
 use self::started::Started;
-use super::acker::{Acked, Ends, Tracked};
+use super::acker::{Acked, Ends, Member, Tracked};
 use super::held::Held;
 use super::lease::Lease;
 use super::limiter::Reserved;
@@ -215,12 +215,15 @@ impl Batch {
                     while let Some(one) = next {
                         match one {
                             Ran::Succeeded(id, None, ends) => {
-                                members.extend(ends.member.map(|m| *m));
+                                let at = succeeded.len();
+                                members.extend(ends.member.map(|m| Member { at, ..*m }));
                                 succeeded.push(id);
                                 unique.extend(ends.unique);
                             }
                             Ran::Succeeded(id, Some(task), ends) => {
-                                members_tracked.extend(ends.member.map(|m| *m));
+                                let at = tracked.len();
+                                let member = ends.member.map(|m| Member { at, ..*m });
+                                members_tracked.extend(member);
                                 tracked.push((id, task));
                                 unique_tracked.extend(ends.unique);
                             }

@@ -58,10 +58,14 @@ pub(crate) struct AckGroup<'a> {
     /// Task id and unique key of each task that holds one (docs/design.md
     /// §16), among `ids` or `tracked`: the script frees their keys.
     pub(crate) unique: Vec<(&'a str, &'a str)>,
-    /// Task id, batch id and result (empty: none wanted) of each batch
-    /// member (§19) among `ids` or `tracked`: the script writes their
-    /// completion records.
-    pub(crate) members: Vec<(&'a str, &'a str, &'a [u8])>,
+    /// Task id, batch id, result (empty: none wanted) and stream id of
+    /// each batch member (§19) among `ids` or `tracked`: the script writes
+    /// their completion records.
+    pub(crate) members: Vec<(&'a str, &'a str, &'a [u8], &'a str)>,
+    /// Whether the script looks at each member's pending entry first: only
+    /// for an ack sent again, which may have landed before (its reply
+    /// lost), so that a member's end is written once.
+    pub(crate) check: bool,
 }
 
 impl PartitionStore {
@@ -82,7 +86,7 @@ impl PartitionStore {
         let member_bytes = group
             .members
             .iter()
-            .map(|(t, b, r)| t.len() + b.len() + r.len());
+            .map(|(t, b, r, s)| t.len() + b.len() + r.len() + s.len());
         let bytes = 200
             + ids.sum::<usize>()
             + records.sum::<usize>()
@@ -92,7 +96,7 @@ impl PartitionStore {
             + group.ids.len()
             + 3 * group.tracked.len()
             + 2 * group.unique.len()
-            + 3 * group.members.len();
+            + 4 * group.members.len();
         let keys = 2 + usize::from(unique) + usize::from(members);
         let mut cmd = evalsha(&FENCED_ACK, keys, args, bytes);
         cmd.arg(&self.stream).arg(&self.owner);
@@ -127,10 +131,12 @@ impl PartitionStore {
             cmd.arg(group.unique.len());
         }
         if members {
-            for (task, batch, result) in &group.members {
-                cmd.arg(*task).arg(*batch).arg(*result);
+            for (task, batch, result, stream_id) in &group.members {
+                // The stream id only where the script looks at it.
+                let stream_id = if group.check { *stream_id } else { "" };
+                cmd.arg(*task).arg(*batch).arg(*result).arg(stream_id);
             }
-            cmd.arg(group.members.len());
+            cmd.arg(group.members.len()).arg(u8::from(group.check));
         }
         cmd
     }

@@ -2,16 +2,14 @@
 //! member's end, written by the fenced script that ended it; read by the
 //! partition's owner, forwarded to their batches, then deleted.
 
-use deadpool_redis::redis;
+use deadpool_redis::redis::{self, Value};
 
 use super::PartitionStore;
-use crate::config::ServiceName;
-use crate::error::Result;
-use crate::workflow::{BatchId, Completion};
+use crate::workflow::Completion;
 
 impl PartitionStore {
     /// Says that a script of this instance may have written a completion
-    /// record: the housekeeping forwards them soon.
+    /// record: the housekeeping has them forwarded soon.
     pub(crate) fn note_completion(&self) {
         self.completed.notify_one();
     }
@@ -22,8 +20,10 @@ impl PartitionStore {
         self.completed.notified().await;
     }
 
-    /// The partition's oldest `count` completion records, in order.
-    pub(crate) async fn completions(&self, count: usize) -> Result<Vec<Completion>> {
+    /// The command that reads the partition's oldest `count` completion
+    /// records, in order ([`completions_of`](Self::completions_of) reads
+    /// its reply).
+    pub(crate) fn read_completions(&self, count: usize) -> redis::Cmd {
         let mut range = redis::cmd("XRANGE");
         range
             .arg(&self.completions)
@@ -31,9 +31,16 @@ impl PartitionStore {
             .arg("+")
             .arg("COUNT")
             .arg(count);
+        range
+    }
+
+    /// The records of an `XRANGE` reply of this partition's; one not of
+    /// the form is skipped.
+    pub(crate) fn completions_of(&self, reply: Value) -> Vec<Completion> {
         // Bytes: a member's result (`r`) is the codec's, not text.
-        let entries: Vec<(String, Vec<Vec<u8>>)> = self.conn.query(&range).await?;
-        Ok(entries
+        let entries: Vec<(String, Vec<Vec<u8>>)> =
+            redis::from_redis_value(reply).unwrap_or_default();
+        entries
             .into_iter()
             .filter_map(|(at, fields)| {
                 let field = |name: &str| {
@@ -44,6 +51,7 @@ impl PartitionStore {
                 };
                 let text = |name: &str| String::from_utf8(field(name)?).ok();
                 Some(Completion {
+                    partition: self.partition,
                     batch: text("b")?,
                     tasks: text("t")?,
                     state: text("s")?,
@@ -51,28 +59,22 @@ impl PartitionStore {
                     at,
                 })
             })
-            .collect())
+            .collect()
     }
 
-    /// Forwards `completions`, all of batch `id`, to its record.
-    pub(crate) async fn forward(
-        &self,
-        name: &ServiceName,
-        id: &BatchId,
-        completions: &[&Completion],
-    ) -> Result<()> {
-        crate::workflow::forward(&self.conn, name, id, completions).await
+    /// The partition's oldest `count` completion records, in order.
+    #[cfg(test)]
+    async fn completions(&self, count: usize) -> crate::error::Result<Vec<Completion>> {
+        let reply: Value = self.conn.query(&self.read_completions(count)).await?;
+        Ok(self.completions_of(reply))
     }
 
-    /// Deletes the completion records `ids`: their batches have them.
-    pub(crate) async fn forget_completions(&self, ids: &[&str]) -> Result<()> {
-        if ids.is_empty() {
-            return Ok(());
-        }
+    /// The command that deletes the completion records `ids`: their
+    /// batches have them.
+    pub(crate) fn forget_completions(&self, ids: &[&str]) -> redis::Cmd {
         let mut del = redis::cmd("XDEL");
         del.arg(&self.completions).arg(ids);
-        let _: i64 = self.conn.query(&del).await?;
-        Ok(())
+        del
     }
 }
 
@@ -84,8 +86,8 @@ mod tests {
     use crate::workflow::BatchId;
 
     /// A member's ack writes its completion record (one per batch and
-    /// state), a stale owner's none; an ack sent again after a lost reply
-    /// writes it again, and forwarding the records, twice over, counts each
+    /// state), a stale owner's none, the same ack sent again (after a lost
+    /// reply) none more; forwarding the records twice over counts each
     /// member once; the seal then finds the batch complete.
     #[tokio::test]
     async fn a_members_end_is_recorded_once_and_counted_once() {
@@ -101,16 +103,18 @@ mod tests {
         store.acquire().await.unwrap();
         let stale =
             PartitionStore::new(conn.clone(), &name, 0, 6, &InstanceId::generate(), 1 << 20);
-        let members = |store| AckGroup {
+        // `check`: an ack sent again, which looks at each member first.
+        let members = |store, check| AckGroup {
             store,
             ids: ids.iter().map(String::as_str).collect(),
             tracked: Vec::new(),
             tracking: None,
             unique: Vec::new(),
             members: vec![
-                ("t1", batch.as_str(), &b""[..]),
-                ("t2", batch.as_str(), &b""[..]),
+                ("t1", batch.as_str(), &b""[..], ids[0].as_str()),
+                ("t2", batch.as_str(), &b""[..], ids[1].as_str()),
             ],
+            check,
         };
         // The batch exists: members are counted only in an open batch.
         let keys = crate::workflow::BatchKeys::of(&name, &batch);
@@ -125,11 +129,11 @@ mod tests {
             let _: (i64, String) = conn.invoke(&add).await.unwrap();
         }
 
-        let stale_reply = ack(&conn, &[members(&stale)]).await.unwrap();
+        let stale_reply = ack(&conn, &[members(&stale, false)]).await.unwrap();
         assert_eq!(stale_reply, vec![super::super::AckReply::Fenced]);
         assert!(store.completions(10).await.unwrap().is_empty(), "stale");
-        for _ in 0..2 {
-            let reply = ack(&conn, &[members(&store)]).await.unwrap();
+        for check in [false, true] {
+            let reply = ack(&conn, &[members(&store, check)]).await.unwrap();
             assert_eq!(reply, vec![super::super::AckReply::Acked]);
         }
         let records = store.completions(10).await.unwrap();
@@ -137,10 +141,12 @@ mod tests {
             .iter()
             .map(|c| (c.tasks.as_str(), c.state.as_str()))
             .collect();
-        assert_eq!(ended, [("t1 t2", "succeeded"), ("t1 t2", "succeeded")]);
+        assert_eq!(ended, [("t1 t2", "succeeded")], "written once");
         let all: Vec<&crate::workflow::Completion> = records.iter().collect();
         for _ in 0..2 {
-            store.forward(&name, &batch, &all).await.unwrap();
+            crate::workflow::forward(&conn, &name, &batch, &all)
+                .await
+                .unwrap();
         }
         let view = crate::workflow::view(&conn, &name, &batch)
             .await
@@ -148,7 +154,7 @@ mod tests {
             .unwrap();
         assert_eq!((view.total, view.succeeded, view.pending), (2, 2, 0));
         let ats: Vec<&str> = records.iter().map(|c| c.at.as_str()).collect();
-        store.forget_completions(&ats).await.unwrap();
+        let _: i64 = conn.query(&store.forget_completions(&ats)).await.unwrap();
         assert!(store.completions(10).await.unwrap().is_empty());
     }
 }
