@@ -21,32 +21,30 @@
 -- With batch members among them (docs/design.md §19), and only then:
 -- KEYS[3] is named (u may be 0), KEYS[4] = {N/p}:completions, and after
 -- the unique keys' values come k quadruples of task id, batch id, result
--- ('' unless the batch wants it) and stream id ('' unless looked at), then
--- k, then `check`: their ends are written as completion records, one per
+-- ('' unless the batch wants it) and stream id, then k: their ends are written as completion records, one per
 -- batch and state, `succeeded` (or `cancelled`, as its record says), and
 -- one of its own for a member with a result (its `r`). A member's end is
--- written once: a first call acks every member it is given (each is
--- pending: only an earlier call of the same ack could have acked it), and
--- a call sent again (`check` = 1) writes the end only of a member still
--- pending before it acks anything (the batch counts each record it is
--- given: batch.lua).
+-- written once: only by the call that acks its pending entry, so the end
+-- is written only of a member still pending before this call acks
+-- anything (another script may have acked it first: an earlier call of
+-- this ack whose reply was lost, or this instance's own take-over of an
+-- entry whose ack was late), and the batch counts each record it is given
+-- (batch.lua).
 -- Returns the number acknowledged, or -1 when fenced.
 if redis.call('GET', KEYS[2]) ~= ARGV[1] then
   return -1
 end
--- The batch members, at the end, after the unique keys'; with `check`,
--- those already acked by an earlier call are left out.
+-- The batch members, at the end, after the unique keys'; those another
+-- script acked first are left out.
 local last = #ARGV
 local members_from, members_to = 1, 0
 local acked_before = {}
 if KEYS[4] then
-  local k = tonumber(ARGV[last - 1])
-  members_from, members_to = last - 1 - 4 * k, last - 2
-  if ARGV[last] == '1' then
-    for i = members_from, members_to, 4 do
-      if #redis.call('XPENDING', KEYS[1], ARGV[2], ARGV[i + 3], ARGV[i + 3], 1) == 0 then
-        acked_before[i] = true
-      end
+  local k = tonumber(ARGV[last])
+  members_from, members_to = last - 4 * k, last - 1
+  for i = members_from, members_to, 4 do
+    if #redis.call('XPENDING', KEYS[1], ARGV[2], ARGV[i + 3], ARGV[i + 3], 1) == 0 then
+      acked_before[i] = true
     end
   end
   last = members_from - 1

@@ -58,7 +58,8 @@ pub(crate) static BATCH: LazyLock<Script> = LazyLock::new(|| {
 #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct BatchId {
     home: u32,
-    text: String,
+    /// Shared: every member's link and ack holds its batch's id.
+    text: std::sync::Arc<str>,
 }
 
 impl BatchId {
@@ -69,7 +70,7 @@ impl BatchId {
         let home = crate::partition::partition_of(uuid.as_str().as_bytes(), partitions);
         BatchId {
             home,
-            text: format!("{home}/{uuid}"),
+            text: format!("{home}/{uuid}").into(),
         }
     }
 
@@ -122,7 +123,7 @@ impl FromStr for BatchId {
         }
         Ok(BatchId {
             home,
-            text: s.to_owned(),
+            text: s.into(),
         })
     }
 }
@@ -188,11 +189,34 @@ pub(crate) struct BatchLink {
 
 impl BatchLink {
     /// The link an entry's other fields say; `None` for most tasks, with
-    /// no allocation.
+    /// no allocation. A plain member's link is the one of the member
+    /// before it on this thread when they share their batch (one read's
+    /// members mostly do): read once, shared (its batch's id too).
     pub(crate) fn of(extra: &[(String, Vec<u8>)]) -> Option<std::sync::Arc<BatchLink>> {
         if extra.is_empty() {
             return None;
         }
+        let bytes = |name: &str| extra.iter().find(|(n, _)| n == name).map(|(_, v)| v);
+        let plain = bytes(field::PREVIOUS_RESULT).is_none() && bytes(field::CALLBACK_OF).is_none();
+        let batch = bytes(field::BATCH);
+        if let (true, Some(batch)) = (plain, batch) {
+            let cached = LAST.with_borrow(|last| {
+                let (id, link) = last.as_ref()?;
+                (id.as_slice() == batch.as_slice()).then(|| link.clone())
+            });
+            if cached.is_some() {
+                return cached;
+            }
+        }
+        let link = BatchLink::read(extra)?;
+        if let (true, Some(batch)) = (plain, batch) {
+            LAST.with_borrow_mut(|last| *last = Some((batch.clone(), link.clone())));
+        }
+        Some(link)
+    }
+
+    /// The link an entry's other fields say, read.
+    fn read(extra: &[(String, Vec<u8>)]) -> Option<std::sync::Arc<BatchLink>> {
         let bytes = |name: &str| extra.iter().find(|(n, _)| n == name).map(|(_, v)| v);
         let text = |name: &str| std::str::from_utf8(bytes(name)?).ok();
         let mut link = BatchLink {
@@ -213,6 +237,12 @@ impl BatchLink {
         let none = link.member_of.is_none() && link.summary.is_none();
         (!none).then(|| std::sync::Arc::new(link))
     }
+}
+
+thread_local! {
+    /// The last plain member's link read on this thread, by its batch id.
+    static LAST: std::cell::RefCell<Option<(Vec<u8>, std::sync::Arc<BatchLink>)>> =
+        const { std::cell::RefCell::new(None) };
 }
 
 /// Whether a batch's callback went out.

@@ -76,6 +76,9 @@ struct Fleet {
     procs: Vec<Option<Proc>>,
     /// The numbers of the processes killed.
     killed: Vec<usize>,
+    /// Where the consumers' logs go (their warnings, shown if the test
+    /// fails).
+    logs: std::path::PathBuf,
 }
 
 impl Fleet {
@@ -88,6 +91,7 @@ impl Fleet {
             lines: Lines::default(),
             procs: Vec::new(),
             killed: Vec::new(),
+            logs: std::env::temp_dir().join(unique_name("flows-logs")),
         }
     }
 
@@ -109,9 +113,15 @@ impl Fleet {
             .args(["consume", "--redis", &self.url, "--name", &self.name])
             .args(["--partitions", self.partitions, "--fail-every"])
             .arg(self.fail_every.to_string())
-            .args(["--interval-ms", "500", "--drain-ms", "200"])
+            // A drain of 400 ms: under a loaded machine (CI runs four tests
+            // at once) 200 ms let a leave's drain time out, and a task ran
+            // twice, as a drain that times out may (design §5).
+            // The delivery scenarios' timing (I = 1 s, drain 0.3 s): at 0.5 s
+            // and 0.2 s a loaded machine let drains time out, which may run
+            // a task twice (design §5).
+            .args(["--interval-ms", "1000", "--drain-ms", "300"])
             .stdout(Stdio::piped())
-            .stderr(Stdio::null());
+            .stderr(self.log(me));
         if crash {
             command.env("PEERQ_TEST_CRASH_AFTER_MEMBER_ACK", "1");
         }
@@ -127,6 +137,12 @@ impl Fleet {
         });
         self.procs.push(Some(Proc(child)));
         me
+    }
+
+    /// Consumer `n`'s log file.
+    fn log(&self, n: usize) -> std::fs::File {
+        std::fs::create_dir_all(&self.logs).unwrap();
+        std::fs::File::create(self.logs.join(n.to_string())).unwrap()
     }
 
     fn pid(&self, n: usize) -> u32 {
@@ -250,6 +266,15 @@ impl Drop for Fleet {
         for proc in self.procs.iter_mut().flatten() {
             signal(proc.0.id(), "KILL");
         }
+        if std::thread::panicking() {
+            for n in 0..self.procs.len() {
+                let log = std::fs::read_to_string(self.logs.join(n.to_string()));
+                for line in log.unwrap_or_default().lines() {
+                    eprintln!("consumer {n}: {line}");
+                }
+            }
+        }
+        let _ = std::fs::remove_dir_all(&self.logs);
     }
 }
 

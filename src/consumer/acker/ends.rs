@@ -5,6 +5,7 @@
 //! script, in the step that acks the entry.
 
 use crate::entry::{Entry, TaskId};
+use crate::workflow::{BatchId, BatchLink};
 
 /// What one succeeded task's ack ends besides its entry.
 #[derive(Debug, Default)]
@@ -21,7 +22,7 @@ pub(crate) struct Ends {
 pub(crate) struct Member {
     pub(crate) task: TaskId,
     /// Its batch's id.
-    pub(crate) batch: String,
+    pub(crate) batch: BatchId,
     /// Whether its batch wants its result.
     pub(crate) wants_result: bool,
     /// Its result (the handler's output, encoded), once it succeeded and
@@ -37,14 +38,16 @@ impl Ends {
         let id = || entry.id.clone();
         Ends {
             unique: entry.unique.as_ref().map(|key| (id(), key.clone())),
-            member: entry.member_of().map(|(batch, wants_result)| {
-                Box::new(Member {
+            // Its link as the run reads it (shared with the members before
+            // it of its batch): no copy of the batch's id.
+            member: BatchLink::of(&entry.extra).and_then(|link| {
+                Some(Box::new(Member {
                     task: id(),
-                    batch: batch.to_owned(),
-                    wants_result,
+                    batch: link.member_of.clone()?,
+                    wants_result: link.wants_result,
                     result: Vec::new(),
                     at: 0,
-                })
+                }))
             }),
         }
     }

@@ -326,10 +326,6 @@ async fn ack_groups(
                 tracking: None,
                 unique: Vec::new(),
                 members: Vec::new(),
-                // Sent again, an ack may have landed before: the members
-                // of a group with any such ack are looked at one by one
-                // (docs/design.md §19).
-                check: acks.iter().any(|ack| !first_try([ack])),
             };
             for ack in acks {
                 let unique = ack.unique.iter();

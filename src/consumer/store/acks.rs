@@ -62,10 +62,6 @@ pub(crate) struct AckGroup<'a> {
     /// each batch member (§19) among `ids` or `tracked`: the script writes
     /// their completion records.
     pub(crate) members: Vec<(&'a str, &'a str, &'a [u8], &'a str)>,
-    /// Whether the script looks at each member's pending entry first: only
-    /// for an ack sent again, which may have landed before (its reply
-    /// lost), so that a member's end is written once.
-    pub(crate) check: bool,
 }
 
 impl PartitionStore {
@@ -132,11 +128,9 @@ impl PartitionStore {
         }
         if members {
             for (task, batch, result, stream_id) in &group.members {
-                // The stream id only where the script looks at it.
-                let stream_id = if group.check { *stream_id } else { "" };
-                cmd.arg(*task).arg(*batch).arg(*result).arg(stream_id);
+                cmd.arg(*task).arg(*batch).arg(*result).arg(*stream_id);
             }
-            cmd.arg(group.members.len()).arg(u8::from(group.check));
+            cmd.arg(group.members.len());
         }
         cmd
     }

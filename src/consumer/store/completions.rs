@@ -103,8 +103,7 @@ mod tests {
         store.acquire().await.unwrap();
         let stale =
             PartitionStore::new(conn.clone(), &name, 0, 6, &InstanceId::generate(), 1 << 20);
-        // `check`: an ack sent again, which looks at each member first.
-        let members = |store, check| AckGroup {
+        let members = |store| AckGroup {
             store,
             ids: ids.iter().map(String::as_str).collect(),
             tracked: Vec::new(),
@@ -114,7 +113,6 @@ mod tests {
                 ("t1", batch.as_str(), &b""[..], ids[0].as_str()),
                 ("t2", batch.as_str(), &b""[..], ids[1].as_str()),
             ],
-            check,
         };
         // The batch exists: members are counted only in an open batch.
         let keys = crate::workflow::BatchKeys::of(&name, &batch);
@@ -129,11 +127,12 @@ mod tests {
             let _: (i64, String) = conn.invoke(&add).await.unwrap();
         }
 
-        let stale_reply = ack(&conn, &[members(&stale, false)]).await.unwrap();
+        let stale_reply = ack(&conn, &[members(&stale)]).await.unwrap();
         assert_eq!(stale_reply, vec![super::super::AckReply::Fenced]);
         assert!(store.completions(10).await.unwrap().is_empty(), "stale");
-        for check in [false, true] {
-            let reply = ack(&conn, &[members(&store, check)]).await.unwrap();
+        // Sent again (its reply lost): it acks nothing more, writes nothing.
+        for _ in 0..2 {
+            let reply = ack(&conn, &[members(&store)]).await.unwrap();
             assert_eq!(reply, vec![super::super::AckReply::Acked]);
         }
         let records = store.completions(10).await.unwrap();
@@ -155,6 +154,36 @@ mod tests {
         assert_eq!((view.total, view.succeeded, view.pending), (2, 2, 0));
         let ats: Vec<&str> = records.iter().map(|c| c.at.as_str()).collect();
         let _: i64 = conn.query(&store.forget_completions(&ats)).await.unwrap();
+        assert!(store.completions(10).await.unwrap().is_empty());
+    }
+
+    /// An entry its owner took over (its ack late: claimed as idle) is no
+    /// longer pending: the late ack writes no end for it, and its new
+    /// entry's ack will.
+    #[tokio::test]
+    async fn a_late_ack_of_an_entry_taken_over_writes_no_end() {
+        let (server, conn, name) = setup().await;
+        let batch = BatchId::generate(1);
+        let owner = InstanceId::generate();
+        let fields: [&[(&str, &str)]; 1] = [&[("id", "t1"), ("batch", batch.as_str())]];
+        let ids = delivered_all(&server, &name, owner.as_str(), &fields).await;
+        let store = PartitionStore::new(conn.clone(), &name, 0, 7, &owner, 1 << 20);
+        store.acquire().await.unwrap();
+        let next = [("id", "t1"), ("batch", batch.as_str()), ("attempt", "2")];
+        let moved = store
+            .move_entry(super::super::To::Stream, &ids[0], &next, None)
+            .await;
+        assert_eq!(moved.unwrap(), super::super::Moved::Yes);
+        let group = AckGroup {
+            store: &store,
+            ids: vec![ids[0].as_str()],
+            tracked: Vec::new(),
+            tracking: None,
+            unique: Vec::new(),
+            members: vec![("t1", batch.as_str(), &b""[..], ids[0].as_str())],
+        };
+        let reply = ack(&conn, &[group]).await.unwrap();
+        assert_eq!(reply, vec![super::super::AckReply::Acked]);
         assert!(store.completions(10).await.unwrap().is_empty());
     }
 }

@@ -138,7 +138,6 @@ async fn run_ack(conn: &SharedConnection, store: &PartitionStore, id: &str) -> i
         unique: Vec::new(),
         tracking: None,
         members: Vec::new(),
-        check: false,
     };
     conn.eval(&super::acks::FENCED_ACK, &store.ack_script(&group))
         .await
@@ -355,7 +354,6 @@ async fn a_stale_owner_writes_no_task_record_and_the_owner_does() {
             unique: Vec::new(),
             tracking: Some(tracking),
             members: Vec::new(),
-            check: false,
         };
         let cmd = store.ack_script(&group);
         let conn = conn.clone();
