@@ -103,3 +103,19 @@ fn shown(bytes: &[u8], codec: &str) -> serde_json::Value {
 fn ms(time: Option<SystemTime>) -> Option<u64> {
     time.map(|t| t.duration_since(UNIX_EPOCH).unwrap_or_default().as_millis() as u64)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_json_services_values_show_as_json_and_others_as_base64() {
+        let json = shown(br#"{"seq":7}"#, "json");
+        assert_eq!(json, serde_json::json!({ "seq": 7 }));
+        // Bincode's bytes, and JSON bytes that do not parse.
+        let bincode = shown(&[7, 0, 255], "bincode");
+        assert_eq!(bincode, serde_json::json!({ "base64": "BwD/" }));
+        let broken = shown(b"{not json", "json");
+        assert_eq!(broken, serde_json::json!({ "base64": "e25vdCBqc29u" }));
+    }
+}

@@ -86,3 +86,47 @@ async fn the_partitions_interruption_stops_a_tracked_run_and_is_no_users_cancel(
     assert!(a.tracks.either(a.at).is_cancelled());
     assert!(!a.tracks.user_cancelled(a.at));
 }
+
+/// The script calls Redis has counted (`INFO commandstats`).
+async fn script_calls(server: &support::RedisServer) -> u64 {
+    let mut conn = server.pool().get().await.unwrap();
+    let info: String = deadpool_redis::redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut *conn)
+        .await
+        .unwrap();
+    info.lines()
+        .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
+        .and_then(|rest| rest.split(',').next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+#[tokio::test]
+async fn progress_reported_often_is_written_at_most_every_250_ms() {
+    let server = support::RedisServer::start();
+    let running = Arc::new(Running::default());
+    let interrupt = CancellationToken::new();
+    let registered = batch(&server, &running, &interrupt);
+    let a = registered.task(0);
+    // One value written first: the script is loaded (a first `EVALSHA` that
+    // Redis did not know counts too), and the next write is 250 ms away.
+    a.tracks.clone().progress(a.at, vec![0]);
+    a.flush().await;
+    let before = script_calls(&server).await;
+    // 60 values over about 750 ms: a write now, then one every 250 ms.
+    let started = tokio::time::Instant::now();
+    for percent in 0..60u8 {
+        a.tracks.clone().progress(a.at, vec![percent]);
+        tokio::time::sleep(Duration::from_millis(12)).await;
+    }
+    let reported = started.elapsed();
+    a.flush().await;
+    let writes = script_calls(&server).await - before;
+    // One per 250 ms begun (the bound, not the constant: a test of
+    // it), and the flush's: 60 unthrottled.
+    let most = 2 + (reported.as_millis() / 250) as u64;
+    assert!(
+        (2..=most).contains(&writes),
+        "{writes} writes in {reported:?}"
+    );
+}
