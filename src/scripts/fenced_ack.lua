@@ -42,8 +42,23 @@ local acked_before = {}
 if KEYS[4] then
   local k = tonumber(ARGV[last])
   members_from, members_to = last - 4 * k, last - 1
+  -- One look at the pending entries between the members' first and last
+  -- (one read's entries, mostly: few besides them), not one per member.
+  local first, final = ARGV[members_from + 3], ARGV[members_from + 3]
+  for i = members_from + 4, members_to, 4 do
+    if after(first, ARGV[i + 3]) then
+      first = ARGV[i + 3]
+    end
+    if after(ARGV[i + 3], final) then
+      final = ARGV[i + 3]
+    end
+  end
+  local pending = {}
+  for _, entry in ipairs(redis.call('XPENDING', KEYS[1], ARGV[2], first, final, 100000)) do
+    pending[entry[1]] = true
+  end
   for i = members_from, members_to, 4 do
-    if #redis.call('XPENDING', KEYS[1], ARGV[2], ARGV[i + 3], ARGV[i + 3], 1) == 0 then
+    if not pending[ARGV[i + 3]] then
       acked_before[i] = true
     end
   end
