@@ -103,7 +103,12 @@ async fn main() {
             .by_calls()
             .iter()
             .take(6)
-            .map(|(name, c)| format!("{name} {:.3}", c.calls as f64 / tasks as f64))
+            // Calls per task, and their Redis time per task (a script's
+            // includes the commands it calls).
+            .map(|(name, c)| {
+                let per = |n: u64| n as f64 / tasks as f64;
+                format!("{name} {:.3} ({:.2} µs)", per(c.calls), per(c.usec))
+            })
             .collect();
         println!(
             "| {label} | {:.2} µs | {:.2} µs | {:.3} | {} |",

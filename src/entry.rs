@@ -75,6 +75,13 @@ pub(crate) mod field {
 /// static, a header's and an unknown field's are the entry's.
 pub(crate) type FieldName = Cow<'static, str>;
 
+/// A stream id `<ms>-<seq>` (or `<ms>`) as numbers, which order as the ids
+/// do; `None` if it is not one.
+pub(crate) fn stream_id_order(id: &str) -> Option<(u64, u64)> {
+    let (ms, seq) = id.split_once('-').unwrap_or((id, "0"));
+    Some((ms.parse().ok()?, seq.parse().ok()?))
+}
+
 /// Now, in milliseconds since the Unix epoch (an entry's `enqueued_at`).
 pub(crate) fn now_ms() -> u64 {
     SystemTime::now()

@@ -232,8 +232,8 @@ pub(crate) fn batch(name: &ServiceName, h: u32, uuid: &str) -> String {
     format!("{{{name}/{h}}}:batch:{uuid}")
 }
 
-/// The members of batch `<h>/<uuid>`: task id → `pending`, or its state
-/// and the completion record that said so.
+/// The dead members of batch `<h>/<uuid>`: task id → 1, for its
+/// callback's summary (a replayed one leaves).
 pub(crate) fn batch_members(name: &ServiceName, h: u32, uuid: &str) -> String {
     format!("{{{name}/{h}}}:batch:{uuid}:m")
 }
@@ -242,6 +242,13 @@ pub(crate) fn batch_members(name: &ServiceName, h: u32, uuid: &str) -> String {
 /// flow's parent, a chain's next step): task id → the result's bytes.
 pub(crate) fn batch_results(name: &ServiceName, h: u32, uuid: &str) -> String {
     format!("{{{name}/{h}}}:batch:{uuid}:r")
+}
+
+/// The members a cancel of batch `<h>/<uuid>` cancels (a flow's children
+/// and subflows, a chain's first step, a cancellable batch's members):
+/// `t:<p>/<task id>` and `b:<batch id>` → 1.
+pub(crate) fn batch_children(name: &ServiceName, h: u32, uuid: &str) -> String {
+    format!("{{{name}/{h}}}:batch:{uuid}:c")
 }
 
 /// One sequence of [`MajorityIds`](crate::ids::MajorityIds) on each of
@@ -283,6 +290,7 @@ mod tests {
         assert_eq!(batch(&n, 7, "u"), "{mail-sender/7}:batch:u");
         assert_eq!(batch_members(&n, 7, "u"), "{mail-sender/7}:batch:u:m");
         assert_eq!(batch_results(&n, 7, "u"), "{mail-sender/7}:batch:u:r");
+        assert_eq!(batch_children(&n, 7, "u"), "{mail-sender/7}:batch:u:c");
     }
 
     #[test]

@@ -103,9 +103,18 @@ async fn forward(
         }
     }
     let mut failed: Vec<&str> = Vec::new();
+    // Homes of cancelled subflows that ended their parents in their outer
+    // flows: those records are forwarded at once.
+    let mut homes: Vec<u32> = Vec::new();
     for (batch, ends) in by_batch {
         let sent = match batch.parse::<BatchId>() {
-            Ok(id) => crate::workflow::forward(conn, name, &id, &ends).await,
+            Ok(id) => crate::workflow::forward(conn, name, &id, &ends)
+                .await
+                .map(|outer| {
+                    if outer {
+                        homes.push(id.home());
+                    }
+                }),
             // A record no batch can take (written by hand) is dropped.
             Err(e) => {
                 warn!(batch, cause = %e, "a completion record names no batch; dropped");
@@ -115,6 +124,12 @@ async fn forward(
         if let Err(e) = sent {
             warn!(batch, cause = %e, "cannot forward members' ends to their batch");
             failed.push(batch);
+        }
+    }
+    for home in homes {
+        if let Err(e) = crate::workflow::records::forward_partition(conn, name, home).await {
+            // Its owner forwards it when it next acks or acquires it.
+            debug!(home, cause = %e, "cannot forward a cancelled subflow's end");
         }
     }
     let mut again = Vec::new();

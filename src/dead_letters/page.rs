@@ -16,6 +16,7 @@ use deadpool_redis::redis::{self, streams::StreamRangeReply};
 use serde::{Serialize, Serializer};
 
 use super::{DeadLetter, DeadLetters};
+use crate::entry::stream_id_order;
 use crate::error::{Error, Result};
 use crate::keys;
 
@@ -48,14 +49,14 @@ pub struct Cursor {
 impl Cursor {
     /// The sort key of the position: `(ms, seq, partition)`.
     fn key(&self) -> (u64, u64, u32) {
-        let (ms, seq) = parse_id(&self.id).unwrap_or_default();
+        let (ms, seq) = stream_id_order(&self.id).unwrap_or_default();
         (ms, seq, self.partition)
     }
 
     /// `id` if it is a stream id (`<ms>-<seq>` or `<ms>`), else an error
     /// naming it.
     pub(crate) fn valid_id(id: &str) -> Result<&str> {
-        match parse_id(id) {
+        match stream_id_order(id) {
             Some(_) => Ok(id),
             None => Err(Error::invalid(
                 "id",
@@ -66,12 +67,6 @@ impl Cursor {
             )),
         }
     }
-}
-
-/// `<ms>-<seq>` (or `<ms>`) as numbers.
-fn parse_id(id: &str) -> Option<(u64, u64)> {
-    let (ms, seq) = id.split_once('-').unwrap_or((id, "0"));
-    Some((ms.parse().ok()?, seq.parse().ok()?))
 }
 
 impl fmt::Display for Cursor {

@@ -1,5 +1,6 @@
 //! What a batch (docs/design.md §19) refuses: a call on a batch that does
-//! not exist, is sealed, or expired before it was sealed; the crate's
+//! not exist, is sealed, expired before it was sealed, or was cancelled;
+//! the crate's
 //! `Error` carries it.
 
 /// Why a batch refused an add or a seal.
@@ -17,4 +18,8 @@ pub enum BatchRefused {
     /// it takes no member, and no callback comes.
     #[error("batch {0} expired before it was sealed: no member can be added, no callback comes")]
     Expired(String),
+    /// A user cancelled the batch: it takes no member, and no callback
+    /// comes.
+    #[error("batch {0} was cancelled: no member can be added, no callback comes")]
+    Cancelled(String),
 }

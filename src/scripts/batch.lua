@@ -24,6 +24,9 @@
 -- KEYS[3] = {N/h}:stream
 -- KEYS[4] = {N/h}:batch:<uuid>:r, a hash: member task id → its result, for
 -- a batch that wants them (a flow's parent, a chain's next step).
+-- KEYS[5] = {N/h}:batch:<uuid>:c, a hash: the members a cancel of the
+-- batch cancels (a flow's, a chain's first step, a cancellable batch's):
+-- `t:<p>/<task id>` → 1, and a flow's subflows, `b:<batch id>` → 1.
 -- ARGV[1] = what to do     ARGV[2] = the batch id
 -- `open` ARGV[3] = ms until an unsealed batch expires, ARGV[4] = ms kept
 --   once done, ARGV[5] = 1 if the callback gets the results, then groups of
@@ -32,15 +35,29 @@
 --   (0: none), the steps after a count of steps. Returns 1, or 0 if it
 --   existed.
 -- `add` ARGV[3] = the add's id, ARGV[4] = how many members it adds, ARGV[5]
---   = a chain's first step's task id (''): each add is counted once (a
---   call sent again after a lost reply adds none). Returns { code, total
---   }: 1 added, 0 no such batch, -1 sealed, -2 expired.
+--   = a chain's first step's task id (''), ARGV[6..] = the members to
+--   remember for a cancel (KEYS[5]'s fields, then values): each add is
+--   counted once (a call sent again after a lost reply adds none).
+--   Returns { code, total }: 1 added, 0 no such batch, -1 sealed, -2
+--   expired, -3 cancelled.
 -- `seal` Returns { code, state }: 1 sealed (state `open` or `done`), 0 no
 --   such batch, -2 expired.
--- `forward` ARGV[3..] = quintuples of the record's partition, its id, the
---   state, the members' task ids (space-separated) and a lone member's
---   result (''), each partition's in order. Returns 1, or 0 if there is no
---   such batch (any more).
+-- `cancel` (a user's, docs/design.md §19): the batch takes no member any
+--   more and, once every member is final, sends nothing (`sent` =
+--   `cancelled`); a flow's parent that is an outer flow's child is then
+--   written `cancelled` there, by a completion record of this home
+--   partition. Returns { code, task, members… }: 0 no such batch; 2 done
+--   already, `task` the task it sent (its callback, a chain's step after
+--   the last: '' if none); 1 cancelled now (or before), `task` a chain's
+--   step running, in the home partition (''), and the members KEYS[5]
+--   remembers.
+-- `forward` ARGV[3..] = sextuples of the record's partition, its id, the
+--   state, how many members it ends, their task ids (space-separated; ''
+--   for a count of succeeded ones) and a lone member's result (''), each
+--   partition's in order. Returns 1, 2 when it wrote a completion record
+--   of the home partition (a cancelled flow's parent ended in its outer
+--   flow: the caller forwards it), or 0 if there is no such batch (any
+--   more).
 
 local now_t = redis.call('TIME')
 local now = tonumber(now_t[1]) * 1000 + math.floor(tonumber(now_t[2]) / 1000)
@@ -96,11 +113,40 @@ local function next_step(all, r)
   return true
 end
 
+-- Says the batch is done, having sent `sent` (task `id`), and keeps its
+-- keys `keep` ms more.
+local function finish(sent, id, keep)
+  redis.call('HSET', KEYS[1], 'done_at', now, 'sent', sent, 'sent_id', id)
+  for k = 1, 5 do
+    if k ~= 3 then
+      redis.call('PEXPIRE', KEYS[k], keep)
+    end
+  end
+  return 'done'
+end
+
+-- A cancelled batch done: it sends nothing, and its callback, if it is a
+-- member of an outer batch (a flow's parent that is a child), ends there
+-- `cancelled`: a completion record of the home partition, forwarded as a
+-- member's (the canceller forwards them at once).
+local function cancelled_done(all, keep)
+  local callback = stored(all, 'c:')
+  local outer, id = field_in(callback, 'batch'), field_in(callback, 'id')
+  if outer and outer ~= '' and id then
+    local home = KEYS[3]
+    redis.call('XADD', string.sub(home, 1, #home - 6) .. 'completions', '*', 'b', outer, 't', id,
+      's', 'cancelled')
+    finish('cancelled', '', keep)
+    return 'outer'
+  end
+  return finish('cancelled', '', keep)
+end
+
 -- Adds the callback once every member of a sealed batch is final; a chain
 -- adds its next step instead while its steps succeed.
 local function settle()
   local r = redis.call('HMGET', KEYS[1], 'sealed', 'total', 'ok', 'dead', 'cancelled',
-    'done_at', 'keep', 'steps', 'step', 'cur', 'results')
+    'done_at', 'keep', 'steps', 'step', 'cur', 'results', 'cancelled_at')
   if r[1] ~= '1' or r[6] then
     return 'open'
   end
@@ -110,6 +156,9 @@ local function settle()
   end
   local all = redis.call('HGETALL', KEYS[1])
   local failed = dead + cancelled > 0
+  if r[12] then
+    return cancelled_done(all, r[7])
+  end
   if not failed and next_step(all, r) then
     return 'open'
   end
@@ -142,13 +191,7 @@ local function settle()
   else
     sent = 'none'
   end
-  redis.call('HSET', KEYS[1], 'done_at', now, 'sent', sent, 'sent_id', id)
-  for k = 1, 4 do
-    if k ~= 3 then
-      redis.call('PEXPIRE', KEYS[k], r[7])
-    end
-  end
-  return 'done'
+  return finish(sent, id, r[7])
 end
 
 if op == 'open' then
@@ -180,7 +223,8 @@ if op == 'open' then
   return 1
 end
 
-local r = redis.call('HMGET', KEYS[1], 'sealed', 'expires_at', 'total', 'keep', 'done_at')
+local r = redis.call('HMGET', KEYS[1], 'sealed', 'expires_at', 'total', 'keep', 'done_at',
+  'cancelled_at', 'sent_id', 'step', 'cur')
 if not r[1] then
   if op == 'forward' then
     return 0
@@ -190,6 +234,9 @@ end
 local expired = r[1] ~= '1' and now > tonumber(r[2])
 
 if op == 'add' then
+  if r[6] then
+    return { -3, r[3] }
+  end
   if r[1] == '1' then
     return { -1, r[3] }
   end
@@ -202,7 +249,32 @@ if op == 'add' then
   if ARGV[5] ~= '' then
     redis.call('HSET', KEYS[1], 'cur', ARGV[5])
   end
+  if #ARGV > 5 then
+    local remembered = {}
+    for i = 6, #ARGV do
+      remembered[#remembered + 1] = ARGV[i]
+    end
+    chunked('HSET', KEYS[5], remembered)
+    redis.call('PEXPIRE', KEYS[5], math.max(tonumber(r[2]) + tonumber(r[4]) - now, 1))
+  end
   return { 1, tostring(redis.call('HINCRBY', KEYS[1], 'total', tonumber(ARGV[4]))) }
+end
+
+if op == 'cancel' then
+  if r[5] then
+    return { 2, r[7] or '' }
+  end
+  redis.call('HSETNX', KEYS[1], 'cancelled_at', now)
+  redis.call('HSET', KEYS[1], 'sealed', 1)
+  local reply = { 1, '' }
+  if tonumber(r[8] or 0) > 1 then
+    reply[2] = r[9]
+  end
+  for _, member in ipairs(redis.call('HKEYS', KEYS[5])) do
+    reply[#reply + 1] = member
+  end
+  settle()
+  return reply
 end
 
 if op == 'seal' then
@@ -216,7 +288,7 @@ end
 if op == 'forward' then
   local records = {}
   local seen, partitions = {}, {}
-  for i = 3, #ARGV - 4, 5 do
+  for i = 3, #ARGV - 5, 6 do
     records[#records + 1] = i
     if not seen[ARGV[i]] then
       seen[ARGV[i]] = true
@@ -231,11 +303,10 @@ if op == 'forward' then
   local moved = { ok = 0, dead = 0, cancelled = 0 }
   local dead, undead, results = {}, {}, {}
   for _, i in ipairs(records) do
-    local field, at, state, ids, result = 'w:' .. ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4]
+    local field, at, state = 'w:' .. ARGV[i], ARGV[i + 1], ARGV[i + 2]
+    local n, ids, result = tonumber(ARGV[i + 3]), ARGV[i + 4], ARGV[i + 5]
     if not marks[field] or after(at, marks[field]) then
       marks[field] = at
-      local _, spaces = string.gsub(ids, ' ', ' ')
-      local n = spaces + 1
       if state == 'pending' then
         -- A dead member replayed (replay.lua): no longer final.
         moved.dead = moved.dead - n
@@ -282,7 +353,9 @@ if op == 'forward' then
   if #undead > 0 then
     chunked('HDEL', KEYS[2], undead)
   end
-  settle()
+  if settle() == 'outer' then
+    return 2
+  end
   return 1
 end
 return redis.error_reply('batch.lua: unknown operation ' .. tostring(op))

@@ -20,49 +20,37 @@
 -- u: each key is freed if its task holds it. Without, this costs nothing.
 -- With batch members among them (docs/design.md §19), and only then:
 -- KEYS[3] is named (u may be 0), KEYS[4] = {N/p}:completions, and after
--- the unique keys' values come k quadruples of task id, batch id, result
--- ('' unless the batch wants it) and stream id, then k: their ends are written as completion records, one per
--- batch and state, `succeeded` (or `cancelled`, as its record says), and
--- one of its own for a member with a result (its `r`). A member's end is
--- written once: only by the call that acks its pending entry, so the end
--- is written only of a member still pending before this call acks
--- anything (another script may have acked it first: an earlier call of
--- this ack whose reply was lost, or this instance's own take-over of an
--- entry whose ack was late), and the batch counts each record it is given
+-- the unique keys' values comes the members' block, then its length L:
+-- the members' first and last stream id (the instance finds them: Lua's
+-- parsing of stream ids cost more than all else a member costs here),
+-- then one group per batch: its id, c, 1 if it wants results (else 0),
+-- and c pairs of task id and stream id (triples, with the result, when it
+-- wants them). Their ends are written as completion records, one per
+-- batch and state, `succeeded` (or `cancelled`, as its record says): the
+-- succeeded ones as a count, the others with their task ids, and one of
+-- its own for a member with a result (its `r`). A member's end is written
+-- once: only by the call that acks its pending entry, so the end is
+-- written only of a member still pending before this call acks anything
+-- (another script may have acked it first: an earlier call of this ack
+-- whose reply was lost, or this instance's own take-over of an entry whose
+-- ack was late), and the batch counts each record it is given
 -- (batch.lua).
 -- Returns the number acknowledged, or -1 when fenced.
 if redis.call('GET', KEYS[2]) ~= ARGV[1] then
   return -1
 end
--- The batch members, at the end, after the unique keys'; those another
--- script acked first are left out.
+-- The batch members' block, at the end, after the unique keys'; their
+-- entries still pending before this call acks anything.
 local last = #ARGV
-local members_from, members_to = 1, 0
-local acked_before = {}
+local block, pending = nil, {}
 if KEYS[4] then
-  local k = tonumber(ARGV[last])
-  members_from, members_to = last - 4 * k, last - 1
+  block = last - tonumber(ARGV[last])
   -- One look at the pending entries between the members' first and last
   -- (one read's entries, mostly: few besides them), not one per member.
-  local first, final = ARGV[members_from + 3], ARGV[members_from + 3]
-  for i = members_from + 4, members_to, 4 do
-    if after(first, ARGV[i + 3]) then
-      first = ARGV[i + 3]
-    end
-    if after(ARGV[i + 3], final) then
-      final = ARGV[i + 3]
-    end
-  end
-  local pending = {}
-  for _, entry in ipairs(redis.call('XPENDING', KEYS[1], ARGV[2], first, final, 100000)) do
+  for _, entry in ipairs(redis.call('XPENDING', KEYS[1], ARGV[2], ARGV[block], ARGV[block + 1], 100000)) do
     pending[entry[1]] = true
   end
-  for i = members_from, members_to, 4 do
-    if not pending[ARGV[i + 3]] then
-      acked_before[i] = true
-    end
-  end
-  last = members_from - 1
+  last = block - 1
 end
 local n = tonumber(ARGV[3])
 local acked = 0
@@ -104,29 +92,34 @@ if t then
   acked = acked + all
 end
 -- One record per batch and state.
-local ended = {}
-for i = members_from, members_to, 4 do
-  local id, batch, result = ARGV[i], ARGV[i + 1], ARGV[i + 2]
-  -- A member an earlier call acked had its end written by that call.
-  if not acked_before[i] then
-    local state = 'succeeded'
-    if t and (t.done[id] == 'cancelled' or (t.asked ~= false and state_of(t, id) == 'cancelled')) then
-      state = 'cancelled'
-    end
-    if state == 'succeeded' and result ~= '' then
-      redis.call('XADD', completions_of(KEYS[1]), '*', 'b', batch, 't', id, 's', state, 'r', result)
-    else
-      local group = batch .. ' ' .. state
-      if not ended[group] then
-        ended[group] = { batch = batch, state = state, ids = {} }
+if block then
+  local i = block + 2
+  while i < #ARGV do
+    local batch, c, wants = ARGV[i], tonumber(ARGV[i + 1]), ARGV[i + 2] == '1'
+    local step = wants and 3 or 2
+    local succeeded, cancelled = 0, {}
+    i = i + 3
+    for m = i, i + step * (c - 1), step do
+      -- A member an earlier call acked had its end written by that call.
+      if pending[ARGV[m + 1]] then
+        local id = ARGV[m]
+        if t and (t.done[id] == 'cancelled' or (t.asked ~= false and state_of(t, id) == 'cancelled')) then
+          cancelled[#cancelled + 1] = id
+        elseif wants and ARGV[m + 2] ~= '' then
+          redis.call('XADD', completions_of(KEYS[1]), '*', 'b', batch, 't', id, 's', 'succeeded', 'r', ARGV[m + 2])
+        else
+          succeeded = succeeded + 1
+        end
       end
-      local ids = ended[group].ids
-      ids[#ids + 1] = id
+    end
+    i = i + step * c
+    if succeeded > 0 then
+      redis.call('XADD', completions_of(KEYS[1]), '*', 'b', batch, 'n', succeeded, 's', 'succeeded')
+    end
+    if #cancelled > 0 then
+      completed(KEYS[1], batch, table.concat(cancelled, ' '), 'cancelled')
     end
   end
-end
-for _, e in pairs(ended) do
-  completed(KEYS[1], e.batch, table.concat(e.ids, ' '), e.state)
 end
 flush(t)
 if KEYS[3] then

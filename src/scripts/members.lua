@@ -15,7 +15,8 @@ end
 -- Says that member(s) `ids` (task ids, space-separated) of batch `batch`
 -- are now `state`: `succeeded`, `dead`, `cancelled` or `pending`
 -- (replayed). One record for many members of one batch: what one ack
--- ends of a batch costs one entry.
+-- ends of a batch costs one entry (and an ack's succeeded members without
+-- results are only counted: `n` in place of `t`, fenced_ack.lua).
 local function completed(stream, batch, ids, state)
   if batch and batch ~= '' and ids and ids ~= '' then
     redis.call('XADD', completions_of(stream), '*', 'b', batch, 't', ids, 's', state)

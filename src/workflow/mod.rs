@@ -10,12 +10,12 @@
 //! that partition's owner forwards the records to the batch
 //! (`consumer::completions`), which counts each member once.
 //!
-//! - here: a batch's id, the summary a callback gets, a batch's view, and
-//!   the batch script's calls;
+//! - here: a batch's id, the summary a callback gets, and the batch
+//!   script's calls; `view`: a batch as its record says; `cancel`: a
+//!   user's cancel of a batch (a flow's parent);
 //! - the producer's side ([`crate::producer::BatchBuilder`],
 //!   [`crate::producer::OpenBatch`]) opens batches, adds members and seals.
 
-use std::collections::HashMap;
 use std::fmt;
 use std::str::FromStr;
 use std::sync::LazyLock;
@@ -24,7 +24,6 @@ use deadpool_redis::redis::{self, Script};
 use serde::Serialize;
 
 use crate::config::ServiceName;
-use crate::connection::SharedConnection;
 use crate::error::{Error, Result};
 use crate::keys;
 use crate::task_id::TaskId;
@@ -45,6 +44,16 @@ pub(crate) mod field {
     /// MessagePack strings.
     pub(crate) const RESULTS: &str = "results";
 }
+
+mod cancel;
+pub(crate) mod records;
+mod view;
+
+pub use cancel::BatchCancelled;
+pub(crate) use cancel::cancel;
+pub(crate) use records::{Completion, forward};
+pub(crate) use view::view;
+pub use view::{BatchView, CallbackState};
 
 /// `batch.lua`, with `unique.lua`'s helpers before it.
 pub(crate) static BATCH: LazyLock<Script> = LazyLock::new(|| {
@@ -245,112 +254,14 @@ thread_local! {
         const { std::cell::RefCell::new(None) };
 }
 
-/// Whether a batch's callback went out.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-#[non_exhaustive]
-pub enum CallbackState {
-    /// None went: the batch is not done yet, or it is done with nothing to
-    /// send (an on-failure callback alone, and every member succeeded).
-    None,
-    /// Enqueued: the callback (or the on-failure callback) is a task.
-    Enqueued,
-}
-
-/// A batch as its record says now (`peerq batch show`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-#[non_exhaustive]
-pub struct BatchView {
-    /// The batch.
-    #[serde(serialize_with = "as_str")]
-    pub id: BatchId,
-    /// Members added.
-    pub total: u64,
-    /// Members not final yet.
-    pub pending: u64,
-    /// Members that succeeded.
-    pub succeeded: u64,
-    /// Members that went to the dead letters.
-    pub dead: u64,
-    /// Members a user cancelled.
-    pub cancelled: u64,
-    /// Whether members may still be added.
-    pub sealed: bool,
-    /// Not sealed before its time ran out: no callback will come.
-    pub expired: bool,
-    /// Done: sealed and every member final (its callback, if any, went).
-    pub done: bool,
-    /// Whether its callback went out.
-    pub callback: CallbackState,
-    /// The callback's task id, once enqueued.
-    pub callback_id: Option<String>,
-    /// Which callback went: `callback` or `on_failure`.
-    pub callback_kind: Option<String>,
-    /// A chain: its steps.
-    pub steps: Option<u64>,
-    /// A chain's step running (or the last that ran), from 1.
-    pub step: Option<u64>,
-    /// A chain a dead (or cancelled) step stopped.
-    pub stopped: bool,
-    /// When it was opened, Unix ms (Redis's clock).
-    pub created_at: u64,
-    /// When an unsealed batch expires, Unix ms.
-    pub expires_at: u64,
-    /// When it was done (callback enqueued or not needed), Unix ms.
-    pub done_at: Option<u64>,
-}
-
-impl BatchView {
-    /// The view of record `fields` (HGETALL) of batch `id`, read at
-    /// `now_ms`; `None` for no record.
-    fn read(id: &BatchId, fields: HashMap<String, String>, now_ms: u64) -> Option<BatchView> {
-        if fields.is_empty() {
-            return None;
-        }
-        let n = |name: &str| fields.get(name).and_then(|v| v.parse::<u64>().ok());
-        let (total, succeeded) = (n("total")?, n("ok").unwrap_or(0));
-        let (dead, cancelled) = (n("dead").unwrap_or(0), n("cancelled").unwrap_or(0));
-        let sealed = n("sealed") == Some(1);
-        let expires_at = n("expires_at").unwrap_or(0);
-        let done_at = n("done_at");
-        let sent = fields.get("sent").map(String::as_str);
-        let callback = match sent {
-            Some("callback" | "on_failure") => CallbackState::Enqueued,
-            _ => CallbackState::None,
-        };
-        let sent_id = fields.get("sent_id").filter(|id| !id.is_empty());
-        Some(BatchView {
-            id: id.clone(),
-            total,
-            pending: total.saturating_sub(succeeded + dead + cancelled),
-            succeeded,
-            dead,
-            cancelled,
-            sealed,
-            expired: !sealed && now_ms > expires_at,
-            done: done_at.is_some(),
-            callback,
-            callback_id: sent_id.cloned(),
-            callback_kind: sent
-                .filter(|s| matches!(*s, "callback" | "on_failure"))
-                .map(str::to_owned),
-            steps: n("steps"),
-            step: n("step"),
-            stopped: n("steps").is_some() && done_at.is_some() && dead + cancelled > 0,
-            created_at: n("created_at").unwrap_or(0),
-            expires_at,
-            done_at,
-        })
-    }
-}
-
-/// A batch's keys: its record, its members, its home's stream, its
-/// members' results.
+/// A batch's keys: its record, its dead members, its home's stream, its
+/// members' results, the members a cancel cancels.
 pub(crate) struct BatchKeys {
     record: String,
     members: String,
     stream: String,
     results: String,
+    children: String,
 }
 
 impl BatchKeys {
@@ -360,6 +271,7 @@ impl BatchKeys {
             members: keys::batch_members(name, id.home, id.uuid()),
             stream: keys::stream(name, id.home),
             results: keys::batch_results(name, id.home, id.uuid()),
+            children: keys::batch_children(name, id.home, id.uuid()),
         }
     }
 
@@ -370,68 +282,11 @@ impl BatchKeys {
             .key(&self.members)
             .key(&self.stream)
             .key(&self.results)
+            .key(&self.children)
             .arg(op)
             .arg(id.as_str());
         script
     }
-}
-
-/// Members' end, as a completion record says it: some members of one
-/// batch, all in one state.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Completion {
-    /// The members' partition.
-    pub(crate) partition: u32,
-    /// The record's stream id there: the batch takes a partition's
-    /// records in their order, each once.
-    pub(crate) at: String,
-    pub(crate) batch: String,
-    /// Their task ids, space-separated.
-    pub(crate) tasks: String,
-    pub(crate) state: String,
-    /// A lone member's result, when its batch wants it; else empty.
-    pub(crate) result: Vec<u8>,
-}
-
-/// Forwards `completions`, all of batch `id`, to its record. `Ok(true)`
-/// when the batch took them (or no longer exists: an expired batch's
-/// members end unheard), for the caller to delete the records.
-pub(crate) async fn forward(
-    conn: &SharedConnection,
-    name: &ServiceName,
-    id: &BatchId,
-    completions: &[&Completion],
-) -> Result<()> {
-    let keys = BatchKeys::of(name, id);
-    let mut script = keys.call("forward", id);
-    for c in completions {
-        script
-            .arg(c.partition)
-            .arg(&c.at)
-            .arg(&c.state)
-            .arg(&c.tasks)
-            .arg(&c.result);
-    }
-    let _: i64 = conn.invoke(&script).await?;
-    Ok(())
-}
-
-/// Batch `id` of service `name` as its record says now; `None` when it
-/// does not exist (never, or expired and gone).
-pub(crate) async fn view(
-    conn: &SharedConnection,
-    name: &ServiceName,
-    id: &BatchId,
-) -> Result<Option<BatchView>> {
-    let keys = BatchKeys::of(name, id);
-    let mut hgetall = redis::cmd("HGETALL");
-    hgetall.arg(&keys.record);
-    let fields: HashMap<String, String> = conn.query(&hgetall).await?;
-    // Whether an open batch expired, by this clock: the record's times
-    // are Redis's, a skew of the clock moves the answer by as much.
-    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
-    let now_ms = now.unwrap_or_default().as_millis() as u64;
-    Ok(BatchView::read(id, fields, now_ms))
 }
 
 #[cfg(test)]

@@ -2,14 +2,16 @@
 //! against a real redis-server: a chain's steps run one after the other,
 //! each with the result of the one before; a dead step stops the chain; a
 //! two-level flow runs each parent after all its children, with their
-//! results.
+//! results; a cancelled flow, chain or cancellable batch stops: its
+//! members not final are cancelled, its parent (or next step) never runs.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use peerq::admin::Admin;
+use peerq::admin::{Admin, Service};
 use peerq::handler::HandlerWithResult;
 use peerq::producer::Flow;
+use peerq::tracking::Tracking;
 use peerq::{Bincode, Codec, Consumer, HandlerError, TaskContext};
 use serde::{Deserialize, Serialize};
 use support::{RedisServer, unique_name};
@@ -25,6 +27,8 @@ enum Job {
     Step { n: u64, fail: bool },
     /// A parent or a callback: records what it was given.
     Parent { name: String },
+    /// Runs until cancelled (a minute at most), then fails.
+    Block { n: u64 },
 }
 
 /// What ran, in order.
@@ -40,6 +44,8 @@ enum Ran {
         total: u64,
         succeeded: u64,
     },
+    /// A blocking task started: its `n`.
+    Blocked { n: u64 },
 }
 
 #[derive(Clone, Default)]
@@ -58,6 +64,11 @@ impl HandlerWithResult for Recorder {
                     return Err(HandlerError::msg("this step fails").permanent());
                 }
                 Ok(n)
+            }
+            Job::Block { n } => {
+                self.0.lock().unwrap().push(Ran::Blocked { n });
+                let _ = tokio::time::timeout(Duration::from_secs(60), cx.cancelled()).await;
+                Err(HandlerError::msg("stopped"))
             }
             Job::Parent { name } => {
                 let mut results: Vec<u64> =
@@ -88,17 +99,27 @@ struct Setup {
 }
 
 async fn setup() -> Setup {
+    setup_with(false).await
+}
+
+/// A service with tracking on when `tracked` (cancels need it), its
+/// instance running two tasks at a time.
+async fn setup_with(tracked: bool) -> Setup {
     support::init_tracing();
     let server = RedisServer::start();
     let name = unique_name("flows");
     let ran = Recorder::default();
-    let builder = Consumer::builder()
+    let mut builder = Consumer::builder()
         .name(&name)
         .redis(server.url())
         .partitions(P)
         .interval(Duration::from_millis(500))
         .drain_timeout(Duration::from_millis(200))
-        .handler(ran.clone());
+        .concurrency(2);
+    if tracked {
+        builder = builder.tracking(Tracking::on());
+    }
+    let builder = builder.handler(ran.clone());
     let stop = CancellationToken::new();
     let task = tokio::spawn(builder.run_until(stop.clone().cancelled_owned()));
     let producer = crate::producer(&server.url(), &name, P).await;
@@ -257,5 +278,168 @@ async fn a_two_level_flow_runs_each_parent_after_its_children_with_their_results
         }
     );
     assert_eq!(ran.len(), 8, "each ran once: {ran:?}");
+    t.instance.leave().await;
+}
+
+fn block(n: u64) -> Job {
+    Job::Block { n }
+}
+
+impl Setup {
+    async fn service(&self) -> Service {
+        let admin = Admin::connect(&self.server.url()).await.unwrap();
+        admin.service(&self.name).await.unwrap()
+    }
+
+    /// The blocking tasks started, sorted.
+    fn blocked(&self) -> Vec<u64> {
+        let mut ns: Vec<u64> = self
+            .ran()
+            .iter()
+            .filter_map(|r| match r {
+                Ran::Blocked { n } => Some(*n),
+                _ => None,
+            })
+            .collect();
+        ns.sort();
+        ns
+    }
+}
+
+/// Waits until batch `id` is done; its view.
+async fn done(service: &Service, id: &peerq::workflow::BatchId) -> peerq::workflow::BatchView {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let view = service.batch(id).await.unwrap().unwrap();
+        if view.done {
+            return view;
+        }
+        assert!(std::time::Instant::now() < deadline, "{view:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Cancelling a flow (its parent) while two of its children run: the
+/// running ones stop, every child ends `cancelled` (each ran at most once:
+/// one read before the cancel may still start, its `cancelled()` fired),
+/// the subflow's parent and the top parent never run, and both batches end
+/// done with every member cancelled (the subflow's parent counted
+/// `cancelled` in the top batch).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelling_a_flow_cancels_its_children_and_subflows_and_its_parent_never_runs() {
+    let t = setup_with(true).await;
+    let sub = Flow::new(parent("sub")).children((10..=12).map(block));
+    let flow = Flow::new(parent("top"))
+        .children((1..=6).map(block))
+        .subflow(sub);
+    let id = t.producer.enqueue_flow(&flow).await.unwrap();
+    t.wait_for("two children running", |r| r.len() >= 2).await;
+    let service = t.service().await;
+    let cancelled = service.cancel_batch(&id).await.unwrap();
+    assert!(cancelled.found && !cancelled.was_done, "{cancelled:?}");
+    assert_eq!(cancelled.subflows.len(), 1, "{cancelled:?}");
+    // Those an instance read (they count as running: its owner stops
+    // them) and those still in their streams: all 9.
+    let children = cancelled.requested + cancelled.cancelled;
+    assert_eq!(children, 9, "{cancelled:?}");
+    let top = done(&service, &id).await;
+    assert!(top.cancelled_at.is_some(), "{top:?}");
+    assert_eq!(
+        (top.total, top.cancelled, top.succeeded),
+        (7, 7, 0),
+        "{top:?}"
+    );
+    assert_eq!(top.callback, peerq::workflow::CallbackState::None);
+    let sub = done(&service, &cancelled.subflows[0]).await;
+    assert_eq!((sub.total, sub.cancelled), (3, 3), "{sub:?}");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let blocked = t.blocked();
+    let mut once = blocked.clone();
+    once.dedup();
+    assert_eq!(blocked, once, "each child ran at most once");
+    assert!(
+        !t.ran().iter().any(|r| matches!(r, Ran::Parent { .. })),
+        "no parent ran: {:?}",
+        t.ran()
+    );
+    // Cancelling again changes nothing.
+    let again = service.cancel_batch(&id).await.unwrap();
+    assert_eq!((again.cancelled, again.requested), (0, 0), "{again:?}");
+    t.instance.leave().await;
+}
+
+/// A flow cancelled before any instance read it (the service paused):
+/// once resumed, none of its children, subflows or parents runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flow_cancelled_before_it_started_never_runs() {
+    let t = setup_with(true).await;
+    let admin = Admin::connect(&t.server.url()).await.unwrap();
+    admin
+        .service(&t.name)
+        .await
+        .unwrap()
+        .pause("test")
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let sub = Flow::new(parent("sub")).children((10..=12).map(step));
+    let flow = Flow::new(parent("top"))
+        .children((1..=3).map(step))
+        .subflow(sub);
+    let id = t.producer.enqueue_flow(&flow).await.unwrap();
+    let service = t.service().await;
+    let cancelled = service.cancel_batch(&id).await.unwrap();
+    assert_eq!(
+        (cancelled.cancelled, cancelled.requested),
+        (6, 0),
+        "{cancelled:?}"
+    );
+    service.resume().await.unwrap();
+    let top = done(&service, &id).await;
+    assert_eq!((top.total, top.cancelled), (4, 4), "{top:?}");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(t.ran(), Vec::new(), "nothing ran");
+    t.instance.leave().await;
+}
+
+/// A chain cancelled at its second step: that step stops, the third never
+/// runs; a cancellable batch's members are cancelled and it takes no more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_chain_stops_at_its_step_and_a_cancelled_batch_takes_no_member() {
+    let t = setup_with(true).await;
+    let chain = t.producer.chain().step(&step(1)).step(&block(2));
+    let id = chain.step(&step(3)).enqueue().await.unwrap();
+    t.wait_for("step 2 running", |r| r.contains(&Ran::Blocked { n: 2 }))
+        .await;
+    let service = t.service().await;
+    let cancelled = service.cancel_batch(&id).await.unwrap();
+    // Step 2 (running, in the home partition) and step 1 (final).
+    assert_eq!((cancelled.requested, cancelled.already_final), (1, 1));
+    let view = done(&service, &id).await;
+    assert!(view.cancelled_at.is_some() && view.stopped, "{view:?}");
+    assert_eq!((view.step, view.succeeded, view.cancelled), (Some(2), 1, 1));
+
+    let open = t.producer.batch().cancellable().open().await.unwrap();
+    open.add(&[block(20), block(21), block(22)]).await.unwrap();
+    t.wait_for("two members running", |r| {
+        r.iter()
+            .filter(|r| matches!(r, Ran::Blocked { n } if *n >= 20))
+            .count()
+            == 2
+    })
+    .await;
+    let cancelled = service.cancel_batch(open.id()).await.unwrap();
+    let members = cancelled.requested + cancelled.cancelled;
+    assert_eq!(members, 3, "{cancelled:?}");
+    let refused = open.add(&[step(23)]).await.unwrap_err();
+    assert!(refused.to_string().contains("cancelled"), "{refused}");
+    let view = done(&service, open.id()).await;
+    assert_eq!((view.total, view.cancelled), (3, 3), "{view:?}");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!t.ran().contains(&Ran::Step {
+        n: 3,
+        previous: None
+    }));
+    assert!(!t.ran().iter().any(|r| matches!(r, Ran::Step { n: 3, .. })));
     t.instance.leave().await;
 }

@@ -8,7 +8,7 @@
 //! `{N}:units:<key>`, its shares in `{N}:rate:<key>`),
 //! priority levels (their partitions), a unique key (its lock in
 //! `{N/p}:unique`), a batch (its record, its members' completion records,
-//! `peerq batch show`), and task tracking (records, `wait`, a cancel heard by
+//! `peerq batch show` and `cancel`), and task tracking (records, `wait`, a cancel heard by
 //! the running task) work as that user too.
 
 use std::sync::{Arc, Mutex};
@@ -169,6 +169,25 @@ async fn a_consumer_a_producer_and_the_cli_work_as_a_least_privilege_user() {
     let shown: serde_json::Value = serde_json::from_str(&shown).unwrap();
     assert_eq!(shown["succeeded"], 2, "{shown}");
     assert_eq!(shown["callback"], "enqueued", "{shown}");
+    // A cancel as this user: the batch's remembered members (`:c`) and
+    // its home partition's completion records, forwarded by the canceller.
+    let open = producer.batch().callback(&Job { seq: 99 }).cancellable();
+    let open = open.open().await.unwrap();
+    let cancelled = cli(
+        &url,
+        &[
+            "batch",
+            "cancel",
+            "--name",
+            &name,
+            "--id",
+            open.id().as_str(),
+            "--json",
+        ],
+    );
+    let cancelled: serde_json::Value = serde_json::from_str(&cancelled).unwrap();
+    assert_eq!(cancelled["found"], true, "{cancelled}");
+    assert_eq!(cancelled["was_done"], false, "{cancelled}");
     let dead = peerq::DeadLetters::connect(&url, &name).await.unwrap();
     // Read to the end each time: a read polled once and dropped (as
     // `now_or_never` did here) only sees a reply that came at once, which

@@ -335,6 +335,10 @@ pub(crate) enum TaskCommand {
 pub(crate) enum BatchCommand {
     /// A batch's members by state, whether it is sealed, and its callback.
     Show(BatchArgs),
+    /// Cancels a batch: no callback (a flow's parent never runs), and its
+    /// remembered members not final (a flow's children and subflows, a
+    /// chain's step, a cancellable batch's members) are cancelled.
+    Cancel(BatchArgs),
 }
 
 // One batch of one service.

@@ -1,8 +1,9 @@
-//! `peerq batch show`: a batch's record (docs/design.md §19), through the
-//! library's `Service`.
+//! `peerq batch show` and `peerq batch cancel`: a batch's record, and a
+//! user's cancel of it (docs/design.md §19), through the library's
+//! `Service`.
 
 use peerq::admin::Admin;
-use peerq::workflow::{BatchId, BatchView, CallbackState};
+use peerq::workflow::{BatchCancelled, BatchId, BatchView, CallbackState};
 
 use crate::args::{BatchArgs, BatchCommand};
 use crate::{failed, service};
@@ -11,7 +12,43 @@ use crate::{failed, service};
 pub(crate) async fn batch(admin: &Admin, command: BatchCommand) -> Result<String, String> {
     match command {
         BatchCommand::Show(args) => show(admin, args).await,
+        BatchCommand::Cancel(args) => cancel(admin, args).await,
     }
+}
+
+async fn cancel(admin: &Admin, args: BatchArgs) -> Result<String, String> {
+    let id: BatchId = args.id.parse().map_err(|e: peerq::Error| e.to_string())?;
+    let service = service(admin, &args.named.name).await?;
+    let done = service.cancel_batch(&id).await.map_err(failed)?;
+    if !done.found {
+        return Err(format!(
+            "no batch {id} in service `{}` (never opened, or gone after its retention)",
+            args.named.name
+        ));
+    }
+    args.named.output.show(&done, || cancelled(&done))
+}
+
+/// The text form of a cancel: a line per field.
+fn cancelled(done: &BatchCancelled) -> String {
+    let state = if done.was_done {
+        "was done: its callback was cancelled as a task"
+    } else {
+        "cancelled: no callback will come"
+    };
+    let subflows: Vec<&str> = done.subflows.iter().map(BatchId::as_str).collect();
+    let rows = [
+        ("id", done.id.to_string()),
+        ("batch", state.to_owned()),
+        ("cancelled", done.cancelled.to_string()),
+        ("requested", done.requested.to_string()),
+        ("final", done.already_final.to_string()),
+        ("unknown", done.unknown.to_string()),
+        ("subflows", subflows.join(" ")),
+    ];
+    rows.into_iter()
+        .map(|(k, v)| format!("{k:<12} {v}\n"))
+        .collect()
 }
 
 async fn show(admin: &Admin, args: BatchArgs) -> Result<String, String> {
@@ -29,7 +66,9 @@ async fn show(admin: &Admin, args: BatchArgs) -> Result<String, String> {
 
 /// The text form: a line per field.
 fn shown(view: &BatchView) -> String {
-    let state = if view.expired {
+    let state = if view.cancelled_at.is_some() {
+        if view.done { "cancelled" } else { "cancelling" }
+    } else if view.expired {
         "expired"
     } else if view.stopped {
         "stopped"

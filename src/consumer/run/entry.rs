@@ -351,6 +351,11 @@ async fn call_handler(
     track: Option<&RunningTask>,
     span: Span,
 ) -> Outcome {
+    // A user's cancel heard while it waited for its turn (read, so
+    // counted running, but not started): it never starts.
+    if track.is_some_and(RunningTask::user_cancelled) {
+        return Outcome::Cancelled;
+    }
     // Tracked, the task's own signal too: a user's cancel, beside the
     // partition's interruption.
     let cancel = tenure.cancel();

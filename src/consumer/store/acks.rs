@@ -3,12 +3,14 @@
 //! only while its instance is the partition's recorded owner
 //! (docs/design.md §4 rule 8).
 
+use std::collections::HashMap;
 use std::sync::LazyLock;
 
 use deadpool_redis::redis::{self, Cmd, RedisError, Script, Value};
 
 use super::{PartitionStore, Succeeded};
 use crate::connection::{SharedConnection, Waited, evalsha};
+use crate::entry::stream_id_order;
 use crate::keys;
 use crate::tracking::{Tracking, tracked_script};
 
@@ -92,7 +94,8 @@ impl PartitionStore {
             + group.ids.len()
             + 3 * group.tracked.len()
             + 2 * group.unique.len()
-            + 4 * group.members.len();
+            + 3 * group.members.len()
+            + 3;
         let keys = 2 + usize::from(unique) + usize::from(members);
         let mut cmd = evalsha(&FENCED_ACK, keys, args, bytes);
         cmd.arg(&self.stream).arg(&self.owner);
@@ -127,13 +130,45 @@ impl PartitionStore {
             cmd.arg(group.unique.len());
         }
         if members {
-            for (task, batch, result, stream_id) in &group.members {
-                cmd.arg(*task).arg(*batch).arg(*result).arg(*stream_id);
-            }
-            cmd.arg(group.members.len());
+            members_block(&mut cmd, &group.members);
         }
         cmd
     }
+}
+
+/// The ack's members' block (fenced_ack.lua): their first and last stream
+/// id, then one group per batch (its id, its count, 1 if it wants results,
+/// and each member's task id and stream id, and result if wanted), then
+/// the block's length.
+fn members_block(cmd: &mut Cmd, members: &[(&str, &str, &[u8], &str)]) {
+    let order = |m: &&(&str, &str, &[u8], &str)| stream_id_order(m.3);
+    let first = members.iter().min_by_key(order).map_or("0", |m| m.3);
+    let last = members.iter().max_by_key(order).map_or("0", |m| m.3);
+    // Each batch's members, in their first member's order.
+    let mut batches: Vec<(&str, Vec<usize>)> = Vec::new();
+    let mut at: HashMap<&str, usize> = HashMap::new();
+    for (i, (_, batch, _, _)) in members.iter().enumerate() {
+        let group = *at.entry(batch).or_insert_with(|| {
+            batches.push((batch, Vec::new()));
+            batches.len() - 1
+        });
+        batches[group].1.push(i);
+    }
+    cmd.arg(first).arg(last);
+    let mut length = 2;
+    for (batch, of) in &batches {
+        let wants = of.iter().any(|&i| !members[i].2.is_empty());
+        cmd.arg(*batch).arg(of.len()).arg(u8::from(wants));
+        for &i in of {
+            let (task, _, result, stream_id) = members[i];
+            cmd.arg(task).arg(stream_id);
+            if wants {
+                cmd.arg(result);
+            }
+        }
+        length += 3 + of.len() * if wants { 3 } else { 2 };
+    }
+    cmd.arg(length);
 }
 
 /// Acks each group's entry ids in its partition, in one pipeline; one reply

@@ -5,7 +5,7 @@
 use deadpool_redis::redis::{self, Value};
 
 use super::PartitionStore;
-use crate::workflow::Completion;
+use crate::workflow::{Completion, records};
 
 impl PartitionStore {
     /// Says that a script of this instance may have written a completion
@@ -24,42 +24,13 @@ impl PartitionStore {
     /// records, in order ([`completions_of`](Self::completions_of) reads
     /// its reply).
     pub(crate) fn read_completions(&self, count: usize) -> redis::Cmd {
-        let mut range = redis::cmd("XRANGE");
-        range
-            .arg(&self.completions)
-            .arg("-")
-            .arg("+")
-            .arg("COUNT")
-            .arg(count);
-        range
+        records::read(&self.completions, count)
     }
 
     /// The records of an `XRANGE` reply of this partition's; one not of
     /// the form is skipped.
     pub(crate) fn completions_of(&self, reply: Value) -> Vec<Completion> {
-        // Bytes: a member's result (`r`) is the codec's, not text.
-        let entries: Vec<(String, Vec<Vec<u8>>)> =
-            redis::from_redis_value(reply).unwrap_or_default();
-        entries
-            .into_iter()
-            .filter_map(|(at, fields)| {
-                let field = |name: &str| {
-                    let at = fields
-                        .chunks(2)
-                        .position(|pair| pair[0] == name.as_bytes())?;
-                    fields.get(2 * at + 1).cloned()
-                };
-                let text = |name: &str| String::from_utf8(field(name)?).ok();
-                Some(Completion {
-                    partition: self.partition,
-                    batch: text("b")?,
-                    tasks: text("t")?,
-                    state: text("s")?,
-                    result: field("r").unwrap_or_default(),
-                    at,
-                })
-            })
-            .collect()
+        records::of(self.partition, reply)
     }
 
     /// The partition's oldest `count` completion records, in order.
@@ -72,9 +43,7 @@ impl PartitionStore {
     /// The command that deletes the completion records `ids`: their
     /// batches have them.
     pub(crate) fn forget_completions(&self, ids: &[&str]) -> redis::Cmd {
-        let mut del = redis::cmd("XDEL");
-        del.arg(&self.completions).arg(ids);
-        del
+        records::forget(&self.completions, ids)
     }
 }
 
@@ -136,11 +105,12 @@ mod tests {
             assert_eq!(reply, vec![super::super::AckReply::Acked]);
         }
         let records = store.completions(10).await.unwrap();
-        let ended: Vec<(&str, &str)> = records
+        // Succeeded members without results: counted, not named.
+        let ended: Vec<(u32, &str, &str)> = records
             .iter()
-            .map(|c| (c.tasks.as_str(), c.state.as_str()))
+            .map(|c| (c.count, c.tasks.as_str(), c.state.as_str()))
             .collect();
-        assert_eq!(ended, [("t1 t2", "succeeded")], "written once");
+        assert_eq!(ended, [(2, "", "succeeded")], "written once");
         let all: Vec<&crate::workflow::Completion> = records.iter().collect();
         for _ in 0..2 {
             crate::workflow::forward(&conn, &name, &batch, &all)

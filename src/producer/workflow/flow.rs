@@ -79,19 +79,23 @@ impl<C: Codec> Producer<C> {
     /// down); each parent is enqueued once all its children are final.
     /// Returns the id of the batch of the top parent's children.
     pub async fn enqueue_flow<T: Serialize + Sync>(&self, flow: &Flow<T>) -> Result<BatchId> {
-        self.enqueue_flow_in(flow, None).await
+        self.enqueue_flow_in(flow, None, None).await
     }
 
-    /// `flow`, whose parent is a member of batch `outer`, if any.
+    /// `flow`, whose parent is a member of batch `outer`, if any, as batch
+    /// `id` (`None`: a new id).
     fn enqueue_flow_in<'a, T: Serialize + Sync>(
         &'a self,
         flow: &'a Flow<T>,
         outer: Option<BatchId>,
+        id: Option<BatchId>,
     ) -> Pin<Box<dyn Future<Output = Result<BatchId>> + Send + 'a>> {
         Box::pin(async move {
             let mut builder = self.batch().callback(&flow.parent);
             builder.results = true;
             builder.member_of = outer;
+            builder.remember = true;
+            builder.id = id;
             let open = builder.open().await?;
             let mut leaves = Vec::new();
             let mut subflows = Vec::new();
@@ -101,12 +105,19 @@ impl<C: Codec> Producer<C> {
                     Child::Flow(sub) => subflows.push(sub),
                 }
             }
-            // The subflows' parents are counted before any can end.
+            // The subflows' parents are counted before any can end, and
+            // their batches remembered (for a cancel) under ids chosen now.
+            let ids: Vec<BatchId> = subflows
+                .iter()
+                .map(|_| BatchId::generate(self.partitions))
+                .collect();
             if !subflows.is_empty() {
-                open.count(subflows.len(), None).await?;
+                let remembered: Vec<String> = ids.iter().map(|id| format!("b:{id}")).collect();
+                open.count(subflows.len(), None, &remembered).await?;
             }
-            for sub in subflows {
-                self.enqueue_flow_in(sub, Some(open.id().clone())).await?;
+            for (sub, id) in subflows.into_iter().zip(ids) {
+                self.enqueue_flow_in(sub, Some(open.id().clone()), Some(id))
+                    .await?;
             }
             if !leaves.is_empty() {
                 open.send_encoded(leaves, Wanted::Results).await?;

@@ -83,6 +83,12 @@ pub struct BatchBuilder<'p, C: Codec> {
     /// The batch whose member the callback is (a flow's child that is a
     /// flow itself).
     member_of: Option<BatchId>,
+    /// Its members are remembered for a cancel of the batch (a flow's, a
+    /// [`cancellable`](Self::cancellable) batch's).
+    remember: bool,
+    /// Its id, when chosen before it opens (a subflow's, remembered by the
+    /// flow above it).
+    id: Option<BatchId>,
 }
 
 impl<C: Codec> std::fmt::Debug for BatchBuilder<'_, C> {
@@ -109,6 +115,8 @@ impl<C: Codec> Producer<C> {
             results: false,
             steps: Vec::new(),
             member_of: None,
+            remember: false,
+            id: None,
         }
     }
 }
@@ -152,6 +160,15 @@ impl<'p, C: Codec> BatchBuilder<'p, C> {
         self
     }
 
+    /// Remembers each member's handle in the batch (one more field per
+    /// member in the batch's slot, written by each add), so that
+    /// `Service::cancel_batch` cancels the members not final too; without,
+    /// a cancel stops the callback only. Flows and chains always do.
+    pub fn cancellable(mut self) -> Self {
+        self.remember = true;
+        self
+    }
+
     fn encode<T: Serialize>(&self, task: &T, options: Options) -> Result<Callback> {
         let refused = [
             ("key", options.key.is_some()),
@@ -192,7 +209,10 @@ impl<'p, C: Codec> BatchBuilder<'p, C> {
         let callback = self.callback.transpose()?;
         let on_failure = self.on_failure.transpose()?;
         let producer = self.producer;
-        let id = BatchId::generate(producer.partitions);
+        let id = self
+            .id
+            .clone()
+            .unwrap_or_else(|| BatchId::generate(producer.partitions));
         let keys = BatchKeys::of(&producer.name, &id);
         let mut script = keys.call("open", &id);
         script
@@ -219,7 +239,12 @@ impl<'p, C: Codec> BatchBuilder<'p, C> {
             }
         }
         let _: i64 = producer.conn.write_script(&script).await?;
-        Ok(OpenBatch { producer, id })
+        let remember = self.remember;
+        Ok(OpenBatch {
+            producer,
+            id,
+            remember,
+        })
     }
 
     /// Opens the batch, adds `members` and seals it: its id.
@@ -267,6 +292,8 @@ fn fields<C: Codec>(
 pub struct OpenBatch<'p, C: Codec> {
     producer: &'p Producer<C>,
     id: BatchId,
+    /// Its members' handles are remembered for a cancel.
+    remember: bool,
 }
 
 impl<C: Codec> OpenBatch<'_, C> {
@@ -336,7 +363,21 @@ impl<C: Codec> OpenBatch<'_, C> {
             Wanted::FirstStep => tasks.first().and_then(|(_, o)| o.id.as_ref()),
             _ => None,
         };
-        self.count(tasks.len(), first_step).await?;
+        // A flow's children and a chain's first step are remembered for a
+        // cancel, as a cancellable batch's members.
+        let remembered = match (self.remember, wanted) {
+            (false, Wanted::Ends) => Vec::new(),
+            _ => tasks
+                .iter()
+                .filter_map(|(_, o)| {
+                    Some(format!(
+                        "t:{}",
+                        self.producer.handle_with(o.id.as_ref()?, o)
+                    ))
+                })
+                .collect(),
+        };
+        self.count(tasks.len(), first_step, &remembered).await?;
         let producer = self.producer;
         // Collected: an iterator held across the await is not `Send` in a
         // boxed future (a flow's).
@@ -354,11 +395,19 @@ impl<C: Codec> OpenBatch<'_, C> {
     /// Counts `n` more members, before they go: once, under an id of this
     /// add's own (sent again after a lost reply, it counts nothing more);
     /// a chain's first step is named as the step running.
-    async fn count(&self, n: usize, first_step: Option<&TaskId>) -> Result<()> {
+    async fn count(
+        &self,
+        n: usize,
+        first_step: Option<&TaskId>,
+        remembered: &[String],
+    ) -> Result<()> {
         let keys = BatchKeys::of(&self.producer.name, &self.id);
         let mut script = keys.call("add", &self.id);
         let step = first_step.map_or("", TaskId::as_str);
         script.arg(TaskId::generate().as_str()).arg(n).arg(step);
+        for member in remembered {
+            script.arg(member).arg(1);
+        }
         let (code, _total): (i64, Value) = self.producer.conn.write_script(&script).await?;
         self.refused(code)
     }
@@ -369,6 +418,7 @@ impl<C: Codec> OpenBatch<'_, C> {
             1 => Ok(()),
             0 => Err(BatchRefused::Gone(id).into()),
             -1 => Err(BatchRefused::Sealed(id).into()),
+            -3 => Err(BatchRefused::Cancelled(id).into()),
             _ => Err(BatchRefused::Expired(id).into()),
         }
     }
