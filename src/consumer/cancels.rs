@@ -7,11 +7,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::broadcast;
-use tokio::sync::broadcast::error::RecvError;
+use tokio::sync::broadcast::error::{RecvError, TryRecvError};
 use tokio_util::task::AbortOnDropHandle;
 use tracing::{Instrument, warn};
 
-use super::running::Running;
+use super::running::{Running, RunningTask};
 use crate::config::ServiceName;
 use crate::connection::channels::Channels;
 use crate::connection::subscriber::{Event, Source};
@@ -62,14 +62,26 @@ pub(crate) fn listen(
                 event = async { heard.as_mut().expect("checked").1.recv().await }, if heard.is_some() => {
                     match event {
                         Ok(Event::Message(handle)) => {
-                            let handle = String::from_utf8_lossy(&handle);
-                            let id = handle.split_once('/').map_or(&*handle, |(_, id)| id);
-                            if let Some(task) = running.find(id) {
+                            let mut found = Vec::new();
+                            find(&running, &handle, &mut found);
+                            // The messages already here with it (a batch's
+                            // cancel publishes its tasks' at once): checked
+                            // together and fired together, so that a task
+                            // stopped first frees no permit for one whose
+                            // cancel is still being read.
+                            let receiver = &mut heard.as_mut().expect("checked").1;
+                            loop {
+                                match receiver.try_recv() {
+                                    Ok(Event::Message(handle)) => find(&running, &handle, &mut found),
+                                    Ok(Event::Again) | Err(TryRecvError::Lagged(_)) => {}
+                                    Err(_) => break,
+                                }
+                            }
+                            if !found.is_empty() {
                                 // Checked apart, so that the next message
                                 // is not held back by this one's read.
                                 tokio::spawn(
-                                    async move { task.fire_if_requested().await }
-                                        .in_current_span(),
+                                    RunningTask::fire_all_if_requested(found).in_current_span(),
                                 );
                             }
                         }
@@ -85,4 +97,14 @@ pub(crate) fn listen(
         }
     };
     AbortOnDropHandle::new(tokio::spawn(task.in_current_span()))
+}
+
+/// Adds the task message `handle` (`<partition>/<task id>`) names to
+/// `found`, if it runs here.
+fn find(running: &Running, handle: &[u8], found: &mut Vec<RunningTask>) {
+    let handle = String::from_utf8_lossy(handle);
+    let id = handle.split_once('/').map_or(&*handle, |(_, id)| id);
+    if let Some(task) = running.find(id) {
+        found.push(task);
+    }
 }

@@ -62,15 +62,16 @@ pub(crate) async fn show(
     Ok((status, body).into_response())
 }
 
-/// The batch's state as a word, as `peerq batch show` says it.
+/// The batch's state as a word, as `peerq batch show` says it, and its
+/// class.
 fn state(view: &BatchView) -> (&'static str, Option<&'static str>) {
-    match () {
-        _ if view.expired => ("expired", Some("bad")),
-        _ if view.stopped => ("stopped", Some("bad")),
-        _ if view.done => ("done", Some("ok")),
-        _ if view.sealed => ("sealed", None),
-        _ => ("open", None),
-    }
+    let state = view.state();
+    let class = match state {
+        "expired" | "stopped" | "cancelled" | "cancelling" => Some("bad"),
+        "done" => Some("ok"),
+        _ => None,
+    };
+    (state, class)
 }
 
 fn batch(view: &BatchView) -> Markup {

@@ -29,7 +29,9 @@
 -- batch and state, `succeeded` (or `cancelled`, as its record says): the
 -- succeeded ones as a count, the others with their task ids, and one of
 -- its own for a member with a result (its `r`). A member's end is written
--- once: only by the call that acks its pending entry, so the end is
+-- once: only by the call that acks its pending entry (for members only
+-- counted, the call's own `XACK` of them says how many; for the others,
+-- one `XPENDING` before anything is acked says which), so the end is
 -- written only of a member still pending before this call acks anything
 -- (another script may have acked it first: an earlier call of this ack
 -- whose reply was lost, or this instance's own take-over of an entry whose
@@ -42,13 +44,42 @@ end
 -- The batch members' block, at the end, after the unique keys'; their
 -- entries still pending before this call acks anything.
 local last = #ARGV
-local block, pending = nil, {}
+local block, pending, counted = nil, {}, {}
 if KEYS[4] then
   block = last - tonumber(ARGV[last])
-  -- One look at the pending entries between the members' first and last
-  -- (one read's entries, mostly: few besides them), not one per member.
-  for _, entry in ipairs(redis.call('XPENDING', KEYS[1], ARGV[2], ARGV[block], ARGV[block + 1], 100000)) do
-    pending[entry[1]] = true
+  local untracked = ARGV[4 + tonumber(ARGV[3])] == nil or ARGV[4 + tonumber(ARGV[3])] == ''
+  -- A batch's members that are only counted (no results wanted, no
+  -- tracking to say which a user cancelled) have their entries acked
+  -- here first, a batch at a time: `XACK` counts those still pending,
+  -- exactly the members whose end this call writes. The others must be
+  -- known one by one: one look at the pending entries between the
+  -- members' first and last (one read's entries, mostly: few besides
+  -- them), before anything is acked.
+  local groups, looked = {}, false
+  local i = block + 2
+  while i < last do
+    local c, wants = tonumber(ARGV[i + 1]), ARGV[i + 2] == '1'
+    groups[#groups + 1] = { at = i, c = c, count = untracked and not wants }
+    if not groups[#groups].count and not looked then
+      looked = true
+      for _, entry in ipairs(redis.call('XPENDING', KEYS[1], ARGV[2], ARGV[block], ARGV[block + 1], 100000)) do
+        pending[entry[1]] = true
+      end
+    end
+    i = i + 3 + (wants and 3 or 2) * c
+  end
+  for _, g in ipairs(groups) do
+    if g.count then
+      local ids = {}
+      for m = g.at + 3, g.at + 2 + 2 * g.c, 2 do
+        ids[#ids + 1] = ARGV[m + 1]
+      end
+      local acked_now = 0
+      for k = 1, #ids, 1000 do
+        acked_now = acked_now + redis.call('XACK', KEYS[1], ARGV[2], unpack(ids, k, math.min(k + 999, #ids)))
+      end
+      counted[g.at] = acked_now
+    end
   end
   last = block - 1
 end
@@ -97,9 +128,10 @@ if block then
   while i < #ARGV do
     local batch, c, wants = ARGV[i], tonumber(ARGV[i + 1]), ARGV[i + 2] == '1'
     local step = wants and 3 or 2
-    local succeeded, cancelled = 0, {}
+    local succeeded, cancelled = counted[i] or 0, {}
+    local one_by_one = counted[i] == nil
     i = i + 3
-    for m = i, i + step * (c - 1), step do
+    for m = i, one_by_one and i + step * (c - 1) or i - 1, step do
       -- A member an earlier call acked had its end written by that call.
       if pending[ARGV[m + 1]] then
         local id = ARGV[m]

@@ -44,6 +44,26 @@ pub(crate) async fn cancel(
     partition: u32,
     tracking: &Tracking,
 ) -> Result<CancelOutcome> {
+    let (outcome, wake) = request(conn, name, handle, partition, tracking).await?;
+    if wake {
+        wake_all(conn, name, &[(partition, handle.id().as_str())]).await?;
+    }
+    Ok(outcome)
+}
+
+/// Writes the cancel of `handle` (naming its partition) of service
+/// `name`, under `tracking`, without waking its owner: the outcome, and
+/// whether the owner must be woken ([`wake_all`]). Many cancels at once
+/// (a batch's) write every request before any owner hears of one: a
+/// task woken early would free its permit for a task whose request is not
+/// written yet, which would then start.
+pub(crate) async fn request(
+    conn: &SharedConnection,
+    name: &ServiceName,
+    handle: &TaskHandle,
+    partition: u32,
+    tracking: &Tracking,
+) -> Result<(CancelOutcome, bool)> {
     let sharded = conn.backend().is_cluster();
     let records = PartitionKeys::new(name, partition, sharded);
     let id = handle.id().as_str();
@@ -53,39 +73,47 @@ pub(crate) async fn cancel(
     let (what, state): (String, String) = conn.invoke(&script).await?;
     // `state` is the final state for 'final', the running value for 'running'.
     Ok(match what.as_str() {
-        "final" => {
-            CancelOutcome::AlreadyFinal(TaskState::parse(&state).unwrap_or(TaskState::Cancelled))
-        }
-        "cancelled" => CancelOutcome::Cancelled,
+        "final" => (
+            CancelOutcome::AlreadyFinal(TaskState::parse(&state).unwrap_or(TaskState::Cancelled)),
+            false,
+        ),
+        "cancelled" => (CancelOutcome::Cancelled, false),
         "running" => {
-            wake(conn, name, partition, id).await?;
             // The script replied the task's running value,
             // `instance|token|attempt|started_at`.
             let instance = state.split('|').next().filter(|i| !i.is_empty());
-            CancelOutcome::Requested {
-                instance: instance.map(str::to_owned),
-            }
+            let instance = instance.map(str::to_owned);
+            (CancelOutcome::Requested { instance }, true)
         }
-        _ => {
-            // It may be running untracked-at-enqueue: its start wrote no
-            // record yet, or it runs on an instance that will read the
-            // request when it ends. Wake the owners all the same.
-            wake(conn, name, partition, id).await?;
-            CancelOutcome::Unknown
-        }
+        // It may be running untracked-at-enqueue: its start wrote no
+        // record yet, or it runs on an instance that will read the request
+        // when it ends. Wake the owners all the same.
+        _ => (CancelOutcome::Unknown, true),
     })
 }
 
-/// Tells the service's instances that a user cancelled `<partition>/<id>`.
-async fn wake(conn: &SharedConnection, name: &ServiceName, partition: u32, id: &str) -> Result<()> {
+/// Tells the service's instances that a user cancelled each of `tasks`
+/// (partition and task id), in one pipeline.
+pub(crate) async fn wake_all(
+    conn: &SharedConnection,
+    name: &ServiceName,
+    tasks: &[(u32, &str)],
+) -> Result<()> {
+    if tasks.is_empty() {
+        return Ok(());
+    }
     let publish = if conn.backend().is_cluster() {
         "SPUBLISH"
     } else {
         "PUBLISH"
     };
-    let mut cmd = redis::cmd(publish);
-    cmd.arg(keys::cancels(name))
-        .arg(format!("{partition}/{id}"));
-    conn.query::<Value>(&cmd).await?;
+    let mut pipe = redis::pipe();
+    for (partition, id) in tasks {
+        let mut cmd = redis::cmd(publish);
+        cmd.arg(keys::cancels(name))
+            .arg(format!("{partition}/{id}"));
+        pipe.add_command(cmd);
+    }
+    conn.query_pipe_each::<Vec<Value>>(&mut pipe).await?;
     Ok(())
 }

@@ -24,7 +24,8 @@ use crate::config::ServiceName;
 use crate::connection::SharedConnection;
 use crate::error::Result;
 use crate::task_id::TaskId;
-use crate::tracking::{self, CancelOutcome, TaskHandle, Tracking};
+use crate::tracking::cancel::{request, wake_all};
+use crate::tracking::{CancelOutcome, TaskHandle, Tracking};
 
 /// What [`Service::cancel_batch`] did.
 ///
@@ -80,12 +81,33 @@ impl BatchCancelled {
 }
 
 /// Cancels batch `id` of service `name` (with `tracking`, its
-/// retention), and what it remembers, subflows first.
-pub(crate) fn cancel<'a>(
+/// retention), and what it remembers, its subflows' all the way down;
+/// every task's request is written before any owner is woken (see
+/// `tracking::cancel::request`), then one pipeline wakes them.
+pub(crate) async fn cancel(
+    conn: &SharedConnection,
+    name: &ServiceName,
+    id: &BatchId,
+    tracking: &Tracking,
+) -> Result<BatchCancelled> {
+    let mut woken = Vec::new();
+    let done = cancel_in(conn, name, id, tracking, &mut woken).await?;
+    let wakes: Vec<(u32, &str)> = woken
+        .iter()
+        .map(|h| (h.partition().unwrap_or_default(), h.id().as_str()))
+        .collect();
+    wake_all(conn, name, &wakes).await?;
+    Ok(done)
+}
+
+/// Cancels batch `id` and what it remembers (its subflows recursively),
+/// adding the tasks whose owners are to be woken to `woken`.
+fn cancel_in<'a>(
     conn: &'a SharedConnection,
     name: &'a ServiceName,
     id: &'a BatchId,
     tracking: &'a Tracking,
+    woken: &'a mut Vec<TaskHandle>,
 ) -> Pin<Box<dyn Future<Output = Result<BatchCancelled>> + Send + 'a>> {
     Box::pin(async move {
         let keys = BatchKeys::of(name, id);
@@ -112,15 +134,18 @@ pub(crate) fn cancel<'a>(
         // chain's step running: both in the home partition.
         if let Some(task) = task {
             let handle = TaskHandle::new(id.home(), TaskId::from(task.as_str()));
-            let outcome = tracking::cancel::cancel(conn, name, &handle, id.home(), tracking);
-            done.count(&outcome.await?);
+            let (outcome, wake) = request(conn, name, &handle, id.home(), tracking).await?;
+            done.count(&outcome);
+            if wake {
+                woken.push(handle);
+            }
         }
         for member in words {
             if let Some(batch) = member.strip_prefix("b:") {
                 let Ok(sub) = batch.parse::<BatchId>() else {
                     continue;
                 };
-                let below = cancel(conn, name, &sub, tracking).await?;
+                let below = cancel_in(conn, name, &sub, tracking, woken).await?;
                 done.subflows.push(sub);
                 done.add(below);
             } else if let Some(handle) = member.strip_prefix("t:") {
@@ -128,8 +153,11 @@ pub(crate) fn cancel<'a>(
                     continue;
                 };
                 let partition = handle.partition().unwrap_or_default();
-                let outcome = tracking::cancel::cancel(conn, name, &handle, partition, tracking);
-                done.count(&outcome.await?);
+                let (outcome, wake) = request(conn, name, &handle, partition, tracking).await?;
+                done.count(&outcome);
+                if wake {
+                    woken.push(handle);
+                }
             }
         }
         // A cancelled flow's parent that is an outer flow's child ended

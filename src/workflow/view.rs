@@ -72,6 +72,22 @@ pub struct BatchView {
 }
 
 impl BatchView {
+    /// Its state as a word (`peerq batch show`, the dashboard): `cancelled`
+    /// (a user's cancel, and every member final), `cancelling`, `expired`,
+    /// `stopped` (a chain a step's failure stopped), `done`, `sealed` or
+    /// `open`.
+    pub fn state(&self) -> &'static str {
+        match () {
+            _ if self.cancelled_at.is_some() && self.done => "cancelled",
+            _ if self.cancelled_at.is_some() => "cancelling",
+            _ if self.expired => "expired",
+            _ if self.stopped => "stopped",
+            _ if self.done => "done",
+            _ if self.sealed => "sealed",
+            _ => "open",
+        }
+    }
+
     /// The view of record `fields` (HGETALL) of batch `id`, read at
     /// `now_ms`; `None` for no record.
     fn read(id: &BatchId, fields: HashMap<String, String>, now_ms: u64) -> Option<BatchView> {

@@ -122,6 +122,22 @@ async fn setup_with(tracked: bool) -> Setup {
     let builder = builder.handler(ran.clone());
     let stop = CancellationToken::new();
     let task = tokio::spawn(builder.run_until(stop.clone().cancelled_owned()));
+    if tracked {
+        // The instance writes the tracking it starts with; a producer that
+        // enqueued before would enqueue untracked tasks (no records).
+        let admin = Admin::connect(&server.url()).await.unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let service = admin.service(&name).await;
+            if let Ok(service) = service
+                && service.tracking().await.is_ok_and(|t| t.is_on())
+            {
+                break;
+            }
+            assert!(std::time::Instant::now() < deadline, "tracking never on");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
     let producer = crate::producer(&server.url(), &name, P).await;
     Setup {
         server,

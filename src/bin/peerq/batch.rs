@@ -66,19 +66,7 @@ async fn show(admin: &Admin, args: BatchArgs) -> Result<String, String> {
 
 /// The text form: a line per field.
 fn shown(view: &BatchView) -> String {
-    let state = if view.cancelled_at.is_some() {
-        if view.done { "cancelled" } else { "cancelling" }
-    } else if view.expired {
-        "expired"
-    } else if view.stopped {
-        "stopped"
-    } else if view.done {
-        "done"
-    } else if view.sealed {
-        "sealed"
-    } else {
-        "open"
-    };
+    let state = view.state();
     let callback = match view.callback {
         CallbackState::Enqueued => "enqueued",
         _ => "none",

@@ -279,27 +279,34 @@ impl RunningTask {
         task.woken.notify_waiters();
     }
 
-    /// Fires its signals if it has a cancel request in Redis (a message on
-    /// `{N}:cancels` alone stops nothing: it would end the task
-    /// `succeeded` with no result, as its ack finds no request). If Redis
-    /// cannot say, they fire: a real cancel is not held back, and the
-    /// task's end still reads the truth.
-    pub(super) async fn fire_if_requested(&self) {
-        let id = self.task().id.as_str();
-        match self.tracks.store.cancel_requested(id).await {
-            Ok(false) => {
-                warn!(
-                    task = id,
-                    "a cancel message without a cancel request; the task goes on"
-                );
-                return;
+    /// Fires the signals of those of `tasks` that have a cancel request in
+    /// Redis (a message on `{N}:cancels` alone stops nothing: it would end
+    /// the task `succeeded` with no result, as its ack finds no request),
+    /// all at once after every request was read. If Redis cannot say, they
+    /// fire: a real cancel is not held back, and the task's end still
+    /// reads the truth.
+    pub(crate) async fn fire_all_if_requested(tasks: Vec<RunningTask>) {
+        let reads = tasks
+            .iter()
+            .map(|task| task.tracks.store.cancel_requested(task.task().id.as_str()));
+        let requested = futures_util::future::join_all(reads).await;
+        for (task, requested) in tasks.iter().zip(requested) {
+            let id = task.task().id.as_str();
+            match requested {
+                Ok(false) => {
+                    warn!(
+                        task = id,
+                        "a cancel message without a cancel request; the task goes on"
+                    );
+                    continue;
+                }
+                Ok(true) => debug!(task = id, "cancelled by a user"),
+                Err(e) => {
+                    debug!(task = id, cause = %e, "cancel request not read; cancelled all the same")
+                }
             }
-            Ok(true) => debug!(task = id, "cancelled by a user"),
-            Err(e) => {
-                debug!(task = id, cause = %e, "cancel request not read; cancelled all the same")
-            }
+            task.cancel();
         }
-        self.cancel();
     }
 
     /// Its run here ended: a cancel heard from now on does not look at it.
