@@ -459,3 +459,32 @@ async fn a_cancelled_chain_stops_at_its_step_and_a_cancelled_batch_takes_no_memb
     assert!(!t.ran().iter().any(|r| matches!(r, Ran::Step { n: 3, .. })));
     t.instance.leave().await;
 }
+
+/// A flow cancelled once its parent was enqueued (every child done): the
+/// parent, running, is cancelled as a task and ends `cancelled`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flow_cancelled_after_its_parent_was_enqueued_cancels_the_parent() {
+    let t = setup_with(true).await;
+    let flow = Flow::new(block(99)).children((1..=3).map(step));
+    let id = t.producer.enqueue_flow(&flow).await.unwrap();
+    t.wait_for("the parent running", |r| {
+        r.contains(&Ran::Blocked { n: 99 })
+    })
+    .await;
+    let service = t.service().await;
+    let cancelled = service.cancel_batch(&id).await.unwrap();
+    assert!(cancelled.was_done, "{cancelled:?}");
+    assert_eq!(cancelled.requested, 1, "the parent: {cancelled:?}");
+    let view = service.batch(&id).await.unwrap().unwrap();
+    let parent = view.callback_id.expect("the parent was enqueued");
+    let handle: peerq::tracking::TaskHandle = format!("{}/{parent}", id.home()).parse().unwrap();
+    let ended = service
+        .wait(&handle, Duration::from_secs(10))
+        .await
+        .unwrap();
+    let peerq::tracking::Waited::Final(record) = ended else {
+        panic!("the parent did not end: {ended:?}");
+    };
+    assert_eq!(record.state, Some(peerq::tracking::TaskState::Cancelled));
+    t.instance.leave().await;
+}
