@@ -13,7 +13,8 @@
 //!   to its batch's callback starting, p50 and p99 over 200 batches.
 //!
 //! Run with `cargo bench --bench batches` (release build); it prints
-//! markdown tables (copied into BENCHMARKS.md).
+//! markdown tables (copied into BENCHMARKS.md). `PEERQ_BENCH_ONLY=plain`
+//! or `members` runs that one consume alone, for a profiler.
 
 // The test harness crate (`tests/support`), named `support` here.
 extern crate peerq_test_support as support;
@@ -74,6 +75,12 @@ async fn main() {
         .unwrap();
     let (mut enqueue, mut consume) = ([Vec::new(), Vec::new()], [Vec::new(), Vec::new()]);
     let mut costs: [Option<meter::Cost>; 2] = [None, None];
+    // `PEERQ_BENCH_ONLY=plain` or `members`: that run alone, once, and
+    // nothing printed (for a profiler: `perf`, callgrind).
+    if let Ok(only) = std::env::var("PEERQ_BENCH_ONLY") {
+        run(&server, &mut conn, tasks, only == "members").await;
+        return;
+    }
     for _ in 0..repeats {
         for batched in [false, true] {
             let (e, c, cost) = run(&server, &mut conn, tasks, batched).await;
