@@ -140,7 +140,8 @@ where
             Err(e) => return Err(e),
         }
     };
-    let (acks, mut acker) = acker::spawn(name.clone(), conn.clone());
+    let completions = Arc::new(Completions::default());
+    let (acks, mut acker) = acker::spawn(name.clone(), conn.clone(), completions.clone());
     let (tracked, tracking_watcher) = tracking::watch::watch(name.clone(), conn.clone(), first);
     let (limits, limits_watcher) = limits::watch(name.clone(), conn.clone(), first_limits);
     let key_slots = Arc::new(KeySlots::new(&name, limits.clone(), presence.clone()));
@@ -193,7 +194,6 @@ where
     let lanes = Arc::new(Lanes::new(conn.clone()));
     let lanes_let_go = lanes.spawn_let_go();
     let (due, due_watcher) = DueWatch::spawn(name.clone(), conn.clone(), clock.clone());
-    let completions = Arc::new(Completions::default());
     let forwarder = AbortOnDrop(tokio::spawn(
         completions
             .clone()
