@@ -17,7 +17,7 @@
 //! spread over every partition, and a forward per partition carried a few
 //! members each, most of what a member cost (BENCHMARKS.md, Batches).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -28,7 +28,8 @@ use tracing::{debug, warn};
 use super::store::PartitionStore;
 use crate::config::ServiceName;
 use crate::connection::SharedConnection;
-use crate::workflow::{BatchId, Completion};
+use crate::workflow::Completion;
+use crate::workflow::records::{self, Forwarded};
 
 /// Completion records read per partition and round.
 const PAGE: usize = 512;
@@ -94,40 +95,17 @@ async fn forward(
             return stores.iter().map(|s| (s.clone(), true)).collect();
         }
     };
-    // Each batch's records from every partition, one call each: a
-    // member's records are all in its own partition, in order there.
-    let mut by_batch: BTreeMap<&str, Vec<&Completion>> = BTreeMap::new();
-    for page in &pages {
-        for record in page {
-            by_batch.entry(&record.batch).or_default().push(record);
-        }
+    // Each batch's records from every partition, one call each.
+    let Forwarded { failed, homes } =
+        records::forward_each(conn, name, pages.iter().flatten()).await;
+    for (batch, e) in &failed {
+        warn!(batch, cause = %e, "cannot forward members' ends to their batch");
     }
-    let mut failed: Vec<&str> = Vec::new();
+    let failed: Vec<&str> = failed.iter().map(|(batch, _)| *batch).collect();
     // Homes of cancelled subflows that ended their parents in their outer
     // flows: those records are forwarded at once.
-    let mut homes: Vec<u32> = Vec::new();
-    for (batch, ends) in by_batch {
-        let sent = match batch.parse::<BatchId>() {
-            Ok(id) => crate::workflow::forward(conn, name, &id, &ends)
-                .await
-                .map(|outer| {
-                    if outer {
-                        homes.push(id.home());
-                    }
-                }),
-            // A record no batch can take (written by hand) is dropped.
-            Err(e) => {
-                warn!(batch, cause = %e, "a completion record names no batch; dropped");
-                Ok(())
-            }
-        };
-        if let Err(e) = sent {
-            warn!(batch, cause = %e, "cannot forward members' ends to their batch");
-            failed.push(batch);
-        }
-    }
     for home in homes {
-        if let Err(e) = crate::workflow::records::forward_partition(conn, name, home).await {
+        if let Err(e) = records::forward_partition(conn, name, home).await {
             // Its owner forwards it when it next acks or acquires it.
             debug!(home, cause = %e, "cannot forward a cancelled subflow's end");
         }

@@ -50,7 +50,9 @@
 --   already, `task` the task it sent (its callback, a chain's step after
 --   the last: '' if none); 1 cancelled now (or before), `task` a chain's
 --   step running, in the home partition (''), and the members KEYS[5]
---   remembers.
+--   remembers; 3 the same, and done now, its parent's end written in its
+--   outer flow as a completion record of the home partition (the caller
+--   forwards it).
 -- `forward` ARGV[3..] = sextuples of the record's partition, its id, the
 --   state, how many members it ends, their task ids (space-separated; ''
 --   for a count of succeeded ones) and a lone member's result (''), each
@@ -273,7 +275,9 @@ if op == 'cancel' then
   for _, member in ipairs(redis.call('HKEYS', KEYS[5])) do
     reply[#reply + 1] = member
   end
-  settle()
+  if settle() == 'outer' then
+    reply[1] = 3
+  end
   return reply
 end
 

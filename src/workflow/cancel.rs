@@ -161,10 +161,11 @@ fn cancel_in<'a>(
             }
         }
         // A cancelled flow's parent that is an outer flow's child ended
-        // there as a completion record of the home partition: forwarded
-        // now, so the outer flow does not wait for the partition's owner
-        // to come by (forwarding is safe beside the owner's: §19).
-        if done.found && !done.was_done {
+        // there (the cancel found every member final) as a completion
+        // record of the home partition: forwarded now, so the outer flow
+        // does not wait for the partition's owner to come by (forwarding
+        // is safe beside the owner's: §19).
+        if code == 3 {
             records::forward_partition(conn, name, id.home()).await?;
         }
         Ok(done)

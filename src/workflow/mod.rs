@@ -51,7 +51,7 @@ mod view;
 
 pub use cancel::BatchCancelled;
 pub(crate) use cancel::cancel;
-pub(crate) use records::{Completion, forward};
+pub(crate) use records::Completion;
 pub(crate) use view::view;
 pub use view::{BatchView, CallbackState};
 

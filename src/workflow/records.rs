@@ -12,6 +12,7 @@ use crate::config::ServiceName;
 use crate::connection::SharedConnection;
 use crate::error::Result;
 use crate::keys;
+use tracing::warn;
 
 /// Members' end, as a completion record says it: some members of one
 /// batch, all in one state.
@@ -59,6 +60,48 @@ pub(crate) async fn forward(
     Ok(reply == 2)
 }
 
+/// What [`forward_each`] did: the batches whose call failed (their
+/// records are to be kept and forwarded again), and the homes of cancelled
+/// subflows that wrote their parents' ends there (to be forwarded at once).
+pub(crate) struct Forwarded<'a> {
+    pub(crate) failed: Vec<(&'a str, crate::error::Error)>,
+    pub(crate) homes: Vec<u32>,
+}
+
+/// Forwards `records` (of one partition or many, each partition's in
+/// order), each batch's in one call of the batch script. A record naming no
+/// batch (written by hand) is dropped.
+pub(crate) async fn forward_each<'a>(
+    conn: &SharedConnection,
+    name: &ServiceName,
+    records: impl IntoIterator<Item = &'a Completion>,
+) -> Forwarded<'a> {
+    // A member's records are all in its own partition, in order there.
+    let mut by_batch: BTreeMap<&str, Vec<&Completion>> = BTreeMap::new();
+    for record in records {
+        by_batch.entry(&record.batch).or_default().push(record);
+    }
+    let mut done = Forwarded {
+        failed: Vec::new(),
+        homes: Vec::new(),
+    };
+    for (batch, ends) in by_batch {
+        let id = match batch.parse::<BatchId>() {
+            Ok(id) => id,
+            Err(e) => {
+                warn!(batch, cause = %e, "a completion record names no batch; dropped");
+                continue;
+            }
+        };
+        match forward(conn, name, &id, &ends).await {
+            Ok(true) => done.homes.push(id.home()),
+            Ok(false) => {}
+            Err(e) => done.failed.push((batch, e)),
+        }
+    }
+    done
+}
+
 /// Forwards the completion records of partition `p` to their batches
 /// (the oldest 512), and deletes them: safe beside the partition's owner
 /// doing the same (§19: a batch takes a partition's records in order, each
@@ -71,18 +114,14 @@ pub(crate) async fn forward_partition(
     let key = keys::completions(name, p);
     let reply: Value = conn.query(&read(&key, 512)).await?;
     let records = of(p, reply);
-    let mut by_batch: BTreeMap<&str, Vec<&Completion>> = BTreeMap::new();
-    for record in &records {
-        by_batch.entry(&record.batch).or_default().push(record);
+    let Forwarded { failed, homes } = forward_each(conn, name, &records).await;
+    if let Some((_, e)) = failed.into_iter().next() {
+        return Err(e);
     }
-    for (batch, ends) in by_batch {
-        // A cancelled subflow's parent ended in its outer flow: a record
-        // of that batch's home, forwarded in turn.
-        if let Ok(batch) = batch.parse::<BatchId>()
-            && forward(conn, name, &batch, &ends).await?
-        {
-            Box::pin(forward_partition(conn, name, batch.home())).await?;
-        }
+    // A cancelled subflow's parent ended in its outer flow: a record of
+    // that batch's home, forwarded in turn.
+    for home in homes {
+        Box::pin(forward_partition(conn, name, home)).await?;
     }
     if !records.is_empty() {
         let ats: Vec<&str> = records.iter().map(|c| c.at.as_str()).collect();

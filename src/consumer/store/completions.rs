@@ -113,7 +113,7 @@ mod tests {
         assert_eq!(ended, [(2, "", "succeeded")], "written once");
         let all: Vec<&crate::workflow::Completion> = records.iter().collect();
         for _ in 0..2 {
-            crate::workflow::forward(&conn, &name, &batch, &all)
+            crate::workflow::records::forward(&conn, &name, &batch, &all)
                 .await
                 .unwrap();
         }
