@@ -141,9 +141,17 @@ impl PartitionStore {
 /// and each member's task id and stream id, and result if wanted), then
 /// the block's length.
 fn members_block(cmd: &mut Cmd, members: &[(&str, &str, &[u8], &str)]) {
-    let order = |m: &&(&str, &str, &[u8], &str)| stream_id_order(m.3);
-    let first = members.iter().min_by_key(order).map_or("0", |m| m.3);
-    let last = members.iter().max_by_key(order).map_or("0", |m| m.3);
+    // The first and last stream id, each id read once: (its order, it).
+    type At<'a> = (Option<(u64, u64)>, &'a str);
+    let mut ends: Option<(At<'_>, At<'_>)> = None;
+    for (_, _, _, id) in members {
+        let at = (stream_id_order(id), *id);
+        ends = Some(match ends {
+            None => (at, at),
+            Some((first, last)) => (first.min(at), last.max(at)),
+        });
+    }
+    let (first, last) = ends.map_or(("0", "0"), |(first, last)| (first.1, last.1));
     // Each batch's members, in their first member's order.
     let mut batches: Vec<(&str, Vec<usize>)> = Vec::new();
     let mut at: HashMap<&str, usize> = HashMap::new();
