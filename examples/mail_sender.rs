@@ -2,7 +2,7 @@
 //! name and a `produce`, and watch them split the work.
 //!
 //! ```text
-//! mail_sender consume --redis URL [--cluster] [--tls-ca FILE] [--tls-cert FILE --tls-key FILE] [--wait-for-replicas N] --name NAME [--partitions N] [--indexing ranked|incr] [--assignor modulo|rendezvous] [--weight N] [--interval-ms N] [--drain-ms N] [--skew-ms N] [--work-ms N] [--print-tasks] [--print-events] [--http ADDR] [--codec json|bincode] [--track] [--rate-limit N] [--concurrency-per-key N] [--priorities LEVELS]
+//! mail_sender consume --redis URL [--cluster] [--tls-ca FILE] [--tls-cert FILE --tls-key FILE] [--wait-for-replicas N] --name NAME [--partitions N] [--indexing ranked|incr] [--assignor modulo|rendezvous] [--weight N] [--interval-ms N] [--drain-ms N] [--skew-ms N] [--work-ms N] [--print-tasks] [--print-events] [--http ADDR] [--codec json|bincode] [--track] [--rate-limit N] [--concurrency-per-key N] [--priorities LEVELS] [--singleton NAME]...
 //! mail_sender produce --redis URL [--cluster] [--tls-ca FILE] [--tls-cert FILE --tls-key FILE] [--wait-for-replicas N] --name NAME [--partitions N] --count N [--batch N] [--rate N] [--print-enqueued] [--codec json|bincode] [--print-ids] [--keys K] [--first-seq N] [--priority high|normal|low] [--priorities LEVELS]
 //! ```
 //!
@@ -26,6 +26,14 @@
 //! and its standing, `standing kind=assigned epoch=<e> index=<i> replicas=<r> at=<µs>`
 //! or `standing kind=fenced|left epoch=<e> at=<µs>`. Without either, one
 //! status line per second. Logs go to stderr.
+//!
+//! `--singleton NAME` (repeatable) also runs singleton job `NAME`, on one
+//! instance of the service at a time (docs/design.md §20). It prints
+//! `singleton start name=<NAME> token=<t> epoch=<e> at=<µs>` when it
+//! starts, `singleton tick name=<NAME> token=<t> epoch=<e> checked_at=<µs> at=<µs>`
+//! at once and then every 100 ms while `still_owned()` holds (`checked_at`
+//! right before that check, which passed), and `singleton stop
+//! name=<NAME> token=<t> at=<µs>` when it ends.
 //!
 //! `--indexing` picks the indexer's mode (service-wide: every instance of a
 //! name must use the same one): `ranked` (default) keeps indices while the
@@ -80,6 +88,7 @@ use peerq::consumer::{PartitionChange, PartitionEvent};
 use peerq::handler::{CancelReason, HandlerWithResult};
 use peerq::limits::RateLimit;
 use peerq::producer::{Options, Producer};
+use peerq::singleton::SingletonContext;
 use peerq::tracking::Tracking;
 use peerq::{
     Assignor, Bincode, Codec, Consumer, HandlerError, Indexing, Json, Priority, Redis, TaskContext,
@@ -187,6 +196,11 @@ struct Settings {
     concurrency_per_key: Option<u32>,
     #[command(flatten)]
     levels: LevelsArg,
+    /// Also run singleton job NAME (repeatable): it prints `singleton
+    /// start`, a `singleton tick` every 100 ms while it holds, and
+    /// `singleton stop`.
+    #[arg(long, value_name = "NAME")]
+    singleton: Vec<String>,
 }
 
 /// `--priorities`: the service's levels, on consumers and producers.
@@ -510,6 +524,9 @@ async fn consume<C: Codec>(
             print: settings.print_tasks,
             handled: handled.clone(),
         });
+    for name in &settings.singleton {
+        builder = builder.singleton(name, ticker);
+    }
     if settings.track {
         builder = builder.tracking(Tracking::on());
         track(redis.clone(), &name).await?;
@@ -551,6 +568,40 @@ async fn consume<C: Codec>(
     builder.run().await?;
     eprintln!("stopped: handled {} tasks", handled.load(Ordering::Relaxed));
     Ok(())
+}
+
+/// The singleton job of `--singleton`: a line when it starts, one every
+/// 100 ms while `still_owned()` holds (the first at once), with the time
+/// right before that check, and one when it ends (told to stop, or no
+/// longer the holder).
+async fn ticker(cx: SingletonContext) -> std::io::Result<()> {
+    let (name, token) = (cx.name().to_owned(), cx.fencing_token());
+    let now = || micros(SystemTime::now());
+    say(&format!(
+        "singleton start name={name} token={token} epoch={} at={}",
+        cx.epoch(),
+        now()
+    ))?;
+    let mut every = tokio::time::interval(Duration::from_millis(100));
+    loop {
+        tokio::select! {
+            _ = cx.cancelled() => break,
+            _ = every.tick() => {}
+        }
+        let checked_at = now();
+        if !cx.still_owned() {
+            break;
+        }
+        say(&format!(
+            "singleton tick name={name} token={token} epoch={} checked_at={checked_at} at={}",
+            cx.epoch(),
+            now()
+        ))?;
+    }
+    say(&format!(
+        "singleton stop name={name} token={token} at={}",
+        now()
+    ))
 }
 
 /// Switches tracking on for service `name`, its retention kept, if it has

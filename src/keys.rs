@@ -120,6 +120,18 @@ pub(crate) fn key_rate(name: &ServiceName, key: &str) -> String {
     format!("{{{name}}}:rate:{key}")
 }
 
+/// The service's singletons (docs/design.md §20): a hash of `<name>`, the
+/// holder's record `<token>:<instance id>`, and `<name>:since`, when it
+/// was recorded (Redis time, ms), for each singleton ever held.
+pub(crate) fn singletons(name: &ServiceName) -> String {
+    format!("{{{name}}}:singletons")
+}
+
+/// The field of singleton `singleton`'s release mark in `{N}:transition`.
+pub(crate) fn singleton_mark(singleton: &str) -> String {
+    format!("singleton:{singleton}")
+}
+
 /// The channel the owners of a service's partitions hear user cancels on:
 /// each message is a task handle, `<partition>/<task id>`.
 pub(crate) fn cancels(name: &ServiceName) -> String {

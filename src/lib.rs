@@ -159,6 +159,7 @@ mod priority;
 pub mod producer;
 mod retry;
 mod shutdown;
+pub mod singleton;
 mod task_id;
 mod timing;
 #[cfg(feature = "otel")]

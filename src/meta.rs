@@ -35,6 +35,8 @@ pub(crate) enum Kind {
     Consumer,
     /// Standalone peer indexers.
     Indexer,
+    /// Standalone singletons ([`crate::singleton::Singleton`]).
+    Singleton,
 }
 
 impl Kind {
@@ -43,6 +45,7 @@ impl Kind {
         let kind = match self {
             Kind::Consumer => "consumer",
             Kind::Indexer => "indexer",
+            Kind::Singleton => "singleton",
         };
         (KIND, kind.to_owned())
     }
@@ -61,10 +64,11 @@ pub(crate) async fn ensure<C: ConnectionLike + Send>(
     }
     let key = keys::meta(name);
     let advice = if differ.iter().any(|d| d.setting == KIND) {
-        "A standalone Indexer and a consumer service cannot share a name: the indexer would \
-         count as one of the consumers' instances and take a share of the partitions that no \
-         one then processes. Give the indexer a name of its own (a consumer's standing is in \
-         `ConsumerBuilder::standing()`)"
+        "A standalone Indexer or Singleton and a consumer service cannot share a name, nor can \
+         an Indexer and a Singleton: each counts as one of the others' instances and takes a \
+         share of their partitions or singletons that no one then runs. Give it a name of its \
+         own (a consumer's standing is in `ConsumerBuilder::standing()`, and a consumer runs \
+         singletons with `ConsumerBuilder::singleton`)"
             .to_owned()
     } else {
         format!(

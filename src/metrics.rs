@@ -27,6 +27,15 @@ pub const OWNED_PARTITIONS: &str = "peerq_owned_partitions";
 /// where they went (`retried`: enqueued for another attempt, `dead`: moved
 /// to the dead letters).
 pub const TASKS_TOTAL: &str = "peerq_tasks_total";
+/// Counter of singleton job runs (docs/design.md §20), labelled
+/// `service`, `name` and `outcome`: `ok` (it returned `Ok`), `failed` (an
+/// error), `panicked`, `interrupted` (stopped by a handover, a fence or a
+/// pause). A run that ends by itself is restarted with backoff while the
+/// instance holds the singleton.
+pub const SINGLETON_RUNS_TOTAL: &str = "peerq_singleton_runs_total";
+/// Gauge, labelled `service` and `name`: 1 while this instance holds the
+/// singleton (from its acquire to its job's end at a release), else 0.
+pub const SINGLETON_HELD: &str = "peerq_singleton_held";
 /// Histogram of handler run times, in seconds, labelled `service`.
 pub const TASK_DURATION_SECONDS: &str = "peerq_task_duration_seconds";
 /// Histogram of the time from a task's enqueue (`enqueued_at`) to the

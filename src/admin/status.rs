@@ -13,6 +13,7 @@ use crate::error::Result;
 use crate::keys;
 use crate::limits;
 use crate::pause::{self, Pause};
+use crate::singleton::{self, SingletonHolder};
 
 /// The minutes the rates cover: the current one (partial) and the four
 /// before it.
@@ -20,6 +21,7 @@ const RATE_MINUTES: u64 = 5;
 
 /// A service's state. Its JSON: `name`, `redis`, `at_ms`, `settings`,
 /// `paused` (null, or `at_ms` and `by`), `limits`, `members`, `partitions`,
+/// `singletons` (each `name`, `instance`, `token`, `since_ms`, `released`),
 /// `totals`, `rates`.
 #[derive(Debug, Clone, Serialize)]
 #[non_exhaustive]
@@ -40,6 +42,9 @@ pub struct Status {
     pub members: Vec<Member>,
     /// Its partitions, by number.
     pub partitions: Vec<PartitionState>,
+    /// Who holds each of its singletons (docs/design.md §20), by name:
+    /// every singleton ever held.
+    pub singletons: Vec<SingletonHolder>,
     /// Sums over the partitions and members.
     pub totals: Totals,
     /// Tasks per outcome over the last five minutes.
@@ -161,10 +166,11 @@ impl Service {
     /// pipeline and the partitions in another, sent together.
     pub async fn status(&self) -> Result<Status> {
         let conn = &self.admin.conn;
-        let (first, paused, limits) = tokio::join!(
+        let (first, paused, limits, singletons) = tokio::join!(
             self.admin.now_ms(),
             pause::read(conn, &self.name),
-            limits::read(conn, &self.name)
+            limits::read(conn, &self.name),
+            singleton::store::holders(conn, &self.name)
         );
         let (now_ms, paused, limits) = (first?, paused?, limits?.unwrap_or_default());
         let minute_now = now_ms / 60_000;
@@ -210,7 +216,15 @@ impl Service {
             rates: rates(counts, started, now_ms),
             members,
             partitions,
+            singletons: singletons?,
         })
+    }
+
+    /// Who holds each of the service's singletons (docs/design.md §20):
+    /// every singleton ever held, by name, with whether its holder has
+    /// released it since.
+    pub async fn singletons(&self) -> Result<Vec<SingletonHolder>> {
+        singleton::store::holders(&self.admin.conn, &self.name).await
     }
 }
 

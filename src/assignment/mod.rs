@@ -140,6 +140,21 @@ impl Assignment {
         }
     }
 
+    /// Whether this assignment holds singleton `name` (docs/design.md §20):
+    /// placed like a partition, by a number drawn from the name under
+    /// modulo and by the members' scores for the name under rendezvous, so
+    /// every instance assigned in the epoch finds the same holder from the
+    /// name alone.
+    pub(crate) fn holds_singleton(&self, name: &str) -> bool {
+        match &self.owner {
+            Owner::Modulo => {
+                rendezvous::singleton_slot(name) % u64::from(self.replicas)
+                    == u64::from(self.index - 1)
+            }
+            Owner::Rendezvous { members, me } => members.singleton_owner(name) == Some(*me),
+        }
+    }
+
     /// The partitions of `0..partitions` this assignment owns, ascending.
     pub fn owned_partitions(&self, partitions: u32) -> Vec<u32> {
         match &self.owner {
@@ -181,6 +196,25 @@ mod tests {
     }
 
     proptest! {
+        /// Every singleton has exactly one holder among indices
+        /// 1..=replicas, and among the members of a rendezvous list.
+        #[test]
+        fn each_singleton_has_exactly_one_holder(replicas in 1u32..50, name in "[a-z]{1,12}") {
+            let held = (1..=replicas)
+                .filter(|&i| Assignment::modulo(3, i, replicas).holds_singleton(&name))
+                .count();
+            prop_assert_eq!(held, 1);
+            let names: Vec<String> = (0..replicas).map(|i| format!("i{i}@1")).collect();
+            let members = Arc::new(Members::from_names(&names));
+            let held = (0..replicas as usize)
+                .filter(|&me| {
+                    Assignment::rendezvous(3, me as u32 + 1, replicas, members.clone(), me)
+                        .holds_singleton(&name)
+                })
+                .count();
+            prop_assert_eq!(held, 1);
+        }
+
         /// Every partition has exactly one owner among indices 1..=replicas,
         /// and `owned_partitions` lists exactly the ones `owns` accepts.
         #[test]

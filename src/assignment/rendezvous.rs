@@ -60,6 +60,27 @@ pub fn hash64(partition: u32, id: &str) -> u64 {
     xxh3_64(bytes)
 }
 
+/// The hash rendezvous scores a singleton's holders with: XXH3-64 (seed 0)
+/// of `singleton`, a NUL byte, the singleton's name, a NUL byte, and the
+/// member's instance id. Fixed forever, as [`hash64`] is.
+pub(crate) fn singleton_hash64(name: &str, id: &str) -> u64 {
+    let mut bytes = Vec::with_capacity(11 + name.len() + id.len());
+    bytes.extend_from_slice(b"singleton\0");
+    bytes.extend_from_slice(name.as_bytes());
+    bytes.push(0);
+    bytes.extend_from_slice(id.as_bytes());
+    xxh3_64(&bytes)
+}
+
+/// The number the modulo assignor places singleton `name` by: XXH3-64 of
+/// `singleton`, a NUL byte and the name.
+pub(crate) fn singleton_slot(name: &str) -> u64 {
+    let mut bytes = Vec::with_capacity(10 + name.len());
+    bytes.extend_from_slice(b"singleton\0");
+    bytes.extend_from_slice(name.as_bytes());
+    xxh3_64(&bytes)
+}
+
 /// One member of an epoch: an instance id and its weight, as the round's
 /// ranked set names it (`<id>@<weight>`).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -101,7 +122,11 @@ impl Member {
     /// into (0, 1) (weighted rendezvous: a member wins a share of the
     /// partitions proportional to its weight).
     fn score(&self, partition: u32, weighted: bool) -> Score {
-        let h = hash64(partition, &self.id);
+        self.score_of(hash64(partition, &self.id), weighted)
+    }
+
+    /// The score of a hash `h` of this member and what it may own.
+    fn score_of(&self, h: u64, weighted: bool) -> Score {
         if !weighted {
             return Score::Hash(h);
         }
@@ -186,10 +211,24 @@ impl Members {
     }
 
     fn owner_of(&self, partition: u32) -> usize {
+        self.best(|m| m.score(partition, self.weighted))
+    }
+
+    /// The position of the holder of singleton `name`, or `None` for an
+    /// empty list: the member with the highest score for the name, as for
+    /// a partition, so weights apply and singletons spread over members.
+    pub(crate) fn singleton_owner(&self, name: &str) -> Option<usize> {
+        if self.list.is_empty() {
+            return None;
+        }
+        Some(self.best(|m| m.score_of(singleton_hash64(name, &m.id), self.weighted)))
+    }
+
+    fn best(&self, score: impl Fn(&Member) -> Score) -> usize {
         let mut best = 0;
-        let mut best_score = self.list[0].score(partition, self.weighted);
+        let mut best_score = score(&self.list[0]);
         for (i, m) in self.list.iter().enumerate().skip(1) {
-            let score = m.score(partition, self.weighted);
+            let score = score(m);
             if score.beats(best_score) {
                 (best, best_score) = (i, score);
             }

@@ -47,6 +47,15 @@ impl Gate {
         }
     }
 
+    /// Resolves once the service is paused (at once if it is now): a
+    /// singleton's run stops then (docs/design.md §20).
+    pub(crate) async fn closed(&self) {
+        let mut open = self.open.clone();
+        if open.wait_for(|open| !*open).await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    }
+
     /// Resolves once handlers may start, or at `until`, whichever is first.
     pub(crate) async fn opened_or(&self, until: Instant) {
         tokio::select! {

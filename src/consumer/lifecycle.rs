@@ -43,6 +43,7 @@ use crate::indexer::Liveness;
 use crate::instance::InstanceId;
 use crate::limits::{self, Limits};
 use crate::presence::Presence;
+use crate::singleton::{self, Singletons};
 use crate::tracking::{self, Tracking};
 
 /// How long leaving at once waits for interrupted tasks to be enqueued again
@@ -66,6 +67,8 @@ pub(super) struct Parts {
     pub(super) standing: watch::Sender<Standing>,
     pub(super) events: broadcast::Sender<PartitionEvent>,
     pub(super) clock: Arc<dyn Clock>,
+    /// The singletons this instance may hold.
+    pub(super) singletons: Vec<crate::singleton::Declared>,
 }
 
 /// Runs the consumer: a graceful leave when `signal` resolves, and a leave
@@ -89,6 +92,7 @@ where
         standing: published,
         events,
         clock,
+        singletons,
     } = parts;
     let conn = Arc::new(SharedConnection::new(backend));
     let fields = settings.meta_fields(runner.codec());
@@ -178,6 +182,18 @@ where
     );
     let (reports, reported) = mpsc::unbounded_channel();
     let lease = Lease::new(clock.clone());
+    // Beside the partitions, with a lease of their own from the same
+    // assignments (docs/design.md §20).
+    let singletons = Singletons::spawn(singleton::Setup {
+        service: name.clone(),
+        id: id.clone(),
+        conn: conn.clone(),
+        timing,
+        lease: Lease::new(clock.clone()),
+        gate: gate.clone(),
+        standing: indexer.standing(),
+        singletons,
+    });
     let levels = settings.levels();
     let room = Arc::new(Room::new(settings.concurrency, levels.any()));
     let order = Order::of(settings.ordered);
@@ -292,11 +308,21 @@ where
         };
         if at_once {
             handover.leave_at_once();
+            singletons.leave_at_once();
             left = true;
             abandon_at = Some(Instant::now() + ABANDON_AFTER);
         }
     }
 
+    // The singletons follow the same `Left`: their jobs end and their marks
+    // are written before the rounds stop.
+    singletons
+        .finished(abandon_at.unwrap_or_else(|| {
+            leave_by
+                .unwrap_or_else(Instant::now)
+                .max(Instant::now() + ABANDON_AFTER)
+        }))
+        .await;
     stop_jobs.cancel();
     drop(jobs);
     drop(gate_watcher);

@@ -137,6 +137,27 @@ fn live(status: &Status) -> Markup {
         @if status.members.is_empty() {
             p.muted { "No instance is running." }
         }
+        @if !status.singletons.is_empty() {
+            h2 { "Singletons" }
+            div.scroll {
+                table id="singletons" {
+                    tr { th { "singleton" } th { "holder" } th.num { "token" } th { "since" } }
+                    @for s in &status.singletons {
+                        @let live = status.members.iter().any(|m| m.live && m.id == s.instance);
+                        tr data-singleton=(s.name) {
+                            td { (s.name) }
+                            td class=[(!live || s.released).then_some("muted")] {
+                                @if s.released { "released by " }
+                                (s.instance)
+                                @if !live && !s.released { " (gone)" }
+                            }
+                            td.num { (s.token) }
+                            td { @if let Some(at) = s.since_ms { (ago(status.at_ms.saturating_sub(at))) " ago" } @else { "–" } }
+                        }
+                    }
+                }
+            }
+        }
         h2 { "Partitions" }
         div.grid id="partitions" {
             @for p in &status.partitions { (tile(p)) }

@@ -14,6 +14,7 @@ use crate::connection::{self, Redis};
 use crate::error::Result;
 use crate::indexer::{IndexerSettings, Indexing};
 use crate::instance::InstanceId;
+use crate::meta::Kind;
 use crate::presence::Presence;
 
 /// Builds an [`Indexer`].
@@ -47,6 +48,9 @@ pub struct IndexerBuilder {
     presence: Option<Arc<Presence>>,
     /// A consumer runtime's sign of life (`None`: a bare indexer).
     liveness: Option<Arc<Liveness>>,
+    /// What runs under the name when it is not a consumer (default: an
+    /// indexer).
+    kind: Kind,
 }
 
 impl fmt::Debug for IndexerBuilder {
@@ -71,6 +75,7 @@ impl IndexerBuilder {
             instance_id: None,
             presence: None,
             liveness: None,
+            kind: Kind::Indexer,
         }
     }
 
@@ -151,6 +156,13 @@ impl IndexerBuilder {
         self
     }
 
+    /// What runs under the name, when it is not a consumer: a standalone
+    /// [`Singleton`](crate::singleton::Singleton) records itself as one.
+    pub(crate) fn kind(mut self, kind: Kind) -> Self {
+        self.kind = kind;
+        self
+    }
+
     /// This instance's id (default [`InstanceId::generate`]).
     pub fn instance_id(mut self, id: InstanceId) -> Self {
         self.instance_id = Some(id);
@@ -183,6 +195,7 @@ impl IndexerBuilder {
             redis,
             presence: self.presence,
             liveness: self.liveness,
+            kind: self.kind,
         })
     }
 }

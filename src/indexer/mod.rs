@@ -45,7 +45,7 @@ pub(crate) use self::liveness::Liveness;
 use self::round::RoundLoop;
 use self::schedule::Schedule;
 pub use self::settings::Indexing;
-pub(crate) use self::settings::{DEFAULT_INTERVAL, IndexerSettings};
+pub(crate) use self::settings::{DEFAULT_INTERVAL, IndexerSettings, indexer_setters};
 use self::thread::RoundThread;
 
 /// A validated, not yet running peer indexer. [`start`](Indexer::start) it.
@@ -60,6 +60,8 @@ pub struct Indexer {
     redis: Option<String>,
     presence: Option<Arc<Presence>>,
     liveness: Option<Arc<Liveness>>,
+    /// Recorded as `kind` unless this is a consumer's own indexer.
+    kind: Kind,
 }
 
 impl fmt::Debug for Indexer {
@@ -98,7 +100,7 @@ impl Indexer {
         };
         let mut fields = self.settings.meta_fields();
         if self.presence.is_none() {
-            fields.push(Kind::Indexer.field());
+            fields.push(self.kind.field());
         }
         let checked = async {
             let mut conn = self.backend.connect(false).await?;

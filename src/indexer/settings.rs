@@ -198,6 +198,60 @@ impl IndexerSettings {
     }
 }
 
+/// The setters of the settings a builder shares with its peer indexer
+/// (`interval`, `skew`, `lease_margin`, `indexing`, `assignor`, `weight`),
+/// for a builder with a field `indexer: IndexerSettings`: a consumer's and
+/// a standalone singleton's, written once.
+macro_rules! indexer_setters {
+    () => {
+        /// The indexer's round interval `I` (default 1 s). Service-wide.
+        pub fn interval(mut self, interval: std::time::Duration) -> Self {
+            self.indexer.interval = interval;
+            self
+        }
+
+        /// The tolerated clock skew `S` (default 50 ms). Service-wide.
+        pub fn skew(mut self, skew: std::time::Duration) -> Self {
+            self.indexer.skew = skew;
+            self
+        }
+
+        /// The lease margin (default 20 ms). Service-wide.
+        pub fn lease_margin(mut self, margin: std::time::Duration) -> Self {
+            self.indexer.lease_margin = margin;
+            self
+        }
+
+        /// The indexing mode (default
+        /// [`Indexing::Ranked`](crate::indexer::Indexing::Ranked)). Service-wide.
+        pub fn indexing(mut self, indexing: $crate::indexer::Indexing) -> Self {
+            self.indexer.indexing = indexing;
+            self
+        }
+
+        /// Who owns which partition and holds which singleton (default
+        /// [`Assignor::Modulo`](crate::Assignor::Modulo)). Service-wide:
+        /// [`Assignor::Rendezvous`](crate::Assignor::Rendezvous) moves
+        /// about `P / N` partitions per join or leave instead of most of
+        /// them, and needs [`Indexing::Ranked`](crate::indexer::Indexing::Ranked).
+        pub fn assignor(mut self, assignor: $crate::Assignor) -> Self {
+            self.indexer.assignor = assignor;
+            self
+        }
+
+        /// This instance's weight, 1 to 1000 (default 1): under
+        /// [`Assignor::Rendezvous`](crate::Assignor::Rendezvous) instances
+        /// own partitions (and singletons) in proportion to their weights
+        /// (give a machine with twice the cores weight 2). Each instance's
+        /// own; the others read it from the round's member list.
+        pub fn weight(mut self, weight: u32) -> Self {
+            self.indexer.weight = weight;
+            self
+        }
+    };
+}
+pub(crate) use indexer_setters;
+
 #[cfg(test)]
 mod tests {
     use super::*;

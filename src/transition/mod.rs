@@ -14,8 +14,13 @@
 //! Rules 6 (leases), 8 (fenced writes) and 9 (tokens at the side effects)
 //! act at the runtime's edges; the machine gives them the fencing token,
 //! and [`Timing::lease_for`](crate::timing::Timing::lease_for) the lease.
+//!
+//! A machine can also move singletons (docs/design.md §20): unit
+//! `partitions + k` is the `k`-th singleton name, held where the
+//! assignment places that name, under the same rules.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use tracing::{debug, warn};
@@ -32,6 +37,8 @@ pub(crate) use state::{Effect, State};
 pub(crate) struct Partitions {
     timing: Timing,
     partitions: u32,
+    /// The singletons' names: unit `partitions + k` is `singletons[k]`.
+    singletons: Vec<Arc<str>>,
     states: BTreeMap<u32, State>,
     /// The epoch of the last assignment applied; `None` after a fence.
     last_epoch: Option<u64>,
@@ -42,8 +49,33 @@ impl Partitions {
         Partitions {
             timing,
             partitions,
+            singletons: Vec::new(),
             states: BTreeMap::new(),
             last_epoch: None,
+        }
+    }
+
+    /// A machine of singletons alone: unit `k` is `names[k]`.
+    pub(crate) fn singletons(timing: Timing, names: Vec<Arc<str>>) -> Self {
+        Partitions {
+            timing,
+            partitions: 0,
+            singletons: names,
+            states: BTreeMap::new(),
+            last_epoch: None,
+        }
+    }
+
+    /// How many units the machine moves: partitions, then singletons.
+    fn units(&self) -> u32 {
+        self.partitions + self.singletons.len() as u32
+    }
+
+    /// Whether assignment `a` owns unit `u`.
+    fn owns(&self, a: &Assignment, u: u32) -> bool {
+        match u.checked_sub(self.partitions) {
+            None => a.owns(u, self.partitions),
+            Some(k) => a.holds_singleton(&self.singletons[k as usize]),
         }
     }
 
@@ -116,8 +148,8 @@ impl Partitions {
         let continuous = self.last_epoch == Some(e.wrapping_sub(1));
         self.last_epoch = Some(e);
         let deadline = self.timing.deadline(e);
-        for p in 0..self.partitions {
-            let owns = a.owns(p, self.partitions);
+        for p in 0..self.units() {
+            let owns = self.owns(&a, p);
             let from = self.state(p);
             let to = match (from, owns) {
                 (State::Idle, false) => State::Idle,
@@ -175,7 +207,7 @@ impl Partitions {
     pub(crate) fn fence(&mut self) -> Vec<Effect> {
         let mut effects = Vec::new();
         self.last_epoch = None;
-        for p in 0..self.partitions {
+        for p in 0..self.units() {
             let from = self.state(p);
             let to = match from {
                 State::Owned { .. } => Self::stop_now(p, &mut effects),
@@ -197,7 +229,7 @@ impl Partitions {
         let mut effects = Vec::new();
         let continuous = self.last_epoch == Some(number.wrapping_sub(1));
         self.last_epoch = None;
-        for p in 0..self.partitions {
+        for p in 0..self.units() {
             let from = self.state(p);
             let to = match from {
                 State::Owned {
@@ -313,7 +345,7 @@ impl Partitions {
     fn settle(&mut self, now: Duration, marks: &BTreeMap<u32, u64>) -> Vec<Effect> {
         let mut effects = Vec::new();
         // Twice: a finished moot wait can start an acquire that is done too.
-        for p in (0..self.partitions).chain(0..self.partitions) {
+        for p in (0..self.units()).chain(0..self.units()) {
             let from = self.state(p);
             let done = |epoch: u64, deadline: Duration| {
                 now >= deadline || marks.get(&p).is_some_and(|m| *m >= epoch)

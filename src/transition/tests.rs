@@ -314,3 +314,44 @@ fn a_partition_back_before_its_drain_ended_waits_for_it() {
     assert_eq!(marks_in(&effects), vec![(1, E + 1)]);
     assert!(matches!(m.state(1), State::Acquiring { epoch, .. } if epoch == E + 2));
 }
+
+/// Singletons (docs/design.md §20) move under the same rules: each unit
+/// is held where the assignment places its name, waits for its mark, is
+/// drained at a move and marked after the drain.
+#[test]
+fn singletons_are_units_held_where_the_assignment_places_their_names() {
+    let names: Vec<Arc<str>> = ["alpha", "beta", "e", "f"]
+        .into_iter()
+        .map(Arc::from)
+        .collect();
+    let mut alone = Partitions::singletons(timing(), names.clone());
+    alone.assigned(a(E, 1, 1), start(E) + 100 * MS);
+    assert_eq!(alone.waiting(), vec![0, 1, 2, 3], "one instance holds all");
+    let marks: BTreeMap<u32, u64> = (0..4).map(|u| (u, E)).collect();
+    let started = alone.marks(&marks, start(E) + 150 * MS);
+    assert_eq!(started.len(), 4);
+    // A second instance joins: the units its assignment places there move,
+    // each drained and then marked, and no other.
+    let moved: Vec<u32> = (0..4u32)
+        .filter(|&u| a(E + 1, 2, 2).holds_singleton(&names[u as usize]))
+        .collect();
+    assert!(
+        !moved.is_empty() && moved.len() < 4,
+        "the names spread: {moved:?}"
+    );
+    let effects = alone.assigned(a(E + 1, 1, 2), start(E + 1) + 100 * MS);
+    let drained: Vec<u32> = effects
+        .iter()
+        .filter_map(|e| match e {
+            Effect::Drain { partition, .. } => Some(*partition),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(drained, moved);
+    for u in &moved {
+        assert_eq!(
+            marks_in(&alone.drained(*u, start(E + 1) + 200 * MS)),
+            vec![(*u, E + 1)]
+        );
+    }
+}

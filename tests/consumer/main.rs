@@ -29,6 +29,7 @@ mod priority;
 mod producer;
 mod release_marks;
 mod scheduling;
+mod singleton;
 mod startup;
 mod tracking;
 mod unique;

@@ -87,9 +87,20 @@ async fn a_consumer_a_producer_and_the_cli_work_as_a_least_privilege_user() {
     let url = server.url_as("mail", "s3cret-pw");
     let handler = Flaky::default();
     let stop = CancellationToken::new();
+    // A singleton as this user: its holder's record in `{N}:singletons`,
+    // its marks in `{N}:transition`.
+    let held = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let seen = held.clone();
     let consumer = Consumer::builder()
         .redis(&url)
         .name(&name)
+        .singleton("acl-one", move |cx: peerq::singleton::SingletonContext| {
+            seen.store(true, std::sync::atomic::Ordering::SeqCst);
+            async move {
+                cx.cancelled().await;
+                Ok::<_, std::io::Error>(())
+            }
+        })
         // Limited: no task starts without a token leased from `{N}:rate`
         // as this user (a refused lease would leave them all waiting).
         .rate_limit(1_000, Duration::from_secs(1))
@@ -200,7 +211,14 @@ async fn a_consumer_a_producer_and_the_cli_work_as_a_least_privilege_user() {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    cli(&url, &["status", "--name", &name, "--json"]);
+    wait_until(Duration::from_secs(10), "the singleton ran", || {
+        held.load(std::sync::atomic::Ordering::SeqCst)
+    })
+    .await;
+    let status = cli(&url, &["status", "--name", &name, "--json"]);
+    let status: serde_json::Value = serde_json::from_str(&status).unwrap();
+    assert_eq!(status["singletons"][0]["name"], "acl-one", "{status}");
+    assert_eq!(status["singletons"][0]["released"], false, "{status}");
     assert!(cli(&url, &["services", "--json"]).contains(&name));
     let limits = cli(
         &url,

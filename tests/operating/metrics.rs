@@ -216,3 +216,77 @@ async fn handover_pauses_are_measured_from_the_mark_or_the_epoch() {
     let after_a_mark = all.iter().filter(|p| **p < 0.5).count();
     assert!(after_a_mark >= (P / 2) as usize, "pauses: {all:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_singleton_that_panics_fails_or_returns_is_restarted_with_backoff() {
+    let (server, name) = start("metrics-singleton");
+    let starts: Arc<std::sync::Mutex<Vec<std::time::Instant>>> = Arc::default();
+    let seen = starts.clone();
+    // Run 1 panics, run 2 fails, run 3 returns `Ok`, run 4 runs until told
+    // to stop.
+    let job = move |cx: peerq::singleton::SingletonContext| {
+        let run = {
+            let mut starts = seen.lock().unwrap();
+            starts.push(std::time::Instant::now());
+            starts.len()
+        };
+        async move {
+            match run {
+                1 => panic!("the first run panics"),
+                2 => Err(std::io::Error::other("the second run fails")),
+                3 => Ok(()),
+                _ => {
+                    cx.cancelled().await;
+                    Ok(())
+                }
+            }
+        }
+    };
+    let builder = Consumer::builder()
+        .name(&name)
+        .redis(server.url())
+        .partitions(P)
+        .singleton("restarts", job)
+        .service(tower::service_fn(|_: Task<Job>| async {
+            Ok::<_, HandlerError>(())
+        }));
+    let stop = CancellationToken::new();
+    let consumer = tokio::spawn(builder.run_until(stop.clone().cancelled_owned()));
+    wait_until(Duration::from_secs(15), "the fourth run", || {
+        starts.lock().unwrap().len() == 4
+    })
+    .await;
+    let labels = |outcome: &'static str| {
+        [
+            ("service", name.as_str()),
+            ("name", "restarts"),
+            ("outcome", outcome),
+        ]
+    };
+    let runs = |outcome| counter(peerq::metrics::SINGLETON_RUNS_TOTAL, &labels(outcome));
+    assert_eq!(
+        (
+            runs("panicked"),
+            runs("failed"),
+            runs("ok"),
+            runs("interrupted")
+        ),
+        (1, 1, 1, 0)
+    );
+    let held = [("service", name.as_str()), ("name", "restarts")];
+    assert_eq!(gauge(peerq::metrics::SINGLETON_HELD, &held), 1.0);
+    // 100 ms after a run ended, doubling.
+    let starts = starts.lock().unwrap().clone();
+    for (i, least) in [100, 200, 400].into_iter().enumerate() {
+        let gap = starts[i + 1] - starts[i];
+        assert!(
+            gap >= Duration::from_millis(least),
+            "restart {} after {gap:?}, before its backoff of {least} ms",
+            i + 1
+        );
+    }
+    stop.cancel();
+    consumer.await.unwrap().unwrap();
+    assert_eq!(runs("interrupted"), 1, "the leave stops the fourth run");
+    assert_eq!(gauge(peerq::metrics::SINGLETON_HELD, &held), 0.0);
+}

@@ -8,4 +8,5 @@ extern crate peerq_test_support as support;
 mod batches;
 mod delivery;
 mod example;
+mod singleton;
 mod unique;

@@ -153,6 +153,8 @@ pub(crate) fn status(status: &Status) -> String {
         out.push_str(&table.render());
     }
 
+    singletons(&mut out, status);
+
     let _ = writeln!(
         out,
         "\npartitions: {} of {} owned by a live member",
@@ -406,6 +408,35 @@ fn clip(text: &str) -> String {
         Some((cut, _)) => format!("{}…", &line[..cut]),
         None => line,
     }
+}
+
+/// The singletons' holders (docs/design.md §20), when the service has any.
+fn singletons(out: &mut String, status: &Status) {
+    if status.singletons.is_empty() {
+        return;
+    }
+    let _ = writeln!(out, "\nsingletons: {}", status.singletons.len());
+    let mut table = Table::new(&["NAME", "HOLDER", "TOKEN>", "SINCE"]);
+    for s in &status.singletons {
+        let live = status.members.iter().any(|m| m.live && m.id == s.instance);
+        let holder = match (s.released, live) {
+            (true, _) => format!("- (released by {})", s.instance),
+            (false, true) => s.instance.clone(),
+            (false, false) => format!("{} (gone)", s.instance),
+        };
+        let since = s.since_ms.map_or_else(
+            || "-".into(),
+            |at| {
+                format!(
+                    "{} ({} ago)",
+                    when(at),
+                    age(status.at_ms.saturating_sub(at))
+                )
+            },
+        );
+        table.row(vec![s.name.clone(), holder, s.token.to_string(), since]);
+    }
+    out.push_str(&table.render());
 }
 
 #[cfg(test)]

@@ -8,6 +8,7 @@ mod periodic;
 #[cfg(feature = "postgres")]
 mod postgres;
 mod run;
+mod singleton;
 #[cfg(feature = "otel")]
 mod trace;
 mod tracking;
@@ -70,6 +71,8 @@ pub struct ConsumerBuilder<T, S, C> {
     /// `Arc<dyn Fn(&T) -> Option<String>>` of the task type it was given
     /// for (checked at the start, as the handler may change the type).
     limit_key: Option<Arc<dyn std::any::Any + Send + Sync>>,
+    /// The singletons this instance may hold (docs/design.md §20).
+    singletons: Vec<crate::singleton::Declared>,
     task: PhantomData<fn() -> (T, C)>,
 }
 
@@ -102,6 +105,7 @@ impl ConsumerBuilder<(), (), Bincode> {
             #[cfg(feature = "postgres")]
             postgres: postgres::PostgresParts::default(),
             limit_key: None,
+            singletons: Vec::new(),
             task: PhantomData,
         }
     }
@@ -308,6 +312,7 @@ impl<T, S, C: Codec> ConsumerBuilder<T, S, C> {
             #[cfg(feature = "postgres")]
             postgres: self.postgres,
             limit_key: self.limit_key,
+            singletons: self.singletons,
             task: PhantomData,
         }
     }
@@ -357,6 +362,7 @@ impl<T, S, C: Codec> ConsumerBuilder<T, S, C> {
             .map(GivenJob::registered::<C>)
             .collect::<Result<_>>()?;
         self.settings.validate(&self.indexer)?;
+        crate::singleton::check(&self.singletons)?;
         #[cfg(feature = "postgres")]
         self.postgres.validate()?;
         self.indexer

@@ -116,6 +116,7 @@ where
                     standing: self.standing,
                     events: self.events,
                     clock: self.clock,
+                    singletons: self.singletons,
                 },
                 signal,
                 again,

@@ -39,6 +39,30 @@ const POLL_EVERY: Duration = Duration::from_millis(10);
 /// After a failed read of the marks.
 const POLL_BACKOFF: Duration = Duration::from_millis(100);
 
+/// When a handover driver (the partitions', the singletons') must wake up
+/// next: the lease's end (if `leased`), `machine`'s next handover
+/// deadline, or `poll`, the next read of the marks (if one is due).
+pub(crate) fn wake_at(
+    machine: &Partitions,
+    lease: &Lease,
+    leased: bool,
+    poll: Option<Instant>,
+) -> Instant {
+    let now = Instant::now();
+    let now_wall = lease.now();
+    let mut wake = now + Duration::from_secs(3600);
+    if leased {
+        wake = wake.min(now + lease.left().unwrap_or_default());
+    }
+    if let Some(deadline) = machine.next_deadline() {
+        wake = wake.min(now + deadline.saturating_sub(now_wall));
+    }
+    if let Some(poll) = poll {
+        wake = wake.min(poll);
+    }
+    wake
+}
+
 /// What woke the driver.
 #[derive(Debug)]
 pub(super) enum Wake {
@@ -274,22 +298,10 @@ impl Handover {
         }
     }
 
-    /// When the driver must wake up next: the lease's end, a handover
-    /// deadline, or the next read of the marks.
+    /// When the driver must wake up next.
     fn next_wake(&self) -> Instant {
-        let now = Instant::now();
-        let now_wall = self.lease.now();
-        let mut wake = now + Duration::from_secs(3600);
-        if self.leased {
-            wake = wake.min(now + self.lease.left().unwrap_or_default());
-        }
-        if let Some(deadline) = self.machine.next_deadline() {
-            wake = wake.min(now + deadline.saturating_sub(now_wall));
-        }
-        if self.polls.is_empty() && self.machine.is_waiting() {
-            wake = wake.min(self.next_poll);
-        }
-        wake
+        let poll = (self.polls.is_empty() && self.machine.is_waiting()).then_some(self.next_poll);
+        wake_at(&self.machine, &self.lease, self.leased, poll)
     }
 
     /// Reads the marks of the pending acquires, unless a read is underway

@@ -1,0 +1,382 @@
+//! The singletons' handover driver (docs/design.md §20): the same state
+//! machine as the partitions' ([`crate::transition`]), with one unit per
+//! singleton name, told what happens (a standing, marks read, time, a drain
+//! finished, a refused acquire) and carrying out its effects: start a
+//! holder, release it (stop the job, wait for its future), write a mark in
+//! `{N}:transition`.
+//!
+//! It follows the indexer's standing on its own, with a lease of its own
+//! computed from the same assignments as the partitions' lease, so that a
+//! consumer's partitions and its singletons never wait for each other.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tracing::{Instrument, info, warn};
+
+use super::Declared;
+use super::context::Hold;
+use super::holder::{Holder, Lost};
+use crate::assignment::Standing;
+use crate::config::ServiceName;
+use crate::connection::SharedConnection;
+use crate::consumer::gate::Gate;
+use crate::consumer::handover::wake_at;
+use crate::consumer::lease::Lease;
+use crate::consumer::store::marks::{self, Mark};
+use crate::error::Result;
+use crate::instance::InstanceId;
+use crate::keys;
+use crate::retry::Pauses;
+use crate::timing::Timing;
+use crate::transition::{Effect, Partitions};
+
+/// How often pending acquires read their marks (as the partitions').
+const POLL_EVERY: Duration = Duration::from_millis(10);
+/// After a failed read of the marks.
+const POLL_BACKOFF: Duration = Duration::from_millis(100);
+/// Tries of one mark write: a lost mark only makes the next holder wait
+/// for its deadline.
+const MARK_ATTEMPTS: u32 = 5;
+
+/// A read of the marks, with the units it read them for.
+type MarksRead = (Vec<u32>, Result<Vec<Option<Mark>>>);
+
+/// What the driver needs.
+pub(crate) struct Setup {
+    pub(crate) service: ServiceName,
+    pub(crate) id: InstanceId,
+    pub(crate) conn: Arc<SharedConnection>,
+    pub(crate) timing: Timing,
+    pub(crate) lease: Lease,
+    pub(crate) gate: Gate,
+    pub(crate) standing: watch::Receiver<Standing>,
+    pub(crate) singletons: Vec<Declared>,
+}
+
+/// The running driver: ends by itself after a graceful leave's marks.
+pub(crate) struct Singletons {
+    at_once: CancellationToken,
+    done: tokio::task::JoinHandle<()>,
+    /// Whether `done` has been awaited to its end.
+    ended: bool,
+}
+
+impl Singletons {
+    /// Starts following the standing (nothing runs for no singletons).
+    pub(crate) fn spawn(setup: Setup) -> Singletons {
+        let at_once = CancellationToken::new();
+        let done = if setup.singletons.is_empty() {
+            tokio::spawn(async {})
+        } else {
+            tokio::spawn(Driver::new(setup, at_once.clone()).run().in_current_span())
+        };
+        Singletons {
+            at_once,
+            done,
+            ended: false,
+        }
+    }
+
+    /// Resolves once the driver has ended by itself (its standing's
+    /// `Left`, or the indexer stopped).
+    pub(crate) async fn ended(&mut self) {
+        if !self.ended {
+            let _ = (&mut self.done).await;
+            self.ended = true;
+        }
+    }
+
+    /// Stops every job now (their runs dropped after the grace), writes no
+    /// marks; the next holders wait for their deadlines.
+    pub(crate) fn leave_at_once(&self) {
+        self.at_once.cancel();
+    }
+
+    /// Waits until the driver has ended (after the standing's `Left`, the
+    /// jobs' ends and the marks), leaving at once at `by`.
+    pub(crate) async fn finished(mut self, by: Instant) {
+        if self.ended {
+            return;
+        }
+        if tokio::time::timeout_at(by, &mut self.done).await.is_err() {
+            self.at_once.cancel();
+            let _ = tokio::time::timeout(Duration::from_secs(1), &mut self.done).await;
+            self.done.abort();
+        }
+    }
+}
+
+struct Driver {
+    setup: Setup,
+    machine: Partitions,
+    names: Vec<Arc<str>>,
+    jobs: Vec<super::Job>,
+    leased: bool,
+    holders: BTreeMap<u32, (Arc<Hold>, tokio::task::JoinHandle<()>)>,
+    drains: JoinSet<u32>,
+    marks: JoinSet<()>,
+    /// Reads of the marks, each with the units it read them for.
+    polls: JoinSet<MarksRead>,
+    next_poll: Instant,
+    epoch: Arc<AtomicU64>,
+    lost_tx: mpsc::UnboundedSender<Lost>,
+    lost: mpsc::UnboundedReceiver<Lost>,
+    at_once: CancellationToken,
+    left: bool,
+}
+
+impl Driver {
+    fn new(mut setup: Setup, at_once: CancellationToken) -> Driver {
+        let declared = std::mem::take(&mut setup.singletons);
+        let names: Vec<Arc<str>> = declared.iter().map(|d| d.name.clone()).collect();
+        let jobs = declared.into_iter().map(|d| d.job).collect();
+        let (lost_tx, lost) = mpsc::unbounded_channel();
+        Driver {
+            machine: Partitions::singletons(setup.timing, names.clone()),
+            setup,
+            names,
+            jobs,
+            leased: false,
+            holders: BTreeMap::new(),
+            drains: JoinSet::new(),
+            marks: JoinSet::new(),
+            polls: JoinSet::new(),
+            next_poll: Instant::now(),
+            epoch: Arc::new(AtomicU64::new(0)),
+            lost_tx,
+            lost,
+            at_once,
+            left: false,
+        }
+    }
+
+    async fn run(mut self) {
+        loop {
+            if self.left
+                && self.machine.is_idle()
+                && self.drains.is_empty()
+                && self.marks.is_empty()
+            {
+                return;
+            }
+            let wake_at = self.next_wake();
+            tokio::select! {
+                changed = self.setup.standing.changed(), if !self.left => {
+                    if changed.is_err() {
+                        // The indexer stopped: nothing vouches for the
+                        // holds any more.
+                        self.fence("the peer indexer stopped");
+                        self.left = true;
+                    } else {
+                        let now = self.setup.standing.borrow_and_update().clone();
+                        self.standing(&now);
+                    }
+                }
+                _ = self.at_once.cancelled(), if !self.at_once_done() => {
+                    self.fence("leaving at once");
+                    self.left = true;
+                }
+                Some(done) = self.drains.join_next() => {
+                    if let Ok(unit) = done {
+                        let effects = self.machine.drained(unit, self.setup.lease.now());
+                        self.apply(effects);
+                    }
+                }
+                Some(read) = self.polls.join_next() => self.read_marks(read),
+                Some(lost) = self.lost.recv() => {
+                    let effects = self.machine.lost(lost.unit, lost.token);
+                    self.apply(effects);
+                }
+                Some(_) = self.marks.join_next() => {}
+                _ = tokio::time::sleep_until(wake_at) => {
+                    self.check_lease();
+                    let effects = self.machine.tick(self.setup.lease.now());
+                    self.apply(effects);
+                    self.poll_marks();
+                }
+            }
+        }
+    }
+
+    fn at_once_done(&self) -> bool {
+        self.left && self.at_once.is_cancelled()
+    }
+
+    fn standing(&mut self, standing: &Standing) {
+        self.check_lease();
+        let now = self.setup.lease.now();
+        match standing {
+            Standing::Assigned(a) => {
+                let lease_end = self.setup.timing.lease_for(a.epoch, now);
+                if lease_end.is_none() {
+                    self.setup.lease.revoke();
+                    self.leased = false;
+                }
+                self.epoch.store(a.epoch, Ordering::Relaxed);
+                let effects = self.machine.assigned(a.clone(), now);
+                self.apply(effects);
+                // As the partitions' lease: granted only once what this
+                // assignment stops is stopped (docs/design.md §4.2).
+                if let Some(end) = lease_end {
+                    self.setup.lease.grant(end);
+                    self.leased = true;
+                }
+            }
+            Standing::Fenced { epoch, reason } => {
+                self.fence(&format!("no assignment for epoch {epoch}: {reason}"));
+            }
+            Standing::Left { epoch } => {
+                let effects = self.machine.leave(*epoch, now);
+                self.apply(effects);
+                self.setup.lease.revoke();
+                self.leased = false;
+                self.left = true;
+            }
+            Standing::Joining => {}
+        }
+    }
+
+    /// Rule 6: a lapsed lease fences every singleton.
+    fn check_lease(&mut self) {
+        if self.leased && !self.setup.lease.valid() {
+            self.fence("the lease expired before a new assignment arrived");
+        }
+    }
+
+    /// Rules 5 and 6: every job stops now, pending acquires are dropped.
+    fn fence(&mut self, why: &str) {
+        self.setup.lease.revoke();
+        self.leased = false;
+        if self.machine.is_idle() {
+            return;
+        }
+        warn!(service = %self.setup.service, why, "fencing every singleton");
+        let effects = self.machine.fence();
+        self.apply(effects);
+    }
+
+    fn apply(&mut self, effects: Vec<Effect>) {
+        for effect in effects {
+            match effect {
+                Effect::Start { partition, token } => self.start(partition, token),
+                Effect::Drain {
+                    partition,
+                    cancel_at,
+                } => self.release(partition, cancel_at),
+                Effect::Mark { partition, epoch } => self.mark(partition, epoch),
+            }
+        }
+        self.poll_marks();
+    }
+
+    fn start(&mut self, unit: u32, token: u64) {
+        let hold = Arc::new(Hold::new(self.setup.lease.clone()));
+        let name = self.names[unit as usize].clone();
+        info!(singleton = %name, token, "singleton starting here");
+        let handle = Holder {
+            service: self.setup.service.clone(),
+            name,
+            unit,
+            token,
+            id: self.setup.id.clone(),
+            conn: self.setup.conn.clone(),
+            job: self.jobs[unit as usize].clone(),
+            hold: hold.clone(),
+            gate: self.setup.gate.clone(),
+            drain_timeout: self.setup.timing.drain_timeout,
+            epoch: self.epoch.clone(),
+            lost: self.lost_tx.clone(),
+        }
+        .spawn();
+        self.holders.insert(unit, (hold, handle));
+    }
+
+    /// Rule 1: the job is told to stop now, may act until `cancel_at`,
+    /// then its future is dropped; drained once the holder has ended.
+    fn release(&mut self, unit: u32, cancel_at: Duration) {
+        let left = cancel_at.saturating_sub(self.setup.lease.now());
+        let deadline = Instant::now() + left;
+        let holder = self.holders.remove(&unit);
+        if let Some((hold, _)) = &holder {
+            hold.release(deadline);
+        }
+        self.drains.spawn(
+            async move {
+                if let Some((_, handle)) = holder {
+                    let _ = handle.await;
+                }
+                unit
+            }
+            .in_current_span(),
+        );
+    }
+
+    /// Rule 2: mark := max(mark, epoch), retried a few times.
+    fn mark(&mut self, unit: u32, epoch: u64) {
+        let conn = self.setup.conn.clone();
+        let service = self.setup.service.clone();
+        let field = keys::singleton_mark(&self.names[unit as usize]);
+        let write = async move {
+            let mut pauses = Pauses::new(Duration::from_millis(50), Duration::MAX);
+            for attempt in 1..=MARK_ATTEMPTS {
+                match marks::mark(&conn, &service, &field, epoch).await {
+                    Ok(_) => return,
+                    Err(e) => {
+                        warn!(field, epoch, attempt, cause = %e, "cannot write a singleton's release mark");
+                        pauses.wait().await;
+                    }
+                }
+            }
+        };
+        self.marks.spawn(write.in_current_span());
+    }
+
+    fn read_marks(&mut self, read: std::result::Result<MarksRead, tokio::task::JoinError>) {
+        match read {
+            Ok((waiting, Ok(read))) => {
+                self.next_poll = Instant::now() + POLL_EVERY;
+                let epochs = waiting
+                    .iter()
+                    .zip(read)
+                    .filter_map(|(unit, mark)| Some((*unit, mark?.epoch)))
+                    .collect();
+                let effects = self.machine.marks(&epochs, self.setup.lease.now());
+                self.apply(effects);
+            }
+            Ok((_, Err(e))) => {
+                warn!(service = %self.setup.service, cause = %e, "cannot read the singletons' release marks");
+                self.next_poll = Instant::now() + POLL_BACKOFF;
+            }
+            Err(_) => self.next_poll = Instant::now() + POLL_BACKOFF,
+        }
+    }
+
+    fn next_wake(&self) -> Instant {
+        let poll = (self.polls.is_empty() && self.machine.is_waiting()).then_some(self.next_poll);
+        wake_at(&self.machine, &self.setup.lease, self.leased, poll)
+    }
+
+    fn poll_marks(&mut self) {
+        if !self.machine.is_waiting() || !self.polls.is_empty() || Instant::now() < self.next_poll {
+            return;
+        }
+        let waiting = self.machine.waiting();
+        let fields: Vec<String> = waiting
+            .iter()
+            .map(|unit| keys::singleton_mark(&self.names[*unit as usize]))
+            .collect();
+        let conn = self.setup.conn.clone();
+        let service = self.setup.service.clone();
+        self.polls.spawn(
+            async move { (waiting, marks::marks_of(&conn, &service, &fields).await) }
+                .in_current_span(),
+        );
+    }
+}
