@@ -14,8 +14,8 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::error;
 
-use super::lease::Lease;
 use super::store::PartitionStore;
+use crate::lease::Lease;
 
 /// What a worker tells the runtime.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -17,11 +17,11 @@ use super::fetch::Fetcher;
 use super::held::Held;
 use super::housekeeping::housekeeping;
 use super::idle_reads::IdleReads;
-use super::lease::Lease;
 use super::ownership::Ownership;
 use super::shared::Shared;
 use super::store::PartitionStore;
 use crate::assignment::Assignment;
+use crate::lease::Lease;
 
 /// How long a release waits for the idle read to let go of a partition
 /// whose fetch loop it had to abort (the read ends by its block time).

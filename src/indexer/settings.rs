@@ -230,17 +230,17 @@ macro_rules! indexer_setters {
         }
 
         /// Who owns which partition and holds which singleton (default
-        /// [`Assignor::Modulo`](crate::Assignor::Modulo)). Service-wide:
-        /// [`Assignor::Rendezvous`](crate::Assignor::Rendezvous) moves
+        /// [`Assignor::Modulo`](crate::assignment::Assignor::Modulo)). Service-wide:
+        /// [`Assignor::Rendezvous`](crate::assignment::Assignor::Rendezvous) moves
         /// about `P / N` partitions per join or leave instead of most of
         /// them, and needs [`Indexing::Ranked`](crate::indexer::Indexing::Ranked).
-        pub fn assignor(mut self, assignor: $crate::Assignor) -> Self {
+        pub fn assignor(mut self, assignor: $crate::assignment::Assignor) -> Self {
             self.indexer.assignor = assignor;
             self
         }
 
         /// This instance's weight, 1 to 1000 (default 1): under
-        /// [`Assignor::Rendezvous`](crate::Assignor::Rendezvous) instances
+        /// [`Assignor::Rendezvous`](crate::assignment::Assignor::Rendezvous) instances
         /// own partitions (and singletons) in proportion to their weights
         /// (give a machine with twice the cores weight 2). Each instance's
         /// own; the others read it from the round's member list.

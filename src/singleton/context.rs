@@ -7,8 +7,8 @@ use std::sync::{Arc, OnceLock};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::consumer::lease::Lease;
 use crate::instance::InstanceId;
+use crate::lease::Lease;
 
 /// One acquired singleton on this instance: the stop of its runs and
 /// whether it may still act, from memory (docs/design.md §20).

@@ -26,16 +26,15 @@ use super::holder::{Holder, Lost};
 use crate::assignment::Standing;
 use crate::config::ServiceName;
 use crate::connection::SharedConnection;
-use crate::consumer::gate::Gate;
-use crate::consumer::handover::wake_at;
-use crate::consumer::lease::Lease;
-use crate::consumer::store::marks::{self, Mark};
 use crate::error::Result;
+use crate::gate::Gate;
 use crate::instance::InstanceId;
 use crate::keys;
+use crate::lease::Lease;
+use crate::marks::{self, Mark};
 use crate::retry::Pauses;
 use crate::timing::Timing;
-use crate::transition::{Effect, Partitions};
+use crate::transition::{Effect, Partitions, wake_at};
 
 /// How often pending acquires read their marks (as the partitions').
 const POLL_EVERY: Duration = Duration::from_millis(10);

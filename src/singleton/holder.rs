@@ -23,7 +23,7 @@ use super::context::{Hold, SingletonContext};
 use super::store;
 use crate::config::ServiceName;
 use crate::connection::SharedConnection;
-use crate::consumer::gate::Gate;
+use crate::gate::Gate;
 use crate::instance::InstanceId;
 use crate::metrics as m;
 use crate::retry::Pauses;

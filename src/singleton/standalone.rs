@@ -15,12 +15,12 @@ use super::{Declared, Setup, SingletonContext, Singletons};
 use crate::clock::{Clock, SystemClock};
 use crate::config::{ServiceName, fmt_duration, name_and_redis_setters};
 use crate::connection::{self, Redis, SharedConnection};
-use crate::consumer::gate;
-use crate::consumer::lease::Lease;
 use crate::error::{Error, Result};
+use crate::gate;
 use crate::handler::BoxError;
 use crate::indexer::{Indexer, IndexerSettings, indexer_setters};
 use crate::instance::InstanceId;
+use crate::lease::Lease;
 use crate::meta::{self, Kind};
 use crate::retry::{self, Backoff};
 

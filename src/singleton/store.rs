@@ -10,9 +10,9 @@ use serde::Serialize;
 
 use crate::config::ServiceName;
 use crate::connection::SharedConnection;
-use crate::consumer::store::marks;
 use crate::error::{Error, Result};
 use crate::keys;
+use crate::marks;
 
 static ACQUIRE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../scripts/singleton_acquire.lua")));

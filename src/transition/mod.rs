@@ -25,7 +25,10 @@ use std::time::Duration;
 
 use tracing::{debug, warn};
 
+use tokio::time::Instant;
+
 use crate::assignment::Assignment;
+use crate::lease::Lease;
 use crate::timing::Timing;
 
 mod state;
@@ -393,6 +396,30 @@ impl Partitions {
             self.states.insert(p, to);
         }
     }
+}
+
+/// When a handover driver (the partitions', the singletons') must wake up
+/// next: the lease's end (if `leased`), `machine`'s next handover
+/// deadline, or `poll`, the next read of the marks (if one is due).
+pub(crate) fn wake_at(
+    machine: &Partitions,
+    lease: &Lease,
+    leased: bool,
+    poll: Option<Instant>,
+) -> Instant {
+    let now = Instant::now();
+    let now_wall = lease.now();
+    let mut wake = now + Duration::from_secs(3600);
+    if leased {
+        wake = wake.min(now + lease.left().unwrap_or_default());
+    }
+    if let Some(deadline) = machine.next_deadline() {
+        wake = wake.min(now + deadline.saturating_sub(now_wall));
+    }
+    if let Some(poll) = poll {
+        wake = wake.min(poll);
+    }
+    wake
 }
 
 #[cfg(test)]

@@ -29,13 +29,13 @@ use tracing::{Instrument, debug, error, warn};
 use super::held::Held;
 use super::idle_reads::Delivery;
 use super::key_slots::MOST_THROTTLED;
-use super::lease::Lease;
 use super::limiter::Reserved;
 use super::ownership::Ownership;
 use super::run::{Batch, Source};
 use super::shared::Shared;
 use super::store::{self, Fetched};
 use crate::assignment::Assignment;
+use crate::lease::Lease;
 use crate::priority::Priority;
 use crate::retry::Pauses;
 

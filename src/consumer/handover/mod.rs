@@ -20,14 +20,14 @@ use tokio::time::Instant;
 use tracing::{Instrument, error, info, warn};
 
 use super::event::{PartitionChange, PartitionEvent};
-use super::lease::Lease;
 use super::ownership::{Ownership, Report};
 use super::shared::Shared;
-use super::store::marks::{self, Mark};
 use super::worker::Worker;
 use crate::assignment::Assignment;
 use crate::assignment::Standing;
 use crate::error::Result;
+use crate::lease::Lease;
+use crate::marks::{self, Mark};
 use crate::metrics as m;
 use crate::timing::Timing;
 use crate::transition::Partitions;
@@ -38,30 +38,6 @@ mod effects;
 const POLL_EVERY: Duration = Duration::from_millis(10);
 /// After a failed read of the marks.
 const POLL_BACKOFF: Duration = Duration::from_millis(100);
-
-/// When a handover driver (the partitions', the singletons') must wake up
-/// next: the lease's end (if `leased`), `machine`'s next handover
-/// deadline, or `poll`, the next read of the marks (if one is due).
-pub(crate) fn wake_at(
-    machine: &Partitions,
-    lease: &Lease,
-    leased: bool,
-    poll: Option<Instant>,
-) -> Instant {
-    let now = Instant::now();
-    let now_wall = lease.now();
-    let mut wake = now + Duration::from_secs(3600);
-    if leased {
-        wake = wake.min(now + lease.left().unwrap_or_default());
-    }
-    if let Some(deadline) = machine.next_deadline() {
-        wake = wake.min(now + deadline.saturating_sub(now_wall));
-    }
-    if let Some(poll) = poll {
-        wake = wake.min(poll);
-    }
-    wake
-}
 
 /// What woke the driver.
 #[derive(Debug)]
@@ -301,7 +277,7 @@ impl Handover {
     /// When the driver must wake up next.
     fn next_wake(&self) -> Instant {
         let poll = (self.polls.is_empty() && self.machine.is_waiting()).then_some(self.next_poll);
-        wake_at(&self.machine, &self.lease, self.leased, poll)
+        crate::transition::wake_at(&self.machine, &self.lease, self.leased, poll)
     }
 
     /// Reads the marks of the pending acquires, unless a read is underway

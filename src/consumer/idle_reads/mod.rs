@@ -44,13 +44,13 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::task::AbortOnDropHandle;
 use tracing::{Instrument, warn};
 
-use super::gate::Gate;
 use super::held::Held;
-use super::lease::Lease;
 use super::policy::Order;
 use super::room::Room;
 use super::store::{BlockingReads, Fetched, PartitionStore};
 use crate::connection::{Backend, SharedConnection};
+use crate::gate::Gate;
+use crate::lease::Lease;
 use crate::retry::Pauses;
 use wait::Blocked;
 

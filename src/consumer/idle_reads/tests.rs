@@ -13,7 +13,7 @@ use super::wait::{Blocked, by_lease};
 use super::*;
 use crate::clock::{Clock, SystemClock};
 use crate::config::ServiceName;
-use crate::consumer::gate;
+use crate::gate;
 use crate::instance::InstanceId;
 use peerq_test_support as support;
 

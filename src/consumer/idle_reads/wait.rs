@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use super::{IdleReader, READ_MARGIN};
-use crate::consumer::lease::Lease;
+use crate::lease::Lease;
 use crate::priority::Priority;
 
 /// How long a read may block by the lease: it must end `READ_MARGIN`

@@ -38,13 +38,13 @@ use self::aside::Aside;
 use self::started::Started;
 use super::acker::{Acked, Ends, Member, Tracked};
 use super::held::Held;
-use super::lease::Lease;
 use super::limiter::Reserved;
 use super::ownership::Ownership;
 use super::room::Room;
 use super::settle::Settle;
 use super::shared::Shared;
 use super::store::{Fetched, Succeeded};
+use crate::lease::Lease;
 
 use crate::assignment::Place;
 use crate::handler::Tenure;

@@ -24,7 +24,6 @@
 mod acks;
 mod attempts;
 mod completions;
-pub(crate) mod marks;
 mod reader;
 mod records;
 mod reply;

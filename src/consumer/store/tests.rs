@@ -1,7 +1,7 @@
 //! Against a real redis-server started by the integration tests' harness.
 
-use super::marks::mark;
 use super::*;
+use crate::marks::mark;
 use deadpool_redis::redis::AsyncCommands;
 use peerq_test_support as support;
 

@@ -4,7 +4,9 @@
 //! time from its arrival, so a step of the wall clock never extends it.
 //!
 //! The runtime grants and revokes it; workers check it before each fetch
-//! and before running what they fetched.
+//! and before running what they fetched. The singletons' driver keeps a
+//! lease of its own from the same assignments (docs/design.md §20), so it
+//! lives beside both rather than in either.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering, fence};

@@ -1,5 +1,6 @@
 //! The pause gate (docs/design.md §7): while the service's `{N}:paused`
-//! key exists, no handler starts on this instance.
+//! key exists, no handler starts on this instance, and no singleton's job
+//! runs (§20).
 //!
 //! It is a gate in front of the handler call and nothing else: the lease,
 //! the workers' stops and the transition machine never hear of it, so

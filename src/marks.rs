@@ -14,8 +14,7 @@ use crate::connection::SharedConnection;
 use crate::error::Result;
 use crate::keys;
 
-static MARK: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../../scripts/mark.lua")));
+static MARK: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("scripts/mark.lua")));
 
 /// mark(p) := max(mark(p), `epoch`), for field `p` (a partition's number
 /// or a singleton's field); returns the mark after the write.
