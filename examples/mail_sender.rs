@@ -147,9 +147,10 @@ struct ServiceArgs {
 /// where it serves HTTP, and whether it switches tracking on.
 #[derive(clap::Args)]
 struct Settings {
-    /// The number of partitions; service-wide.
-    #[arg(long, default_value_t = peerq::DEFAULT_PARTITIONS)]
-    partitions: u32,
+    /// The number of partitions of a new service (default: the
+    /// service's, 64 for a new one); service-wide.
+    #[arg(long)]
+    partitions: Option<u32>,
     /// The indexer's mode; service-wide.
     #[arg(long, value_enum, default_value_t = IndexingArg::Ranked)]
     indexing: IndexingArg,
@@ -511,7 +512,6 @@ async fn consume<C: Codec>(
         .redis(redis.clone())
         .name(&name)
         .codec(codec)
-        .partitions(settings.partitions)
         .priorities(settings.levels.levels())
         .indexing(settings.indexing.into())
         .assignor(settings.assignor)
@@ -524,6 +524,9 @@ async fn consume<C: Codec>(
             print: settings.print_tasks,
             handled: handled.clone(),
         });
+    if let Some(partitions) = settings.partitions {
+        builder = builder.partitions(partitions);
+    }
     for name in &settings.singleton {
         builder = builder.singleton(name, ticker);
     }
@@ -560,10 +563,8 @@ async fn consume<C: Codec>(
     if settings.print_events {
         tokio::spawn(events(builder.partition_events(), builder.standing()));
     } else if !settings.print_tasks {
-        let standing = builder.standing();
-        // Every level's partitions.
-        let streams = settings.partitions * settings.levels.priorities.len() as u32;
-        tokio::spawn(status(name, streams, standing, handled.clone()));
+        let (events, standing) = (builder.partition_events(), builder.standing());
+        tokio::spawn(status(name, events, standing, handled.clone()));
     }
     builder.run().await?;
     eprintln!("stopped: handled {} tasks", handled.load(Ordering::Relaxed));
@@ -572,8 +573,8 @@ async fn consume<C: Codec>(
 
 /// The singleton job of `--singleton`: a line when it starts, one every
 /// 100 ms while `still_owned()` holds (the first at once), with the time
-/// right before that check, and one when it ends (told to stop, or no
-/// longer the holder).
+/// right before that check, and one when it ends (told to stop, no longer
+/// the holder, or dropped after its drain's end: printed by a guard).
 async fn ticker(cx: SingletonContext) -> std::io::Result<()> {
     let (name, token) = (cx.name().to_owned(), cx.fencing_token());
     let now = || micros(SystemTime::now());
@@ -582,6 +583,18 @@ async fn ticker(cx: SingletonContext) -> std::io::Result<()> {
         cx.epoch(),
         now()
     ))?;
+    /// Prints the stop line however the job ends.
+    struct Stopped(String, u64);
+    impl Drop for Stopped {
+        fn drop(&mut self) {
+            let at = micros(SystemTime::now());
+            let _ = say(&format!(
+                "singleton stop name={} token={} at={at}",
+                self.0, self.1
+            ));
+        }
+    }
+    let _stopped = Stopped(name.clone(), token);
     let mut every = tokio::time::interval(Duration::from_millis(100));
     loop {
         tokio::select! {
@@ -598,10 +611,7 @@ async fn ticker(cx: SingletonContext) -> std::io::Result<()> {
             now()
         ))?;
     }
-    say(&format!(
-        "singleton stop name={name} token={token} at={}",
-        now()
-    ))
+    Ok(())
 }
 
 /// Switches tracking on for service `name`, its retention kept, if it has
@@ -688,36 +698,53 @@ async fn events(
     }
 }
 
-/// One line per second: where this instance stands and what it did.
+/// One line per second: where this instance stands, how many partitions
+/// it fetches (of every level, from its partition events), and what it did.
 async fn status(
     name: String,
-    partitions: u32,
+    mut events: tokio::sync::broadcast::Receiver<PartitionEvent>,
     standing: tokio::sync::watch::Receiver<Standing>,
     handled: Arc<AtomicU64>,
 ) {
     let pid = std::process::id();
     let mut tick = tokio::time::interval(Duration::from_secs(1));
+    let mut owned = std::collections::BTreeSet::new();
     let mut last = 0;
     loop {
-        tick.tick().await;
-        let total = handled.load(Ordering::Relaxed);
-        let place = match &*standing.borrow() {
-            Standing::Assigned(a) => {
-                let owned = a.owned_partitions(partitions).len();
-                format!(
-                    "instance {}/{}  owns {owned:>2} partitions",
-                    a.index, a.replicas
-                )
+        tokio::select! {
+            event = events.recv() => match event {
+                Ok(e) => match e.change {
+                    PartitionChange::Started { .. } => {
+                        owned.insert(e.partition);
+                    }
+                    PartitionChange::Stopped => {
+                        owned.remove(&e.partition);
+                    }
+                    _ => {}
+                },
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+                Err(_) => return,
+            },
+            _ = tick.tick() => {
+                let total = handled.load(Ordering::Relaxed);
+                let place = match &*standing.borrow() {
+                    Standing::Assigned(a) => format!(
+                        "instance {}/{}  owns {:>2} partitions",
+                        a.index,
+                        a.replicas,
+                        owned.len()
+                    ),
+                    Standing::Joining => "joining                       ".to_owned(),
+                    Standing::Fenced { .. } => "between assignments           ".to_owned(),
+                    _ => "leaving                       ".to_owned(),
+                };
+                println!(
+                    "{name} pid {pid:>7}  {place}  handled {total:>7}  (+{}/s)",
+                    total - last
+                );
+                last = total;
             }
-            Standing::Joining => "joining                       ".to_owned(),
-            Standing::Fenced { .. } => "between assignments           ".to_owned(),
-            _ => "leaving                       ".to_owned(),
-        };
-        println!(
-            "{name} pid {pid:>7}  {place}  handled {total:>7}  (+{}/s)",
-            total - last
-        );
-        last = total;
+        }
     }
 }
 

@@ -29,7 +29,7 @@ use super::running::Running;
 use super::scheduler;
 use super::settings::ConsumerSettings;
 use super::shared::Shared;
-use super::startup::Startup;
+use super::startup::{self, Startup};
 use super::task_keys::TaskKeys;
 use crate::assignment::Standing;
 use crate::clock::Clock;
@@ -94,7 +94,21 @@ where
         clock,
         singletons,
     } = parts;
+    let mut settings = settings;
     let conn = Arc::new(SharedConnection::new(backend));
+    tokio::pin!(signal);
+    if !settings.partitions_given {
+        // The service's count, read before anything uses it (a stop while
+        // Redis cannot be reached ends the wait).
+        match startup::service_partitions(&conn, &name, &redis, &mut signal).await? {
+            Some(Some(partitions)) => settings.partitions = partitions,
+            Some(None) => {}
+            None => {
+                info!(service = %name, instance = %id, "stopped before redis could be reached");
+                return Ok(());
+            }
+        }
+    }
     let fields = settings.meta_fields(runner.codec());
     let timing = indexer.timing(settings.drain_timeout);
     let leave_timeout = settings.leave_timeout(indexer.interval);
@@ -104,7 +118,6 @@ where
     let beating = AbortOnDrop(tokio::spawn(
         liveness.clone().beat_every(indexer.interval / 10),
     ));
-    tokio::pin!(signal);
     let startup = Startup {
         name: &name,
         id: &id,

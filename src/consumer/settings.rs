@@ -37,6 +37,9 @@ pub const DEFAULT_MAX_ENTRY_BYTES: usize = 4 * 1024 * 1024;
 #[derive(Debug, Clone)]
 pub(crate) struct ConsumerSettings {
     pub(crate) partitions: u32,
+    /// Whether the builder was given `partitions`; if not, the consumer
+    /// takes the service's count from `{N}:meta` (64 for a new service).
+    pub(crate) partitions_given: bool,
     pub(crate) concurrency: usize,
     pub(crate) batch: usize,
     pub(crate) block: Duration,
@@ -73,6 +76,7 @@ impl Default for ConsumerSettings {
     fn default() -> Self {
         ConsumerSettings {
             partitions: DEFAULT_PARTITIONS,
+            partitions_given: false,
             concurrency: DEFAULT_CONCURRENCY,
             batch: DEFAULT_BATCH,
             block: DEFAULT_BLOCK,

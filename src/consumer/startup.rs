@@ -126,6 +126,43 @@ impl Startup<'_> {
     }
 }
 
+/// The partitions `{N}:meta` records for service `name` (`None` inside:
+/// a new service), read while waiting for Redis as a start does; `None`:
+/// `stop` resolved during a wait.
+pub(super) async fn service_partitions(
+    conn: &SharedConnection,
+    name: &ServiceName,
+    redis: &str,
+    stop: impl Future<Output = ()>,
+) -> Result<Option<Option<u32>>> {
+    let read = || async {
+        let mut hget = deadpool_redis::redis::cmd("HGET");
+        hget.arg(crate::keys::meta(name)).arg("partitions");
+        let recorded: Option<String> = conn.query(&hget).await?;
+        recorded
+            .map(|p| {
+                p.parse()
+                    .ok()
+                    .filter(|p| crate::config::validate_partitions(*p).is_ok())
+                    .ok_or_else(|| {
+                        Error::invalid(
+                            "partitions",
+                            format!(
+                                "`{}` records partitions = {p:?}, which is not 1 to 4096",
+                                crate::keys::meta(name)
+                            ),
+                        )
+                    })
+            })
+            .transpose()
+    };
+    retry::until_ok(BACKOFF, stop, read, |e, wait| {
+        warn!(service = %name, redis, cause = %e, retry_in = ?wait, "cannot reach redis; retrying");
+    })
+    .await
+    .map_err(|e| connection::at(redis, e))
+}
+
 /// Refuses a Redis that may evict keys, unless the user allowed it.
 async fn check_eviction(conn: &SharedConnection, redis: &str, allowed: bool) -> Result<()> {
     // On a Cluster, every master's: each holds some partitions.

@@ -1,9 +1,10 @@
 //! What a singleton's job is given ([`SingletonContext`]) and what it
 //! holds while it runs ([`Hold`]).
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
 
+use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -20,8 +21,9 @@ pub(crate) struct Hold {
     pub(crate) stop: CancellationToken,
     /// Once released: when its drain ends (rule 1). Until then the job may
     /// still act, with or without a lease (a graceful leave revokes the
-    /// lease before its drains).
-    drain_until: OnceLock<Instant>,
+    /// lease before its drains). Only ever brought forward: a fence or a
+    /// leave at once during a drain ends it now.
+    drain_until: watch::Sender<Option<Instant>>,
     /// Redis refused its acquire: another instance holds a newer token.
     lost: AtomicBool,
 }
@@ -31,7 +33,7 @@ impl Hold {
         Hold {
             lease,
             stop: CancellationToken::new(),
-            drain_until: OnceLock::new(),
+            drain_until: watch::Sender::new(None),
             lost: AtomicBool::new(false),
         }
     }
@@ -43,22 +45,34 @@ impl Hold {
         if self.lost.load(Ordering::SeqCst) {
             return false;
         }
-        match self.drain_until.get() {
-            Some(deadline) => Instant::now() < *deadline,
+        match *self.drain_until.borrow() {
+            Some(deadline) => Instant::now() < deadline,
             None => self.lease.valid(),
         }
     }
 
     /// Released (or fenced, with `deadline` now): the job is told to stop
-    /// at once and may act until `deadline`.
+    /// at once and may act until `deadline`, or until an earlier deadline
+    /// given before or after.
     pub(crate) fn release(&self, deadline: Instant) {
-        let _ = self.drain_until.set(deadline);
+        self.drain_until.send_if_modified(|until| match until {
+            Some(earlier) if *earlier <= deadline => false,
+            _ => {
+                *until = Some(deadline);
+                true
+            }
+        });
         self.stop.cancel();
     }
 
     /// When the drain ends, once released.
     pub(crate) fn drain_until(&self) -> Option<Instant> {
-        self.drain_until.get().copied()
+        *self.drain_until.borrow()
+    }
+
+    /// Told each time the drain's end is set or brought forward.
+    pub(crate) fn drain_changes(&self) -> watch::Receiver<Option<Instant>> {
+        self.drain_until.subscribe()
     }
 
     /// Redis refused the acquire.

@@ -15,9 +15,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use tokio::sync::{mpsc, watch};
-use tokio::task::JoinSet;
+use tokio::task::{Id, JoinSet};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::AbortOnDropHandle;
 use tracing::{Instrument, info, warn};
 
 use super::Declared;
@@ -107,7 +108,10 @@ impl Singletons {
         if tokio::time::timeout_at(by, &mut self.done).await.is_err() {
             self.at_once.cancel();
             let _ = tokio::time::timeout(Duration::from_secs(1), &mut self.done).await;
+            // Dropping the driver drops its holders' handles, which abort
+            // them and, with them, their runs.
             self.done.abort();
+            let _ = (&mut self.done).await;
         }
     }
 }
@@ -118,8 +122,12 @@ struct Driver {
     names: Vec<Arc<str>>,
     jobs: Vec<super::Job>,
     leased: bool,
-    holders: BTreeMap<u32, (Arc<Hold>, tokio::task::JoinHandle<()>)>,
+    holders: BTreeMap<u32, (Arc<Hold>, AbortOnDropHandle<()>)>,
+    /// The holds draining, to end at once when leaving at once.
+    draining: BTreeMap<u32, Arc<Hold>>,
     drains: JoinSet<u32>,
+    /// Which unit each drain task is for (to know it even if it fails).
+    drain_ids: BTreeMap<Id, u32>,
     marks: JoinSet<()>,
     /// Reads of the marks, each with the units it read them for.
     polls: JoinSet<MarksRead>,
@@ -129,6 +137,21 @@ struct Driver {
     lost: mpsc::UnboundedReceiver<Lost>,
     at_once: CancellationToken,
     left: bool,
+    /// Whether the leave at once was carried out (once).
+    left_at_once: bool,
+}
+
+/// What woke the driver.
+enum Wake {
+    Standing(Standing),
+    /// The indexer's channel closed.
+    IndexerGone,
+    AtOnce,
+    Drained(u32),
+    Marks(std::result::Result<MarksRead, tokio::task::JoinError>),
+    Lost(Lost),
+    Marked,
+    Timer,
 }
 
 impl Driver {
@@ -144,7 +167,9 @@ impl Driver {
             jobs,
             leased: false,
             holders: BTreeMap::new(),
+            draining: BTreeMap::new(),
             drains: JoinSet::new(),
+            drain_ids: BTreeMap::new(),
             marks: JoinSet::new(),
             polls: JoinSet::new(),
             next_poll: Instant::now(),
@@ -153,6 +178,7 @@ impl Driver {
             lost,
             at_once,
             left: false,
+            left_at_once: false,
         }
     }
 
@@ -165,51 +191,74 @@ impl Driver {
             {
                 return;
             }
-            let wake_at = self.next_wake();
-            tokio::select! {
-                changed = self.setup.standing.changed(), if !self.left => {
-                    if changed.is_err() {
-                        // The indexer stopped: nothing vouches for the
-                        // holds any more.
-                        self.fence("the peer indexer stopped");
-                        self.left = true;
-                    } else {
-                        let now = self.setup.standing.borrow_and_update().clone();
-                        self.standing(&now);
-                    }
+            let wake = self.next().await;
+            // Rule 6, before anything else can start a unit.
+            self.check_lease();
+            self.handle(wake);
+        }
+    }
+
+    /// Waits for what happens next.
+    async fn next(&mut self) -> Wake {
+        let wake_at = self.next_wake();
+        tokio::select! {
+            changed = self.setup.standing.changed(), if !self.left => match changed {
+                Ok(()) => Wake::Standing(self.setup.standing.borrow_and_update().clone()),
+                Err(_) => Wake::IndexerGone,
+            },
+            _ = self.at_once.cancelled(), if !self.left_at_once => Wake::AtOnce,
+            Some(done) = self.drains.join_next_with_id() => {
+                let id = match &done {
+                    Ok((id, _)) => *id,
+                    Err(e) => e.id(),
+                };
+                Wake::Drained(self.drain_ids.remove(&id).expect("every drain is recorded"))
+            }
+            Some(read) = self.polls.join_next() => Wake::Marks(read),
+            Some(lost) = self.lost.recv() => Wake::Lost(lost),
+            Some(_) = self.marks.join_next() => Wake::Marked,
+            _ = tokio::time::sleep_until(wake_at) => Wake::Timer,
+        }
+    }
+
+    fn handle(&mut self, wake: Wake) {
+        let now = self.setup.lease.now();
+        match wake {
+            Wake::Standing(standing) => self.standing(&standing),
+            Wake::IndexerGone => {
+                // Nothing vouches for the holds any more.
+                self.fence("the peer indexer stopped");
+                self.left = true;
+            }
+            Wake::AtOnce => {
+                self.fence("leaving at once");
+                // Drains underway end now too (rule 7: every run stops).
+                for hold in self.draining.values() {
+                    hold.release(Instant::now());
                 }
-                _ = self.at_once.cancelled(), if !self.at_once_done() => {
-                    self.fence("leaving at once");
-                    self.left = true;
-                }
-                Some(done) = self.drains.join_next() => {
-                    if let Ok(unit) = done {
-                        let effects = self.machine.drained(unit, self.setup.lease.now());
-                        self.apply(effects);
-                    }
-                }
-                Some(read) = self.polls.join_next() => self.read_marks(read),
-                Some(lost) = self.lost.recv() => {
-                    let effects = self.machine.lost(lost.unit, lost.token);
-                    self.apply(effects);
-                }
-                Some(_) = self.marks.join_next() => {}
-                _ = tokio::time::sleep_until(wake_at) => {
-                    self.check_lease();
-                    let effects = self.machine.tick(self.setup.lease.now());
-                    self.apply(effects);
-                    self.poll_marks();
-                }
+                self.left = true;
+                self.left_at_once = true;
+            }
+            Wake::Drained(unit) => {
+                self.draining.remove(&unit);
+                let effects = self.machine.drained(unit, now);
+                self.apply(effects);
+            }
+            Wake::Marks(read) => self.read_marks(read),
+            Wake::Lost(lost) => {
+                let effects = self.machine.lost(lost.unit, lost.token);
+                self.apply(effects);
+            }
+            Wake::Marked => {}
+            Wake::Timer => {
+                let effects = self.machine.tick(now);
+                self.apply(effects);
+                self.poll_marks();
             }
         }
     }
 
-    fn at_once_done(&self) -> bool {
-        self.left && self.at_once.is_cancelled()
-    }
-
     fn standing(&mut self, standing: &Standing) {
-        self.check_lease();
         let now = self.setup.lease.now();
         match standing {
             Standing::Assigned(a) => {
@@ -305,8 +354,9 @@ impl Driver {
         let holder = self.holders.remove(&unit);
         if let Some((hold, _)) = &holder {
             hold.release(deadline);
+            self.draining.insert(unit, hold.clone());
         }
-        self.drains.spawn(
+        let drain = self.drains.spawn(
             async move {
                 if let Some((_, handle)) = holder {
                     let _ = handle.await;
@@ -315,6 +365,7 @@ impl Driver {
             }
             .in_current_span(),
         );
+        self.drain_ids.insert(drain.id(), unit);
     }
 
     /// Rule 2: mark := max(mark, epoch), retried a few times.

@@ -13,9 +13,10 @@ use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
 use tokio::sync::mpsc;
-use tokio::task::JoinHandle;
+use tokio::task::JoinError;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::AbortOnDropHandle;
 use tracing::{Instrument, info, warn};
 
 use super::Job;
@@ -84,9 +85,10 @@ impl Outcome {
 }
 
 impl Holder {
-    /// Acquires, then runs the job until the hold stops.
-    pub(super) fn spawn(self) -> JoinHandle<()> {
-        tokio::spawn(self.hold_it().in_current_span())
+    /// Acquires, then runs the job until the hold stops; dropping the
+    /// handle aborts the holder and, with it, the run.
+    pub(super) fn spawn(self) -> AbortOnDropHandle<()> {
+        AbortOnDropHandle::new(tokio::spawn(self.hold_it().in_current_span()))
     }
 
     async fn hold_it(self) {
@@ -99,8 +101,13 @@ impl Holder {
         let mut restarts = RESTARTS;
         while !self.hold.stop.is_cancelled() && self.hold.holds() {
             tokio::select! {
-                _ = self.gate.opened() => {}
+                biased;
                 _ = self.hold.stop.cancelled() => break,
+                _ = self.gate.opened() => {}
+            }
+            // Released while the gate opened: no new run.
+            if self.hold.stop.is_cancelled() || !self.hold.holds() {
+                break;
             }
             let started = Instant::now();
             let outcome = self.run_once().await;
@@ -120,8 +127,9 @@ impl Holder {
             let wait = restarts.take();
             warn!(singleton = %self.name, outcome = outcome.label(), restart_in = ?wait, "singleton job ended; restarting");
             tokio::select! {
-                _ = tokio::time::sleep(wait) => {}
+                biased;
                 _ = self.hold.stop.cancelled() => break,
+                _ = tokio::time::sleep(wait) => {}
             }
         }
         // Not ours any more (the lease ran out): wait for the driver's
@@ -175,24 +183,58 @@ impl Holder {
             epoch: self.epoch.clone(),
         };
         info!(singleton = %self.name, token = self.token, "singleton job starting");
-        let mut run = tokio::spawn((self.job)(cx).in_current_span());
-        let until = tokio::select! {
+        // The user's function is called inside the spawned task, so a panic
+        // before its future exists is this run's end too, not the holder's.
+        let job = self.job.clone();
+        let mut run =
+            AbortOnDropHandle::new(tokio::spawn(async move { job(cx).await }.in_current_span()));
+        let paused_until = tokio::select! {
+            biased;
+            _ = self.hold.stop.cancelled() => None,
             ended = &mut run => return ended_as(ended, &cancel),
-            _ = self.hold.stop.cancelled() => self.hold.drain_until().unwrap_or_else(Instant::now),
             _ = self.gate.closed() => {
                 info!(singleton = %self.name, "service paused; stopping the singleton job");
                 cancel.cancel();
-                Instant::now() + self.drain_timeout
+                Some(Instant::now() + self.drain_timeout)
             }
         };
-        stop(run, until + GRACE).await;
+        self.stop(run, paused_until).await;
         Outcome::Interrupted
+    }
+
+    /// Waits for a run told to stop until the earliest of `paused_until`
+    /// and the hold's drain's end, which a release or a fence that comes
+    /// meanwhile sets or brings forward; then drops its future (after the
+    /// grace) and waits until it is gone.
+    async fn stop<T>(&self, mut run: AbortOnDropHandle<T>, paused_until: Option<Instant>) {
+        let mut changes = self.hold.drain_changes();
+        loop {
+            let until = match (paused_until, self.hold.drain_until()) {
+                (Some(a), Some(b)) => a.min(b),
+                (Some(a), None) | (None, Some(a)) => a,
+                // Stopped before its deadline was set: set at once after.
+                (None, None) => Instant::now(),
+            };
+            tokio::select! {
+                biased;
+                _ = &mut run => return,
+                changed = changes.changed() => {
+                    if changed.is_ok() {
+                        continue;
+                    }
+                }
+                _ = tokio::time::sleep_until(until + GRACE) => {}
+            }
+            run.abort();
+            let _ = (&mut run).await;
+            return;
+        }
     }
 }
 
 /// How a run that ended by itself ended.
 fn ended_as(
-    ended: Result<Result<(), crate::handler::BoxError>, tokio::task::JoinError>,
+    ended: Result<Result<(), crate::handler::BoxError>, JoinError>,
     cancel: &CancellationToken,
 ) -> Outcome {
     match ended {
@@ -207,14 +249,5 @@ fn ended_as(
             Outcome::Panicked
         }
         Err(_) => Outcome::Interrupted,
-    }
-}
-
-/// Waits for a stopped run until `until`, then drops its future and waits
-/// until it is gone.
-async fn stop<T>(mut run: JoinHandle<T>, until: Instant) {
-    if tokio::time::timeout_at(until, &mut run).await.is_err() {
-        run.abort();
-        let _ = run.await;
     }
 }

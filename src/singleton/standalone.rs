@@ -241,7 +241,13 @@ impl Parts {
     /// One start: the service's settings checked (and recorded if first),
     /// then the rounds.
     async fn start(&self) -> Result<crate::indexer::IndexerHandle> {
-        let fields = [("drain_timeout", fmt_duration(self.drain_timeout))];
+        // With the kind, so that a name a consumer or an indexer uses is
+        // refused with the advice to pick another, before anything is
+        // recorded there.
+        let fields = [
+            ("drain_timeout", fmt_duration(self.drain_timeout)),
+            Kind::Singleton.field(),
+        ];
         meta::ensure(&mut self.conn.get().await?, &self.name, &fields).await?;
         Indexer::builder()
             .name(self.name.as_str())

@@ -1,7 +1,8 @@
 //! Starting before Redis: a consumer waits for an unreachable Redis and
 //! retries, a stop ends the wait, a refusing Redis (wrong password, ACL) is
 //! an error at once; a producer does not wait, and its error names the URL
-//! without the password.
+//! without the password; a consumer given no partitions takes the
+//! service's.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -108,6 +109,46 @@ async fn a_consumer_started_before_redis_waits_and_then_runs_every_task_once() {
     let twice: Vec<_> = per_seq.iter().filter(|(_, n)| **n != 1).collect();
     assert!(twice.is_empty(), "tasks run more than once: {twice:?}");
     assert_eq!(per_seq.len(), jobs.len());
+}
+
+/// A consumer given no partitions takes the service's: a producer made the
+/// service with 8, so a consumer that took the default (64) would be
+/// refused by `{N}:meta`; one given another count is refused, saying the
+/// service's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_consumer_without_partitions_takes_the_services() {
+    let server = RedisServer::start();
+    let name = unique_name("adopt");
+    let producer = Producer::builder()
+        .name(&name)
+        .redis(server.url())
+        .partitions(8)
+        .connect()
+        .await
+        .unwrap();
+    let jobs: Vec<Job> = (0..100).map(|seq| Job { seq }).collect();
+    producer.enqueue_batch(&jobs).await.unwrap();
+    let runs = Runs::default();
+    let consumer = Instance::start(&server.url(), &name, runs.clone());
+    wait_until(Duration::from_secs(20), "every task to run", || {
+        assert!(!consumer.task.is_finished(), "the consumer stopped");
+        runs.distinct() == jobs.len()
+    })
+    .await;
+    consumer.stop.cancel();
+    consumer.task.await.unwrap().unwrap();
+    let refused = Consumer::builder()
+        .name(&name)
+        .redis(server.url())
+        .partitions(16)
+        .handler(Runs::default())
+        .run_until(std::future::pending())
+        .await
+        .unwrap_err();
+    assert!(
+        refused.to_string().contains("partitions"),
+        "refused without naming partitions: {refused}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

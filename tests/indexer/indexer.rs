@@ -740,7 +740,7 @@ async fn a_standalone_indexer_and_a_consumer_cannot_share_a_name() {
     for part in [
         "`kind` is indexer here but consumer for the service",
         "cannot share a name",
-        "Give the indexer a name of its own",
+        "Give it a name of its own",
     ] {
         assert!(msg.contains(part), "{msg}");
     }

@@ -253,6 +253,7 @@ async fn status_names_every_member_and_an_owner_for_every_partition() {
             "limits",
             "members",
             "partitions",
+            "singletons",
             "totals",
             "rates"
         ])

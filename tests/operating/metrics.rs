@@ -222,19 +222,20 @@ async fn a_singleton_that_panics_fails_or_returns_is_restarted_with_backoff() {
     let (server, name) = start("metrics-singleton");
     let starts: Arc<std::sync::Mutex<Vec<std::time::Instant>>> = Arc::default();
     let seen = starts.clone();
-    // Run 1 panics, run 2 fails, run 3 returns `Ok`, run 4 runs until told
-    // to stop.
+    // Run 1 panics before its future exists, run 2 in its future, run 3
+    // fails, run 4 returns `Ok`, run 5 runs until told to stop.
     let job = move |cx: peerq::singleton::SingletonContext| {
         let run = {
             let mut starts = seen.lock().unwrap();
             starts.push(std::time::Instant::now());
             starts.len()
         };
+        assert_ne!(run, 1, "the first run panics in the job's function");
         async move {
             match run {
-                1 => panic!("the first run panics"),
-                2 => Err(std::io::Error::other("the second run fails")),
-                3 => Ok(()),
+                2 => panic!("the second run panics"),
+                3 => Err(std::io::Error::other("the third run fails")),
+                4 => Ok(()),
                 _ => {
                     cx.cancelled().await;
                     Ok(())
@@ -252,8 +253,8 @@ async fn a_singleton_that_panics_fails_or_returns_is_restarted_with_backoff() {
         }));
     let stop = CancellationToken::new();
     let consumer = tokio::spawn(builder.run_until(stop.clone().cancelled_owned()));
-    wait_until(Duration::from_secs(15), "the fourth run", || {
-        starts.lock().unwrap().len() == 4
+    wait_until(Duration::from_secs(15), "the fifth run", || {
+        starts.lock().unwrap().len() == 5
     })
     .await;
     let labels = |outcome: &'static str| {
@@ -271,13 +272,13 @@ async fn a_singleton_that_panics_fails_or_returns_is_restarted_with_backoff() {
             runs("ok"),
             runs("interrupted")
         ),
-        (1, 1, 1, 0)
+        (2, 1, 1, 0)
     );
     let held = [("service", name.as_str()), ("name", "restarts")];
     assert_eq!(gauge(peerq::metrics::SINGLETON_HELD, &held), 1.0);
     // 100 ms after a run ended, doubling.
     let starts = starts.lock().unwrap().clone();
-    for (i, least) in [100, 200, 400].into_iter().enumerate() {
+    for (i, least) in [100, 200, 400, 800].into_iter().enumerate() {
         let gap = starts[i + 1] - starts[i];
         assert!(
             gap >= Duration::from_millis(least),
@@ -287,6 +288,6 @@ async fn a_singleton_that_panics_fails_or_returns_is_restarted_with_backoff() {
     }
     stop.cancel();
     consumer.await.unwrap().unwrap();
-    assert_eq!(runs("interrupted"), 1, "the leave stops the fourth run");
+    assert_eq!(runs("interrupted"), 1, "the leave stops the fifth run");
     assert_eq!(gauge(peerq::metrics::SINGLETON_HELD, &held), 0.0);
 }

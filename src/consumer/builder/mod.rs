@@ -143,9 +143,13 @@ impl<T, S, C: Codec> ConsumerBuilder<T, S, C> {
         /// the master of its slot).
     }
 
-    /// The number of partitions `P` (default 64). Service-wide.
+    /// The number of partitions `P` of a new service (default: the
+    /// service's, recorded in `{N}:meta` by its first producer or
+    /// consumer; 64 for a new one). Service-wide: given, it must be the
+    /// service's.
     pub fn partitions(mut self, partitions: u32) -> Self {
         self.settings.partitions = partitions;
+        self.settings.partitions_given = true;
         self
     }
 

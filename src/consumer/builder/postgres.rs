@@ -40,7 +40,8 @@ impl<T, S, C: Codec> ConsumerBuilder<T, S, C> {
     /// Runs an outbox relay in the instance (feature `postgres`): it moves
     /// the rows that [`Outbox::enqueue`](crate::postgres::Outbox::enqueue)
     /// wrote for this service into `pool`'s `peerq_outbox` to the
-    /// instance's Redis, with its codec and partitions, and stops with the
+    /// instance's Redis, with its codec and partitions (the service's, when
+    /// the consumer was given none), and stops with the
     /// instance. Every instance may run one: the relays share the lanes
     /// without a leader (see [`Relay`], which also runs alone). It takes
     /// one of the pool's connections for good and another while it claims
@@ -79,7 +80,7 @@ impl PostgresParts {
         self,
         name: &ServiceName,
         redis: Redis,
-        partitions: u32,
+        partitions: Option<u32>,
         span: &Span,
     ) -> Result<Sidecars> {
         let stop = CancellationToken::new();
@@ -89,9 +90,13 @@ impl PostgresParts {
                 .postgres(pool)
                 .name(name.as_str())
                 .codec(C::default())
-                .redis(redis)
-                .partitions(partitions)
-                .build()?;
+                .redis(redis);
+            // Not given to the consumer: its producer takes the service's.
+            let relay = match partitions {
+                Some(partitions) => relay.partitions(partitions),
+                None => relay,
+            };
+            let relay = relay.build()?;
             let stopped = stop.clone().cancelled_owned();
             running.push(tokio::spawn(
                 async move {

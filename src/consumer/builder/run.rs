@@ -96,7 +96,9 @@ where
         let sidecars = self.postgres.start::<C>(
             &name,
             connection::Redis::built(backend.clone(), &shown),
-            self.settings.partitions,
+            self.settings
+                .partitions_given
+                .then_some(self.settings.partitions),
             &span,
         )?;
         // Boxed: the runtime's future is deeply nested, and the compiler's
