@@ -13,6 +13,7 @@ extern crate peerq_test_support as support;
 mod batches;
 mod failover;
 mod replicas;
+mod singleton;
 mod tls;
 mod tracking;
 mod unique;

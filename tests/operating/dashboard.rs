@@ -10,6 +10,7 @@ mod batch;
 mod browser;
 mod headers;
 mod limits;
+mod singleton;
 mod task;
 mod unique;
 use std::collections::HashMap;
@@ -96,6 +97,15 @@ impl World {
                 .interval(Duration::from_millis(500))
                 .drain_timeout(Duration::from_millis(100))
                 .codec(Json)
+                // Held until the consumer leaves: the service page's
+                // `#singletons` (`dashboard/singleton.rs`).
+                .singleton(
+                    "sweeper",
+                    |cx: peerq::singleton::SingletonContext| async move {
+                        cx.cancelled().await;
+                        Ok::<_, std::io::Error>(())
+                    },
+                )
                 .handler(ship.clone())
                 .run_until(stop.clone().cancelled_owned()),
         );
