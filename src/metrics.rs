@@ -34,8 +34,8 @@ pub const TASKS_TOTAL: &str = "peerq_tasks_total";
 /// instance holds the singleton.
 pub const SINGLETON_RUNS_TOTAL: &str = "peerq_singleton_runs_total";
 /// Gauge, labelled `service` and `name`: 1 while this instance holds the
-/// singleton (from its acquire to its job's end at a release), 0 once it
-/// let go; absent on an instance that never held it.
+/// singleton (from its acquire to its job's end at a release), else 0
+/// (from the start, on every instance that declares it).
 pub const SINGLETON_HELD: &str = "peerq_singleton_held";
 /// Histogram of handler run times, in seconds, labelled `service`.
 pub const TASK_DURATION_SECONDS: &str = "peerq_task_duration_seconds";

@@ -158,6 +158,12 @@ impl Driver {
     fn new(mut setup: Setup, at_once: CancellationToken) -> Driver {
         let declared = std::mem::take(&mut setup.singletons);
         let names: Vec<Arc<str>> = declared.iter().map(|d| d.name.clone()).collect();
+        // 0 on every instance until it holds one: a dashboard sums the
+        // gauge over instances and finds each of them.
+        for name in &names {
+            metrics::gauge!(crate::metrics::SINGLETON_HELD, "service" => setup.service.to_string(), "name" => name.to_string())
+                .set(0.0);
+        }
         let jobs = declared.into_iter().map(|d| d.job).collect();
         let (lost_tx, lost) = mpsc::unbounded_channel();
         Driver {

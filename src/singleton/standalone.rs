@@ -24,6 +24,9 @@ use crate::lease::Lease;
 use crate::meta::{self, Kind};
 use crate::retry::{self, Backoff};
 
+/// A stop signal, as `crate::shutdown::signal` makes one.
+type Signal = std::pin::Pin<Box<dyn Future<Output = ()> + Send>>;
+
 /// The default drain timeout, as a consumer's.
 const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_millis(300);
 /// Waits between starts while Redis cannot be reached.
@@ -124,21 +127,42 @@ impl SingletonBuilder {
 
     /// Runs `job` whenever this instance holds the singleton, until SIGTERM
     /// or ctrl-c; then leaves gracefully (the job is cancelled, and the
-    /// next holder starts once its future has ended).
+    /// next holder starts once its future has ended). A second signal, or
+    /// `3 * interval + drain_timeout` after the first, leaves at once.
     pub async fn run<F, Fut, E>(self, job: F) -> Result<()>
     where
         F: Fn(SingletonContext) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = std::result::Result<(), E>> + Send + 'static,
         E: Into<BoxError> + 'static,
     {
-        self.run_until(job, crate::shutdown::signal()).await
+        self.start(
+            job,
+            crate::shutdown::signal(),
+            Some(crate::shutdown::signal),
+        )
+        .await
     }
 
-    /// Like [`run`](Self::run), but leaves when `signal` resolves.
+    /// Like [`run`](Self::run), but leaves when `signal` resolves (and at
+    /// once after the leave's time).
     pub async fn run_until<F, Fut, E>(
         self,
         job: F,
         signal: impl Future<Output = ()> + Send,
+    ) -> Result<()>
+    where
+        F: Fn(SingletonContext) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = std::result::Result<(), E>> + Send + 'static,
+        E: Into<BoxError> + 'static,
+    {
+        self.start(job, signal, None).await
+    }
+
+    async fn start<F, Fut, E>(
+        self,
+        job: F,
+        signal: impl Future<Output = ()> + Send,
+        again: Option<fn() -> Signal>,
     ) -> Result<()>
     where
         F: Fn(SingletonContext) -> Fut + Send + Sync + 'static,
@@ -172,7 +196,7 @@ impl SingletonBuilder {
             drain_timeout: self.drain_timeout,
             clock: self.clock,
         };
-        Box::pin(parts.run(signal).instrument(span)).await
+        Box::pin(parts.run(signal, again).instrument(span)).await
     }
 }
 
@@ -188,7 +212,11 @@ struct Parts {
 }
 
 impl Parts {
-    async fn run(self, signal: impl Future<Output = ()> + Send) -> Result<()> {
+    async fn run(
+        self,
+        signal: impl Future<Output = ()> + Send,
+        again: Option<fn() -> Signal>,
+    ) -> Result<()> {
         tokio::pin!(signal);
         let started = retry::until_ok(
             BACKOFF,
@@ -231,8 +259,27 @@ impl Parts {
         }
         info!("leaving: cancelling the job once this instance is out of the rounds");
         indexer.leave();
-        let leave_timeout = 3 * timing.interval + timing.drain_timeout;
-        singletons.finished(Instant::now() + leave_timeout).await;
+        let leave_by = Instant::now() + 3 * timing.interval + timing.drain_timeout;
+        let again = async move {
+            match again {
+                Some(make) => make().await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            _ = singletons.ended() => {}
+            _ = tokio::time::sleep_until(leave_by) => {
+                warn!("graceful leave timed out; leaving at once");
+                singletons.leave_at_once();
+            }
+            _ = again => {
+                warn!("second signal: leaving at once");
+                singletons.leave_at_once();
+            }
+        }
+        singletons
+            .finished(Instant::now() + Duration::from_secs(1))
+            .await;
         indexer.stop().await;
         info!("stopped");
         Ok(())

@@ -253,6 +253,13 @@ async fn a_singleton_that_panics_fails_or_returns_is_restarted_with_backoff() {
         }));
     let stop = CancellationToken::new();
     let consumer = tokio::spawn(builder.run_until(stop.clone().cancelled_owned()));
+    let held = [("service", name.as_str()), ("name", "restarts")];
+    // Registered from the start (at 0 until the acquire), on every
+    // instance that declares the singleton.
+    wait_until(Duration::from_secs(5), "the held gauge", || {
+        recorder::install().gauges(peerq::metrics::SINGLETON_HELD, &held) == 1
+    })
+    .await;
     wait_until(Duration::from_secs(15), "the fifth run", || {
         starts.lock().unwrap().len() == 5
     })
@@ -274,7 +281,6 @@ async fn a_singleton_that_panics_fails_or_returns_is_restarted_with_backoff() {
         ),
         (2, 1, 1, 0)
     );
-    let held = [("service", name.as_str()), ("name", "restarts")];
     assert_eq!(gauge(peerq::metrics::SINGLETON_HELD, &held), 1.0);
     // 100 ms after a run ended, doubling.
     let starts = starts.lock().unwrap().clone();

@@ -81,6 +81,16 @@ impl Readings {
             .sum()
     }
 
+    /// How many gauges `name` with `labels` were registered (set at least
+    /// once, to any value).
+    pub fn gauges(&self, name: &str, labels: &[(&str, &str)]) -> usize {
+        self.0
+            .get_gauge_handles()
+            .into_iter()
+            .filter(|(key, _)| matches(key, name, labels))
+            .count()
+    }
+
     /// The values the histograms `name` with `labels` hold.
     pub fn values(&self, name: &str, labels: &[(&str, &str)]) -> Vec<f64> {
         self.0
