@@ -21,8 +21,9 @@ pub(crate) struct Hold {
     pub(crate) stop: CancellationToken,
     /// Once released: when its drain ends (rule 1). Until then the job may
     /// still act, with or without a lease (a graceful leave revokes the
-    /// lease before its drains). Only ever brought forward: a fence or a
-    /// leave at once during a drain ends it now.
+    /// lease before its drains). Only ever brought forward: a leave at
+    /// once during a drain ends it now (a fence leaves a drain as it is:
+    /// its end lies before the next holder's deadline anyway, §4 rule 5).
     drain_until: watch::Sender<Option<Instant>>,
     /// Redis refused its acquire: another instance holds a newer token.
     lost: AtomicBool,
@@ -63,6 +64,11 @@ impl Hold {
             }
         });
         self.stop.cancel();
+    }
+
+    /// Resolves once the lease holds (at once if it does).
+    pub(crate) async fn leased(&self) {
+        self.lease.held().await;
     }
 
     /// When the drain ends, once released.

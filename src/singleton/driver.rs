@@ -63,7 +63,9 @@ pub(crate) struct Setup {
 /// The running driver: ends by itself after a graceful leave's marks.
 pub(crate) struct Singletons {
     at_once: CancellationToken,
-    done: tokio::task::JoinHandle<()>,
+    /// Aborted if the consumer's future is dropped rather than run to its
+    /// end: the holders' handles go with the driver, and their runs.
+    done: AbortOnDropHandle<()>,
     /// Whether `done` has been awaited to its end.
     ended: bool,
 }
@@ -72,11 +74,11 @@ impl Singletons {
     /// Starts following the standing (nothing runs for no singletons).
     pub(crate) fn spawn(setup: Setup) -> Singletons {
         let at_once = CancellationToken::new();
-        let done = if setup.singletons.is_empty() {
+        let done = AbortOnDropHandle::new(if setup.singletons.is_empty() {
             tokio::spawn(async {})
         } else {
             tokio::spawn(Driver::new(setup, at_once.clone()).run().in_current_span())
-        };
+        });
         Singletons {
             at_once,
             done,
@@ -93,8 +95,9 @@ impl Singletons {
         }
     }
 
-    /// Stops every job now (their runs dropped after the grace), writes no
-    /// marks; the next holders wait for their deadlines.
+    /// Stops every job now (their runs dropped after the grace): held units
+    /// are fenced (no marks; their next holders wait for the deadlines),
+    /// drains underway end now and then write the marks they vouch for.
     pub(crate) fn leave_at_once(&self) {
         self.at_once.cancel();
     }

@@ -99,7 +99,18 @@ impl Holder {
         held.set(1.0);
         info!(singleton = %self.name, token = self.token, "singleton acquired");
         let mut restarts = RESTARTS;
-        while !self.hold.stop.is_cancelled() && self.hold.holds() {
+        while !self.hold.stop.is_cancelled() {
+            if !self.hold.holds() {
+                // No lease now: either it lapsed (the driver's fence stops
+                // this hold soon) or it is not granted yet (the driver
+                // grants it right after the effects that started this
+                // holder); run once it holds.
+                tokio::select! {
+                    biased;
+                    _ = self.hold.stop.cancelled() => break,
+                    _ = self.hold.leased() => continue,
+                }
+            }
             tokio::select! {
                 biased;
                 _ = self.hold.stop.cancelled() => break,
@@ -132,8 +143,6 @@ impl Holder {
                 _ = tokio::time::sleep(wait) => {}
             }
         }
-        // Not ours any more (the lease ran out): wait for the driver's
-        // stop, which comes with the fence.
         self.hold.stop.cancelled().await;
         held.set(0.0);
         info!(singleton = %self.name, token = self.token, "singleton released");

@@ -288,14 +288,45 @@ impl Parts {
     /// One start: the service's settings checked (and recorded if first),
     /// then the rounds.
     async fn start(&self) -> Result<crate::indexer::IndexerHandle> {
-        // With the kind, so that a name a consumer or an indexer uses is
-        // refused with the advice to pick another, before anything is
-        // recorded there.
-        let fields = [
-            ("drain_timeout", fmt_duration(self.drain_timeout)),
-            Kind::Singleton.field(),
-        ];
-        meta::ensure(&mut self.conn.get().await?, &self.name, &fields).await?;
+        let started = self.attempt().await;
+        if started.as_ref().is_err_and(Error::is_transient) {
+            // A connection that failed half way may be broken: the next
+            // attempt takes a fresh one (as a consumer's start does).
+            self.conn.reset();
+        }
+        started
+    }
+
+    async fn attempt(&self) -> Result<crate::indexer::IndexerHandle> {
+        let mut conn = self.conn.get().await?;
+        // A queue's name that only producers used (they record partitions
+        // and no `kind`) is refused before anything is written there (the
+        // script records every absent field); a consumer's or an indexer's
+        // is refused on its `kind` below, also before any write.
+        let mut read = deadpool_redis::redis::cmd("HMGET");
+        read.arg(crate::keys::meta(&self.name))
+            .arg(meta::KIND)
+            .arg("partitions");
+        let (kind, partitions): (Option<String>, Option<String>) =
+            read.query_async(&mut conn).await?;
+        if kind.is_none() && partitions.is_some() {
+            return Err(Error::invalid(
+                "name",
+                format!(
+                    "`{}` is a queue's name (its producers recorded partitions in `{}`): a \
+                     standalone singleton needs a name of its own, or runs in the consumers \
+                     with `ConsumerBuilder::singleton`",
+                    self.name,
+                    crate::keys::meta(&self.name)
+                ),
+            ));
+        }
+        // The kind first and alone: a standalone indexer's name is refused
+        // before the drain timeout is written there.
+        meta::ensure(&mut conn, &self.name, &[Kind::Singleton.field()]).await?;
+        let fields = [("drain_timeout", fmt_duration(self.drain_timeout))];
+        meta::ensure(&mut conn, &self.name, &fields).await?;
+        drop(conn);
         Indexer::builder()
             .name(self.name.as_str())
             .redis(Redis::built(self.conn.backend().clone(), &self.shown))

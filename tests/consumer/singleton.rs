@@ -213,6 +213,19 @@ async fn a_pause_stops_the_job_and_a_resume_starts_it_again() {
     a.leave().await;
 }
 
+/// Why a standalone singleton of `name` does not start.
+async fn refused(url: &str, name: &str) -> peerq::Error {
+    Singleton::builder()
+        .name(name)
+        .redis(url)
+        .run_until(
+            |_cx: SingletonContext| async { Ok::<_, std::io::Error>(()) },
+            std::future::pending(),
+        )
+        .await
+        .unwrap_err()
+}
+
 /// A standalone singleton of `name` until `stop`.
 fn standalone(
     url: &str,
@@ -272,18 +285,36 @@ async fn a_standalone_singleton_runs_once_and_moves_when_its_holder_leaves() {
     let others: Runs = Arc::default();
     let consumer = consumer(&url, &taken, "c", &others, Duration::ZERO);
     started(&others, "the consumer runs").await;
-    let err = Singleton::builder()
-        .name(&taken)
-        .redis(url.as_str())
-        .run_until(
-            |_cx: SingletonContext| async { Ok::<_, std::io::Error>(()) },
-            std::future::pending(),
-        )
-        .await
-        .unwrap_err();
+    let err = refused(&url, &taken).await;
     assert!(
         matches!(&err, peerq::Error::SettingsMismatch(m) if m.settings.iter().any(|d| d.setting == "kind")),
         "{err}"
     );
     consumer.leave().await;
+
+    // A name only producers used is refused too, and nothing is written
+    // into its meta (no `kind` that would then refuse its consumers).
+    let queue = unique_name("queue");
+    let producer = peerq::Producer::connect(url.as_str(), &queue)
+        .await
+        .unwrap();
+    drop(producer);
+    let err = refused(&url, &queue).await;
+    assert!(
+        matches!(
+            &err,
+            peerq::Error::InvalidSetting {
+                setting: "name",
+                ..
+            }
+        ),
+        "{err}"
+    );
+    let mut conn = server.client().get_connection().unwrap();
+    let kind: Option<String> = deadpool_redis::redis::cmd("HGET")
+        .arg(format!("{{{queue}}}:meta"))
+        .arg("kind")
+        .query(&mut conn)
+        .unwrap();
+    assert_eq!(kind, None);
 }
