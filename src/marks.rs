@@ -5,14 +5,28 @@
 //! mark only moves forward.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::sync::LazyLock;
+use std::time::Duration;
 
 use deadpool_redis::redis::{self, Script};
+use tracing::{debug, error, warn};
 
 use crate::config::ServiceName;
 use crate::connection::SharedConnection;
 use crate::error::Result;
 use crate::keys;
+use crate::retry::Pauses;
+
+/// How often a driver's pending acquires read their marks (rule 3).
+pub(crate) const POLL_EVERY: Duration = Duration::from_millis(10);
+/// After a failed read of the marks.
+pub(crate) const POLL_BACKOFF: Duration = Duration::from_millis(100);
+/// Tries of one mark write: a lost mark only makes the successor wait for
+/// its deadline.
+const MARK_ATTEMPTS: u32 = 5;
+/// The pauses between two tries of a mark write: 50 ms, doubling.
+const MARK_PAUSES: Pauses = Pauses::new(Duration::from_millis(50), Duration::MAX);
 
 static MARK: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("scripts/mark.lua")));
 
@@ -30,6 +44,34 @@ pub(crate) async fn mark(
     // With `wait_for_replicas`, a mark a failover could lose is not
     // written: the successor would wait for its deadline.
     conn.write_script(&script).await
+}
+
+/// Rule 2: mark := max(mark, `epoch`) for field `p` (a partition's number
+/// or a singleton's field), tried [`MARK_ATTEMPTS`] times: the handover
+/// drivers' mark writes, each in a task of its own.
+pub(crate) async fn mark_retried(
+    conn: Arc<SharedConnection>,
+    name: ServiceName,
+    p: String,
+    epoch: u64,
+) {
+    let mut pauses = MARK_PAUSES;
+    for attempt in 1..=MARK_ATTEMPTS {
+        match mark(&conn, &name, &p, epoch).await {
+            Ok(_) => {
+                debug!(mark = %p, epoch, "marked released");
+                return;
+            }
+            Err(e) => {
+                warn!(mark = %p, epoch, attempt, cause = %e, "cannot write the release mark");
+                pauses.wait().await;
+            }
+        }
+    }
+    error!(
+        mark = %p,
+        epoch, "release mark not written; the next owner waits for its deadline"
+    );
 }
 
 /// A partition's release mark.

@@ -51,6 +51,25 @@ impl Kind {
     }
 }
 
+/// The partitions `{N}:meta` records for service `name` as `stored`: an
+/// error naming the setting when it is not 1 to 4096 (written by hand).
+/// What a producer or a consumer given none takes.
+pub(crate) fn recorded_partitions(name: &ServiceName, stored: &str) -> Result<u32> {
+    stored
+        .parse()
+        .ok()
+        .filter(|p| crate::config::validate_partitions(*p).is_ok())
+        .ok_or_else(|| {
+            Error::invalid(
+                "partitions",
+                format!(
+                    "`{}` records partitions = {stored:?}, which is not 1 to 4096",
+                    keys::meta(name)
+                ),
+            )
+        })
+}
+
 /// Records `fields` for the service where absent, and fails if any is stored
 /// with another value.
 pub(crate) async fn ensure<C: ConnectionLike + Send>(

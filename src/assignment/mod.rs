@@ -195,6 +195,19 @@ mod tests {
         assert!(a.owns(4, 10) && !a.owns(5, 10));
     }
 
+    /// Weights apply to singletons as to partitions (docs/design.md §20):
+    /// a member of weight 3 beside one of weight 1 holds about three
+    /// quarters of the names.
+    #[test]
+    fn a_heavier_member_holds_more_singletons() {
+        let members = Arc::new(Members::from_names(&["light@1", "heavy@3"]));
+        let heavy = Assignment::rendezvous(3, 2, 2, members, 1);
+        let held = (0..4000)
+            .filter(|i| heavy.holds_singleton(&format!("job-{i}")))
+            .count();
+        assert!((2800..3200).contains(&held), "{held} of 4000");
+    }
+
     proptest! {
         /// Every singleton has exactly one holder among indices
         /// 1..=replicas, and among the members of a rendezvous list.

@@ -87,14 +87,13 @@ where
         redis,
         backend,
         indexer,
-        settings,
+        mut settings,
         runner,
         standing: published,
         events,
         clock,
         singletons,
     } = parts;
-    let mut settings = settings;
     let conn = Arc::new(SharedConnection::new(backend));
     tokio::pin!(signal);
     if !settings.partitions_given {

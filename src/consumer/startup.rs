@@ -140,20 +140,7 @@ pub(super) async fn service_partitions(
         hget.arg(crate::keys::meta(name)).arg("partitions");
         let recorded: Option<String> = conn.query(&hget).await?;
         recorded
-            .map(|p| {
-                p.parse()
-                    .ok()
-                    .filter(|p| crate::config::validate_partitions(*p).is_ok())
-                    .ok_or_else(|| {
-                        Error::invalid(
-                            "partitions",
-                            format!(
-                                "`{}` records partitions = {p:?}, which is not 1 to 4096",
-                                crate::keys::meta(name)
-                            ),
-                        )
-                    })
-            })
+            .map(|p| meta::recorded_partitions(name, &p))
             .transpose()
     };
     retry::until_ok(BACKOFF, stop, read, |e, wait| {

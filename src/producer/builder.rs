@@ -211,21 +211,7 @@ fn settle(
     for diff in differ {
         match diff.setting.as_str() {
             "partitions" if set.is_none() => {
-                partitions = diff
-                    .stored
-                    .parse()
-                    .ok()
-                    .filter(|p| config::validate_partitions(*p).is_ok())
-                    .ok_or_else(|| {
-                        Error::invalid(
-                            "partitions",
-                            format!(
-                                "`{}` records partitions = {:?}, which is not 1 to 4096",
-                                crate::keys::meta(name),
-                                diff.stored
-                            ),
-                        )
-                    })?;
+                partitions = meta::recorded_partitions(name, &diff.stored)?;
             }
             _ => refused.push(diff),
         }

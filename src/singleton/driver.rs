@@ -33,17 +33,8 @@ use crate::instance::InstanceId;
 use crate::keys;
 use crate::lease::Lease;
 use crate::marks::{self, Mark};
-use crate::retry::Pauses;
 use crate::timing::Timing;
 use crate::transition::{Effect, Partitions, wake_at};
-
-/// How often pending acquires read their marks (as the partitions').
-const POLL_EVERY: Duration = Duration::from_millis(10);
-/// After a failed read of the marks.
-const POLL_BACKOFF: Duration = Duration::from_millis(100);
-/// Tries of one mark write: a lost mark only makes the next holder wait
-/// for its deadline.
-const MARK_ATTEMPTS: u32 = 5;
 
 /// A read of the marks, with the units it read them for.
 type MarksRead = (Vec<u32>, Result<Vec<Option<Mark>>>);
@@ -260,9 +251,9 @@ impl Driver {
             }
             Wake::Marked => {}
             Wake::Timer => {
+                // `apply` reads the marks when a read is due.
                 let effects = self.machine.tick(now);
                 self.apply(effects);
-                self.poll_marks();
             }
         }
     }
@@ -379,28 +370,19 @@ impl Driver {
 
     /// Rule 2: mark := max(mark, epoch), retried a few times.
     fn mark(&mut self, unit: u32, epoch: u64) {
-        let conn = self.setup.conn.clone();
-        let service = self.setup.service.clone();
-        let field = keys::singleton_mark(&self.names[unit as usize]);
-        let write = async move {
-            let mut pauses = Pauses::new(Duration::from_millis(50), Duration::MAX);
-            for attempt in 1..=MARK_ATTEMPTS {
-                match marks::mark(&conn, &service, &field, epoch).await {
-                    Ok(_) => return,
-                    Err(e) => {
-                        warn!(field, epoch, attempt, cause = %e, "cannot write a singleton's release mark");
-                        pauses.wait().await;
-                    }
-                }
-            }
-        };
+        let write = marks::mark_retried(
+            self.setup.conn.clone(),
+            self.setup.service.clone(),
+            keys::singleton_mark(&self.names[unit as usize]),
+            epoch,
+        );
         self.marks.spawn(write.in_current_span());
     }
 
     fn read_marks(&mut self, read: std::result::Result<MarksRead, tokio::task::JoinError>) {
         match read {
             Ok((waiting, Ok(read))) => {
-                self.next_poll = Instant::now() + POLL_EVERY;
+                self.next_poll = Instant::now() + marks::POLL_EVERY;
                 let epochs = waiting
                     .iter()
                     .zip(read)
@@ -411,9 +393,9 @@ impl Driver {
             }
             Ok((_, Err(e))) => {
                 warn!(service = %self.setup.service, cause = %e, "cannot read the singletons' release marks");
-                self.next_poll = Instant::now() + POLL_BACKOFF;
+                self.next_poll = Instant::now() + marks::POLL_BACKOFF;
             }
-            Err(_) => self.next_poll = Instant::now() + POLL_BACKOFF,
+            Err(_) => self.next_poll = Instant::now() + marks::POLL_BACKOFF,
         }
     }
 

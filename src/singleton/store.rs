@@ -1,5 +1,6 @@
 //! A service's singletons in Redis (docs/design.md §20): the holders'
-//! records in `{N}:singletons`, written by `singleton_acquire.lua`, and
+//! records in `{N}:singletons`, written by `acquire.lua` (the partitions'
+//! owner records' script, on a hash field), and
 //! the release marks, fields of `{N}:transition` beside the partitions'.
 
 use std::collections::BTreeMap;
@@ -15,7 +16,7 @@ use crate::keys;
 use crate::marks;
 
 static ACQUIRE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../scripts/singleton_acquire.lua")));
+    LazyLock::new(|| Script::new(include_str!("../scripts/acquire.lua")));
 
 /// The longest singleton name.
 pub(crate) const MAX_NAME: usize = 64;
@@ -51,7 +52,7 @@ pub(crate) async fn acquire(
 ) -> Result<std::result::Result<(), u64>> {
     let key = keys::singletons(service);
     let mut script = ACQUIRE.key(&key);
-    script.arg(singleton).arg(token).arg(id);
+    script.arg(token).arg(id).arg(singleton);
     let reply: i64 = conn.write_script(&script).await?;
     Ok(if reply == 1 {
         Ok(())

@@ -6,7 +6,7 @@
 use std::time::{Duration, SystemTime};
 
 use tokio::time::Instant;
-use tracing::{Instrument, debug, error, warn};
+use tracing::{Instrument, debug};
 
 use super::Handover;
 use crate::consumer::event::{PartitionChange, PartitionEvent};
@@ -14,15 +14,8 @@ use crate::consumer::store::PartitionStore;
 use crate::consumer::worker::Worker;
 use crate::marks::{self, Mark};
 use crate::metrics as m;
-use crate::retry::Pauses;
 use crate::timing;
 use crate::transition::Effect;
-
-/// Tries of one mark write: a lost mark only makes the successor wait for
-/// its deadline.
-const MARK_ATTEMPTS: u32 = 5;
-/// The pauses between two tries of a mark write: 50 ms, doubling.
-const MARK_PAUSES: Pauses = Pauses::new(Duration::from_millis(50), Duration::MAX);
 
 impl Handover {
     /// Carries out the state machine's effects, in order, and tells the
@@ -108,26 +101,12 @@ impl Handover {
 
     /// Rule 2: mark(p) := max(mark(p), epoch), retried a few times.
     fn mark(&mut self, p: u32, epoch: u64) {
-        let shared = self.shared.clone();
-        let write = async move {
-            let mut pauses = MARK_PAUSES;
-            for attempt in 1..=MARK_ATTEMPTS {
-                match marks::mark(&shared.conn, &shared.name, p, epoch).await {
-                    Ok(_) => {
-                        debug!(partition = p, epoch, "marked released");
-                        return;
-                    }
-                    Err(e) => {
-                        warn!(partition = p, epoch, attempt, cause = %e, "cannot write the release mark");
-                        pauses.wait().await;
-                    }
-                }
-            }
-            error!(
-                partition = p,
-                epoch, "release mark not written; the next owner waits for its deadline"
-            );
-        };
+        let write = marks::mark_retried(
+            self.shared.conn.clone(),
+            self.shared.name.clone(),
+            p.to_string(),
+            epoch,
+        );
         self.marks.spawn(write.in_current_span());
     }
 

@@ -11,7 +11,6 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::Duration;
 
 use metrics::Histogram;
 use tokio::sync::{broadcast, mpsc, watch};
@@ -33,11 +32,6 @@ use crate::timing::Timing;
 use crate::transition::Partitions;
 
 mod effects;
-
-/// How often pending acquires read `{N}:transition` for their marks.
-const POLL_EVERY: Duration = Duration::from_millis(10);
-/// After a failed read of the marks.
-const POLL_BACKOFF: Duration = Duration::from_millis(100);
 
 /// What woke the driver.
 #[derive(Debug)]
@@ -249,7 +243,7 @@ impl Handover {
                 self.apply(effects);
             }
             Wake::Marks(Ok(marks)) => {
-                self.next_poll = Instant::now() + POLL_EVERY;
+                self.next_poll = Instant::now() + marks::POLL_EVERY;
                 let epochs = marks.iter().map(|(p, mark)| (*p, mark.epoch)).collect();
                 self.marks_read = marks;
                 let effects = self.machine.marks(&epochs, now);
@@ -257,7 +251,7 @@ impl Handover {
             }
             Wake::Marks(Err(e)) => {
                 warn!(service = %self.shared.name, cause = %e, "cannot read the release marks");
-                self.next_poll = Instant::now() + POLL_BACKOFF;
+                self.next_poll = Instant::now() + marks::POLL_BACKOFF;
             }
             Wake::Report(Report::Fenced { partition, token }) => {
                 // Rule 8: that partition's work is dropped (the worker did
