@@ -12,9 +12,11 @@ use deadpool_redis::{HookError, PoolError};
 
 mod batch;
 mod duplicate;
+mod reshard;
 
 pub use batch::BatchRefused;
 pub use duplicate::{BatchDuplicates, Duplicate};
+pub use reshard::ReshardRefused;
 
 /// A `Result` with peerq's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -86,6 +88,10 @@ pub enum Error {
     /// Redis did not answer in time.
     #[error("redis did not answer within {0:?}")]
     Timeout(Duration),
+
+    /// A reshard did not start (docs/design.md §21): the refusal names why.
+    #[error("{0}")]
+    ReshardRefused(ReshardRefused),
 
     /// No service of this name has ever recorded its settings in this
     /// Redis: its `{N}:meta` does not exist (the name is misspelt, or the

@@ -5,6 +5,7 @@
 //! (`{N/p}:…`) share another, so every script touches keys of one slot only.
 
 use crate::config::ServiceName;
+use crate::partition::Shown;
 
 /// The key of one indexer round: a counter (`Incr`) or a sorted set (`Ranked`).
 pub(crate) fn round(name: &ServiceName, number: u64) -> String {
@@ -36,6 +37,12 @@ pub(crate) const META_PATTERN: &str = "{*}:meta";
 pub(crate) fn service_of_meta(key: &str) -> Option<ServiceName> {
     let name = key.strip_prefix('{')?.strip_suffix("}:meta")?;
     ServiceName::new(name).ok()
+}
+
+/// The service's layout (docs/design.md §21): the current generation of
+/// partitions, the one it replaces while a reshard runs, and its state.
+pub(crate) fn layout(name: &ServiceName) -> String {
+    format!("{{{name}}}:layout")
 }
 
 /// The hash of release marks: partition -> newest epoch it was released for.
@@ -144,89 +151,89 @@ pub(crate) const GROUP: &str = "peerq";
 /// The stream of partition `p`. `{N/p}` is its own hash tag, so under Redis
 /// Cluster the partitions spread over the slots.
 pub(crate) fn stream(name: &ServiceName, p: u32) -> String {
-    format!("{{{name}/{p}}}:stream")
+    format!("{{{name}/{}}}:stream", Shown(p))
 }
 
 /// The fencing record of partition `p`: `<epoch>:<instance id>`.
 pub(crate) fn owner(name: &ServiceName, p: u32) -> String {
-    format!("{{{name}/{p}}}:owner")
+    format!("{{{name}/{}}}:owner", Shown(p))
 }
 
 /// The delayed entries of partition `p` (retries waiting for their
 /// backoff), scored by due time in Redis milliseconds.
 pub(crate) fn delayed(name: &ServiceName, p: u32) -> String {
-    format!("{{{name}/{p}}}:delayed")
+    format!("{{{name}/{}}}:delayed", Shown(p))
 }
 
 /// The producer's record that an idempotency key was enqueued (in the
 /// task's partition, so one script checks it and adds the entry).
 pub(crate) fn dedup(name: &ServiceName, p: u32, key: &str) -> String {
-    format!("{{{name}/{p}}}:dedup:{key}")
+    format!("{{{name}/{}}}:dedup:{key}", Shown(p))
 }
 
 /// The unique keys of partition `p` held by tasks not final yet, one hash:
 /// unique key → `<where> <task id>`, where the task's entry is now
 /// (`s:<stream id>` or `d:<due ms>`; docs/design.md §16).
 pub(crate) fn unique(name: &ServiceName, p: u32) -> String {
-    format!("{{{name}/{p}}}:unique")
+    format!("{{{name}/{}}}:unique", Shown(p))
 }
 
 /// The latest due time of periodic job `job` that was triggered, in the
 /// job's partition `p`.
 pub(crate) fn cron(name: &ServiceName, p: u32, job: &str) -> String {
-    format!("{{{name}/{p}}}:cron:{job}")
+    format!("{{{name}/{}}}:cron:{job}", Shown(p))
 }
 
 /// Ordered partitions: the failed runs of partition `p`'s pending entries
 /// that failed at least once (entry id → count), since an ordered entry is
 /// retried in place and never rewritten (docs/design.md §6).
 pub(crate) fn failures(name: &ServiceName, p: u32) -> String {
-    format!("{{{name}/{p}}}:failures")
+    format!("{{{name}/{}}}:failures", Shown(p))
 }
 
 /// The records of partition `p`'s tracked tasks, one hash: task id → its
 /// record, MessagePack names and values (state, result, progress, …;
 /// `tracking::packed`, docs/design.md §14).
 pub(crate) fn tasks(name: &ServiceName, p: u32) -> String {
-    format!("{{{name}/{p}}}:tasks")
+    format!("{{{name}/{}}}:tasks", Shown(p))
 }
 
 /// The tracked tasks of partition `p` that run: task id →
 /// `instance|token|attempt|started_at` (docs/design.md §14), set for a
 /// batch at its start and removed as each task moves or ends.
 pub(crate) fn running(name: &ServiceName, p: u32) -> String {
-    format!("{{{name}/{p}}}:running")
+    format!("{{{name}/{}}}:running", Shown(p))
 }
 
 /// The cancel requests of partition `p`'s tasks not yet final: task id
 /// scored by the request's time (Unix ms). The scripts derive it from the
 /// records' key (`track.lua`).
 pub(crate) fn cancel_requests(name: &ServiceName, p: u32) -> String {
-    format!("{{{name}/{p}}}:cancel_requests")
+    format!("{{{name}/{}}}:cancel_requests", Shown(p))
 }
 
 /// The ids of partition `p`'s final tasks whose records are kept, oldest
 /// first: how the records' count is bounded.
 pub(crate) fn ended(name: &ServiceName, p: u32) -> String {
-    format!("{{{name}/{p}}}:ended")
+    format!("{{{name}/{}}}:ended", Shown(p))
 }
 
 /// When the ids of `ended` ended: `<end, Unix ms> <how many>`, one item per
 /// script that ended tasks, in the same order: how the records' time is
 /// bounded. The scripts name it after `ended` (`track.lua`).
 pub(crate) fn ended_at(name: &ServiceName, p: u32) -> String {
-    format!("{{{name}/{p}}}:ended_at")
+    format!("{{{name}/{}}}:ended_at", Shown(p))
 }
 
 /// The channel that hears the id of each task of partition `p` that
 /// became final (sharded on a Cluster: it lives in the partition's slot).
 pub(crate) fn final_channel(name: &ServiceName, p: u32) -> String {
-    format!("{{{name}/{p}}}:final")
+    format!("{{{name}/{}}}:final", Shown(p))
 }
 
 /// The dead letters of partition `p`.
 pub(crate) fn dead(name: &ServiceName, p: u32) -> String {
-    format!("{{{name}/{p}}}:dead")
+    format!("{{{name}/{}}}:dead", Shown(p))
 }
 
 /// The completion records of partition `p`'s batch members (docs/design.md
@@ -235,32 +242,32 @@ pub(crate) fn dead(name: &ServiceName, p: u32) -> String {
 /// partition's owner forwarded it to the batch. The scripts name it after
 /// the stream (`members.lua`).
 pub(crate) fn completions(name: &ServiceName, p: u32) -> String {
-    format!("{{{name}/{p}}}:completions")
+    format!("{{{name}/{}}}:completions", Shown(p))
 }
 
 /// The record of batch `<h>/<uuid>` (docs/design.md §19), a hash in the
 /// slot of its home partition `h`, where its callback is added.
 pub(crate) fn batch(name: &ServiceName, h: u32, uuid: &str) -> String {
-    format!("{{{name}/{h}}}:batch:{uuid}")
+    format!("{{{name}/{}}}:batch:{uuid}", Shown(h))
 }
 
 /// The dead members of batch `<h>/<uuid>`: task id → 1, for its
 /// callback's summary (a replayed one leaves).
 pub(crate) fn batch_members(name: &ServiceName, h: u32, uuid: &str) -> String {
-    format!("{{{name}/{h}}}:batch:{uuid}:m")
+    format!("{{{name}/{}}}:batch:{uuid}:m", Shown(h))
 }
 
 /// The results of batch `<h>/<uuid>`'s members, when it wants them (a
 /// flow's parent, a chain's next step): task id → the result's bytes.
 pub(crate) fn batch_results(name: &ServiceName, h: u32, uuid: &str) -> String {
-    format!("{{{name}/{h}}}:batch:{uuid}:r")
+    format!("{{{name}/{}}}:batch:{uuid}:r", Shown(h))
 }
 
 /// The members a cancel of batch `<h>/<uuid>` cancels (a flow's children
 /// and subflows, a chain's first step, a cancellable batch's members):
 /// `t:<p>/<task id>` and `b:<batch id>` → 1.
 pub(crate) fn batch_children(name: &ServiceName, h: u32, uuid: &str) -> String {
-    format!("{{{name}/{h}}}:batch:{uuid}:c")
+    format!("{{{name}/{}}}:batch:{uuid}:c", Shown(h))
 }
 
 /// One sequence of [`MajorityIds`](crate::ids::MajorityIds) on each of
@@ -303,6 +310,10 @@ mod tests {
         assert_eq!(batch_members(&n, 7, "u"), "{mail-sender/7}:batch:u:m");
         assert_eq!(batch_results(&n, 7, "u"), "{mail-sender/7}:batch:u:r");
         assert_eq!(batch_children(&n, 7, "u"), "{mail-sender/7}:batch:u:c");
+        // A later generation's unit (docs/design.md §21).
+        let u = crate::partition::unit(2, 7);
+        assert_eq!(stream(&n, u), "{mail-sender/2.7}:stream");
+        assert_eq!(owner(&n, u), "{mail-sender/2.7}:owner");
     }
 
     #[test]

@@ -160,6 +160,7 @@ pub mod postgres;
 mod presence;
 mod priority;
 pub mod producer;
+mod reshard;
 mod retry;
 mod shutdown;
 pub mod singleton;

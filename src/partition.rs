@@ -16,6 +16,57 @@ pub const DEFAULT_PARTITIONS: u32 = 64;
 /// dominates.
 pub const MAX_PARTITIONS: u32 = 4096;
 
+/// How many bits of a unit hold its number within its generation
+/// (docs/design.md §21): the rest hold the generation.
+const UNIT_BITS: u32 = 16;
+
+/// The unit of partition `index` of generation `generation`
+/// (docs/design.md §21): generation 0's units are the partition numbers.
+pub(crate) fn unit(generation: u32, index: u32) -> u32 {
+    debug_assert!(index < 1 << UNIT_BITS && generation < 1 << (32 - UNIT_BITS));
+    generation << UNIT_BITS | index
+}
+
+/// The generation unit `u` belongs to.
+pub(crate) fn generation_of(u: u32) -> u32 {
+    u >> UNIT_BITS
+}
+
+/// Unit `u`'s number within its generation.
+pub(crate) fn index_of(u: u32) -> u32 {
+    u & ((1 << UNIT_BITS) - 1)
+}
+
+/// How unit `u` is written in keys, marks, handles and labels: `i` in
+/// generation 0, `g.i` after, so no number is ever reused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Shown(pub(crate) u32);
+
+impl std::fmt::Display for Shown {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match generation_of(self.0) {
+            0 => write!(f, "{}", self.0),
+            g => write!(f, "{g}.{}", index_of(self.0)),
+        }
+    }
+}
+
+/// The unit written as `s` ([`Shown`]); `None` when `s` is no unit.
+pub(crate) fn parse_unit(s: &str) -> Option<u32> {
+    let plain = |t: &str| {
+        (!t.is_empty() && t.bytes().all(|b| b.is_ascii_digit()))
+            .then(|| t.parse::<u32>().ok())
+            .flatten()
+    };
+    match s.split_once('.') {
+        None => plain(s).filter(|&i| i < 1 << UNIT_BITS),
+        Some((g, i)) => {
+            let (g, i) = (plain(g)?, plain(i)?);
+            ((1..1 << (32 - UNIT_BITS)).contains(&g) && i < 1 << UNIT_BITS).then(|| unit(g, i))
+        }
+    }
+}
+
 /// FNV-1a 64 of `key`.
 pub(crate) fn fnv1a64(key: &[u8]) -> u64 {
     let mut h = FnvHasher::default();
@@ -55,7 +106,26 @@ mod tests {
         );
     }
 
+    #[test]
+    fn units_show_their_generation_after_the_first() {
+        assert_eq!(Shown(7).to_string(), "7");
+        assert_eq!(Shown(unit(3, 17)).to_string(), "3.17");
+        assert_eq!(parse_unit("7"), Some(7));
+        assert_eq!(parse_unit("3.17"), Some(unit(3, 17)));
+        assert_eq!(parse_unit("07"), Some(7));
+        for bad in ["", "0.5", "3.", ".3", "a", "3.1.2", "65536", "-1", "+3"] {
+            assert_eq!(parse_unit(bad), None, "{bad}");
+        }
+    }
+
     proptest! {
+        #[test]
+        fn a_unit_is_shown_and_read_back(g in 0u32..65_536, i in 0u32..65_536) {
+            let u = unit(g, i);
+            prop_assert_eq!((generation_of(u), index_of(u)), (g, i));
+            prop_assert_eq!(parse_unit(&Shown(u).to_string()), Some(u));
+        }
+
         #[test]
         fn partition_is_in_range(key: Vec<u8>, p in 1u32..=MAX_PARTITIONS) {
             prop_assert!(partition_of(&key, p) < p);

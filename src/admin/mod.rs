@@ -35,6 +35,7 @@ mod limits;
 mod members;
 mod partitions;
 mod periodic;
+mod reshard;
 mod services;
 mod status;
 mod task_headers;
@@ -52,6 +53,7 @@ pub use delayed::{Delayed, DelayedAction, DelayedTask};
 pub use members::Member;
 pub use partitions::PartitionState;
 pub use periodic::PeriodicJob;
+pub use reshard::{Resharded, ServiceLayout};
 pub use services::ServiceSummary;
 pub use status::{LimitsStatus, MinuteCounts, RateStatus, Rates, Status, Totals};
 

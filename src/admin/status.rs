@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use deadpool_redis::redis::{self, Value};
 use serde::Serialize;
 
+use super::ServiceLayout;
 use super::partitions::{self, PartitionState, parse};
 use super::{Admin, Member, Service, Settings, members};
 use crate::config::ServiceName;
@@ -20,7 +21,9 @@ use crate::singleton::{self, SingletonHolder};
 const RATE_MINUTES: u64 = 5;
 
 /// A service's state. Its JSON: `name`, `redis`, `at_ms`, `settings`,
-/// `paused` (null, or `at_ms` and `by`), `limits`, `members`, `partitions`,
+/// `paused` (null, or `at_ms` and `by`), `limits`, `layout` (`generation`,
+/// `partitions`, `state`, `from_generation`, `from_partitions`,
+/// `open_epoch`, `started_ms`, `opened_ms`), `members`, `partitions`,
 /// `singletons` (each `name`, `instance`, `token`, `since_ms`, `released`),
 /// `totals`, `rates`.
 #[derive(Debug, Clone, Serialize)]
@@ -38,6 +41,9 @@ pub struct Status {
     pub paused: Option<Pause>,
     /// The flow limits in force, and what waits on them.
     pub limits: LimitsStatus,
+    /// The generation of partitions in use, and a reshard under way
+    /// (docs/design.md §21).
+    pub layout: ServiceLayout,
     /// Its instances, by index (unassigned ones last).
     pub members: Vec<Member>,
     /// Its partitions, by number.
@@ -166,11 +172,12 @@ impl Service {
     /// pipeline and the partitions in another, sent together.
     pub async fn status(&self) -> Result<Status> {
         let conn = &self.admin.conn;
-        let (first, paused, limits, singletons) = tokio::join!(
+        let (first, paused, limits, singletons, layout) = tokio::join!(
             self.admin.now_ms(),
             pause::read(conn, &self.name),
             limits::read(conn, &self.name),
-            singleton::store::holders(conn, &self.name)
+            singleton::store::holders(conn, &self.name),
+            self.layout()
         );
         let (now_ms, paused, limits) = (first?, paused?, limits?.unwrap_or_default());
         let minute_now = now_ms / 60_000;
@@ -212,6 +219,7 @@ impl Service {
             settings: self.settings.clone(),
             paused,
             limits,
+            layout: layout?,
             totals,
             rates: rates(counts, started, now_ms),
             members,

@@ -12,6 +12,9 @@ pub use rendezvous::{DEFAULT_WEIGHT, MAX_WEIGHT, hash64};
 pub(crate) use rendezvous::{Member, Members};
 pub use standing::{FenceReason, Standing};
 
+use crate::partition;
+use crate::reshard::Layout;
+
 /// An assignment's numbers without its owners: what a task's context
 /// tells (copied per task, where the owners would cost a reference count).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -83,6 +86,9 @@ pub struct Assignment {
     /// How many instances took part in the round the index came from.
     pub replicas: u32,
     owner: Owner,
+    /// The layout the round read beside the count (docs/design.md §21);
+    /// `None`: the service was never resharded.
+    layout: Option<Arc<Layout>>,
 }
 
 /// How an assignment decides ownership.
@@ -104,6 +110,7 @@ impl Assignment {
             index,
             replicas,
             owner: Owner::Modulo,
+            layout: None,
         }
     }
 
@@ -121,6 +128,33 @@ impl Assignment {
             index,
             replicas,
             owner: Owner::Rendezvous { members, me },
+            layout: None,
+        }
+    }
+
+    /// The same assignment, formed with the layout its round read.
+    pub(crate) fn with_layout(mut self, layout: Option<Arc<Layout>>) -> Assignment {
+        self.layout = layout;
+        self
+    }
+
+    /// The layout its round read; `None`: the service was never resharded.
+    pub(crate) fn layout(&self) -> Option<&Layout> {
+        self.layout.as_deref()
+    }
+
+    /// Whether this assignment owns unit `u` (docs/design.md §21), of a
+    /// generation with `units` units: a unit of generation 0 as
+    /// [`owns`](Self::owns) a partition; a later one by its number within
+    /// its generation (modulo) or by the members' scores for the unit
+    /// (rendezvous), so no two generations share an owner table.
+    pub(crate) fn owns_unit(&self, u: u32, units: u32) -> bool {
+        if partition::generation_of(u) == 0 {
+            return self.owns(u, units);
+        }
+        match &self.owner {
+            Owner::Modulo => partition::index_of(u) % self.replicas == self.index - 1,
+            Owner::Rendezvous { members, me } => members.owner_of_unit(u) == Some(*me),
         }
     }
 

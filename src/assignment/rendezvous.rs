@@ -206,6 +206,13 @@ impl Members {
         Some(self.owner_of(partition))
     }
 
+    /// The position of the owner of unit `u` of a later generation
+    /// (docs/design.md §21), scored from the unit itself; `None` for an
+    /// empty list.
+    pub(crate) fn owner_of_unit(&self, u: u32) -> Option<usize> {
+        (!self.list.is_empty()).then(|| self.owner_of(u))
+    }
+
     fn compute(&self, partitions: u32) -> Vec<u32> {
         (0..partitions).map(|p| self.owner_of(p) as u32).collect()
     }

@@ -35,10 +35,13 @@ if write_by > 0 then
     written = -1
   end
 end
-local count, held, takers = false, false, 0
+-- KEYS[5] = {N}:layout: read with the count, so the assignment carries the
+-- layout that held when its count was read (docs/design.md §21).
+local count, held, takers, layout = false, false, 0, {}
 if ARGV[4] == '1' then
+  layout = redis.call('HGETALL', KEYS[5])
   count = redis.call('GET', KEYS[3])
   held = redis.call('HGET', KEYS[4], ARGV[1])
   takers = redis.call('HLEN', KEYS[4])
 end
-return {written, value, count, held, takers, now}
+return {written, value, count, held, takers, now, layout}

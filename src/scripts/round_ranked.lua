@@ -12,7 +12,11 @@
 -- KEYS[3] = {N}:<number - 2>   (rendezvous) the round before the previous
 -- KEYS[4] = {N}:<number - 1>:same   (rendezvous) whether the previous round's
 --           list equals the one before: compared once, by its first reader
--- Returns {written, rank or nil, count, redis time in µs, members, unchanged};
+-- KEYS[5] = {N}:layout         the service's layout (docs/design.md §21)
+-- Returns {written, rank or nil, count, redis time in µs, members, unchanged,
+-- layout}; layout is the flat field-value list of KEYS[5], read when the
+-- previous round is (ARGV[5]), so the assignment carries the layout that
+-- held when its count was read;
 -- written is 1, 0 (not asked) or -1 (refused: too late); members is the
 -- previous round's member names in rank order, or empty when not asked or
 -- unchanged; unchanged is 1 when the caller's list (ARGV[7]) still holds.
@@ -52,8 +56,9 @@ local function same_lists(a, b)
   return true
 end
 
-local rank, count, members, unchanged = false, 0, {}, 0
+local rank, count, members, unchanged, layout = false, 0, {}, 0, {}
 if ARGV[5] == '1' then
+  layout = redis.call('HGETALL', KEYS[5])
   rank = redis.call('ZRANK', KEYS[2], ARGV[1])
   count = redis.call('ZCARD', KEYS[2])
   -- Read with the rank and the count: every instance reads one final list
@@ -76,4 +81,4 @@ if ARGV[5] == '1' then
     end
   end
 end
-return {written, rank, count, now, members, unchanged}
+return {written, rank, count, now, members, unchanged, layout}

@@ -66,7 +66,7 @@ impl TaskHandle {
 impl fmt::Display for TaskHandle {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self.partition {
-            Some(p) => write!(f, "{p}/{}", self.id),
+            Some(p) => write!(f, "{}/{}", crate::partition::Shown(p), self.id),
             None => write!(f, "{}", self.id),
         }
     }
@@ -76,12 +76,13 @@ impl FromStr for TaskHandle {
     type Err = Error;
 
     /// `<partition>/<task id>`, or a bare task id; refused (naming `id`)
-    /// when empty or when the partition is not a number.
+    /// when empty or when the partition is not one (`7`, or `2.7` for
+    /// partition 7 of generation 2, docs/design.md §21).
     fn from_str(s: &str) -> Result<Self> {
         let s = s.trim();
         let (partition, id) = match s.split_once('/') {
             Some((p, id)) => {
-                let p = p.parse::<u32>().map_err(|_| {
+                let p = crate::partition::parse_unit(p).ok_or_else(|| {
                     Error::invalid(
                         "id",
                         format!("`{s}` is no task handle; use <partition>/<task id>, or the bare task id"),

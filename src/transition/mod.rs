@@ -18,8 +18,13 @@
 //! A machine can also move singletons (docs/design.md §20): unit
 //! `partitions + k` is the `k`-th singleton name, held where the
 //! assignment places that name, under the same rules.
+//!
+//! Partitions are units of a generation (docs/design.md §21): the units an
+//! assignment may own are those of the generation its layout makes live in
+//! its epoch, and a generation's units are acquired at once in the first
+//! epoch it is live after a reshard (no instance owned them before).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -29,6 +34,8 @@ use tokio::time::Instant;
 
 use crate::assignment::Assignment;
 use crate::lease::Lease;
+use crate::partition;
+use crate::reshard::Generation;
 use crate::timing::Timing;
 
 mod state;
@@ -39,7 +46,11 @@ pub(crate) use state::{Effect, State};
 #[derive(Debug)]
 pub(crate) struct Partitions {
     timing: Timing,
+    /// Generation 0's units: its partitions times the levels.
     partitions: u32,
+    /// The priority levels (docs/design.md §17): a generation of `P`
+    /// partitions has `P * levels` units.
+    levels: u32,
     /// The singletons' names: unit `partitions + k` is `singletons[k]`.
     singletons: Vec<Arc<str>>,
     states: BTreeMap<u32, State>,
@@ -52,6 +63,7 @@ impl Partitions {
         Partitions {
             timing,
             partitions,
+            levels: 1,
             singletons: Vec::new(),
             states: BTreeMap::new(),
             last_epoch: None,
@@ -63,23 +75,64 @@ impl Partitions {
         Partitions {
             timing,
             partitions: 0,
+            levels: 1,
             singletons: names,
             states: BTreeMap::new(),
             last_epoch: None,
         }
     }
 
-    /// How many units the machine moves: partitions, then singletons.
-    fn units(&self) -> u32 {
-        self.partitions + self.singletons.len() as u32
+    /// A machine of partitions with `levels` priority levels (its
+    /// `partitions` are generation 0's units, every level's).
+    pub(crate) fn with_levels(mut self, levels: u32) -> Self {
+        self.levels = levels.max(1);
+        self
+    }
+
+    /// The generation whose units assignment `a` may own, and its unit
+    /// count: generation 0 while the service was never resharded.
+    fn live(&self, a: &Assignment) -> (Generation, u32) {
+        let live = a.layout().map_or(
+            Generation {
+                number: 0,
+                partitions: self.partitions / self.levels,
+            },
+            |l| l.live(a.epoch),
+        );
+        (live, live.partitions * self.levels)
+    }
+
+    /// The units assignment `a` may concern: the live generation's, the
+    /// singletons', and every unit with a state here.
+    fn units(&self, a: &Assignment) -> BTreeSet<u32> {
+        let mut units: BTreeSet<u32> = self.states.keys().copied().collect();
+        if self.partitions > 0 {
+            units.extend(self.live(a).0.units(self.levels));
+        }
+        units.extend(self.partitions..self.partitions + self.singletons.len() as u32);
+        units
+    }
+
+    /// The units with a state: all that a fence, a leave or a mark can
+    /// change (an idle unit stays idle).
+    fn stated(&self) -> Vec<u32> {
+        self.states.keys().copied().collect()
     }
 
     /// Whether assignment `a` owns unit `u`.
     fn owns(&self, a: &Assignment, u: u32) -> bool {
-        match u.checked_sub(self.partitions) {
-            None => a.owns(u, self.partitions),
-            Some(k) => a.holds_singleton(&self.singletons[k as usize]),
+        if partition::generation_of(u) == 0
+            && let Some(k) = u.checked_sub(self.partitions)
+        {
+            return self
+                .singletons
+                .get(k as usize)
+                .is_some_and(|name| a.holds_singleton(name));
         }
+        let (live, units) = self.live(a);
+        partition::generation_of(u) == live.number
+            && partition::index_of(u) < units
+            && a.owns_unit(u, units)
     }
 
     /// The state of partition `p`.
@@ -151,11 +204,23 @@ impl Partitions {
         let continuous = self.last_epoch == Some(e.wrapping_sub(1));
         self.last_epoch = Some(e);
         let deadline = self.timing.deadline(e);
-        for p in 0..self.units() {
+        // A generation's first live epoch after a reshard: no instance
+        // owned its units before, so nothing is waited for.
+        let fresh = a.layout().and_then(|l| {
+            l.first_epoch(l.current.number)
+                .map(|o| (l.current.number, o))
+        });
+        for p in self.units(&a) {
             let owns = self.owns(&a, p);
             let from = self.state(p);
             let to = match (from, owns) {
                 (State::Idle, false) => State::Idle,
+                (State::Idle, true) if fresh == Some((partition::generation_of(p), e)) => {
+                    State::Acquiring {
+                        epoch: e,
+                        deadline: now,
+                    }
+                }
                 (State::Idle, true) => State::Acquiring { epoch: e, deadline },
                 // Kept partitions never pause.
                 (State::Owned { token, .. }, true) => State::Owned { token, epoch: e },
@@ -210,7 +275,7 @@ impl Partitions {
     pub(crate) fn fence(&mut self) -> Vec<Effect> {
         let mut effects = Vec::new();
         self.last_epoch = None;
-        for p in 0..self.units() {
+        for p in self.stated() {
             let from = self.state(p);
             let to = match from {
                 State::Owned { .. } => Self::stop_now(p, &mut effects),
@@ -232,7 +297,7 @@ impl Partitions {
         let mut effects = Vec::new();
         let continuous = self.last_epoch == Some(number.wrapping_sub(1));
         self.last_epoch = None;
-        for p in 0..self.units() {
+        for p in self.stated() {
             let from = self.state(p);
             let to = match from {
                 State::Owned {
@@ -348,7 +413,8 @@ impl Partitions {
     fn settle(&mut self, now: Duration, marks: &BTreeMap<u32, u64>) -> Vec<Effect> {
         let mut effects = Vec::new();
         // Twice: a finished moot wait can start an acquire that is done too.
-        for p in (0..self.units()).chain(0..self.units()) {
+        let stated = self.stated();
+        for p in stated.iter().chain(&stated).copied() {
             let from = self.state(p);
             let done = |epoch: u64, deadline: Duration| {
                 now >= deadline || marks.get(&p).is_some_and(|m| *m >= epoch)
@@ -422,5 +488,7 @@ pub(crate) fn wake_at(
     wake
 }
 
+#[cfg(test)]
+mod reshard_tests;
 #[cfg(test)]
 mod tests;

@@ -13,6 +13,7 @@
 mod ids;
 mod limit;
 mod migrate;
+mod reshard;
 mod task;
 mod task_headers;
 mod unique;
@@ -251,6 +252,7 @@ async fn status_names_every_member_and_an_owner_for_every_partition() {
             "settings",
             "paused",
             "limits",
+            "layout",
             "members",
             "partitions",
             "singletons",

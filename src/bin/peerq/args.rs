@@ -88,6 +88,15 @@ pub(crate) enum Command {
     },
     /// Resumes a paused service.
     Resume(Named),
+    /// Changes a running service's partition count: producers write the
+    /// new layout at once, the old one drains, then the new one is live.
+    Reshard {
+        #[command(flatten)]
+        named: Named,
+        /// The new count of partitions (per priority level), 1 to 4096.
+        #[arg(long, value_name = "P")]
+        partitions: u32,
+    },
     /// One tracked task: its state, result and progress; cancel it; wait
     /// for its end.
     Task {

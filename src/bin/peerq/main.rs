@@ -13,6 +13,7 @@
 //! peerq enqueue --name N --json '{…}' [--key K] [--delay 10s] [--idempotency-key K]
 //! peerq pause --name N [--by WHO] [--json]
 //! peerq resume --name N [--json]
+//! peerq reshard --name N --partitions P [--json]
 //! peerq task show|cancel --name N --id HANDLE [--json]
 //! peerq task wait --name N --id HANDLE [--timeout 30s] [--json]
 //! peerq tracking show|off --name N [--json]
@@ -43,6 +44,7 @@ mod batch;
 mod ids;
 mod limit;
 mod migrate;
+mod reshard;
 mod show;
 mod table;
 mod task;
@@ -258,6 +260,7 @@ async fn run(redis: Redis, command: Command) -> Result<String, String> {
         Command::Batch { command } => batch::batch(&admin, command).await,
         Command::Tracking { command } => task::tracking(&admin, command).await,
         Command::Limit { command } => limit::limit(&admin, command).await,
+        Command::Reshard { named, partitions } => reshard::reshard(&admin, named, partitions).await,
         Command::Resume(named) => {
             let service = service(&admin, &named.name).await?;
             let resumed = Resumed {

@@ -72,6 +72,18 @@ pub(crate) fn status(status: &Status) -> String {
     }
     settings.push(format!("ordered {}", opt(s.ordered)));
     let _ = writeln!(out, "settings: {}", settings.join(", "));
+    let l = &status.layout;
+    if l.state != "settled" || l.generation > 0 {
+        let from = match (l.from_generation, l.from_partitions) {
+            (Some(g), Some(p)) => format!(" from generation {g} ({p} partitions)"),
+            _ => String::new(),
+        };
+        let _ = writeln!(
+            out,
+            "layout: generation {} ({} partitions), {}{from}",
+            l.generation, l.partitions, l.state
+        );
+    }
     match &status.paused {
         Some(p) => {
             let _ = writeln!(

@@ -84,11 +84,12 @@ impl Handover {
         events: broadcast::Sender<PartitionEvent>,
     ) -> Self {
         let partitions = shared.settings.streams();
+        let levels = shared.settings.levels().count();
         let service = shared.name.to_string();
         let pause = metrics::histogram!(m::HANDOVER_PAUSE_SECONDS, "service" => service);
         Handover {
             shared,
-            machine: Partitions::new(timing, partitions),
+            machine: Partitions::new(timing, partitions).with_levels(levels),
             timing,
             lease,
             leased: false,

@@ -25,6 +25,7 @@ use crate::indexer::IndexerSettings;
 use crate::instance::InstanceId;
 use crate::metrics as m;
 use crate::presence::Presence;
+use crate::reshard::Layout;
 
 /// How long a round key lives, in intervals: it is written during one
 /// interval and read in the next round, at most 1.5 intervals later.
@@ -232,7 +233,9 @@ impl RoundLoop {
             Written::NotAsked => {}
         }
         Ok(match reply.prev {
-            Some((index, replicas)) => self.assignment(number, index, replicas, reply.members),
+            Some((index, replicas)) => {
+                self.assignment(number, index, replicas, reply.members, reply.layout)
+            }
             None if *self.tx.borrow() == Standing::Joining => Standing::Joining,
             None => Standing::Fenced {
                 epoch: number,
@@ -281,11 +284,12 @@ impl RoundLoop {
         index: Option<u64>,
         replicas: Option<u64>,
         read: Read,
+        layout: Option<Arc<Layout>>,
     ) -> Standing {
         let (index, replicas) = (index.unwrap_or(0), replicas.unwrap_or(0));
         if let Some(a) = checked_assignment(number, index, replicas) {
             if self.settings.assignor == Assignor::Modulo {
-                return Standing::Assigned(a);
+                return Standing::Assigned(a.with_layout(layout));
             }
             let members = self.listed.members(number, read);
             let listed = members.as_ref().map_or(0, |m| m.list().len());
@@ -293,7 +297,7 @@ impl RoundLoop {
                 && let Some(me) = members.position(self.id.as_str())
             {
                 let a = Assignment::rendezvous(number, a.index, a.replicas, members, me);
-                return Standing::Assigned(a);
+                return Standing::Assigned(a.with_layout(layout));
             }
             // Never a guess: without this instance in a full list the
             // epoch's owners are unknown here, so the epoch is missed.

@@ -2,7 +2,8 @@
 //! `round_incr.lua`) and how its reply reads. The loop around it, and what
 //! the reply means for the instance's standing, are the round module's.
 
-use std::sync::LazyLock;
+use std::collections::HashMap;
+use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use deadpool_redis::redis::{self, Script, Value};
@@ -15,6 +16,7 @@ use crate::error::Result;
 use crate::indexer::Indexing;
 use crate::indexer::listed::Read;
 use crate::keys;
+use crate::reshard::Layout;
 
 static ROUND_RANKED: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../scripts/round_ranked.lua")));
@@ -32,6 +34,9 @@ pub(super) struct RoundReply {
     pub(super) members: Read,
     /// Redis's clock when the script ran.
     pub(super) redis_now: Duration,
+    /// The service's layout, read with the count (docs/design.md §21):
+    /// `None` for a service never resharded.
+    pub(super) layout: Option<Arc<Layout>>,
 }
 
 /// Whether the round's write landed.
@@ -74,6 +79,7 @@ impl RoundLoop {
                     .key(keys::round(&self.name, number - 1))
                     .key(keys::round(&self.name, number.saturating_sub(2)))
                     .key(keys::round_same(&self.name, number - 1))
+                    .key(keys::layout(&self.name))
                     .arg(Member::name(self.id.as_str(), self.settings.weight))
                     // The score is the offset: the rank is the order in which
                     // instances act, decided by the offsets, not by the network.
@@ -95,6 +101,7 @@ impl RoundLoop {
                     .key(keys::round_takers(&self.name, number))
                     .key(keys::round(&self.name, number - 1))
                     .key(keys::round_takers(&self.name, number - 1))
+                    .key(keys::layout(&self.name))
                     .arg(self.id.as_str())
                     .arg(ttl)
                     .arg(write_by)
@@ -154,6 +161,16 @@ impl RoundLoop {
             }
             Indexing::Incr => Read::Names(Vec::new()),
         };
+        let layout: HashMap<String, String> = parse(&mut values)?;
+        let layout = Layout::from_fields(&layout)
+            .map_err(|e| {
+                redis::RedisError::from((
+                    redis::ErrorKind::UnexpectedReturnType,
+                    "the service's layout does not read",
+                    e,
+                ))
+            })?
+            .map(Arc::new);
         let written = match written {
             1 => Written::Yes(written_value),
             0 => Written::NotAsked,
@@ -166,6 +183,7 @@ impl RoundLoop {
             prev,
             members,
             redis_now: Duration::from_micros(redis_now),
+            layout,
         })
     }
 }
