@@ -2,7 +2,7 @@
 //! name and a `produce`, and watch them split the work.
 //!
 //! ```text
-//! mail_sender consume --redis URL [--cluster] [--tls-ca FILE] [--tls-cert FILE --tls-key FILE] [--wait-for-replicas N] --name NAME [--partitions N] [--indexing ranked|incr] [--assignor modulo|rendezvous] [--weight N] [--interval-ms N] [--drain-ms N] [--skew-ms N] [--work-ms N] [--print-tasks] [--print-events] [--http ADDR] [--codec json|bincode] [--track] [--rate-limit N] [--concurrency-per-key N] [--priorities LEVELS] [--singleton NAME]...
+//! mail_sender consume --redis URL [--cluster] [--tls-ca FILE] [--tls-cert FILE --tls-key FILE] [--wait-for-replicas N] --name NAME [--partitions N] [--indexing ranked|incr] [--assignor modulo|rendezvous] [--weight N] [--interval-ms N] [--drain-ms N] [--skew-ms N] [--work-ms N] [--print-tasks] [--print-events] [--http ADDR] [--codec json|bincode] [--track] [--rate-limit N] [--concurrency-per-key N] [--priorities LEVELS] [--ordered] [--singleton NAME]...
 //! mail_sender produce --redis URL [--cluster] [--tls-ca FILE] [--tls-cert FILE --tls-key FILE] [--wait-for-replicas N] --name NAME [--partitions N] --count N [--batch N] [--rate N] [--print-enqueued] [--codec json|bincode] [--print-ids] [--keys K] [--first-seq N] [--priority high|normal|low] [--priorities LEVELS]
 //! ```
 //!
@@ -18,11 +18,11 @@
 //!
 //! With `--print-tasks` a consumer prints, on stdout, a line when a task's
 //! handler starts and one when it succeeded (before the task is acked):
-//! `start seq=<seq> [key=<key>] partition=<p> epoch=<e> token=<t> attempt=<a> at=<µs>` and
-//! `handled seq=<seq> [key=<key>] id=<task id> partition=<p> index=<i> replicas=<r> epoch=<e> token=<t> attempt=<a> checked_at=<µs> at=<µs>`
+//! `start seq=<seq> [key=<key>] partition=<p> generation=<g> epoch=<e> token=<t> attempt=<a> at=<µs>` and
+//! `handled seq=<seq> [key=<key>] id=<task id> partition=<p> generation=<g> index=<i> replicas=<r> epoch=<e> token=<t> attempt=<a> checked_at=<µs> at=<µs>`
 //! (`at`: microseconds since the Unix epoch; `checked_at`: right before the
 //! `TaskContext::still_owned` check that passed, before the line is printed). With `--print-events` it prints
-//! its partitions' changes, `event partition=<p> change=started|stopped|drained token=<t> at=<µs>`,
+//! its partitions' changes, `event partition=<p> generation=<g> change=started|stopped|drained token=<t> at=<µs>`,
 //! and its standing, `standing kind=assigned epoch=<e> index=<i> replicas=<r> at=<µs>`
 //! or `standing kind=fenced|left epoch=<e> at=<µs>`. Without either, one
 //! status line per second. Logs go to stderr.
@@ -195,6 +195,11 @@ struct Settings {
     /// --concurrency-per-key N` does).
     #[arg(long, value_name = "N")]
     concurrency_per_key: Option<u32>,
+    /// Run each partition's tasks one at a time, in their order (the
+    /// service's setting; with `--priorities normal`: ordered partitions
+    /// have no levels).
+    #[arg(long)]
+    ordered: bool,
     #[command(flatten)]
     levels: LevelsArg,
     /// Also run singleton job NAME (repeatable): it prints `singleton
@@ -332,10 +337,11 @@ impl HandlerWithResult for SendMail {
     async fn handle(&self, mail: Mail, cx: TaskContext) -> Result<Sent, HandlerError> {
         if self.print {
             say(&format!(
-                "start seq={}{} partition={} epoch={} token={} attempt={} at={}",
+                "start seq={}{} partition={} generation={} epoch={} token={} attempt={} at={}",
                 mail.seq,
                 keyed(&cx),
                 cx.partition(),
+                cx.generation(),
                 cx.epoch(),
                 cx.fencing_token(),
                 cx.attempt(),
@@ -366,11 +372,12 @@ impl HandlerWithResult for SendMail {
         }
         if self.print {
             say(&format!(
-                "handled seq={}{} id={} partition={} index={} replicas={} epoch={} token={} attempt={} checked_at={checked_at} at={}",
+                "handled seq={}{} id={} partition={} generation={} index={} replicas={} epoch={} token={} attempt={} checked_at={checked_at} at={}",
                 mail.seq,
                 keyed(&cx),
                 cx.task_id(),
                 cx.partition(),
+                cx.generation(),
                 cx.index(),
                 cx.replicas(),
                 cx.epoch(),
@@ -527,6 +534,9 @@ async fn consume<C: Codec>(
     if let Some(partitions) = settings.partitions {
         builder = builder.partitions(partitions);
     }
+    if settings.ordered {
+        builder = builder.ordered(true);
+    }
     for name in &settings.singleton {
         builder = builder.singleton(name, ticker);
     }
@@ -668,7 +678,12 @@ async fn events(
                         PartitionChange::Drained => ("drained", 0),
                         _ => ("other", 0),
                     };
-                    format!("event partition={} change={change} token={token} at={}", e.partition, micros(e.at))
+                    format!(
+                        "event partition={} generation={} change={change} token={token} at={}",
+                        e.partition,
+                        e.generation,
+                        micros(e.at)
+                    )
                 }
                 Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => format!("lagged events={n}"),
                 Err(_) => return,
@@ -715,10 +730,10 @@ async fn status(
             event = events.recv() => match event {
                 Ok(e) => match e.change {
                     PartitionChange::Started { .. } => {
-                        owned.insert(e.partition);
+                        owned.insert((e.generation, e.partition));
                     }
                     PartitionChange::Stopped => {
-                        owned.remove(&e.partition);
+                        owned.remove(&(e.generation, e.partition));
                     }
                     _ => {}
                 },

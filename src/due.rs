@@ -28,12 +28,16 @@ use crate::config::ServiceName;
 use crate::connection::SharedConnection;
 use crate::error::Result;
 use crate::keys;
+use crate::partition::{Shown, parse_unit};
 
 /// The notice that partition `p` of service `name` holds a delayed task due
 /// at `due_ms` (Unix ms, Redis's clock): an earlier notice of `p` stays.
 pub(crate) fn notice(name: &ServiceName, p: u32, due_ms: u64) -> redis::Cmd {
     let mut cmd = redis::cmd("ZADD");
-    cmd.arg(keys::due(name)).arg("LT").arg(due_ms).arg(p);
+    cmd.arg(keys::due(name))
+        .arg("LT")
+        .arg(due_ms)
+        .arg(Shown(p).to_string());
     cmd
 }
 
@@ -51,7 +55,7 @@ pub(crate) async fn noticed(
         .arg("BYSCORE");
     let members: Vec<String> = conn.query(&cmd).await?;
     // Anything else in the key is not a partition's notice.
-    Ok(members.iter().filter_map(|m| m.parse().ok()).collect())
+    Ok(members.iter().filter_map(|m| parse_unit(m)).collect())
 }
 
 /// Removes the notices of `partitions` (before their owner looks).
@@ -64,7 +68,10 @@ pub(crate) async fn clear(
         return Ok(());
     }
     let mut cmd = redis::cmd("ZREM");
-    cmd.arg(keys::due(name)).arg(partitions);
+    cmd.arg(keys::due(name));
+    for p in partitions {
+        cmd.arg(Shown(*p).to_string());
+    }
     conn.query(&cmd).await
 }
 

@@ -25,7 +25,10 @@
 //! (`Entry::read`, `Entry::decode`): an entry too large, malformed or not
 //! decodable is `Unrunnable`, and its `reason()` is the dead letter's.
 
+mod packed;
 mod raw;
+
+pub(crate) use packed::{take, unpack_strings, unsigned};
 
 use std::borrow::Cow;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};

@@ -154,6 +154,25 @@ pub(crate) fn stream(name: &ServiceName, p: u32) -> String {
     format!("{{{name}/{}}}:stream", Shown(p))
 }
 
+/// Present once partition `p` is sealed by a reshard (docs/design.md §21):
+/// the new generation's number. Scripts that add entries find it.
+pub(crate) fn sealed(name: &ServiceName, p: u32) -> String {
+    format!("{{{name}/{}}}:sealed", Shown(p))
+}
+
+/// Present once sealed partition `p` is empty and retired
+/// (docs/design.md §21); never removed.
+pub(crate) fn retired(name: &ServiceName, p: u32) -> String {
+    format!("{{{name}/{}}}:retired", Shown(p))
+}
+
+/// The dead letters moved into partition `p` by a reshard, by their
+/// source reference (docs/design.md §21), so a move repeated after a crash
+/// adds none twice; a week's expiry.
+pub(crate) fn moved(name: &ServiceName, p: u32) -> String {
+    format!("{{{name}/{}}}:moved", Shown(p))
+}
+
 /// The fencing record of partition `p`: `<epoch>:<instance id>`.
 pub(crate) fn owner(name: &ServiceName, p: u32) -> String {
     format!("{{{name}/{}}}:owner", Shown(p))

@@ -16,6 +16,7 @@ use crate::config::ServiceName;
 use crate::connection::SharedConnection;
 use crate::error::Result;
 use crate::keys;
+use crate::partition::Shown;
 use crate::retry::Pauses;
 
 /// How often a driver's pending acquires read their marks (rule 3).
@@ -90,7 +91,8 @@ pub(crate) async fn marks(
     name: &ServiceName,
     partitions: &[u32],
 ) -> Result<BTreeMap<u32, Mark>> {
-    let read = marks_of(conn, name, partitions).await?;
+    let fields: Vec<Shown> = partitions.iter().map(|&p| Shown(p)).collect();
+    let read = marks_of(conn, name, &fields).await?;
     Ok(partitions
         .iter()
         .zip(read)

@@ -11,9 +11,10 @@
 
 use std::sync::LazyLock;
 
-use deadpool_redis::redis::{Script, aio::ConnectionLike};
+use deadpool_redis::redis::{self, Script, aio::ConnectionLike};
 
 use crate::config::ServiceName;
+use crate::connection::SharedConnection;
 use crate::error::{Error, Result, SettingDiff, SettingsMismatch};
 use crate::keys;
 
@@ -68,6 +69,15 @@ pub(crate) fn recorded_partitions(name: &ServiceName, stored: &str) -> Result<u3
                 ),
             )
         })
+}
+
+/// The partitions of service `name`'s first generation, as `{N}:meta`
+/// records them (docs/design.md §21: a reshard leaves them as they were).
+pub(crate) async fn first_partitions(conn: &SharedConnection, name: &ServiceName) -> Result<u32> {
+    let mut get = redis::cmd("HGET");
+    get.arg(keys::meta(name)).arg("partitions");
+    let stored: Option<String> = conn.query(&get).await?;
+    recorded_partitions(name, stored.as_deref().unwrap_or_default())
 }
 
 /// Records `fields` for the service where absent, and fails if any is stored

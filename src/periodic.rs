@@ -25,10 +25,27 @@ use crate::entry::{Entry, TaskId};
 use crate::error::{Error, Result};
 use crate::headers::Headers;
 use crate::keys;
-use crate::partition::partition_of;
+use crate::partition::{generation_of, index_of};
+use crate::reshard::Generation;
 
-static TRIGGER: LazyLock<redis::Script> =
-    LazyLock::new(|| redis::Script::new(include_str!("scripts/trigger.lua")));
+static TRIGGER: LazyLock<redis::Script> = LazyLock::new(|| {
+    redis::Script::new(concat!(
+        include_str!("scripts/sealed.lua"),
+        include_str!("scripts/trigger.lua")
+    ))
+});
+
+/// What one trigger call did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Triggered {
+    /// This call triggered the due time.
+    Now,
+    /// It was triggered before (or is older than one that was).
+    Before,
+    /// The partition is sealed by a reshard (docs/design.md §21): nothing
+    /// written; its mark, frozen, is the new layout's floor.
+    Sealed { mark: i64 },
+}
 
 /// What to do with due times missed while no instance ran.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -212,19 +229,20 @@ pub(crate) struct Registered {
 }
 
 impl Registered {
-    /// Claims due time `due` and enqueues the job's task, once across the
-    /// service (`tracked`: with its record, docs/design.md §14); true if
-    /// this call did it.
+    /// Claims due time `due` in unit `p` and enqueues the job's task
+    /// there, once across the service (`tracked`: with its record,
+    /// docs/design.md §14; `floor`: a mark the claim must be above, -1 for
+    /// none).
     pub(crate) async fn trigger(
         &self,
         conn: &SharedConnection,
         name: &ServiceName,
-        partitions: u32,
+        p: u32,
         due: SystemTime,
         tracked: bool,
-    ) -> Result<bool> {
+        floor: i64,
+    ) -> Result<Triggered> {
         let job = &self.job.name;
-        let p = partition_of(job.as_bytes(), partitions);
         let due_ms = due
             .duration_since(UNIX_EPOCH)
             .unwrap_or_default()
@@ -237,18 +255,24 @@ impl Registered {
             .key(keys::cron(name, p, job))
             .key(keys::tasks(name, p))
             .arg(due_ms)
-            .arg(if tracked { entry.id.as_str() } else { "" });
+            .arg(if tracked { entry.id.as_str() } else { "" })
+            .arg(floor);
         for (k, v) in entry.fields() {
             script.arg(k).arg(v);
         }
-        let triggered: i64 = conn.invoke(&script).await?;
-        Ok(triggered == 1)
+        let (code, mark): (i64, i64) = conn.invoke(&script).await?;
+        Ok(match code {
+            1 => Triggered::Now,
+            -2 => Triggered::Sealed { mark },
+            _ => Triggered::Before,
+        })
     }
 
     /// The job's `{N}:periodic` record (docs/design.md §7): its schedule
     /// (`every_ms` or `cron`), what it does with missed due times, and the
-    /// partition its tasks go to, as JSON.
-    pub(crate) fn record(&self, partitions: u32) -> String {
+    /// partition its tasks go to (unit `p`: its number in its generation,
+    /// and the generation), as JSON.
+    pub(crate) fn record(&self, p: u32) -> String {
         let mut record = serde_json::Map::new();
         match &self.job.when {
             When::Every(every) => {
@@ -263,8 +287,8 @@ impl Registered {
             Missed::RunOnce => "run_once",
         };
         record.insert("missed".into(), missed.into());
-        let p = partition_of(self.job.name.as_bytes(), partitions);
-        record.insert("partition".into(), p.into());
+        record.insert("partition".into(), index_of(p).into());
+        record.insert("generation".into(), generation_of(p).into());
         serde_json::Value::Object(record).to_string()
     }
 
@@ -289,7 +313,7 @@ impl Registered {
 pub(crate) async fn record_schedules(
     conn: &SharedConnection,
     name: &ServiceName,
-    partitions: u32,
+    current: Generation,
     jobs: &[Registered],
     now: Duration,
 ) -> Result<()> {
@@ -299,14 +323,14 @@ pub(crate) async fn record_schedules(
     let mut pipe = redis::pipe();
     let hset = pipe.cmd("HSET").arg(keys::periodic(name));
     for registered in jobs {
-        hset.arg(registered.job.name())
-            .arg(registered.record(partitions));
+        let p = current.route(registered.job.name().as_bytes(), 0);
+        hset.arg(registered.job.name()).arg(registered.record(p));
     }
     hset.ignore();
     let now_ms = now.as_millis() as u64;
     for registered in jobs {
         let job = registered.job.name();
-        let p = partition_of(job.as_bytes(), partitions);
+        let p = current.route(job.as_bytes(), 0);
         // Each mark is in its partition's slot, apart from `{N}:periodic`:
         // one command per key.
         pipe.cmd("SET")
@@ -321,6 +345,12 @@ pub(crate) async fn record_schedules(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A generation-0 layout of 8 partitions.
+    const EIGHT: Generation = Generation {
+        number: 0,
+        partitions: 8,
+    };
 
     fn at(secs: u64) -> SystemTime {
         UNIX_EPOCH + Duration::from_secs(secs)
@@ -387,31 +417,36 @@ mod tests {
         let server = peerq_test_support::RedisServer::start();
         let conn = SharedConnection::new(server.pool());
         let name = ServiceName::new(&peerq_test_support::unique_name("first-mark")).unwrap();
+        let p = EIGHT.route(b"digest", 0);
         let job = Registered {
             job: Periodic::every("digest", Duration::from_secs(60)).missed(Missed::RunOnce),
             codec: "bincode",
             payload: vec![1],
         };
         let registered = Duration::from_secs(1_800_000_030);
-        record_schedules(&conn, &name, 8, std::slice::from_ref(&job), registered)
+        record_schedules(&conn, &name, EIGHT, std::slice::from_ref(&job), registered)
             .await
             .unwrap();
         // What a first start catches up on: the due time before it.
         let missed = job.missed_due(UNIX_EPOCH + registered).unwrap();
         assert_eq!(missed, at(1_800_000_000));
-        assert!(
-            !job.trigger(&conn, &name, 8, missed, false).await.unwrap(),
+        assert_eq!(
+            job.trigger(&conn, &name, p, missed, false, -1)
+                .await
+                .unwrap(),
+            Triggered::Before,
             "a due time from before the job existed: refused"
         );
         // A later registration (a restart) leaves the mark where it is.
         let restarted = registered + Duration::from_secs(3600);
-        record_schedules(&conn, &name, 8, std::slice::from_ref(&job), restarted)
+        record_schedules(&conn, &name, EIGHT, std::slice::from_ref(&job), restarted)
             .await
             .unwrap();
-        assert!(
-            job.trigger(&conn, &name, 8, at(1_800_000_060), false)
+        assert_eq!(
+            job.trigger(&conn, &name, p, at(1_800_000_060), false, -1)
                 .await
                 .unwrap(),
+            Triggered::Now,
             "the first due time after the registration: triggered"
         );
     }
@@ -427,21 +462,26 @@ mod tests {
             codec: "bincode",
             payload: vec![1, 2, 3],
         };
-        let trigger = |secs| job.trigger(&conn, &name, 8, at(secs), false);
-        assert!(trigger(1_800_000_000).await.unwrap(), "first: triggered");
+        let p = EIGHT.route(b"monthly", 0);
+        let trigger = |secs, floor| job.trigger(&conn, &name, p, at(secs), false, floor);
+        let now = |t: Result<Triggered>| t.unwrap() == Triggered::Now;
+        assert!(now(trigger(1_800_000_000, -1).await), "first: triggered");
         assert!(
-            !trigger(1_800_000_000).await.unwrap(),
+            !now(trigger(1_800_000_000, -1).await),
             "the same due time: refused"
         );
         assert!(
-            !trigger(1_790_000_000).await.unwrap(),
+            !now(trigger(1_790_000_000, -1).await),
             "an older one (a paused instance): refused"
         );
         assert!(
-            trigger(1_802_592_000).await.unwrap(),
+            !now(trigger(1_802_592_000, 1_802_592_000_000).await),
+            "at or below the floor (the replaced layout's mark): refused"
+        );
+        assert!(
+            now(trigger(1_802_592_000, -1).await),
             "the next one: triggered"
         );
-        let p = partition_of(b"monthly", 8);
         let mut raw = server.pool().get().await.unwrap();
         let len: usize = redis::cmd("XLEN")
             .arg(keys::stream(&name, p))

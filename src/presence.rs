@@ -195,6 +195,9 @@ impl Presence {
             "handled": self.handled.load(Ordering::Relaxed),
             "aside": self.aside.load(Ordering::Relaxed).max(0),
             "weight": self.weight,
+            // This version carries a reshard out (docs/design.md §21):
+            // `reshard.lua` refuses one while a member lacks it.
+            "reshard": 1,
             "seen_at_ms": self.now_ms(),
         })
         .to_string()

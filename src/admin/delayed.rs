@@ -7,7 +7,7 @@ use serde::Serialize;
 
 use super::Service;
 use super::partitions::parse;
-use crate::entry::field;
+use crate::entry::{field, unpack_strings};
 use crate::error::Result;
 use crate::headers::Headers;
 use crate::keys;
@@ -60,7 +60,7 @@ impl Service {
         let conn = &self.admin.conn;
         let now_ms = self.admin.now_ms().await?;
         let mut pipe = redis::pipe();
-        for p in 0..self.streams() {
+        for &p in self.units().iter() {
             let key = keys::delayed(&self.name, p);
             pipe.cmd("ZCARD").arg(&key);
             pipe.cmd("ZRANGE")
@@ -69,13 +69,13 @@ impl Service {
                 .arg(limit.saturating_sub(1))
                 .arg("WITHSCORES");
         }
-        let replies: Vec<Value> = match self.streams() {
+        let replies: Vec<Value> = match self.units().len() {
             0 => Vec::new(),
             _ => conn.query_pipe(&pipe).await?,
         };
         let mut total = 0;
         let mut tasks = Vec::new();
-        for (p, pair) in (0..).zip(replies.chunks(2)) {
+        for (&p, pair) in self.units().iter().zip(replies.chunks(2)) {
             let [count, page] = pair else {
                 break;
             };
@@ -114,7 +114,7 @@ impl Service {
         task_id: &str,
         action: DelayedAction,
     ) -> Result<bool> {
-        if partition >= self.streams() {
+        if !self.units().contains(&partition) {
             return Ok(false);
         }
         let Some(member) = self.delayed_member(partition, due_at_ms, task_id).await? else {
@@ -227,37 +227,6 @@ fn task(partition: u32, member: &[u8], due_at_ms: u64, now_ms: u64) -> DelayedTa
         payload: shown.payload,
         payload_hex: shown.payload_hex,
     }
-}
-
-/// Decodes a MessagePack array of strings (or binaries), as Redis's
-/// `cmsgpack.pack` writes a Lua list of strings; `None` for anything else.
-fn unpack_strings(mut bytes: &[u8]) -> Option<Vec<Vec<u8>>> {
-    use crate::tracking::packed::{take, unsigned};
-    let number = |bytes: &mut &[u8], width| unsigned(bytes, width).map(|n| n as usize);
-    let marker = *take(&mut bytes, 1)?.first()?;
-    let len = match marker {
-        0x90..=0x9f => usize::from(marker & 0x0f),
-        0xdc => number(&mut bytes, 2)?,
-        0xdd => number(&mut bytes, 4)?,
-        _ => return None,
-    };
-    // Each item takes at least one byte: a longer claim is corrupt.
-    if len > bytes.len() {
-        return None;
-    }
-    let mut items = Vec::with_capacity(len);
-    for _ in 0..len {
-        let marker = *take(&mut bytes, 1)?.first()?;
-        let size = match marker {
-            0xa0..=0xbf => usize::from(marker & 0x1f),
-            0xd9 | 0xc4 => number(&mut bytes, 1)?,
-            0xda | 0xc5 => number(&mut bytes, 2)?,
-            0xdb | 0xc6 => number(&mut bytes, 4)?,
-            _ => return None,
-        };
-        items.push(take(&mut bytes, size)?.to_vec());
-    }
-    bytes.is_empty().then_some(items)
 }
 
 #[cfg(test)]

@@ -134,10 +134,22 @@ impl Admin {
                 url: self.redis.to_string(),
             });
         }
+        let settings = Settings::from_meta(&meta);
+        let mut hgetall = redis::cmd("HGETALL");
+        hgetall.arg(keys::layout(&name));
+        let layout: HashMap<String, String> = self.conn.query(&hgetall).await?;
+        let units = settings.units(&layout);
+        let layout = crate::reshard::Layout::from_fields(&layout).ok().flatten();
+        let first = crate::reshard::Generation {
+            number: 0,
+            partitions: settings.partitions.unwrap_or(0),
+        };
         Ok(Service {
             admin: self.clone(),
-            settings: Settings::from_meta(&meta),
+            settings,
             name,
+            units,
+            generations: layout.map_or((first, None), |l| (l.current, l.from)),
         })
     }
 
@@ -204,12 +216,22 @@ impl Settings {
         }
     }
 
-    /// Every partition of every level (docs/design.md §17); 0 when nothing
-    /// recorded the partitions.
-    pub(crate) fn streams(&self) -> u32 {
+    /// The priority levels' count (docs/design.md §17).
+    fn levels(&self) -> u32 {
         let levels = crate::priority::Levels::parse(self.priorities.as_deref());
-        let levels = levels.map(|l| l.count()).unwrap_or(1);
-        self.partitions.unwrap_or(0) * levels
+        levels.map(|l| l.count()).unwrap_or(1)
+    }
+
+    /// The partitions to look at, every level's, ascending, given the
+    /// service's `{N}:layout` fields (docs/design.md §21); none when
+    /// nothing recorded the partitions. A layout that does not read shows
+    /// the first generation.
+    pub(crate) fn units(&self, layout: &HashMap<String, String>) -> Arc<[u32]> {
+        let Some(first) = self.partitions else {
+            return Arc::from([]);
+        };
+        let layout = crate::reshard::Layout::from_fields(layout).ok().flatten();
+        crate::reshard::units_of(layout.as_ref(), first, self.levels())
     }
 
     /// The round interval, or the default when no consumer recorded one.
@@ -227,6 +249,15 @@ pub struct Service {
     admin: Admin,
     name: ServiceName,
     settings: Settings,
+    /// The partitions to look at, ascending: every level's, of the
+    /// generation in use and of the one a reshard replaces (docs/design.md
+    /// §21), as read when the service was looked up.
+    units: Arc<[u32]>,
+    /// The generation in use and the one a reshard replaced, as read then.
+    generations: (
+        crate::reshard::Generation,
+        Option<crate::reshard::Generation>,
+    ),
 }
 
 impl Service {
@@ -245,14 +276,19 @@ impl Service {
         self.settings.partitions.unwrap_or(0)
     }
 
-    /// Its partitions of every level.
-    fn streams(&self) -> u32 {
-        self.settings.streams()
+    /// Its partitions of every level, ascending, of the generation in use
+    /// and of the one a reshard replaces.
+    fn units(&self) -> &Arc<[u32]> {
+        &self.units
     }
 
     /// Its dead letters, on this connection.
     pub fn dead_letters(&self) -> DeadLetters {
-        DeadLetters::new(self.admin.conn.clone(), self.name.clone(), self.streams())
+        DeadLetters::new(
+            self.admin.conn.clone(),
+            self.name.clone(),
+            self.units.clone(),
+        )
     }
 
     /// Pauses the service: no handler starts on any instance until

@@ -2,6 +2,8 @@
 //! pipeline of six summary commands per partition, for any number of
 //! services at once.
 
+use std::sync::Arc;
+
 use deadpool_redis::redis::streams::{StreamInfoGroupsReply, StreamPendingReply};
 use deadpool_redis::redis::{self, FromRedisValue, Value};
 use serde::Serialize;
@@ -49,17 +51,17 @@ pub struct PartitionState {
 /// time `now_ms`, in one pipelined round trip.
 pub(crate) async fn read(
     conn: &SharedConnection,
-    services: &[(ServiceName, u32)],
+    services: &[(ServiceName, Arc<[u32]>)],
     now_ms: u64,
 ) -> Result<Vec<Vec<PartitionState>>> {
-    if services.iter().all(|(_, partitions)| *partitions == 0) {
+    if services.iter().all(|(_, units)| units.is_empty()) {
         return Ok(services.iter().map(|_| Vec::new()).collect());
     }
     let mut pipe = redis::pipe();
     // A stream no one created yet makes `XINFO` and `XPENDING` fail; that
     // is an answer (nothing there), not an error of the whole read.
-    for (name, partitions) in services {
-        for p in 0..*partitions {
+    for (name, units) in services {
+        for &p in units.iter() {
             let stream = keys::stream(name, p);
             pipe.cmd("GET").arg(keys::owner(name, p));
             pipe.cmd("XLEN").arg(&stream);
@@ -72,9 +74,9 @@ pub(crate) async fn read(
     let replies: Vec<Value> = conn.query_pipe_each(&mut pipe).await?;
     let mut replies = replies.into_iter();
     let mut read = Vec::with_capacity(services.len());
-    for (_, partitions) in services {
-        let mut states = Vec::with_capacity(*partitions as usize);
-        for partition in 0..*partitions {
+    for (_, units) in services {
+        let mut states = Vec::with_capacity(units.len());
+        for &partition in units.iter() {
             let reply: Vec<Value> = replies.by_ref().take(READS).collect();
             let reply = <[Value; READS]>::try_from(reply).map_err(|_| short_reply())?;
             states.push(state(partition, reply, now_ms)?);

@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 use super::Service;
 use crate::error::Result;
 use crate::keys;
-use crate::partition::partition_of;
+use crate::partition::{generation_of, index_of};
 use crate::periodic::Periodic;
 
 /// One periodic job. Its JSON: `name`, `every_ms` (null for a cron job),
@@ -27,8 +27,10 @@ pub struct PeriodicJob {
     pub cron: Option<String>,
     /// What it does with due times missed while no instance ran.
     pub missed: String,
-    /// The partition its tasks go to.
+    /// The partition its tasks go to, in the generation in use.
     pub partition: u32,
+    /// That generation (docs/design.md §21): 0 until a reshard.
+    pub generation: u32,
     /// The latest due time that was triggered (Unix ms); `None`: never.
     pub last_due_ms: Option<u64>,
     /// The next due time after now (Unix ms, by Redis's clock).
@@ -61,9 +63,7 @@ impl Service {
             .into_iter()
             .map(|(name, record)| {
                 let record: Record = serde_json::from_str(&record).unwrap_or_default();
-                let partition = record
-                    .partition
-                    .unwrap_or_else(|| partition_of(name.as_bytes(), self.partitions().max(1)));
+                let unit = self.generations.0.route(name.as_bytes(), 0);
                 let schedule = match (&record.every_ms, &record.cron) {
                     (Some(ms), _) => Some(Periodic::every(&name, Duration::from_millis(*ms))),
                     (None, Some(expression)) => Periodic::cron(&name, expression).ok(),
@@ -79,7 +79,8 @@ impl Service {
                     every_ms: record.every_ms,
                     cron: record.cron,
                     missed: record.missed,
-                    partition,
+                    partition: index_of(unit),
+                    generation: generation_of(unit),
                     last_due_ms: None,
                     next_due_ms,
                 }
@@ -89,14 +90,21 @@ impl Service {
         if jobs.is_empty() {
             return Ok(jobs);
         }
+        // Its mark in the generation in use and, around a reshard, in the
+        // replaced one, whose mark is the floor of the new one's.
+        let (current, from) = self.generations;
         let mut pipe = redis::pipe();
         for job in &jobs {
+            let key = job.name.as_bytes();
             pipe.cmd("GET")
-                .arg(keys::cron(&self.name, job.partition, &job.name));
+                .arg(keys::cron(&self.name, current.route(key, 0), &job.name));
+            let replaced = from.map_or(current, |f| f).route(key, 0);
+            pipe.cmd("GET")
+                .arg(keys::cron(&self.name, replaced, &job.name));
         }
         let last: Vec<Option<u64>> = conn.query_pipe(&pipe).await?;
-        for (job, last) in jobs.iter_mut().zip(last) {
-            job.last_due_ms = last;
+        for (job, last) in jobs.iter_mut().zip(last.chunks(2)) {
+            job.last_due_ms = last[0].max(last[1]);
         }
         Ok(jobs)
     }

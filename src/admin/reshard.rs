@@ -1,7 +1,6 @@
 //! A service's layout, and starting a reshard (docs/design.md §21): what
 //! the admin API, the CLI and the dashboard call.
 
-use std::collections::HashMap;
 use std::sync::LazyLock;
 use std::time::Duration;
 
@@ -53,6 +52,13 @@ pub struct ServiceLayout {
     pub started_ms: Option<u64>,
     /// See `started_ms`.
     pub opened_ms: Option<u64>,
+    /// The replaced generation's partitions, every level's, and how many
+    /// of them are sealed and retired so far (the reshard's progress).
+    pub replaced: Option<u32>,
+    /// See `replaced`.
+    pub sealed: Option<u32>,
+    /// See `replaced`.
+    pub retired: Option<u32>,
 }
 
 impl ServiceLayout {
@@ -67,6 +73,9 @@ impl ServiceLayout {
                 open_epoch: None,
                 started_ms: None,
                 opened_ms: None,
+                replaced: None,
+                sealed: None,
+                retired: None,
             };
         };
         let (state, open_epoch) = match l.phase {
@@ -82,6 +91,9 @@ impl ServiceLayout {
             open_epoch,
             started_ms: l.started_ms,
             opened_ms: l.opened_ms,
+            replaced: None,
+            sealed: None,
+            retired: None,
         }
     }
 }
@@ -92,18 +104,26 @@ async fn read_layout(
     conn: &SharedConnection,
     name: &ServiceName,
     first_partitions: u32,
+    levels: u32,
 ) -> Result<ServiceLayout> {
-    let mut get = redis::cmd("HGETALL");
-    get.arg(keys::layout(name));
-    let fields: HashMap<String, String> = conn.query(&get).await?;
-    let layout = Layout::from_fields(&fields).map_err(|e| {
-        Error::Redis(redis::RedisError::from((
-            redis::ErrorKind::UnexpectedReturnType,
-            "the service's layout does not read",
-            e,
-        )))
-    })?;
-    Ok(ServiceLayout::of(layout.as_ref(), first_partitions))
+    let layout = crate::reshard::read_layout(conn, name).await?;
+    let mut shown = ServiceLayout::of(layout.as_ref(), first_partitions);
+    let Some(from) = layout.and_then(|l| l.from) else {
+        return Ok(shown);
+    };
+    // The progress: which of the replaced partitions are sealed, retired.
+    let units: Vec<u32> = from.units(levels).collect();
+    let mut pipe = redis::pipe();
+    for &u in &units {
+        pipe.cmd("EXISTS").arg(keys::sealed(name, u));
+        pipe.cmd("EXISTS").arg(keys::retired(name, u));
+    }
+    let found: Vec<u32> = conn.query_pipe(&pipe).await?;
+    let count = |at: usize| found.iter().skip(at).step_by(2).sum::<u32>();
+    shown.replaced = Some(units.len() as u32);
+    shown.sealed = Some(count(0));
+    shown.retired = Some(count(1));
+    Ok(shown)
 }
 
 /// Starts a reshard of service `name` to `partitions` per level, or says
@@ -127,6 +147,7 @@ async fn start(
     let mut script = RESHARD.key(keys::layout(name));
     script
         .key(keys::members(name))
+        .key(keys::tracking(name))
         .arg(partitions)
         .arg(first_partitions)
         .arg(interval.as_millis() as u64)
@@ -158,6 +179,9 @@ async fn start(
             version: text(2),
         })),
         "idle" => Err(Error::ReshardRefused(ReshardRefused::Idle)),
+        "feature" => Err(Error::ReshardRefused(ReshardRefused::Feature {
+            feature: text(1),
+        })),
         other => Err(Error::Redis(redis::RedisError::from((
             redis::ErrorKind::UnexpectedReturnType,
             "reshard.lua answered unexpectedly",
@@ -170,7 +194,10 @@ impl Service {
     /// The service's layout: its generation of partitions and, while a
     /// reshard is under way, the one it replaces.
     pub async fn layout(&self) -> Result<ServiceLayout> {
-        read_layout(&self.admin.conn, &self.name, self.partitions()).await
+        let levels = crate::priority::Levels::parse(self.settings.priorities.as_deref())
+            .map(|l| l.count())
+            .unwrap_or(1);
+        read_layout(&self.admin.conn, &self.name, self.partitions(), levels).await
     }
 
     /// Starts a reshard to `partitions` partitions (per level): producers
@@ -180,8 +207,9 @@ impl Service {
     /// `running` (another has not settled), `partitions` (out of range, or
     /// the count in use), `member` (a running instance takes no part in
     /// a reshard: a consumer of a previous version, and, until the
-    /// consumers' part is built, every consumer) or `idle` (no consumer
-    /// runs to carry it out).
+    /// consumers' part is built, every consumer), `idle` (no consumer
+    /// runs to carry it out) or `feature` (the service uses task tracking,
+    /// not carried across a reshard yet).
     pub async fn reshard(&self, partitions: u32) -> Result<Resharded> {
         start(
             &self.admin.conn,

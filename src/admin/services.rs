@@ -2,6 +2,7 @@
 //! each summed up from counters.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use deadpool_redis::redis::{self, Value};
 use serde::Serialize;
@@ -50,6 +51,7 @@ impl Admin {
             pipe.cmd("HGETALL").arg(keys::meta(name));
             pipe.cmd("HGETALL").arg(keys::members(name));
             pipe.cmd("EXISTS").arg(keys::paused(name));
+            pipe.cmd("HGETALL").arg(keys::layout(name));
         }
         let replies: Vec<Value> = self.conn.query_pipe(&pipe).await?;
         let mut replies = replies.into_iter();
@@ -61,17 +63,20 @@ impl Admin {
             let meta: HashMap<String, String> = parse(next())?;
             let members: HashMap<String, String> = parse(next())?;
             let paused: bool = parse(next())?;
-            read.push((name, Settings::from_meta(&meta), members, paused));
+            let layout: HashMap<String, String> = parse(next())?;
+            let settings = Settings::from_meta(&meta);
+            let units = settings.units(&layout);
+            read.push((name, settings, members, paused, units));
         }
-        let sizes: Vec<(ServiceName, u32)> = read
+        let sizes: Vec<(ServiceName, Arc<[u32]>)> = read
             .iter()
-            .map(|(name, settings, ..)| (name.clone(), settings.streams()))
+            .map(|(name, _, _, _, units)| (name.clone(), units.clone()))
             .collect();
         let states = partitions::read(&self.conn, &sizes, now_ms).await?;
         Ok(read
             .into_iter()
             .zip(states)
-            .map(|((name, settings, records, paused), states)| {
+            .map(|((name, settings, records, paused, _), states)| {
                 let sum = |f: fn(&PartitionState) -> u64| states.iter().map(f).sum::<u64>();
                 let interval = settings.interval();
                 ServiceSummary {

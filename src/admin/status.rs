@@ -23,7 +23,8 @@ const RATE_MINUTES: u64 = 5;
 /// A service's state. Its JSON: `name`, `redis`, `at_ms`, `settings`,
 /// `paused` (null, or `at_ms` and `by`), `limits`, `layout` (`generation`,
 /// `partitions`, `state`, `from_generation`, `from_partitions`,
-/// `open_epoch`, `started_ms`, `opened_ms`), `members`, `partitions`,
+/// `open_epoch`, `started_ms`, `opened_ms`, `replaced`, `sealed`,
+/// `retired`), `members`, `partitions`,
 /// `singletons` (each `name`, `instance`, `token`, `since_ms`, `released`),
 /// `totals`, `rates`.
 #[derive(Debug, Clone, Serialize)]
@@ -187,7 +188,7 @@ impl Service {
         for minute in &minutes {
             pipe.cmd("HGETALL").arg(keys::stats(&self.name, *minute));
         }
-        let sizes = [(self.name.clone(), self.streams())];
+        let sizes = [(self.name.clone(), self.units().clone())];
         let (replies, states) = tokio::join!(
             conn.query_pipe::<Vec<Value>>(&pipe),
             partitions::read(conn, &sizes, now_ms)

@@ -16,7 +16,7 @@ impl Service {
     /// none: tracking was off when it was enqueued and it has not started,
     /// it never existed, or its record expired.
     pub async fn task(&self, handle: &TaskHandle) -> Result<Option<TaskRecord>> {
-        let found = read::find(&self.admin.conn, &self.name, self.streams(), handle).await?;
+        let found = read::find(&self.admin.conn, &self.name, self.units(), handle).await?;
         let Some(mut record) = found else {
             return Ok(None);
         };
@@ -72,7 +72,7 @@ impl Service {
             return Ok(p);
         }
         let conn = &self.admin.conn;
-        if let Some(record) = read::find(conn, &self.name, self.streams(), handle).await? {
+        if let Some(record) = read::find(conn, &self.name, self.units(), handle).await? {
             return Ok(record.handle.partition().unwrap_or_default());
         }
         let id = handle.id().as_str();

@@ -8,8 +8,11 @@ use std::time::SystemTime;
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct PartitionEvent {
-    /// The partition.
+    /// The partition, within its generation (docs/design.md §21).
     pub partition: u32,
+    /// The generation of the service's partitions it belongs to: 0 until
+    /// the service is first resharded.
+    pub generation: u32,
     /// When it happened, by the system clock.
     pub at: SystemTime,
     /// What happened.

@@ -96,16 +96,34 @@ where
     } = parts;
     let conn = Arc::new(SharedConnection::new(backend));
     tokio::pin!(signal);
-    if !settings.partitions_given {
-        // The service's count, read before anything uses it (a stop while
-        // Redis cannot be reached ends the wait).
-        match startup::service_partitions(&conn, &name, &redis, &mut signal).await? {
-            Some(Some(partitions)) => settings.partitions = partitions,
-            Some(None) => {}
-            None => {
-                info!(service = %name, instance = %id, "stopped before redis could be reached");
-                return Ok(());
+    // The service's count, read before anything uses it (a stop while
+    // Redis cannot be reached ends the wait): a consumer given none takes
+    // the service's; one given a count of a resharded service must give
+    // the current generation's, and then runs with the first's, which
+    // `{N}:meta` keeps (docs/design.md §21).
+    let mut in_use = None;
+    match startup::service_partitions(&conn, &name, &redis, &mut signal).await? {
+        Some((first, Some(current))) => {
+            in_use = Some(current);
+            if settings.partitions_given && settings.partitions != current.partitions {
+                return Err(Error::invalid(
+                    "partitions",
+                    format!(
+                        "service `{name}` now has {} partitions (resharded to generation {}); \
+                         leave `partitions` unset to follow the service, or give {}",
+                        current.partitions, current.number, current.partitions
+                    ),
+                ));
             }
+            if let Some(first) = first {
+                settings.partitions = first;
+            }
+        }
+        Some((Some(first), None)) if !settings.partitions_given => settings.partitions = first,
+        Some(_) => {}
+        None => {
+            info!(service = %name, instance = %id, "stopped before redis could be reached");
+            return Ok(());
         }
     }
     let fields = settings.meta_fields(runner.codec());
@@ -125,7 +143,10 @@ where
         indexer: &indexer,
         clock: &clock,
         meta: &fields,
-        partitions: settings.partitions,
+        current: in_use.unwrap_or(crate::reshard::Generation {
+            number: 0,
+            partitions: settings.partitions,
+        }),
         streams: settings.streams(),
         allow_eviction: settings.allow_eviction,
         periodic: &settings.periodic,

@@ -75,6 +75,7 @@ mod limiter;
 mod meters;
 mod ownership;
 mod policy;
+mod retire;
 mod room;
 mod run;
 mod running;

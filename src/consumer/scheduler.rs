@@ -14,7 +14,9 @@ use crate::assignment::Standing;
 use crate::clock::Clock;
 use crate::config::ServiceName;
 use crate::connection::SharedConnection;
-use crate::periodic::Registered;
+use crate::error::Result;
+use crate::periodic::{Registered, Triggered};
+use crate::reshard::Generation;
 use crate::retry::Pauses;
 use crate::tracking::watch::Watched;
 
@@ -110,6 +112,44 @@ impl Schedule {
         matches!(*self.standing.borrow(), Standing::Assigned(_))
     }
 
+    /// The generation the job's due times go to and, around a reshard,
+    /// the one it replaced, from the assignment's layout (docs/design.md
+    /// §21).
+    fn generations(&self) -> (Generation, Option<Generation>) {
+        let first = Generation {
+            number: 0,
+            partitions: self.partitions,
+        };
+        match &*self.standing.borrow() {
+            Standing::Assigned(a) => a.layout().map_or((first, None), |l| (l.current, l.from)),
+            _ => (first, None),
+        }
+    }
+
+    /// Claims `due`: in the replaced layout first, while there is one (its
+    /// partition takes it until sealed), then in the current one, above
+    /// the replaced one's frozen mark, so no due time fires in both.
+    async fn claim(&self, due: SystemTime, tracked: bool) -> Result<Triggered> {
+        let job = self.job.job.name().as_bytes();
+        let (current, from) = self.generations();
+        let mut floor = -1;
+        if let Some(from) = from {
+            let p = from.route(job, 0);
+            match self
+                .job
+                .trigger(&self.conn, &self.name, p, due, tracked, -1)
+                .await?
+            {
+                Triggered::Sealed { mark } => floor = mark,
+                done => return Ok(done),
+            }
+        }
+        let p = current.route(job, 0);
+        self.job
+            .trigger(&self.conn, &self.name, p, due, tracked, floor)
+            .await
+    }
+
     /// Triggers `due`, retrying while Redis fails (every instance calls at
     /// once, so one stall would otherwise skip the due time everywhere),
     /// until half a period after it: the claim makes retries safe.
@@ -124,12 +164,11 @@ impl Schedule {
         let mut pauses = TRIGGER_PAUSES;
         loop {
             let tracked = self.tracking.on().is_some();
-            let triggered = self
-                .job
-                .trigger(&self.conn, &self.name, self.partitions, due, tracked);
-            match triggered.await {
-                Ok(true) => return debug!(job, ?due, why, "periodic job triggered"),
-                Ok(false) => return,
+            match self.claim(due, tracked).await {
+                Ok(Triggered::Now) => return debug!(job, ?due, why, "periodic job triggered"),
+                Ok(Triggered::Before) => return,
+                // Sealed again meanwhile (a reshard after a reshard): again.
+                Ok(Triggered::Sealed { .. }) => pauses.wait().await,
                 Err(e) if self.now() + pauses.upcoming() < give_up => {
                     debug!(job, ?due, cause = %e, "could not trigger the periodic job; retrying");
                     pauses.wait().await;

@@ -28,6 +28,7 @@ use crate::instance::InstanceId;
 use crate::meta;
 use crate::periodic::{self, Registered};
 use crate::presence::Presence;
+use crate::reshard::Generation;
 use crate::retry::{self, Backoff};
 
 /// The wait between start attempts: soon after the first failures (Redis
@@ -45,7 +46,9 @@ pub(super) struct Startup<'a> {
     pub(super) clock: &'a Arc<dyn Clock>,
     /// The consumer's fields of `{N}:meta`.
     pub(super) meta: &'a [(&'static str, String)],
-    pub(super) partitions: u32,
+    /// The generation of partitions in use (docs/design.md §21), where
+    /// periodic jobs' first marks go.
+    pub(super) current: Generation,
     /// Every partition of every level (docs/design.md §17).
     pub(super) streams: u32,
     pub(super) allow_eviction: bool,
@@ -95,7 +98,7 @@ impl Startup<'_> {
             periodic::record_schedules(
                 self.conn,
                 self.name,
-                self.partitions,
+                self.current,
                 self.periodic,
                 self.clock.now(),
             )
@@ -126,22 +129,27 @@ impl Startup<'_> {
     }
 }
 
-/// The partitions `{N}:meta` records for service `name` (`None` inside:
-/// a new service), read while waiting for Redis as a start does; `None`:
-/// `stop` resolved during a wait.
+/// The partitions `{N}:meta` records for service `name` (`None`: a new
+/// service) and the generation its layout makes current (`None`: never
+/// resharded, docs/design.md §21), read while waiting for Redis as a start
+/// does; `None`: `stop` resolved during a wait.
 pub(super) async fn service_partitions(
     conn: &SharedConnection,
     name: &ServiceName,
     redis: &str,
     stop: impl Future<Output = ()>,
-) -> Result<Option<Option<u32>>> {
+) -> Result<Option<(Option<u32>, Option<Generation>)>> {
     let read = || async {
         let mut hget = deadpool_redis::redis::cmd("HGET");
         hget.arg(crate::keys::meta(name)).arg("partitions");
         let recorded: Option<String> = conn.query(&hget).await?;
-        recorded
+        let first = recorded
             .map(|p| meta::recorded_partitions(name, &p))
-            .transpose()
+            .transpose()?;
+        let current = crate::reshard::read_layout(conn, name)
+            .await?
+            .map(|l| l.current);
+        Ok((first, current))
     };
     retry::until_ok(BACKOFF, stop, read, |e, wait| {
         warn!(service = %name, redis, cause = %e, retry_in = ?wait, "cannot reach redis; retrying");

@@ -18,6 +18,7 @@ use super::held::Held;
 use super::housekeeping::housekeeping;
 use super::idle_reads::IdleReads;
 use super::ownership::Ownership;
+use super::retire;
 use super::shared::Shared;
 use super::store::PartitionStore;
 use crate::assignment::Assignment;
@@ -66,6 +67,10 @@ impl Worker {
                 done.clone(),
             )
             .in_current_span(),
+        );
+        tokio::spawn(
+            retire::follow(ownership.clone(), assignment.clone(), acquired.clone())
+                .in_current_span(),
         );
         let fetcher = Fetcher {
             lane: shared.lanes.take(),

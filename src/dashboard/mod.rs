@@ -37,6 +37,7 @@ mod guard;
 mod layout;
 mod overview;
 mod periodic;
+mod reshard;
 mod search;
 mod service;
 mod task;
@@ -112,6 +113,7 @@ pub fn router(admin: Admin, settings: Settings) -> Router {
         .route("/services/{name}", get(service::show))
         .route("/services/{name}/live", get(service::live_fragment))
         .route("/services/{name}/pause", post(service::pause))
+        .route("/services/{name}/reshard", post(reshard::reshard))
         .route("/services/{name}/resume", post(service::resume))
         .route("/services/{name}/dead", get(dead::list))
         .route("/services/{name}/dead/letter", get(dead::show))
@@ -202,6 +204,7 @@ impl IntoResponse for Failure {
             Failure::Error(e @ Error::InvalidSetting { .. }) => {
                 (StatusCode::BAD_REQUEST, e.to_string())
             }
+            Failure::Error(e @ Error::ReshardRefused(_)) => (StatusCode::CONFLICT, e.to_string()),
             Failure::Error(e) => (StatusCode::BAD_GATEWAY, e.to_string()),
         };
         let body = html! {

@@ -1,7 +1,8 @@
 //! A service's page: its state in figures, its members, and the grid of
 //! its partitions (owner, fencing token, backlog, pending, oldest pending
 //! age, delayed, dead), refreshed every few seconds without a reload; and
-//! the pause and resume actions.
+//! the pause and resume actions (and the layout with the reshard action,
+//! `super::reshard`).
 
 use axum::Form;
 use axum::extract::{Path, State};
@@ -27,6 +28,7 @@ pub(crate) async fn show(
             h1 { (name) }
             (tabs(&base, &name, ""))
             (pause_bar(&dash, &base, &status))
+            (super::reshard::layout_bar(&dash, &base, &status))
             form.filter method="get" action=(base.service(&name, "task")) {
                 input type="search" name="id" size="48" placeholder="task handle: <partition>/<task id>";
                 button type="submit" id="find-task" { "Find task" }

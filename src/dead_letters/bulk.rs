@@ -14,6 +14,8 @@
 //! partitions (on a Cluster their ids come from the clocks of different
 //! servers).
 
+use std::collections::BTreeMap;
+
 use deadpool_redis::redis::{self, streams::StreamRangeReply};
 use futures_util::future::try_join_all;
 
@@ -38,13 +40,13 @@ pub(crate) enum Act {
 /// last letter, `None` for a partition that had none.
 #[derive(Debug, Clone)]
 pub(crate) struct Ends {
-    last: Vec<Option<String>>,
+    last: BTreeMap<u32, String>,
 }
 
 impl Ends {
     /// Partition `p`'s end: its last letter's id, if it had one.
     pub(super) fn of(&self, p: u32) -> Option<&str> {
-        self.last.get(p as usize).and_then(Option::as_deref)
+        self.last.get(&p).map(String::as_str)
     }
 }
 
@@ -52,11 +54,13 @@ impl DeadLetters {
     /// Where each partition's dead letters end now (`XREVRANGE … + - COUNT
     /// 1` of each, in one pipeline).
     pub(crate) async fn ends(&self) -> Result<Ends> {
-        if self.partitions == 0 {
-            return Ok(Ends { last: Vec::new() });
+        if self.units.is_empty() {
+            return Ok(Ends {
+                last: BTreeMap::new(),
+            });
         }
         let mut pipe = redis::pipe();
-        for p in 0..self.partitions {
+        for &p in self.units.iter() {
             pipe.cmd("XREVRANGE")
                 .arg(keys::dead(&self.name, p))
                 .arg("+")
@@ -65,9 +69,11 @@ impl DeadLetters {
                 .arg(1);
         }
         let replies: Vec<StreamRangeReply> = self.conn.query_pipe(&pipe).await?;
-        let last = replies
-            .into_iter()
-            .map(|reply| reply.ids.into_iter().next().map(|entry| entry.id))
+        let last = self
+            .units
+            .iter()
+            .zip(replies)
+            .filter_map(|(&p, reply)| Some((p, reply.ids.into_iter().next()?.id)))
             .collect();
         Ok(Ends { last })
     }

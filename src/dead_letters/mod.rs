@@ -54,14 +54,17 @@ static REPLAY: LazyLock<redis::Script> =
 pub struct DeadLetters {
     name: ServiceName,
     conn: Arc<SharedConnection>,
-    partitions: u32,
+    /// The partitions looked at, ascending: every level's, of the
+    /// generation in use and, around a reshard, of the one it replaces
+    /// (docs/design.md §21).
+    units: Arc<[u32]>,
 }
 
 impl fmt::Debug for DeadLetters {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("DeadLetters")
             .field("name", &self.name)
-            .field("partitions", &self.partitions)
+            .field("partitions", &self.units.len())
             .finish_non_exhaustive()
     }
 }
@@ -89,25 +92,20 @@ impl DeadLetters {
             .map_err(|e| connection::at(&shown, e))?;
         let partitions = partitions.ok_or_else(|| Error::UnknownService {
             name: name.to_string(),
-            url: shown,
+            url: shown.clone(),
         })?;
         // Every level's partitions have dead letters of their own.
         let levels = Levels::parse(levels.as_deref())?;
-        Ok(DeadLetters::new(
-            Arc::new(conn),
-            name,
-            levels.streams(partitions),
-        ))
+        let units = crate::reshard::read_units(&conn, &name, partitions, levels.count())
+            .await
+            .map_err(|e| connection::at(&shown, e))?;
+        Ok(DeadLetters::new(Arc::new(conn), name, units))
     }
 
-    /// The dead letters of service `name` with `partitions` partitions, on
-    /// a connection already open (the admin tools').
-    pub(crate) fn new(conn: Arc<SharedConnection>, name: ServiceName, partitions: u32) -> Self {
-        DeadLetters {
-            name,
-            conn,
-            partitions,
-        }
+    /// The dead letters of service `name` in partitions `units`, on a
+    /// connection already open (the admin tools').
+    pub(crate) fn new(conn: Arc<SharedConnection>, name: ServiceName, units: Arc<[u32]>) -> Self {
+        DeadLetters { name, conn, units }
     }
 
     /// Up to `limit` dead letters over all partitions, oldest first.
@@ -118,7 +116,7 @@ impl DeadLetters {
     /// The dead letter at `cursor` (`<partition>/<id>`); `None` if there is
     /// none (any more).
     pub async fn get(&self, cursor: &Cursor) -> Result<Option<DeadLetter>> {
-        if cursor.partition >= self.partitions {
+        if !self.units.contains(&cursor.partition) {
             return Ok(None);
         }
         let mut xrange = redis::cmd("XRANGE");
@@ -139,18 +137,18 @@ impl DeadLetters {
     /// round trip.
     pub async fn find(&self, id: &str) -> Result<Vec<DeadLetter>> {
         let id = Cursor::valid_id(id)?;
-        if self.partitions == 0 {
+        if self.units.is_empty() {
             return Ok(Vec::new());
         }
         let mut pipe = redis::pipe();
-        for p in 0..self.partitions {
+        for &p in self.units.iter() {
             pipe.cmd("XRANGE")
                 .arg(keys::dead(&self.name, p))
                 .arg(id)
                 .arg(id);
         }
         let replies: Vec<redis::streams::StreamRangeReply> = self.conn.query_pipe(&pipe).await?;
-        Ok((0..)
+        Ok((self.units.iter().copied())
             .zip(replies)
             .flat_map(|(p, reply)| reply.ids.into_iter().map(move |e| DeadLetter::read(p, e)))
             .collect())
@@ -183,6 +181,11 @@ impl DeadLetters {
                 unique: letter.unique.clone().unwrap_or_default(),
                 existing: TaskId::from(holder.as_str()),
             })),
+            (-3, _) => Err(Error::Runtime(format!(
+                "partition {} is sealed by a reshard: its dead letters move to the new layout, \
+                 replay them there once `peerq status` shows the reshard open",
+                crate::partition::Shown(letter.partition)
+            ))),
             _ => Err(Error::Runtime(format!(
                 "dead letter {} of partition {} holds no task fields to replay; purge it",
                 letter.id, letter.partition
@@ -202,7 +205,7 @@ impl DeadLetters {
     /// Removes every dead letter of the service; returns how many.
     pub async fn purge_all(&self) -> Result<u64> {
         let mut total = 0;
-        for p in 0..self.partitions {
+        for &p in self.units.iter() {
             let key = keys::dead(&self.name, p);
             let mut pipe = redis::pipe();
             pipe.atomic()

@@ -71,7 +71,7 @@ impl Cursor {
 
 impl fmt::Display for Cursor {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/{}", self.partition, self.id)
+        write!(f, "{}/{}", crate::partition::Shown(self.partition), self.id)
     }
 }
 
@@ -80,9 +80,10 @@ impl FromStr for Cursor {
 
     /// Reads `<partition>/<id>`.
     fn from_str(text: &str) -> Result<Self> {
-        let parsed = text
-            .split_once('/')
-            .and_then(|(p, id)| Some((p.parse().ok()?, Cursor::valid_id(id).ok()?)));
+        let parsed = text.split_once('/').and_then(|(p, id)| {
+            let p = crate::partition::parse_unit(p)?;
+            Some((p, Cursor::valid_id(id).ok()?))
+        });
         match parsed {
             Some((partition, id)) => Ok(Cursor {
                 partition,
@@ -203,11 +204,11 @@ impl DeadLetters {
         after: Option<&Cursor>,
         n: usize,
     ) -> Result<(Vec<DeadLetter>, usize)> {
-        if self.partitions == 0 {
+        if self.units.is_empty() {
             return Ok((Vec::new(), 0));
         }
         let mut pipe = redis::pipe();
-        for p in 0..self.partitions {
+        for &p in self.units.iter() {
             let key = keys::dead(&self.name, p);
             // The letters after `(id, partition)` in the merged order: in
             // the partitions the order puts after the cursor's, the id
@@ -237,7 +238,7 @@ impl DeadLetters {
             .arg(n);
         }
         let replies: Vec<StreamRangeReply> = self.conn.query_pipe(&pipe).await?;
-        let mut letters: Vec<DeadLetter> = (0..)
+        let mut letters: Vec<DeadLetter> = (self.units.iter().copied())
             .zip(replies)
             .flat_map(|(p, reply)| reply.ids.into_iter().map(move |e| DeadLetter::read(p, e)))
             .collect();

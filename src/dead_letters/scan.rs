@@ -45,22 +45,23 @@ impl DeadLetters {
         ends: Option<&Ends>,
     ) -> Result<Scan> {
         let count = count.max(1);
-        let first = after.map_or(0, |c| c.partition);
-        if first >= self.partitions {
+        // The position of the cursor's partition among those looked at.
+        let first = after.map_or(0, |c| self.units.partition_point(|&u| u < c.partition));
+        if first >= self.units.len() {
             return Ok(Scan {
                 letters: Vec::new(),
                 next: None,
             });
         }
         let mut lens = redis::pipe();
-        for p in first..self.partitions {
+        for &p in &self.units[first..] {
             lens.cmd("XLEN").arg(keys::dead(&self.name, p));
         }
         let lens: Vec<usize> = self.conn.query_pipe(&lens).await?;
         // How many to ask of each partition, from the cursor's on.
         let mut asks: Vec<(u32, usize)> = Vec::new();
         let mut budget = count;
-        for (p, len) in (first..).zip(lens) {
+        for (&p, len) in self.units[first..].iter().zip(lens) {
             if budget == 0 {
                 break;
             }
@@ -109,10 +110,13 @@ impl DeadLetters {
         // always ends.
         let next = match (budget, asks.last()) {
             (0, Some((_, ask))) if last_got == *ask => letters.last().map(DeadLetter::cursor),
-            (0, Some((p, _))) if p + 1 < self.partitions => Some(Cursor {
-                partition: p + 1,
-                id: "0-0".to_owned(),
-            }),
+            (0, Some((p, _))) => {
+                let at = self.units.partition_point(|u| u <= p);
+                self.units.get(at).map(|&next| Cursor {
+                    partition: next,
+                    id: "0-0".to_owned(),
+                })
+            }
             _ => None,
         };
         Ok(Scan { letters, next })

@@ -252,8 +252,23 @@ impl TaskContext {
         self.failures
     }
 
-    /// The partition the task is in.
+    /// The partition the task is in, within its generation
+    /// ([`generation`](Self::generation)): with priority levels, every
+    /// level's (docs/design.md §17).
     pub fn partition(&self) -> u32 {
+        crate::partition::index_of(self.partition)
+    }
+
+    /// The generation of the service's partitions the task runs in: 0
+    /// until the service is first resharded, then one more per reshard
+    /// (docs/design.md §21). A partition number names a partition within
+    /// its generation only.
+    pub fn generation(&self) -> u32 {
+        crate::partition::generation_of(self.partition)
+    }
+
+    /// The partition as its keys name it (the generation's unit).
+    pub(crate) fn unit(&self) -> u32 {
         self.partition
     }
 

@@ -138,7 +138,7 @@ impl Inbox {
         let interval = cx.interval();
         let fence = Fence {
             service: cx.service(),
-            partition: cx.partition() as i32,
+            partition: cx.unit() as i32,
             token: i64::try_from(cx.fencing_token()).unwrap_or(i64::MAX),
             lock: (interval / 2).max(Duration::from_millis(50)),
             idle: interval,

@@ -35,13 +35,13 @@ use std::sync::atomic::Ordering;
 
 use tracing::warn;
 
-use super::send::{ENQUEUE, Enqueued};
+use super::route::{self, Route};
+use super::send::{ENQUEUE, Enqueued, SEALED};
 use super::{Options, Producer};
 use crate::codec::Codec;
 use crate::connection::{Carriers, Conn};
 use crate::entry::{self, Entry, TaskId};
 use crate::error::{Duplicate, Result};
-use crate::partition::partition_of;
 use crate::priority::Priority;
 use crate::workflow::field::{BATCH, BATCH_RESULTS};
 
@@ -97,21 +97,23 @@ impl<C: Codec> Producer<C> {
                 Ok((self.payload(task)?, Some(options)))
             })
             .collect::<Result<Vec<_>>>()?;
-        self.know_levels(tasks.iter().map(|(_, o)| o.priority))
-            .await?;
+        // Collected first: a closure held across the await would keep the
+        // future from being `Send` for a caller that spawns it.
+        let levels: Vec<Priority> = tasks.iter().map(|(_, o)| o.priority).collect();
+        self.know_levels(levels).await?;
         self.send_items(items).await
     }
 
-    /// Sends `items` in parts: a task without options (or with a key only)
-    /// as an `XADD`, one with an idempotency key or a delay through the
-    /// enqueue script, in the same part.
-    pub(super) async fn send_items(&self, items: Vec<Item<'_>>) -> Result<Sent> {
+    /// Sends `items` once: what it enqueued, and the tasks a sealed
+    /// partition refused (counted neither as new nor as refused).
+    pub(super) async fn send_round(&self, items: &[Item<'_>]) -> Result<(Sent, Vec<usize>)> {
         if items.is_empty() {
-            return Ok(Sent {
+            let none = Sent {
                 ids: Vec::new(),
                 new: 0,
                 refused: Vec::new(),
-            });
+            };
+            return Ok((none, Vec::new()));
         }
         // One connection for the whole batch, taken once: after a reset,
         // parts that each took their own would race to the pool and could
@@ -137,12 +139,15 @@ impl<C: Codec> Producer<C> {
         }
         let mut ids = Vec::with_capacity(items.len());
         let mut scripted: Vec<Vec<Scripted>> = Vec::new();
+        // Each plain `XADD`'s part, place in the part's replies, and task.
+        let mut plain: Vec<(usize, usize, usize)> = Vec::new();
         let carriers = Carriers::default();
         let mut sending = FuturesUnordered::new();
         let mut replies: Vec<Option<Vec<Value>>> = Vec::new();
         let mut failed = None;
-        let mut placed = self.place(&items)?.into_iter();
-        let mut records = tracked.then(|| self.records(&items, placed.as_slice(), enqueued_ms));
+        let route = self.route();
+        let mut placed = self.place(items, &route)?.into_iter();
+        let mut records = tracked.then(|| self.records(items, placed.as_slice(), enqueued_ms));
         for (i, part) in items.chunks(PART).enumerate() {
             if i > 0 {
                 // Lets the connection's task write the part just handed to
@@ -192,7 +197,7 @@ impl<C: Codec> Producer<C> {
                     _ => {
                         let fields =
                             entry::first_attempt(id.as_str(), &enqueued_at, C::NAME, payload);
-                        let stream = &self.streams[p as usize];
+                        let stream = &route.streams[crate::partition::index_of(p) as usize];
                         let mut cmd = match options.and_then(|o| o.key.as_deref()) {
                             Some(key) => xadd_keyed(stream, &fields, key),
                             None => xadd(stream, &fields),
@@ -212,15 +217,17 @@ impl<C: Codec> Producer<C> {
                             }
                         }
                         pipe.add_command(cmd);
+                        plain.push((i, commands, ids.len()));
                         commands += 1;
                     }
                 }
                 ids.push(id);
             }
-            let each = !part_scripted.is_empty();
             scripted.push(part_scripted);
             replies.push(None);
-            sending.push(self.send_part(conn.clone(), pipe, &carriers, each, i));
+            // Each reply in its place: a partition a reshard sealed refuses
+            // its entries and no other (docs/design.md §21).
+            sending.push(self.send_part(conn.clone(), pipe, &carriers, true, i));
             // One poll hands the part to the connection (and collects any
             // part already answered); the rest is waited for below.
             while let Some(Some(sent)) = sending.next().now_or_never() {
@@ -233,18 +240,31 @@ impl<C: Codec> Producer<C> {
         if let Some(error) = failed {
             return Err(error);
         }
+        // The plain entries a sealed partition refused go again below;
+        // any other error reply fails the batch, as before.
+        let mut sealed = Vec::new();
+        for (part, reply, task) in plain {
+            if let Some(Value::ServerError(e)) = replies[part].as_ref().map(|r| &r[reply]) {
+                let e = redis::RedisError::from(e.clone());
+                if !route::is_sealed(&e) {
+                    return Err(e.into());
+                }
+                sealed.push(task);
+            }
+        }
         let scripted: Vec<Scripted> = scripted.into_iter().flatten().collect();
         let mut refused = Vec::new();
-        let new = self
+        let mut new = self
             .scripted_replies(
                 conn.clone(),
                 scripted,
                 replies,
                 &carriers,
                 &mut ids,
-                &mut refused,
+                (&mut refused, &mut sealed),
             )
             .await?;
+        new -= sealed.len();
         let refused = refused
             .into_iter()
             .map(|task| {
@@ -258,12 +278,12 @@ impl<C: Codec> Producer<C> {
             let waited = conn.clone().wait_after(&carriers, wait).await;
             wait.confirmed(waited.inspect_err(|e| self.conn.reset_after(e))?)?;
         }
-        Ok(Sent { new, ids, refused })
+        Ok((Sent { new, ids, refused }, sealed))
     }
 
     /// Each task's new id and partition (its key's, else its id's, at
     /// its level).
-    fn place(&self, items: &[Item<'_>]) -> Result<Vec<(TaskId, u32)>> {
+    fn place(&self, items: &[Item<'_>], route: &Route) -> Result<Vec<(TaskId, u32)>> {
         items
             .iter()
             .map(|(_, options)| {
@@ -272,8 +292,10 @@ impl<C: Codec> Producer<C> {
                 let key = options.and_then(|o| o.partition_key());
                 let key = key.unwrap_or(id.as_str()).as_bytes();
                 let p = match options {
-                    Some(o) if o.priority != Priority::Normal => self.place_at(key, o.priority)?,
-                    _ => partition_of(key, self.partitions),
+                    Some(o) if o.priority != Priority::Normal => {
+                        self.place_in(route, key, o.priority)?
+                    }
+                    _ => route.current.route(key, 0),
                 };
                 Ok((id, p))
             })
@@ -293,7 +315,7 @@ impl<C: Codec> Producer<C> {
         replies: Vec<Option<Vec<Value>>>,
         carriers: &Carriers,
         ids: &mut [TaskId],
-        refused: &mut Vec<usize>,
+        (refused, sealed): (&mut Vec<usize>, &mut Vec<usize>),
     ) -> Result<usize> {
         let mut repeats = 0;
         let mut due: BTreeMap<u32, u64> = BTreeMap::new();
@@ -306,6 +328,10 @@ impl<C: Codec> Producer<C> {
                     _ => {
                         let reply: (String, u64, u8) = redis::from_redis_value(reply.clone())
                             .map_err(redis::RedisError::from)?;
+                        if reply.2 == SEALED {
+                            sealed.push(s.task);
+                            return Ok(());
+                        }
                         let at = reply.1;
                         match Enqueued::of(&ids[s.task], reply) {
                             Enqueued::New(_) => {}

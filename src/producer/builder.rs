@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use deadpool_redis::redis;
 
-use super::Producer;
+use super::{Producer, route};
 use crate::codec::{Bincode, Codec, Json};
 use crate::config::{self, ServiceName, name_and_redis_setters};
 use crate::connection::{self, Redis, SharedConnection};
@@ -160,7 +160,50 @@ impl<C: Codec> ProducerBuilder<C> {
         // tasks and decides whether to wait, retry or fail.
         let checked = async { meta::differences(&mut conn.get().await?, &name, &fields).await };
         let differ = checked.await.map_err(|e| connection::at(&redis, e))?;
+        // A resharded service (docs/design.md §21): `{N}:meta` keeps the
+        // first generation's count; a producer given one must give the
+        // current generation's.
+        let layout = route::current(&conn, &name, asked)
+            .await
+            .map_err(|e| connection::at(&redis, e))?;
+        let resharded = layout.0.number > 0;
+        let differ = match resharded {
+            true => differ
+                .into_iter()
+                .filter(|d| d.setting != "partitions")
+                .collect(),
+            false => differ,
+        };
         let partitions = settle(&name, self.partitions, asked, differ)?;
+        let (partitions, current) = match resharded {
+            true => {
+                let first = meta::first_partitions(&conn, &name)
+                    .await
+                    .map_err(|e| connection::at(&redis, e))?;
+                (first, layout)
+            }
+            false => (
+                partitions,
+                (
+                    crate::reshard::Generation {
+                        number: 0,
+                        partitions,
+                    },
+                    None,
+                ),
+            ),
+        };
+        let (current, from) = current;
+        if let Some(set) = self.partitions.filter(|&set| set != current.partitions) {
+            return Err(Error::invalid(
+                "partitions",
+                format!(
+                    "service `{name}` now has {} partitions (resharded to generation {}); leave \
+                     `partitions` unset to follow the service, or give {}, not {set}",
+                    current.partitions, current.number, current.partitions
+                ),
+            ));
+        }
         let levels = read_levels(&conn, &name)
             .await
             .map_err(|e| connection::at(&redis, e))?;
@@ -168,10 +211,16 @@ impl<C: Codec> ProducerBuilder<C> {
         Ok(Producer {
             enqueued: metrics::counter!(m::ENQUEUED_TOTAL, "service" => service.clone()),
             errors: metrics::counter!(m::ENQUEUE_ERRORS_TOTAL, "service" => service),
-            // Every level's, whichever the service has (the most there are).
-            streams: (0..Priority::ALL.len() as u32 * partitions)
-                .map(|p| keys::stream(&name, p))
-                .collect(),
+            route: std::sync::RwLock::new(std::sync::Arc::new(route::Route::new(
+                &name,
+                current,
+                from.map(|(g, opened)| {
+                    (
+                        g,
+                        opened.map(|o| route::asked_until(o, self.idempotency_ttl)),
+                    )
+                }),
+            ))),
             levels: std::sync::RwLock::new(levels),
             name,
             conn,

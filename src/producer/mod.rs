@@ -17,10 +17,12 @@
 //!   members, seal;
 //! - `builder`: the settings, checked against the service's `{N}:meta`.
 
+mod across;
 mod batch;
 mod builder;
 mod options;
 mod records;
+mod route;
 mod send;
 #[cfg(feature = "postgres")]
 mod stored;
@@ -36,7 +38,6 @@ use crate::config::ServiceName;
 use crate::connection::{Redis, SharedConnection};
 use crate::entry::{Entry, TaskId};
 use crate::error::{BatchDuplicates, Error, Result};
-use crate::partition::partition_of;
 use crate::priority::{Levels, Priority};
 use crate::tracking::TaskHandle;
 use crate::tracking::watch::Cached;
@@ -78,9 +79,11 @@ pub struct Producer<C: Codec = Bincode> {
     name: ServiceName,
     /// The one connection, for single tasks and batches alike.
     conn: SharedConnection,
-    /// Every partition's stream key, by partition (a batch's entries are
-    /// added without formatting a key each).
-    streams: Box<[String]>,
+    /// The generation it writes (docs/design.md §21), replaced when a
+    /// reshard sealed a partition it wrote to.
+    route: std::sync::RwLock<std::sync::Arc<route::Route>>,
+    /// The service's first generation's partitions (`{N}:meta`'s), which
+    /// also place batch records.
     partitions: u32,
     /// The service's priority levels, as last read from `{N}:meta` (read
     /// again when a task asks for a level not in them: the consumers may
@@ -242,9 +245,10 @@ impl<C: Codec> Producer<C> {
         })))
     }
 
-    /// The service's number of partitions.
+    /// The service's number of partitions (per level) in the layout this
+    /// producer writes (docs/design.md §21).
     pub fn partitions(&self) -> u32 {
-        self.partitions
+        self.route().current.partitions
     }
 
     /// The handle of task `id` enqueued with partition key `key` (`None`:
@@ -262,7 +266,7 @@ impl<C: Codec> Producer<C> {
     /// ```
     pub fn handle_of(&self, id: &TaskId, key: Option<&str>) -> TaskHandle {
         let key = key.unwrap_or(id.as_str());
-        TaskHandle::new(partition_of(key.as_bytes(), self.partitions), id.clone())
+        TaskHandle::new(self.route().current.route(key.as_bytes(), 0), id.clone())
     }
 
     /// The handle of task `id` enqueued with `options` (its partition key,
@@ -273,7 +277,7 @@ impl<C: Codec> Producer<C> {
         let key = options.partition_key().unwrap_or(id.as_str()).as_bytes();
         let p = self
             .place_at(key, options.priority)
-            .unwrap_or_else(|_| partition_of(key, self.partitions));
+            .unwrap_or_else(|_| self.route().current.route(key, 0));
         TaskHandle::new(p, id.clone())
     }
 
@@ -301,19 +305,38 @@ impl<C: Codec> Producer<C> {
     /// relay's: its rows have no level).
     #[cfg(feature = "postgres")]
     fn partition_of(&self, entry: &Entry) -> u32 {
-        partition_of(entry.partition_key().as_bytes(), self.partitions)
+        self.route()
+            .current
+            .route(entry.partition_key().as_bytes(), 0)
     }
 
     /// The partition of a task placed by `key` at `level`; refused
     /// naming `priority` when the service has no such level.
     fn place_at(&self, key: &[u8], level: Priority) -> Result<u32> {
+        self.place_in(&self.route(), key, level)
+    }
+
+    /// [`place_at`](Self::place_at) in `route`'s generation.
+    fn place_in(&self, route: &route::Route, key: &[u8], level: Priority) -> Result<u32> {
+        self.place_gen(route.current, key, level)
+    }
+
+    /// [`place_at`](Self::place_at) in generation `current`.
+    fn place_gen(
+        &self,
+        current: crate::reshard::Generation,
+        key: &[u8],
+        level: Priority,
+    ) -> Result<u32> {
         if level == Priority::Normal {
-            return Ok(partition_of(key, self.partitions));
+            return Ok(current.route(key, 0));
         }
-        self.levels
+        let index = self
+            .levels
             .read()
             .unwrap_or_else(|e| e.into_inner())
-            .place(key, level, self.partitions)
+            .place(key, level, current.partitions)?;
+        Ok(crate::partition::unit(current.number, index))
     }
 
     /// Makes sure the levels `wanted` are known: reads `{N}:meta`'s

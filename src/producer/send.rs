@@ -4,17 +4,18 @@
 //! just before its `XADD`, in one round trip (docs/design.md §14).
 
 use std::sync::LazyLock;
-use std::time::UNIX_EPOCH;
+use std::time::{Duration, UNIX_EPOCH};
 
 use deadpool_redis::redis;
 use serde::Serialize;
 use tracing::warn;
 
-use super::{Options, Producer};
+use super::{Options, Producer, route};
 use crate::codec::Codec;
 use crate::entry::{Entry, TaskId};
 use crate::error::{Duplicate, Error, Result};
 use crate::keys;
+use crate::reshard::Generation;
 use crate::tracking::{PAD, packed, tracked_script};
 
 pub(super) static ENQUEUE: LazyLock<redis::Script> =
@@ -29,6 +30,31 @@ pub(super) enum Enqueued {
     Earlier(TaskId),
     /// Its unique key is held by this task: nothing added.
     Refused(TaskId),
+}
+
+/// `enqueue.lua`'s third reply when a reshard sealed the partition.
+pub(super) const SEALED: u8 = 2;
+/// Its third reply to a probe of a partition not sealed yet.
+pub(super) const NOT_SEALED: u8 = 3;
+/// How long an enqueue waits for a partition of the replaced layout to be
+/// sealed (its owner does so at its next assignment).
+pub(super) const SEAL_WITHIN: Duration = Duration::from_secs(30);
+
+/// What the replaced layout's partition said (docs/design.md §21).
+enum Asked {
+    /// Nothing there: the task goes to the new layout.
+    Clear,
+    /// Its record names an earlier task, or the unique key's holder.
+    Found(Enqueued),
+    /// The outbox relay's deadline passed.
+    Late,
+}
+
+/// What one send did.
+enum Sent {
+    Enqueued(Enqueued),
+    /// A reshard sealed the partition: nothing was written.
+    Sealed,
 }
 
 impl Enqueued {
@@ -83,30 +109,112 @@ impl<C: Codec> Producer<C> {
         options: &Options,
         once: Option<(&str, u64)>,
     ) -> Result<Option<Enqueued>> {
-        let id = entry.id.clone();
-        let p = self.place_at(entry.partition_key().as_bytes(), options.priority)?;
-        let stream = keys::stream(&self.name, p);
         let tracked = self.tracking.on(&self.conn, &self.name).await.is_some();
+        // Its idempotency, unique or outbox record may be in the layout a
+        // reshard replaced: asked first (docs/design.md §21).
+        let recorded = options.idempotency_key.is_some() || options.unique.is_some();
+        if let Some(from) = (recorded || once.is_some())
+            .then(|| self.to_ask(&self.route()))
+            .flatten()
+        {
+            match self.ask_replaced(&entry, from, options, once).await? {
+                Asked::Clear => {}
+                Asked::Found(enqueued) => return Ok(Some(enqueued)),
+                Asked::Late => return Ok(None),
+            }
+        }
+        // A partition a reshard sealed refuses the entry, nothing applied:
+        // the layout is read again and the entry sent to the new one
+        // (docs/design.md §21).
+        for _ in 0..route::FOLLOW_AT_MOST {
+            let p = self.place_at(entry.partition_key().as_bytes(), options.priority)?;
+            match self.send_to(&entry, p, options, once, tracked).await {
+                Err(Error::Redis(e)) if route::is_sealed(&e) => {}
+                Ok(Some(Sent::Sealed)) => {}
+                Ok(Some(Sent::Enqueued(enqueued))) => return Ok(Some(enqueued)),
+                Ok(None) => return Ok(None),
+                Err(e) => return Err(e),
+            }
+            self.follow_reshard().await?;
+        }
+        Err(Error::Runtime(format!(
+            "service `{}` was resharded {} times while one task was sent; try again",
+            self.name,
+            route::FOLLOW_AT_MOST
+        )))
+    }
+
+    /// Asks `entry`'s partition in generation `from` (which a reshard
+    /// replaced) for the records it would find there, writing nothing
+    /// (`enqueue.lua`'s probe): once the partition is sealed they are
+    /// frozen, so what it answers then holds.
+    async fn ask_replaced(
+        &self,
+        entry: &Entry,
+        from: Generation,
+        options: &Options,
+        once: Option<(&str, u64)>,
+    ) -> Result<Asked> {
+        let p = self.place_gen(from, entry.partition_key().as_bytes(), options.priority)?;
+        let deadline = tokio::time::Instant::now() + SEAL_WITHIN;
+        loop {
+            let mut script = self.enqueue_script(entry, p, options, once, false);
+            script.key(keys::sealed(&self.name, p));
+            let reply: (String, u64, u8) = self.conn.invoke(&script).await?;
+            match reply.2 {
+                SEALED => return Ok(Asked::Clear),
+                NOT_SEALED if tokio::time::Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                NOT_SEALED => {
+                    return Err(Error::Runtime(format!(
+                        "partition {} of service `{}`'s previous layout was not sealed within \
+                         {SEAL_WITHIN:?}; are its consumers running?",
+                        crate::partition::Shown(p),
+                        self.name
+                    )));
+                }
+                _ if reply.0.is_empty() => return Ok(Asked::Late),
+                _ => return Ok(Asked::Found(Enqueued::of(&entry.id, reply))),
+            }
+        }
+    }
+
+    /// Sends `entry` to partition `p`: what became of it (`Sealed`: the
+    /// partition refused it); `None` when the relay's deadline had passed.
+    async fn send_to(
+        &self,
+        entry: &Entry,
+        p: u32,
+        options: &Options,
+        once: Option<(&str, u64)>,
+        tracked: bool,
+    ) -> Result<Option<Sent>> {
         if options.scripted() || once.is_some() {
             // The script writes a tracked task's record with its entry.
-            let script = self.enqueue_script(&entry, p, options, once, tracked);
+            let script = self.enqueue_script(entry, p, options, once, tracked);
             let reply: (String, u64, u8) = self.conn.write_script(&script).await?;
+            if reply.2 == SEALED {
+                return Ok(Some(Sent::Sealed));
+            }
             if reply.0.is_empty() {
                 return Ok(None);
             }
             if reply.1 > 0 {
                 self.notice(p, reply.1).await;
             }
-            return Ok(Some(Enqueued::of(&id, reply)));
+            return Ok(Some(Sent::Enqueued(Enqueued::of(&entry.id, reply))));
         }
         let mut cmd = redis::cmd("XADD");
-        cmd.arg(&stream).arg("*").arg(entry.fields());
+        cmd.arg(keys::stream(&self.name, p))
+            .arg("*")
+            .arg(entry.fields());
         if tracked {
-            self.send_tracked(&entry, p, cmd).await?;
+            self.send_tracked(entry, p, cmd).await?;
         } else {
             self.conn.write::<()>(&cmd).await?;
         }
-        Ok(Some(Enqueued::New(id)))
+        Ok(Some(Sent::Enqueued(Enqueued::New(entry.id.clone()))))
     }
 
     /// A plain tracked task: its `waiting` record, then its entry (`xadd`),

@@ -15,7 +15,6 @@ use super::{Options, Producer};
 use crate::codec::Codec;
 use crate::entry::{Entry, TaskId};
 use crate::error::Result;
-use crate::partition::partition_of;
 use crate::{dead_letters, keys};
 
 static RELAY_DEAD: LazyLock<redis::Script> =
@@ -130,7 +129,7 @@ impl<C: Codec> Producer<C> {
     /// The partition `stored` goes to.
     pub(crate) fn partition_of_stored(&self, stored: &Stored) -> u32 {
         let key = stored.options.partition_key().unwrap_or(stored.id.as_str());
-        partition_of(key.as_bytes(), self.partitions)
+        self.route().current.route(key.as_bytes(), 0)
     }
 
     /// Gives the dedup records of `sent` (each a task id and its

@@ -5,8 +5,9 @@
 //! epoch's assignment may own.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
-use crate::partition::unit;
+use crate::partition::{index_of, partition_of, unit};
 
 /// Where a reshard stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -27,6 +28,20 @@ pub(crate) struct Generation {
 }
 
 impl Generation {
+    /// The unit a task of partition key `key` at level `rank` goes to
+    /// (docs/design.md §17: `rank * P + fnv1a64(key) % P`).
+    pub(crate) fn route(self, key: &[u8], rank: u32) -> u32 {
+        unit(
+            self.number,
+            rank * self.partitions + partition_of(key, self.partitions),
+        )
+    }
+
+    /// The level of unit `u` of this generation.
+    pub(crate) fn rank_of(self, u: u32) -> u32 {
+        index_of(u) / self.partitions
+    }
+
     /// Its units, with `levels` priority levels (docs/design.md §17):
     /// level `r`'s partition `i` is unit `r * partitions + i`.
     pub(crate) fn units(self, levels: u32) -> impl Iterator<Item = u32> {
@@ -127,6 +142,23 @@ impl Layout {
             _ => None,
         }
     }
+}
+
+/// The units of `layout` (none: generation 0 of `first` partitions) to
+/// look at: the previous generation's while it matters, then the current
+/// one's, every level's, ascending.
+pub(crate) fn units_of(layout: Option<&Layout>, first: u32, levels: u32) -> Arc<[u32]> {
+    let Some(layout) = layout else {
+        return Generation {
+            number: 0,
+            partitions: first,
+        }
+        .units(levels)
+        .collect();
+    };
+    let mut units: Vec<u32> = layout.from.iter().flat_map(|g| g.units(levels)).collect();
+    units.extend(layout.current.units(levels));
+    units.into()
 }
 
 #[cfg(test)]

@@ -22,9 +22,16 @@
 -- Returns { the id of the task enqueued: this one, or the earlier one under
 -- either dedup record, or the task that holds the unique key; its due time
 -- (Unix ms) if this call delayed it, else 0; 1 when refused for the unique
--- key, else 0 }: the producer then adds the due index's notice
+-- key, 2 when the partition is sealed by a reshard (nothing written), else
+-- 0 }: the producer then adds the due index's notice
 -- (docs/design.md §6), a key of another slot. Past the deadline:
 -- { '', 0, 0 }, nothing written.
+-- KEYS[6] = {N/p}:sealed, given only to probe a partition of the layout a
+-- reshard replaces (docs/design.md §21): nothing is written; the reply is
+-- the earlier task or the unique key's holder, as above, or { '', 0, 2 }
+-- once the partition is sealed (its records are frozen: the task goes to
+-- the new layout), { '', 0, 3 } while it is not yet.
+local probe = KEYS[6] ~= nil
 local ttl = tonumber(ARGV[1])
 local until_ms = tonumber(ARGV[5])
 if until_ms > 0 and now_ms() > until_ms then
@@ -35,7 +42,7 @@ local found = (ttl > 0 and redis.call('GET', KEYS[3]))
 if found then
   -- A row that repeats an idempotency key resolves to the earlier task
   -- for good, also once the key's record has expired.
-  if until_ms > 0 then
+  if until_ms > 0 and not probe then
     redis.call('SET', KEYS[4], found)
   end
   return { found, 0, 0 }
@@ -49,6 +56,15 @@ if unique then
   if held_by and alive(KEYS[1], KEYS[2], 'peerq', where, held_by) then
     return { held_by, 0, 1 }
   end
+end
+-- Sealed by a reshard (docs/design.md §21): the records above still
+-- answer (they are frozen now), but nothing new is written here; the
+-- producer sends the task to the new layout.
+if is_sealed(KEYS[1]) then
+  return { '', 0, 2 }
+end
+if probe then
+  return { '', 0, 3 }
 end
 local at = tonumber(ARGV[3])
 local delay = tonumber(ARGV[4])

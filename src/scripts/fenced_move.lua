@@ -36,13 +36,16 @@ if t and not unless_cancelled(t, ARGV[4]) then
   flush(t)
   return 1
 end
-local added = redis.call('XADD', KEYS[3], '*', unpack(ARGV, 16))
 -- (The destination says which: ARGV[5] is empty for an untracked task.)
+local added
 if KEYS[3] ~= KEYS[1] then
+  added = redis.call('XADD', KEYS[3], '*', unpack(ARGV, 16))
   release(locks, unique, task)
   completed(KEYS[1], batch, field_of(16, 'id'), 'dead')
 else
-  relocate(locks, unique, task, 's:' .. added)
+  -- Back into the stream, or, sealed by a reshard (docs/design.md §21),
+  -- parked in the delayed set for the move to the new layout.
+  relocate(locks, unique, task, readd(KEYS[1], 16))
 end
 if t then
   if ARGV[5] == 'dead' then

@@ -40,8 +40,8 @@ end
 local delay = tonumber(ARGV[4])
 local due = now_ms() + delay
 if delay <= 0 then
-  local added = redis.call('XADD', KEYS[1], '*', unpack(ARGV, 17))
-  relocate(locks, unique, task, 's:' .. added)
+  -- A sealed partition (a reshard, docs/design.md §21) parks it, due now.
+  relocate(locks, unique, task, readd(KEYS[1], 17))
 else
   local fields = {}
   for i = 17, #ARGV do fields[#fields + 1] = ARGV[i] end

@@ -5,6 +5,12 @@
 -- follows it into the stream; a member without a `unique` field costs one
 -- plain search of its bytes.
 -- Returns { moved, ms until the next one is due (-1: none), delayed left }.
+-- sealed.lua is prepended too.
+-- A partition sealed by a reshard (docs/design.md §21) promotes nothing:
+-- its delayed set moves to the new layout as a whole.
+if is_sealed(KEYS[2]) then
+  return { 0, -1, redis.call('ZCARD', KEYS[1]) }
+end
 local now = redis.call('TIME')
 local ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
 local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ms, 'LIMIT', 0, tonumber(ARGV[1]))

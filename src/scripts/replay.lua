@@ -17,12 +17,18 @@
 -- is pending again in its batch: a completion record says so.
 -- Returns { code, holder }: 1 when replayed, 0 when it was not there (any
 -- more), -1 when it has no fields to replay, -2 when its unique key is
--- held, by the task `holder` names ('' otherwise).
+-- held, by the task `holder` names ('' otherwise), -3 when the partition
+-- is sealed by a reshard (its letters move to the new layout).
 if #redis.call('XRANGE', KEYS[1], ARGV[1], ARGV[1]) == 0 then
   return { 0, '' }
 end
 if #ARGV < 4 then
   return { -1, '' }
+end
+-- Sealed by a reshard (docs/design.md §21): the letter moves to the new
+-- layout with the rest, and is replayed there.
+if is_sealed(KEYS[2]) then
+  return { -3, '' }
 end
 local unique = ARGV[2] ~= '' and field_of(3, 'unique')
 local locks = locks_of(KEYS[2])

@@ -61,6 +61,10 @@ macro_rules! tracked_script {
                 env!("CARGO_MANIFEST_DIR"),
                 "/src/scripts/members.lua"
             )),
+            include_str!(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/src/scripts/sealed.lua"
+            )),
             include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/src/scripts/", $file))
         )
     };

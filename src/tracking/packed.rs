@@ -8,6 +8,8 @@
 
 use std::collections::HashMap;
 
+use crate::entry::{take, unsigned};
+
 /// Each letter a record uses, and the field it stands for (`track.lua`
 /// lists the same; a unit test holds them equal).
 pub(crate) const NAMES: [(u8, &str); 14] = [
@@ -274,25 +276,6 @@ fn named(head: &mut [u8], at: &mut usize, name: u8, len: usize) {
     let (len, n) = head_of(len);
     put(head, at, &[0xa1, name]);
     put(head, at, &len[..n]);
-}
-
-/// Takes the next `n` bytes (also for `admin::delayed`'s reader).
-pub(crate) fn take<'a>(bytes: &mut &'a [u8], n: usize) -> Option<&'a [u8]> {
-    if bytes.len() < n {
-        return None;
-    }
-    let (head, tail) = bytes.split_at(n);
-    *bytes = tail;
-    Some(head)
-}
-
-/// A big-endian unsigned number of `width` bytes.
-pub(crate) fn unsigned(bytes: &mut &[u8], width: usize) -> Option<u64> {
-    Some(
-        take(bytes, width)?
-            .iter()
-            .fold(0, |n, b| (n << 8) | u64::from(*b)),
-    )
 }
 
 /// The next value: a string's bytes, an integer's digits; `Some(None)` for

@@ -56,7 +56,7 @@ pub(crate) async fn read(
 pub(crate) async fn find(
     conn: &SharedConnection,
     name: &ServiceName,
-    partitions: u32,
+    units: &[u32],
     handle: &TaskHandle,
 ) -> Result<Option<TaskRecord>> {
     let id = handle.id().as_str();
@@ -64,13 +64,13 @@ pub(crate) async fn find(
         return read(conn, name, p, id).await;
     }
     let mut pipe = redis::pipe();
-    for p in 0..partitions {
+    for &p in units {
         ask(&mut pipe, name, p, id);
     }
     // Two replies per partition: its record, its running field.
     let replies: Vec<Value> = conn.query_pipe(&pipe).await?;
     let mut replies = replies.into_iter();
-    for p in 0..partitions {
+    for &p in units {
         let (Some(fields), Some(running)) = (replies.next(), replies.next()) else {
             break;
         };

@@ -358,6 +358,7 @@ async fn an_instance_whose_acks_cannot_land_stops_reading_at_its_bound() {
         include_str!("../../src/scripts/track.lua"),
         include_str!("../../src/scripts/unique.lua"),
         include_str!("../../src/scripts/members.lua"),
+        include_str!("../../src/scripts/sealed.lua"),
         include_str!("../../src/scripts/fenced_ack.lua")
     ));
     proxy.hold_on(fenced_ack.get_hash().as_bytes());

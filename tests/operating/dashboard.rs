@@ -10,6 +10,7 @@ mod batch;
 mod browser;
 mod headers;
 mod limits;
+mod reshard;
 mod singleton;
 mod task;
 mod unique;

@@ -15,6 +15,7 @@ mod limits;
 mod moves;
 mod pause;
 mod priorities;
+mod reshard;
 mod restarts;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::io::{BufRead, BufReader};
@@ -87,6 +88,8 @@ struct Line {
     what: What,
     seq: u64,
     partition: u32,
+    /// The partition's generation (docs/design.md §21): 0 until a reshard.
+    generation: u32,
     token: u64,
     attempt: u32,
     /// Microseconds since the Unix epoch.
@@ -120,6 +123,7 @@ fn parse(consumer: usize, line: &str) -> Option<Line> {
         what,
         seq: num("seq"),
         partition: num("partition") as u32,
+        generation: num("generation") as u32,
         token: num("token"),
         attempt: num("attempt") as u32,
         at: f.get("at")?.parse().ok()?,

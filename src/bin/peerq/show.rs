@@ -78,9 +78,15 @@ pub(crate) fn status(status: &Status) -> String {
             (Some(g), Some(p)) => format!(" from generation {g} ({p} partitions)"),
             _ => String::new(),
         };
+        let progress = match (l.replaced, l.sealed, l.retired) {
+            (Some(of), Some(sealed), Some(retired)) => {
+                format!(": {sealed} sealed, {retired} retired of {of}")
+            }
+            _ => String::new(),
+        };
         let _ = writeln!(
             out,
-            "layout: generation {} ({} partitions), {}{from}",
+            "layout: generation {} ({} partitions), {}{from}{progress}",
             l.generation, l.partitions, l.state
         );
     }

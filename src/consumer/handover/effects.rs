@@ -104,7 +104,7 @@ impl Handover {
         let write = marks::mark_retried(
             self.shared.conn.clone(),
             self.shared.name.clone(),
-            p.to_string(),
+            crate::partition::Shown(p).to_string(),
             epoch,
         );
         self.marks.spawn(write.in_current_span());
@@ -120,7 +120,8 @@ impl Handover {
         metrics::counter!(m::PARTITION_CHANGES_TOTAL, "service" => self.shared.name.to_string(), "change" => name)
             .increment(1);
         let _ = self.events.send(PartitionEvent {
-            partition,
+            partition: crate::partition::index_of(partition),
+            generation: crate::partition::generation_of(partition),
             at: SystemTime::now(),
             change,
         });

@@ -20,6 +20,7 @@ use tracing::{Instrument, error, info, warn};
 
 use super::event::{PartitionChange, PartitionEvent};
 use super::ownership::{Ownership, Report};
+use super::retire;
 use super::shared::Shared;
 use super::worker::Worker;
 use crate::assignment::Assignment;
@@ -28,6 +29,7 @@ use crate::error::Result;
 use crate::lease::Lease;
 use crate::marks::{self, Mark};
 use crate::metrics as m;
+use crate::reshard::Phase;
 use crate::timing::Timing;
 use crate::transition::Partitions;
 
@@ -73,6 +75,8 @@ pub(super) struct Handover {
     events: broadcast::Sender<PartitionEvent>,
     /// Whether the last assignment owned no partition (logged once).
     idle: bool,
+    /// The look for a reshard's cut-over underway (index 1 only).
+    opening: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl Handover {
@@ -106,6 +110,7 @@ impl Handover {
             reports,
             events,
             idle: false,
+            opening: None,
         }
     }
 
@@ -155,6 +160,7 @@ impl Handover {
             .assignment
             .get_or_insert_with(|| watch::Sender::new(a.clone()))
             .clone();
+        self.look_for_cut_over(&a);
         let effects = self.machine.assigned(a.clone(), now);
         self.apply(effects);
         // The lease only now, with the partitions this assignment stops
@@ -172,6 +178,28 @@ impl Handover {
         if !first {
             assignment.send_replace(a);
         }
+    }
+
+    /// While a reshard drains, the instance with index 1 looks once per
+    /// assignment whether every old partition is retired, and opens the
+    /// new layout then (docs/design.md §21).
+    fn look_for_cut_over(&mut self, a: &Assignment) {
+        let Some(layout) = a.layout().filter(|l| l.phase == Phase::Draining) else {
+            return;
+        };
+        if a.index != 1 || self.opening.as_ref().is_some_and(|o| !o.is_finished()) {
+            return;
+        }
+        let (shared, layout, interval) =
+            (self.shared.clone(), layout.clone(), self.timing.interval);
+        self.opening = Some(tokio::spawn(
+            async move {
+                if let Err(e) = retire::open_when_retired(shared, layout, interval).await {
+                    warn!(cause = %e, "cannot look whether the reshard can open");
+                }
+            }
+            .in_current_span(),
+        ));
     }
 
     /// Rules 5 and 6: stop every owned partition now (running tasks are

@@ -27,6 +27,7 @@ mod completions;
 mod reader;
 mod records;
 mod reply;
+mod reshard;
 mod sizes;
 #[cfg(test)]
 mod tests;
@@ -41,6 +42,7 @@ pub(crate) use self::attempts::{Attempts, Deliveries, InPlace, Recorded};
 pub(crate) use self::reader::{BlockingReads, Fetched, Unreadable, is_nogroup, unblock};
 pub(crate) use self::records::{Starting, Succeeded, Track};
 use self::reply::AutoClaim;
+pub(crate) use self::reshard::Retire;
 pub(crate) use self::sizes::{Group, Sizes};
 use crate::config::ServiceName;
 use crate::connection::SharedConnection;
@@ -63,6 +65,7 @@ static FENCED_RETRY: LazyLock<Script> =
 static PROMOTE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(concat!(
         include_str!("../../scripts/unique.lua"),
+        include_str!("../../scripts/sealed.lua"),
         include_str!("../../scripts/promote.lua")
     ))
 });
@@ -148,6 +151,8 @@ pub(crate) struct PartitionStore {
     records: PartitionKeys,
     /// What the store knows of the partition's sizes.
     known: Mutex<sizes::Known>,
+    /// The service: a reshard's moves name another partition's keys.
+    name: ServiceName,
 }
 
 impl PartitionStore {
@@ -178,6 +183,7 @@ impl PartitionStore {
             record: owner_record(token, id),
             max_entry_bytes,
             known: Mutex::default(),
+            name: name.clone(),
         }
     }
 
@@ -200,6 +206,11 @@ impl PartitionStore {
     /// `Ok(Some(t))` when a token `t >= token` is recorded already (this
     /// instance is too late, and must not fetch).
     pub(crate) async fn acquire(&self) -> Result<Option<u64>> {
+        // A unit of a later generation (docs/design.md §21) was never
+        // given its group at a consumer's start.
+        if crate::partition::generation_of(self.partition) > 0 {
+            self.ensure_group().await?;
+        }
         let mut script = ACQUIRE.key(&self.owner);
         script.arg(self.token).arg(&self.consumer);
         // With `wait_for_replicas`, confirmed by a replica: a record a

@@ -1,20 +1,24 @@
-//! `peerq reshard` (docs/design.md §21): refused by name while a consumer
-//! that takes no part in a reshard runs (every consumer, until the
-//! consumers' part is built), when no consumer runs, when the count is out
-//! of range or the one in use, and while another reshard drains; a start
-//! writes the next generation, and `status` shows the layout in its table
-//! and in its JSON's `layout`.
+//! `peerq reshard` (docs/design.md §21): refused by name when the count is
+//! out of range or the one in use, while a member of a previous version
+//! runs (its record lacks `reshard`), while the service tracks tasks (not
+//! carried across yet), while another reshard has not settled, and
+//! when no consumer runs; a start on a running service writes the next
+//! generation, which the consumers open, and `status` shows the layout in
+//! its table and in its JSON's `layout`.
 
 use super::*;
 
-/// A members record as a consumer that follows reshards writes it, seen
-/// now by Redis's clock.
-fn capable_member(conn: &mut redis::Connection, name: &str, id: &str) {
+/// A members record `id` of another version, seen now by Redis's clock;
+/// `reshard`: whether it says it takes part in a reshard.
+fn other_member(conn: &mut redis::Connection, name: &str, id: &str, reshard: bool) {
     let (secs, micros): (u64, u64) = redis::cmd("TIME").query(conn).unwrap();
-    let record = serde_json::json!({
-        "id": id, "version": "next", "standing": "assigned",
-        "seen_at_ms": secs * 1000 + micros / 1000, "reshard": 1,
+    let mut record = serde_json::json!({
+        "id": id, "version": "0.0.9", "standing": "assigned",
+        "seen_at_ms": secs * 1000 + micros / 1000,
     });
+    if reshard {
+        record["reshard"] = 1.into();
+    }
     let _: () = redis::cmd("HSET")
         .arg(format!("{{{name}}}:members"))
         .arg(id)
@@ -44,7 +48,10 @@ async fn reshard_is_refused_by_name_and_status_shows_the_layout() {
             "from_partitions",
             "open_epoch",
             "started_ms",
-            "opened_ms"
+            "opened_ms",
+            "replaced",
+            "sealed",
+            "retired"
         ])
     );
     assert_eq!(status["layout"]["generation"], 0);
@@ -66,22 +73,34 @@ async fn reshard_is_refused_by_name_and_status_shows_the_layout() {
         same.failure().contains("reshard refused (`partitions`)"),
         "{same:?}"
     );
+    let mut conn = server.client().get_connection().unwrap();
+    other_member(&mut conn, &name, "old-1", false);
     let old = reshard("8").await;
     assert!(
-        old.failure().contains("reshard refused (`member`)") && old.failure().contains(&member),
+        old.failure().contains("reshard refused (`member`)")
+            && old.failure().contains("old-1")
+            && !old.failure().contains(&member),
         "{old:?}"
     );
-    stop(consumers).await;
-    let idle = reshard("8").await;
+    let _: () = redis::cmd("HDEL")
+        .arg(format!("{{{name}}}:members"))
+        .arg("old-1")
+        .query(&mut conn)
+        .unwrap();
+    let tracked = peerq(&url, &["tracking", "on", "--name", &name]).await;
+    tracked.ok();
+    let tracking = reshard("8").await;
     assert!(
-        idle.failure().contains("reshard refused (`idle`)"),
-        "{idle:?}"
+        tracking.failure().contains("reshard refused (`feature`)")
+            && tracking.failure().contains("tracking"),
+        "{tracking:?}"
     );
+    peerq(&url, &["tracking", "off", "--name", &name])
+        .await
+        .ok();
 
-    // A consumer that follows reshards (its record says so): the start
-    // writes generation 1, and a second one is refused while it drains.
-    let mut conn = server.client().get_connection().unwrap();
-    capable_member(&mut conn, &name, "next-1");
+    // The start, on the running service: generation 1, which a second
+    // start waits for.
     let started = peerq(
         &url,
         &["reshard", "--name", &name, "--partitions", "8", "--json"],
@@ -98,21 +117,48 @@ async fn reshard_is_refused_by_name_and_status_shows_the_layout() {
     let running = reshard("16").await;
     assert!(
         running.failure().contains("reshard refused (`running`)")
-            && running.failure().contains("generation 1 is still draining"),
+            && running.failure().contains("generation 1 is still"),
         "{running:?}"
     );
     let status = peerq(&url, &["status", "--name", &name, "--json"])
         .await
         .json();
     assert_eq!(status["layout"]["generation"], 1);
-    assert_eq!(status["layout"]["state"], "draining");
     assert_eq!(status["layout"]["from_partitions"], P);
     assert!(status["layout"]["started_ms"].as_u64().is_some());
     let table = peerq(&url, &["status", "--name", &name]).await;
     assert!(
         table.ok().contains(&format!(
-            "layout: generation 1 (8 partitions), draining from generation 0 ({P} partitions)"
+            "layout: generation 1 (8 partitions), {} from generation 0 ({P} partitions): ",
+            status["layout"]["state"].as_str().unwrap()
         )),
         "{table:?}"
     );
+    // The consumer retires the old partitions and opens the new ones.
+    let open = until(
+        "the new layout open",
+        || peerq(&url, &["status", "--name", &name, "--json"]),
+        |s| s["layout"]["state"] == "open",
+    )
+    .await;
+    assert!(open["layout"]["open_epoch"].as_u64().is_some());
+    // Every old partition sealed and retired before the open.
+    assert_eq!(open["layout"]["replaced"], P);
+    assert_eq!(open["layout"]["sealed"], P);
+    assert_eq!(open["layout"]["retired"], P);
+    assert!(open["layout"]["opened_ms"].as_u64() >= open["layout"]["started_ms"].as_u64());
+    stop(consumers).await;
+    // No consumer runs: refused `idle` once the cut-over has settled.
+    let deadline = Instant::now() + WITHIN;
+    loop {
+        let ran = reshard("4").await;
+        if ran.failure().contains("reshard refused (`idle`)") {
+            break;
+        }
+        assert!(
+            ran.failure().contains("reshard refused (`running`)") && Instant::now() < deadline,
+            "{ran:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
