@@ -15,7 +15,7 @@ use crate::periodic::Periodic;
 
 /// One periodic job. Its JSON: `name`, `every_ms` (null for a cron job),
 /// `cron` (null for an interval job), `missed` (`skip`, `run_once`),
-/// `partition`, `last_due_ms`, `next_due_ms`.
+/// `partition`, `generation`, `last_due_ms`, `next_due_ms`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[non_exhaustive]
 pub struct PeriodicJob {

@@ -21,6 +21,7 @@ use crate::error::Result;
 use crate::keys;
 use crate::partition::{Shown, generation_of};
 use crate::reshard::{Generation, Layout};
+use crate::timing::Timing;
 
 /// How often a sealed partition looks whether it can retire.
 const LOOK_EVERY: Duration = Duration::from_millis(200);
@@ -120,14 +121,19 @@ async fn replaced(
 
 static OPEN: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../scripts/open.lua")));
 
+/// How often the instance with index 1 looks at the old partitions'
+/// retired records while a reshard drains.
+const OPEN_LOOK_EVERY: Duration = Duration::from_millis(100);
+
 /// The cut-over (docs/design.md §21), looked at by the instance with index
-/// 1 at each assignment while a reshard drains: once every partition of
-/// the generation `layout` replaces is retired, opens the new one, live
-/// two rounds on (`open.lua`). Returns the open epoch when it opened it.
+/// 1 while a reshard drains, every 100 ms for an interval from each
+/// assignment on: once every partition of the generation `layout`
+/// replaces is retired, opens the new one, live from the next round or
+/// the one after (`open.lua`). Returns the open epoch when it opened it.
 pub(super) async fn open_when_retired(
     shared: Arc<Shared>,
     layout: Layout,
-    interval: Duration,
+    timing: Timing,
 ) -> Result<Option<u64>> {
     let Some(from) = layout.from else {
         return Ok(None);
@@ -137,14 +143,22 @@ pub(super) async fn open_when_retired(
     for u in from.units(levels) {
         pipe.cmd("EXISTS").arg(keys::retired(&shared.name, u));
     }
-    let retired: Vec<u8> = shared.conn.query_pipe(&pipe).await?;
-    if retired.contains(&0) {
-        return Ok(None);
+    let until = tokio::time::Instant::now() + timing.interval;
+    loop {
+        let retired: Vec<u8> = shared.conn.query_pipe(&pipe).await?;
+        if !retired.contains(&0) {
+            break;
+        }
+        if tokio::time::Instant::now() + OPEN_LOOK_EVERY > until {
+            return Ok(None);
+        }
+        tokio::time::sleep(OPEN_LOOK_EVERY).await;
     }
     let mut script = OPEN.key(keys::layout(&shared.name));
     script
         .arg(layout.current.number)
-        .arg(interval.as_millis() as u64);
+        .arg(timing.interval.as_millis() as u64)
+        .arg(timing.skew.as_millis() as u64);
     let open_epoch: u64 = shared.conn.invoke(&script).await?;
     if open_epoch > 0 {
         info!(service = %shared.name, generation = layout.current.number, open_epoch,

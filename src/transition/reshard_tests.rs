@@ -129,21 +129,20 @@ proptest! {
             let e = FIRST + step as u64;
             // The layout a round of epoch e reads: written at the step
             // before the open epoch's round two rounds ahead.
-            let l = if step < drain_at {
-                None
-            } else if (e + 2) < open_epoch {
-                Some(layout(from, to, None))
-            } else {
-                Some(layout(from, to, Some(open_epoch)))
-            };
-            let live = l.as_ref().map_or(0, |l| l.live(e).number);
+            let draining = (step >= drain_at).then(|| layout(from, to, None));
+            let open = Some(layout(from, to, Some(open_epoch)));
+            let live = open.as_ref().map_or(0, |l| l.live(e).number);
             // The last three epochs are steady: every instance assigned.
             let n = replicas.get(step).copied().unwrap_or(width as u32) as usize;
             let now = start(e) + 100 * MS;
             let mut effects: Vec<(usize, Effect)> = Vec::new();
             for (i, inst) in instances.iter_mut().enumerate() {
+                // Rounds of the open epoch or later read the open layout;
+                // the two before it may or may not (written in between).
+                let sees_open = e >= open_epoch || (e + 2 >= open_epoch && (i + step) % 2 == 0);
+                let l = if sees_open { open.clone() } else { draining.clone() };
                 let got = if i < n {
-                    let a = Assignment::modulo(e, i as u32 + 1, n as u32).with_layout(l.clone());
+                    let a = Assignment::modulo(e, i as u32 + 1, n as u32).with_layout(l);
                     inst.machine.assigned(a, now)
                 } else {
                     inst.machine.fence()

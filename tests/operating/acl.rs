@@ -225,6 +225,33 @@ async fn a_consumer_a_producer_and_the_cli_work_as_a_least_privilege_user() {
         &["limit", "set", "--name", &name, "--rate", "2000/1s"],
     );
     assert!(limits.contains("rate limit 2000/1s"), "{limits}");
+    // A reshard as this user (docs/design.md §21): the seal (`XSETID`),
+    // the moves of the dead letter, the periodic mark, the retire and the
+    // open, all in `{N/…}` and `{N}`.
+    let resharded = cli(
+        &url,
+        &["reshard", "--name", &name, "--partitions", "8", "--json"],
+    );
+    let resharded: serde_json::Value = serde_json::from_str(&resharded).unwrap();
+    assert_eq!(resharded["generation"], 1, "{resharded}");
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let status = cli(&url, &["status", "--name", &name, "--json"]);
+        let status: serde_json::Value = serde_json::from_str(&status).unwrap();
+        if status["layout"]["state"] == "open" {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the reshard never opened: {}",
+            status["layout"]
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let moved = peerq::DeadLetters::connect(&url, &name).await.unwrap();
+    let letters = moved.list(10).await.unwrap();
+    assert_eq!(letters.len(), 1, "{letters:?}");
+    assert!(letters[0].partition >= 1 << 16, "moved: {letters:?}");
     stop.cancel();
     running.await.unwrap().unwrap();
 }

@@ -436,6 +436,7 @@ async fn status_names_every_member_and_an_owner_for_every_partition() {
             "cron",
             "missed",
             "partition",
+            "generation",
             "last_due_ms",
             "next_due_ms"
         ])

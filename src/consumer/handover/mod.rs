@@ -190,11 +190,10 @@ impl Handover {
         if a.index != 1 || self.opening.as_ref().is_some_and(|o| !o.is_finished()) {
             return;
         }
-        let (shared, layout, interval) =
-            (self.shared.clone(), layout.clone(), self.timing.interval);
+        let (shared, layout, timing) = (self.shared.clone(), layout.clone(), self.timing);
         self.opening = Some(tokio::spawn(
             async move {
-                if let Err(e) = retire::open_when_retired(shared, layout, interval).await {
+                if let Err(e) = retire::open_when_retired(shared, layout, timing).await {
                     warn!(cause = %e, "cannot look whether the reshard can open");
                 }
             }
