@@ -9,6 +9,7 @@
 
 mod consumer;
 mod held;
+mod reshard;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
