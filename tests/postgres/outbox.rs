@@ -13,6 +13,7 @@ mod headers;
 mod killed;
 mod latency;
 mod outage;
+mod reshard;
 mod stale;
 
 use std::collections::HashMap;
@@ -47,6 +48,8 @@ struct Run {
     seq: u64,
     started: SystemTime,
     headers: peerq::Headers,
+    /// Its partition's generation (docs/design.md §21).
+    generation: u32,
 }
 
 /// Records every run, and wakes whoever waits for one.
@@ -66,6 +69,7 @@ impl Handler for Record {
             seq: mail.seq,
             started,
             headers: cx.headers().clone(),
+            generation: cx.generation(),
         });
         self.ran.notify_waiters();
         Ok(())
