@@ -249,6 +249,22 @@ async fn ran_once(record: &Record, id: &str, what: &str) {
     assert_eq!(record.counts().get(id), Some(&1), "{what}");
 }
 
+/// Checks that each of `keys` ran seqs `0..per_key`, in that order.
+fn in_commit_order(runs: &[Run], keys: &[&str], per_key: u64) {
+    for key in keys {
+        let seqs: Vec<u64> = runs
+            .iter()
+            .filter(|r| r.key == *key)
+            .map(|r| r.seq)
+            .collect();
+        assert_eq!(
+            seqs,
+            (0..per_key).collect::<Vec<_>>(),
+            "{key} in commit order"
+        );
+    }
+}
+
 fn mail(key: &str, seq: u64) -> Mail {
     Mail {
         key: key.to_owned(),
@@ -419,18 +435,7 @@ async fn per_key_order_holds_through_several_relays() {
     .await;
     let runs = record.runs();
     assert_eq!(runs.len(), total, "each once");
-    for key in KEYS {
-        let seqs: Vec<u64> = runs
-            .iter()
-            .filter(|r| r.key == key)
-            .map(|r| r.seq)
-            .collect();
-        assert_eq!(
-            seqs,
-            (0..PER_KEY).collect::<Vec<_>>(),
-            "{key} in commit order"
-        );
-    }
+    in_commit_order(&runs, &KEYS, PER_KEY);
     for relay in relays {
         relay.stop().await;
     }

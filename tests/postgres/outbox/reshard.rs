@@ -54,18 +54,7 @@ async fn rows_relayed_through_a_reshard_each_run_once_in_commit_order() {
     tokio::time::sleep(Duration::from_secs(1)).await;
     let runs = record.runs();
     assert_eq!(runs.len(), total, "each once");
-    for key in KEYS {
-        let seqs: Vec<u64> = runs
-            .iter()
-            .filter(|r| r.key == key)
-            .map(|r| r.seq)
-            .collect();
-        assert_eq!(
-            seqs,
-            (0..PER_KEY).collect::<Vec<_>>(),
-            "{key} in commit order"
-        );
-    }
+    in_commit_order(&runs, &KEYS, PER_KEY);
     let later = runs.iter().filter(|r| r.generation == 1).count();
     assert!(later > 0, "the relay never wrote the new layout");
     let layout = service.layout().await.unwrap();
