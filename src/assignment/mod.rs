@@ -154,7 +154,7 @@ impl Assignment {
         }
         match &self.owner {
             Owner::Modulo => partition::index_of(u) % self.replicas == self.index - 1,
-            Owner::Rendezvous { members, me } => members.owner_of_unit(u) == Some(*me),
+            Owner::Rendezvous { members, me } => members.owner_of_unit(u, units) == Some(*me),
         }
     }
 
@@ -260,6 +260,35 @@ mod tests {
                 })
                 .count();
             prop_assert_eq!(held, 1);
+        }
+
+        /// A later generation's units (docs/design.md §21) each have exactly
+        /// one owner too, under both assignors, whatever generation the
+        /// members' table was first asked for.
+        #[test]
+        fn each_unit_of_a_later_generation_has_exactly_one_owner(
+            replicas in 1u32..20,
+            units in 1u32..200,
+            generation in 1u32..5,
+        ) {
+            let names: Vec<String> = (0..replicas).map(|i| format!("i{i}@1")).collect();
+            let members = Arc::new(Members::from_names(&names));
+            for i in 0..units {
+                let u = partition::unit(generation, i);
+                let modulo = (1..=replicas)
+                    .filter(|&x| Assignment::modulo(3, x, replicas).owns_unit(u, units))
+                    .count();
+                prop_assert_eq!(modulo, 1);
+                let owners: Vec<usize> = (0..replicas as usize)
+                    .filter(|&me| {
+                        Assignment::rendezvous(3, me as u32 + 1, replicas, members.clone(), me)
+                            .owns_unit(u, units)
+                    })
+                    .collect();
+                prop_assert_eq!(owners.len(), 1);
+                // The cached table and the direct score agree.
+                prop_assert_eq!(members.owner_of(u), owners[0]);
+            }
         }
 
         /// Every partition has exactly one owner among indices 1..=replicas,

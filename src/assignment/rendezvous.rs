@@ -164,6 +164,10 @@ pub(crate) struct Members {
     /// partition's owner in `list`. Computed once per list (the indexer
     /// keeps one `Members` while the list stays the same).
     owners: OnceLock<(u32, Vec<u32>)>,
+    /// The same for a later generation's units (docs/design.md §21): its
+    /// number, its unit count, and each unit's owner by its number in the
+    /// generation, for the generation asked first.
+    later: OnceLock<(u32, u32, Vec<u32>)>,
 }
 
 impl Members {
@@ -178,6 +182,7 @@ impl Members {
             list,
             weighted,
             owners: OnceLock::new(),
+            later: OnceLock::new(),
         }
     }
 
@@ -209,15 +214,33 @@ impl Members {
     /// The position of the owner of unit `u` of a later generation
     /// (docs/design.md §21), scored from the unit itself; `None` for an
     /// empty list.
-    pub(crate) fn owner_of_unit(&self, u: u32) -> Option<usize> {
-        (!self.list.is_empty()).then(|| self.owner_of(u))
+    /// `units`: how many the generation has; its owner table is computed
+    /// once per list, as generation 0's.
+    pub(crate) fn owner_of_unit(&self, u: u32, units: u32) -> Option<usize> {
+        if self.list.is_empty() {
+            return None;
+        }
+        let generation = crate::partition::generation_of(u);
+        let (cached, count, owners) = self.later.get_or_init(|| {
+            let table = (0..units)
+                .map(|i| self.owner_of(crate::partition::unit(generation, i)) as u32)
+                .collect();
+            (generation, units, table)
+        });
+        if (*cached, *count) == (generation, units) {
+            let i = crate::partition::index_of(u) as usize;
+            return owners.get(i).map(|&o| o as usize);
+        }
+        Some(self.owner_of(u))
     }
 
     fn compute(&self, partitions: u32) -> Vec<u32> {
         (0..partitions).map(|p| self.owner_of(p) as u32).collect()
     }
 
-    fn owner_of(&self, partition: u32) -> usize {
+    /// The position of the owner of `partition` (or a later generation's
+    /// unit), scored directly; the list must not be empty.
+    pub(crate) fn owner_of(&self, partition: u32) -> usize {
         self.best(|m| m.score(partition, self.weighted))
     }
 

@@ -73,6 +73,12 @@ fn consumer(url: &str, name: &str, handler: Recording, ordered: bool) -> Instanc
     start(builder, url, name, handler)
 }
 
+/// A consumer whose partitions are placed by rendezvous.
+fn rendezvous(url: &str, name: &str, handler: Recording) -> Instance {
+    let builder = Consumer::builder().assignor(peerq::Assignor::Rendezvous);
+    start(builder, url, name, handler)
+}
+
 /// Runs `builder` as a consumer of `name` (4 partitions, rounds of 300 ms).
 fn start(
     builder: peerq::consumer::ConsumerBuilder<(), (), peerq::Bincode>,
@@ -154,14 +160,16 @@ async fn reshard(admin: &Admin, name: &str, partitions: u32, handler: &Recording
     .await;
 }
 
-async fn up_and_down(ordered: bool) {
+async fn up_and_down(ordered: bool, placed: bool) {
     let server = RedisServer::start();
     let (url, name) = (server.url(), unique_name("reshard"));
     let handler = Recording::default();
-    let instances = vec![
-        consumer(&url, &name, handler.clone(), ordered),
-        consumer(&url, &name, handler.clone(), ordered),
-    ];
+    let instances: Vec<Instance> = (0..2)
+        .map(|_| match placed {
+            true => rendezvous(&url, &name, handler.clone()),
+            false => consumer(&url, &name, handler.clone(), ordered),
+        })
+        .collect();
     let admin = Admin::connect(url.as_str()).await.unwrap();
     running(&admin, &name, 2).await;
     let producer = Producer::builder()
@@ -242,12 +250,19 @@ async fn up_and_down(ordered: bool) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_reshard_up_and_down_runs_every_task_once_under_load() {
-    up_and_down(false).await;
+    up_and_down(false, false).await;
+}
+
+/// The same with rendezvous placement: a later generation's units are
+/// scored from their own numbers (docs/design.md §21).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_reshard_under_rendezvous_runs_every_task_once() {
+    up_and_down(false, true).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_ordered_service_keeps_each_keys_order_and_tokens_across_two_reshards() {
-    up_and_down(true).await;
+    up_and_down(true, false).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
