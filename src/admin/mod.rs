@@ -125,9 +125,12 @@ impl Admin {
     /// never recorded any in this Redis.
     pub async fn service(&self, name: &str) -> Result<Service> {
         let name = ServiceName::new(name)?;
-        let mut hgetall = redis::cmd("HGETALL");
-        hgetall.arg(keys::meta(&name));
-        let meta: HashMap<String, String> = self.conn.query(&hgetall).await?;
+        // Both in the service's slot: one round trip.
+        let mut pipe = redis::pipe();
+        pipe.cmd("HGETALL").arg(keys::meta(&name));
+        pipe.cmd("HGETALL").arg(keys::layout(&name));
+        let (meta, layout): (HashMap<String, String>, HashMap<String, String>) =
+            self.conn.query_pipe(&pipe).await?;
         if meta.is_empty() {
             return Err(Error::UnknownService {
                 name: name.to_string(),
@@ -135,11 +138,8 @@ impl Admin {
             });
         }
         let settings = Settings::from_meta(&meta);
-        let mut hgetall = redis::cmd("HGETALL");
-        hgetall.arg(keys::layout(&name));
-        let layout: HashMap<String, String> = self.conn.query(&hgetall).await?;
-        let units = settings.units(&layout);
         let layout = crate::reshard::Layout::from_fields(&layout).ok().flatten();
+        let units = settings.units(layout.as_ref());
         let first = crate::reshard::Generation {
             number: 0,
             partitions: settings.partitions.unwrap_or(0),
@@ -217,21 +217,20 @@ impl Settings {
     }
 
     /// The priority levels' count (docs/design.md §17).
-    fn levels(&self) -> u32 {
+    pub(crate) fn levels(&self) -> u32 {
         let levels = crate::priority::Levels::parse(self.priorities.as_deref());
         levels.map(|l| l.count()).unwrap_or(1)
     }
 
     /// The partitions to look at, every level's, ascending, given the
-    /// service's `{N}:layout` fields (docs/design.md §21); none when
-    /// nothing recorded the partitions. A layout that does not read shows
-    /// the first generation.
-    pub(crate) fn units(&self, layout: &HashMap<String, String>) -> Arc<[u32]> {
+    /// service's layout (docs/design.md §21; `None`: never resharded, or a
+    /// layout that does not read, which shows the first generation); none
+    /// when nothing recorded the partitions.
+    pub(crate) fn units(&self, layout: Option<&crate::reshard::Layout>) -> Arc<[u32]> {
         let Some(first) = self.partitions else {
             return Arc::from([]);
         };
-        let layout = crate::reshard::Layout::from_fields(layout).ok().flatten();
-        crate::reshard::units_of(layout.as_ref(), first, self.levels())
+        crate::reshard::units_of(layout, first, self.levels())
     }
 
     /// The round interval, or the default when no consumer recorded one.

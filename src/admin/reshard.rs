@@ -194,9 +194,7 @@ impl Service {
     /// The service's layout: its generation of partitions and, while a
     /// reshard is under way, the one it replaces.
     pub async fn layout(&self) -> Result<ServiceLayout> {
-        let levels = crate::priority::Levels::parse(self.settings.priorities.as_deref())
-            .map(|l| l.count())
-            .unwrap_or(1);
+        let levels = self.settings.levels();
         read_layout(&self.admin.conn, &self.name, self.partitions(), levels).await
     }
 

@@ -65,7 +65,8 @@ impl Admin {
             let paused: bool = parse(next())?;
             let layout: HashMap<String, String> = parse(next())?;
             let settings = Settings::from_meta(&meta);
-            let units = settings.units(&layout);
+            let layout = crate::reshard::Layout::from_fields(&layout).ok().flatten();
+            let units = settings.units(layout.as_ref());
             read.push((name, settings, members, paused, units));
         }
         let sizes: Vec<(ServiceName, Arc<[u32]>)> = read

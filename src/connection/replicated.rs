@@ -145,27 +145,11 @@ impl Conn {
         self.write_pipe(&mut pipe, wait).await
     }
 
-    /// Runs `pipe`, one part of a batch of writes, failing on the first
-    /// error reply; on a Cluster, records in `carriers` the node
-    /// connections that carried it, for [`wait_after`](Self::wait_after).
-    pub(crate) async fn write_part(
-        &mut self,
-        pipe: &Pipeline,
-        carriers: &Carriers,
-    ) -> RedisResult<()> {
-        match self {
-            Conn::Node(conn) => pipe.query_async(conn).await,
-            Conn::Cluster(conn, cluster) => {
-                let (replies, _) =
-                    pipeline::write_pipe(conn, &cluster.nodes, pipe, None, Some(carriers)).await?;
-                Value::Array(replies).extract_error().map(drop)
-            }
-        }
-    }
-
-    /// Runs `pipe` as [`write_part`](Self::write_part) does, but returns
-    /// each reply in its place, error replies included (a part with
-    /// scripts, whose replies say what they did, or `NOSCRIPT`).
+    /// Runs `pipe`, one part of a batch of writes, and returns each reply
+    /// in its place, error replies included (a script's says what it did,
+    /// or `NOSCRIPT`; an `XADD` into a partition a reshard sealed, its
+    /// refusal); on a Cluster, records in `carriers` the node connections
+    /// that carried it, for [`wait_after`](Self::wait_after).
     pub(crate) async fn write_part_each(
         &mut self,
         pipe: &mut Pipeline,
@@ -183,7 +167,7 @@ impl Conn {
     }
 
     /// A `WAIT` for `wait`'s replicas after parts sent with
-    /// [`write_part`](Self::write_part), on this connection (one server),
+    /// [`write_part_each`](Self::write_part_each), on this connection (one server),
     /// or on each connection in `carriers` (a Cluster): the fewest replicas
     /// one counted (`None`: nothing carried a part).
     pub(crate) async fn wait_after(

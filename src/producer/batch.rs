@@ -225,9 +225,7 @@ impl<C: Codec> Producer<C> {
             }
             scripted.push(part_scripted);
             replies.push(None);
-            // Each reply in its place: a partition a reshard sealed refuses
-            // its entries and no other (docs/design.md §21).
-            sending.push(self.send_part(conn.clone(), pipe, &carriers, true, i));
+            sending.push(self.send_part(conn.clone(), pipe, &carriers, i));
             // One poll hands the part to the connection (and collects any
             // part already answered); the rest is waited for below.
             while let Some(Some(sent)) = sending.next().now_or_never() {
@@ -400,32 +398,29 @@ impl<C: Codec> Producer<C> {
 
     /// Sends part `i` on `conn`, the producer's connection (on a Cluster,
     /// one pipeline per master, whose connections go in `carriers`), and
-    /// forgets the connection if the error says it may be broken; `each`:
-    /// its replies, each in its place (a part with scripts).
+    /// forgets the connection if the error says it may be broken; its
+    /// replies, each in its place: a script's says what it did, and a
+    /// partition a reshard sealed refuses its entries and no other.
     async fn send_part(
         &self,
         mut conn: Conn,
         mut pipe: Pipeline,
         carriers: &Carriers,
-        each: bool,
         i: usize,
-    ) -> Result<(usize, Option<Vec<Value>>)> {
-        let sent = match each {
-            true => conn.write_part_each(&mut pipe, carriers).await.map(Some),
-            false => conn.write_part(&pipe, carriers).await.map(|()| None),
-        };
+    ) -> Result<(usize, Vec<Value>)> {
+        let sent = conn.write_part_each(&mut pipe, carriers).await;
         Ok((i, sent.inspect_err(|e| self.conn.reset_after(e))?))
     }
 }
 
 /// Keeps a part's replies, or the first error.
 fn collect(
-    sent: Result<(usize, Option<Vec<Value>>)>,
+    sent: Result<(usize, Vec<Value>)>,
     replies: &mut [Option<Vec<Value>>],
     failed: &mut Option<crate::error::Error>,
 ) {
     match sent {
-        Ok((i, part)) => replies[i] = part,
+        Ok((i, part)) => replies[i] = Some(part),
         Err(e) => *failed = failed.take().or(Some(e)),
     }
 }

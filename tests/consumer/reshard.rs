@@ -13,6 +13,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use deadpool_redis::redis;
 use peerq::admin::Admin;
 use peerq::producer::Options;
 use peerq::{Consumer, Handler, HandlerError, Producer, TaskContext};
@@ -182,6 +183,24 @@ async fn up_and_down(ordered: bool, placed: bool) {
     let produced = produce(producer, stop.clone());
     wait_until(WITHIN, "tasks run", || handler.runs().len() > 100).await;
     reshard(&admin, &name, 8, &handler, 1).await;
+    // A plain `XADD` into an old partition, as a producer of a previous
+    // version or another language sends it: refused, nothing added.
+    let mut raw = server.client().get_connection().unwrap();
+    let stream = format!("{{{name}/0}}:stream");
+    let before: u64 = redis::cmd("XLEN").arg(&stream).query(&mut raw).unwrap();
+    let refused: redis::RedisResult<String> = redis::cmd("XADD")
+        .arg(&stream)
+        .arg("*")
+        .arg("id")
+        .arg("stale")
+        .query(&mut raw);
+    let refused = refused.unwrap_err().to_string();
+    assert!(
+        refused.contains("exhausted the last possible ID"),
+        "{refused}"
+    );
+    let after: u64 = redis::cmd("XLEN").arg(&stream).query(&mut raw).unwrap();
+    assert_eq!(after, before);
     // The old count is refused, naming the new one, to a consumer and a
     // producer; the new count is taken.
     let old = Consumer::builder()

@@ -8,17 +8,14 @@
 
 use super::*;
 
-/// A members record `id` of another version, seen now by Redis's clock;
-/// `reshard`: whether it says it takes part in a reshard.
-fn other_member(conn: &mut redis::Connection, name: &str, id: &str, reshard: bool) {
+/// A members record `id` of a previous version (no `reshard` in it), seen
+/// now by Redis's clock.
+fn old_member(conn: &mut redis::Connection, name: &str, id: &str) {
     let (secs, micros): (u64, u64) = redis::cmd("TIME").query(conn).unwrap();
-    let mut record = serde_json::json!({
+    let record = serde_json::json!({
         "id": id, "version": "0.0.9", "standing": "assigned",
         "seen_at_ms": secs * 1000 + micros / 1000,
     });
-    if reshard {
-        record["reshard"] = 1.into();
-    }
     let _: () = redis::cmd("HSET")
         .arg(format!("{{{name}}}:members"))
         .arg(id)
@@ -74,7 +71,7 @@ async fn reshard_is_refused_by_name_and_status_shows_the_layout() {
         "{same:?}"
     );
     let mut conn = server.client().get_connection().unwrap();
-    other_member(&mut conn, &name, "old-1", false);
+    old_member(&mut conn, &name, "old-1");
     let old = reshard("8").await;
     assert!(
         old.failure().contains("reshard refused (`member`)")
