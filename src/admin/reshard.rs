@@ -147,7 +147,6 @@ async fn start(
     let mut script = RESHARD.key(keys::layout(name));
     script
         .key(keys::members(name))
-        .key(keys::tracking(name))
         .arg(partitions)
         .arg(first_partitions)
         .arg(interval.as_millis() as u64)
@@ -179,9 +178,6 @@ async fn start(
             version: text(2),
         })),
         "idle" => Err(Error::ReshardRefused(ReshardRefused::Idle)),
-        "feature" => Err(Error::ReshardRefused(ReshardRefused::Feature {
-            feature: text(1),
-        })),
         other => Err(Error::Redis(redis::RedisError::from((
             redis::ErrorKind::UnexpectedReturnType,
             "reshard.lua answered unexpectedly",
@@ -204,10 +200,8 @@ impl Service {
     /// [`Error::ReshardRefused`](crate::Error::ReshardRefused) naming why:
     /// `running` (another has not settled), `partitions` (out of range, or
     /// the count in use), `member` (a running instance takes no part in
-    /// a reshard: a consumer of a previous version, and, until the
-    /// consumers' part is built, every consumer), `idle` (no consumer
-    /// runs to carry it out) or `feature` (the service uses task tracking,
-    /// not carried across a reshard yet).
+    /// a reshard: a consumer of a previous version) or `idle` (no
+    /// consumer runs to carry it out).
     pub async fn reshard(&self, partitions: u32) -> Result<Resharded> {
         start(
             &self.admin.conn,

@@ -4,9 +4,11 @@
 
 use std::time::Duration;
 
+use std::sync::Arc;
+
 use super::Service;
 use crate::error::Result;
-use crate::partition::partition_of;
+use crate::reshard::read_units;
 use crate::tracking::{self, CancelOutcome, TaskHandle, TaskRecord, Tracking, Waited, read};
 
 impl Service {
@@ -14,10 +16,10 @@ impl Service {
     /// looked up over every partition in one pipeline), with its headers
     /// read from its entry ([`TaskRecord::headers`]); `None` when it has
     /// none: tracking was off when it was enqueued and it has not started,
-    /// it never existed, or its record expired.
+    /// it never existed, or its record expired. After a reshard, a handle
+    /// of either layout finds the task where it is (docs/design.md §21).
     pub async fn task(&self, handle: &TaskHandle) -> Result<Option<TaskRecord>> {
-        let found = read::find(&self.admin.conn, &self.name, self.units(), handle).await?;
-        let Some(mut record) = found else {
+        let Some(mut record) = self.locate(handle).await? else {
             return Ok(None);
         };
         record.headers = self.headers_of(&record).await?;
@@ -30,21 +32,51 @@ impl Service {
     /// is left as it is ([`CancelOutcome::AlreadyFinal`]). When a cancel
     /// and a task's end race, whichever Redis ran first wins.
     pub async fn cancel(&self, handle: &TaskHandle) -> Result<CancelOutcome> {
-        let partition = self.partition_of(handle).await?;
         let tracking = self.tracking().await?;
-        tracking::cancel::cancel(&self.admin.conn, &self.name, handle, partition, &tracking).await
+        let conn = &self.admin.conn;
+        let id = handle.id().as_str();
+        let mut partition = match self.locate(handle).await? {
+            Some(record) => record.handle.partition().unwrap_or_default(),
+            None => self.unknown_partition(handle),
+        };
+        for _ in 0..MOVES_FOLLOWED {
+            let at = TaskHandle::new(partition, handle.id().clone());
+            let outcome = tracking::cancel::cancel(conn, &self.name, &at, partition, &tracking);
+            let outcome = outcome.await?;
+            // Not there any more: a reshard moved it between the look and
+            // the cancel (its record goes only once the new layout holds
+            // it, docs/design.md §21), so it is cancelled where it is now.
+            if outcome != CancelOutcome::Unknown {
+                return Ok(outcome);
+            }
+            let units = self.fresh_units().await?;
+            if !read::spans_other(&units, partition) {
+                return Ok(outcome);
+            }
+            match read::lookup(conn, &self.name, &units, id, Some(partition)).await? {
+                Some(found) => partition = found.handle.partition().unwrap_or_default(),
+                None => return Ok(outcome),
+            }
+        }
+        Ok(CancelOutcome::Unknown)
     }
 
     /// Waits until task `handle` is final, at most `timeout`; woken
     /// through Redis pub/sub when it ends, never by polling. Every wait of
     /// one [`Admin`](super::Admin) (and the services it gave) shares one
     /// pub/sub connection, made at the first wait. The record it ends
-    /// with has its headers, as [`task`](Self::task)'s.
+    /// with has its headers, as [`task`](Self::task)'s. A task a reshard
+    /// moves is followed to its new partition.
     pub async fn wait(&self, handle: &TaskHandle, timeout: Duration) -> Result<Waited> {
-        let partition = self.partition_of(handle).await?;
+        let partition = match self.locate(handle).await? {
+            Some(record) => record.handle.partition().unwrap_or_default(),
+            None => self.unknown_partition(handle),
+        };
         let id = handle.id().as_str();
         let (conn, channels) = (&self.admin.conn, &self.admin.channels);
-        let mut waited = read::wait(conn, channels, &self.name, partition, id, timeout).await?;
+        let layout = (self.partitions(), self.settings.levels());
+        let waited = read::wait(conn, channels, &self.name, layout, partition, id, timeout);
+        let mut waited = waited.await?;
         if let Waited::Final(record) | Waited::TimedOut(record) = &mut waited {
             record.headers = self.headers_of(record).await?;
         }
@@ -65,17 +97,45 @@ impl Service {
         tracking::set(&self.admin.conn, &self.name, tracking).await
     }
 
-    /// The partition of `handle`: named, else where its record is, else
-    /// where a task enqueued without a key goes.
-    async fn partition_of(&self, handle: &TaskHandle) -> Result<u32> {
-        if let Some(p) = handle.partition() {
-            return Ok(p);
-        }
+    /// Task `handle`'s record where it is: in the partition the handle
+    /// names, else (a bare id, or a handle of a layout the task is not in)
+    /// in every partition of the layout as Redis holds it now, the newest
+    /// generation's first. A reshard moves delayed tasks and dead letters,
+    /// and a producer's handle may name the new layout's partition of a
+    /// task that landed in the old one (docs/design.md §21).
+    async fn locate(&self, handle: &TaskHandle) -> Result<Option<TaskRecord>> {
         let conn = &self.admin.conn;
-        if let Some(record) = read::find(conn, &self.name, self.units(), handle).await? {
-            return Ok(record.handle.partition().unwrap_or_default());
-        }
         let id = handle.id().as_str();
-        Ok(partition_of(id.as_bytes(), self.partitions().max(1)))
+        if let Some(p) = handle.partition() {
+            if let Some(record) = read::read(conn, &self.name, p, id).await? {
+                return Ok(Some(record));
+            }
+            let units = self.fresh_units().await?;
+            if !read::spans_other(&units, p) {
+                return Ok(None);
+            }
+            return read::lookup(conn, &self.name, &units, id, Some(p)).await;
+        }
+        let units = self.fresh_units().await?;
+        read::lookup(conn, &self.name, &units, id, None).await
+    }
+
+    /// The partitions of the layout as Redis holds it now: a reshard may
+    /// have started or ended since this service was looked up.
+    async fn fresh_units(&self) -> Result<Arc<[u32]>> {
+        let levels = self.settings.levels();
+        read_units(&self.admin.conn, &self.name, self.partitions(), levels).await
+    }
+
+    /// Where a task with no record would be: the partition its handle
+    /// names, else the one a task enqueued without a key goes to now.
+    fn unknown_partition(&self, handle: &TaskHandle) -> u32 {
+        handle
+            .partition()
+            .unwrap_or_else(|| self.generations.0.route(handle.id().as_str().as_bytes(), 0))
     }
 }
+
+/// How many times a cancel follows its task to another partition (a
+/// reshard moves a task once).
+const MOVES_FOLLOWED: usize = 4;

@@ -22,6 +22,7 @@ use crate::keys;
 use crate::partition::{Shown, generation_of};
 use crate::reshard::{Generation, Layout};
 use crate::timing::Timing;
+use crate::tracking::watch::Watched;
 
 /// How often a sealed partition looks whether it can retire.
 const LOOK_EVERY: Duration = Duration::from_millis(200);
@@ -34,6 +35,7 @@ pub(super) async fn follow(
     ownership: Arc<Ownership>,
     mut assignment: watch::Receiver<Assignment>,
     acquired: CancellationToken,
+    tracking: Watched,
 ) {
     tokio::select! {
         _ = ownership.stop.cancelled() => return,
@@ -71,7 +73,7 @@ pub(super) async fn follow(
     }
     info!(partition = %Shown(unit), generation = to.number, "sealed for the reshard; draining");
     loop {
-        let wait = match store.retire().await {
+        let wait = match store.retire(tracking.settings().kept_for()).await {
             Ok(Retire::Done) => {
                 info!(partition = %Shown(unit), "retired: nothing is left in it");
                 return;

@@ -69,8 +69,13 @@ impl Worker {
             .in_current_span(),
         );
         tokio::spawn(
-            retire::follow(ownership.clone(), assignment.clone(), acquired.clone())
-                .in_current_span(),
+            retire::follow(
+                ownership.clone(),
+                assignment.clone(),
+                acquired.clone(),
+                shared.tracking.clone(),
+            )
+            .in_current_span(),
         );
         let fetcher = Fetcher {
             lane: shared.lanes.take(),

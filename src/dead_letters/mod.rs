@@ -114,11 +114,10 @@ impl DeadLetters {
     }
 
     /// The dead letter at `cursor` (`<partition>/<id>`); `None` if there is
-    /// none (any more).
+    /// none (any more). Any partition is read, not only those of the layout
+    /// this value was made with: a reshard since may have moved the letter
+    /// to a partition of the new one (docs/design.md §21).
     pub async fn get(&self, cursor: &Cursor) -> Result<Option<DeadLetter>> {
-        if !self.units.contains(&cursor.partition) {
-            return Ok(None);
-        }
         let mut xrange = redis::cmd("XRANGE");
         xrange
             .arg(keys::dead(&self.name, cursor.partition))

@@ -3,7 +3,7 @@
 use std::fmt;
 
 /// A reshard that did not start, and why: each variant is a refusal the
-/// design names (`running`, `partitions`, `member`, `idle`, `feature`).
+/// design names (`running`, `partitions`, `member`, `idle`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum ReshardRefused {
@@ -33,24 +33,16 @@ pub enum ReshardRefused {
     /// `idle`: no consumer of the service runs; the old partitions are
     /// sealed and drained by their owners, so a reshard needs them.
     Idle,
-    /// `feature`: the service uses a part that a reshard does not carry
-    /// across yet (task `tracking`).
-    Feature {
-        /// `tracking`.
-        feature: String,
-    },
 }
 
 impl ReshardRefused {
-    /// The refusal's name: `running`, `partitions`, `member`, `idle` or
-    /// `feature`.
+    /// The refusal's name: `running`, `partitions`, `member` or `idle`.
     pub fn reason(&self) -> &'static str {
         match self {
             ReshardRefused::Running { .. } => "running",
             ReshardRefused::Partitions { .. } => "partitions",
             ReshardRefused::Member { .. } => "member",
             ReshardRefused::Idle => "idle",
-            ReshardRefused::Feature { .. } => "feature",
         }
     }
 }
@@ -73,11 +65,6 @@ impl fmt::Display for ReshardRefused {
             ReshardRefused::Idle => f.write_str(
                 "no consumer of the service runs; start its consumers first, which carry a \
                  reshard out",
-            ),
-            ReshardRefused::Feature { feature } => write!(
-                f,
-                "the service uses {feature}, which a reshard does not carry across yet \
-                 (docs/design.md §21)"
             ),
         }
     }

@@ -148,6 +148,12 @@ impl<C: Codec> Producer<C> {
         let route = self.route();
         let mut placed = self.place(items, &route)?.into_iter();
         let mut records = tracked.then(|| self.records(items, placed.as_slice(), enqueued_ms));
+        // Tracked, where each record went: a sealed partition's refusal
+        // leaves it behind, to be taken back (`forget_records`).
+        let record_partitions: Vec<u32> = match tracked {
+            true => placed.as_slice().iter().map(|(_, p)| *p).collect(),
+            false => Vec::new(),
+        };
         for (i, part) in items.chunks(PART).enumerate() {
             if i > 0 {
                 // Lets the connection's task write the part just handed to
@@ -249,6 +255,13 @@ impl<C: Codec> Producer<C> {
                 }
                 sealed.push(task);
             }
+        }
+        if tracked && !sealed.is_empty() {
+            let left: Vec<(u32, &TaskId)> = sealed
+                .iter()
+                .map(|&task| (record_partitions[task], &ids[task]))
+                .collect();
+            self.forget_records(&left).await;
         }
         let scripted: Vec<Scripted> = scripted.into_iter().flatten().collect();
         let mut refused = Vec::new();

@@ -5,7 +5,8 @@
 
 use std::collections::BTreeMap;
 
-use deadpool_redis::redis::Cmd;
+use deadpool_redis::redis::{self, Cmd, Value};
+use tracing::warn;
 
 use super::batch::Item;
 use super::{Options, Producer};
@@ -61,5 +62,23 @@ impl<C: Codec> Producer<C> {
             }
         }
         records.into_values().collect()
+    }
+
+    /// Takes back the `waiting` records of `tasks` (partition, id) that a
+    /// sealed partition refused (docs/design.md §21): each is sent again to
+    /// the new layout, with its record there, and a reader must not find
+    /// a task that never was in the old one. Nothing is lost when this
+    /// fails: a reader prefers the new layout's record, and the old
+    /// partition's records expire with it.
+    pub(super) async fn forget_records(&self, tasks: &[(u32, &TaskId)]) {
+        let mut pipe = redis::pipe();
+        for (p, id) in tasks {
+            pipe.cmd("HDEL")
+                .arg(keys::tasks(&self.name, *p))
+                .arg(id.as_str());
+        }
+        if let Err(e) = self.conn.query_pipe::<Vec<Value>>(&pipe).await {
+            warn!(service = %self.name, cause = %e, "cannot take back the records of tasks a sealed partition refused");
+        }
     }
 }

@@ -243,7 +243,13 @@ impl<C: Codec> Producer<C> {
                 "an enqueue's pipeline of two commands had not two replies".into(),
             ));
         };
-        xadd.clone().extract_error()?;
+        if let Err(e) = xadd.clone().extract_error() {
+            if route::is_sealed(&e) {
+                // Sent again to the new layout, with its record there.
+                self.forget_records(&[(p, &entry.id)]).await;
+            }
+            return Err(e.into());
+        }
         sent.confirmed(1)?;
         if let Err(e) = hset.clone().extract_error() {
             warn!(service = %self.name, task = %entry.id, cause = %e, "a tracked task's record was refused; it has none until it starts");

@@ -1,6 +1,6 @@
 -- Starts a reshard (docs/design.md §21): writes the next generation into the
 -- service's layout, or says by name why not, in one step.
--- KEYS[1] = {N}:layout    KEYS[2] = {N}:members    KEYS[3] = {N}:tracking
+-- KEYS[1] = {N}:layout    KEYS[2] = {N}:members
 -- ARGV[1] = the new partition count (checked by the caller: 1 to 4096)
 -- ARGV[2] = the first generation's partitions ({N}:meta's), for a service
 --           without a layout
@@ -11,8 +11,6 @@
 --   {'partitions', count}            the count is the current one
 --   {'member', instance id, version} a member that takes no part in one
 --   {'idle'}                         no consumer runs to carry it out
---   {'feature', name}                the service uses a part not carried
---                                    across a reshard yet
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local want = tonumber(ARGV[1])
@@ -37,11 +35,6 @@ if layout.state == 'open' and layout.open_epoch then
 end
 if want == partitions then
   return {'partitions', partitions}
-end
--- Not carried across yet (docs/design.md §21, status): tracked tasks'
--- records live in their first partitions.
-if redis.call('HGET', KEYS[3], 'on') == '1' then
-  return {'feature', 'tracking'}
 end
 -- Every member seen lately must follow a reshard: one of a previous
 -- version would go on running its old partitions' tasks beside nobody's

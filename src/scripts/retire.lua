@@ -7,7 +7,10 @@
 -- KEYS[4] = {N/p}:delayed    KEYS[5] = {N/p}:dead      KEYS[6] = {N/p}:retired
 -- KEYS[7] = {N/p}:completions (batch members' ends not yet forwarded: the
 -- owner forwards them first, as it does every second)
+-- KEYS[8..12] = the task records (§14): {N/p}:tasks, :running,
+-- :cancel_requests, :ended, :ended_at
 -- ARGV[1] = '<token>:<instance id>'     ARGV[2] = group
+-- ARGV[3] = how long the service keeps a final record (ms)
 -- Returns 1 when retired (now or before), 0 while entries are pending or
 -- undelivered, or members' ends wait to be forwarded (or it is not sealed), 2 while delayed tasks or dead letters
 -- wait to be moved, -1 when fenced.
@@ -50,4 +53,10 @@ if redis.call('ZCARD', KEYS[4]) > 0 or redis.call('XLEN', KEYS[5]) > 0 then
   return 2
 end
 redis.call('SET', KEYS[6], '1')
+-- Every task left here is final (the moved ones' records went with them,
+-- §21): the partition has no owner from the open on to evict its records
+-- by time, so they go, with their lists, the keep time from now.
+for i = 8, 12 do
+  redis.call('PEXPIRE', KEYS[i], ARGV[3])
+end
 return 1

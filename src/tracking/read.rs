@@ -21,6 +21,7 @@ use crate::connection::channels::Channels;
 use crate::connection::subscriber::Event;
 use crate::error::{Error, Result};
 use crate::keys;
+use crate::partition::generation_of;
 use crate::retry::Pauses;
 
 /// How a wait ended.
@@ -50,27 +51,35 @@ pub(crate) async fn read(
     Ok(TaskRecord::from_fields(handle, named(fields), running))
 }
 
-/// Task `handle`'s record; a bare id is looked up in every one of the
-/// `partitions` in one pipeline (one command per partition, in its own
-/// slot on a Cluster).
-pub(crate) async fn find(
+/// Task `id`'s record in any of `units` but `except`, in one pipeline
+/// (one command per partition, in its own slot on a Cluster). Found in
+/// more than one, the newest generation's wins: a reshard's move writes
+/// the record in the new layout before it leaves the old one
+/// (docs/design.md §21).
+pub(crate) async fn lookup(
     conn: &SharedConnection,
     name: &ServiceName,
     units: &[u32],
-    handle: &TaskHandle,
+    id: &str,
+    except: Option<u32>,
 ) -> Result<Option<TaskRecord>> {
-    let id = handle.id().as_str();
-    if let Some(p) = handle.partition() {
-        return read(conn, name, p, id).await;
+    let units: Vec<u32> = units
+        .iter()
+        .copied()
+        .filter(|u| Some(*u) != except)
+        .collect();
+    if units.is_empty() {
+        return Ok(None);
     }
     let mut pipe = redis::pipe();
-    for &p in units {
+    for &p in &units {
         ask(&mut pipe, name, p, id);
     }
     // Two replies per partition: its record, its running field.
     let replies: Vec<Value> = conn.query_pipe(&pipe).await?;
     let mut replies = replies.into_iter();
-    for &p in units {
+    let mut found: Option<TaskRecord> = None;
+    for &p in &units {
         let (Some(fields), Some(running)) = (replies.next(), replies.next()) else {
             break;
         };
@@ -80,11 +89,21 @@ pub(crate) async fn find(
         let running: Option<String> =
             redis::from_redis_value(running).map_err(redis::RedisError::from)?;
         let handle = TaskHandle::new(p, id.into());
-        if let Some(record) = TaskRecord::from_fields(handle, fields, running) {
-            return Ok(Some(record));
+        let Some(record) = TaskRecord::from_fields(handle, fields, running) else {
+            continue;
+        };
+        let newer = |r: &TaskRecord| generation_of(r.handle.partition().unwrap_or_default());
+        if found.as_ref().is_none_or(|f| newer(&record) > newer(f)) {
+            found = Some(record);
         }
     }
-    Ok(None)
+    Ok(found)
+}
+
+/// Whether `units` hold a partition of a generation other than `p`'s:
+/// only then can a record missing from `p` be elsewhere.
+pub(crate) fn spans_other(units: &[u32], p: u32) -> bool {
+    units.iter().any(|&u| generation_of(u) != generation_of(p))
 }
 
 /// Task `id`'s record, read again while Redis cannot be reached (a broken
@@ -121,17 +140,53 @@ fn named(record: Option<Vec<u8>>) -> HashMap<String, Vec<u8>> {
     record.and_then(|r| packed::decode(&r)).unwrap_or_default()
 }
 
+/// How many times one wait follows its task to another partition (a
+/// reshard moves a task once).
+const MOVES_FOLLOWED: usize = 8;
+
 /// Waits until task `id` of partition `p` is final, at most `timeout`,
-/// listening on `channels` (shared by every wait of an `Admin`).
+/// listening on `channels` (shared by every wait of an `Admin`). A task
+/// that a reshard moves away (its record leaves `p`, announced on `p`'s
+/// channel) is looked for in the service's layout as it is then (`first`:
+/// its first generation's partitions, `levels`: its priority levels) and
+/// waited for where it is.
 pub(crate) async fn wait(
+    conn: &SharedConnection,
+    channels: &Channels,
+    name: &ServiceName,
+    (first, levels): (u32, u32),
+    mut p: u32,
+    id: &str,
+    timeout: Duration,
+) -> Result<Waited> {
+    let deadline = Instant::now() + timeout;
+    for _ in 0..MOVES_FOLLOWED {
+        let waited = wait_in(conn, channels, name, p, id, deadline).await?;
+        if waited != Waited::Unknown {
+            return Ok(waited);
+        }
+        let units = crate::reshard::read_units(conn, name, first, levels).await?;
+        if !spans_other(&units, p) {
+            return Ok(waited);
+        }
+        match lookup(conn, name, &units, id, Some(p)).await? {
+            Some(found) => p = found.handle.partition().unwrap_or(p),
+            None => return Ok(Waited::Unknown),
+        }
+    }
+    Ok(Waited::Unknown)
+}
+
+/// [`wait`] in partition `p` alone, until `deadline`: `Unknown` once `p`
+/// holds no record of the task.
+async fn wait_in(
     conn: &SharedConnection,
     channels: &Channels,
     name: &ServiceName,
     p: u32,
     id: &str,
-    timeout: Duration,
+    deadline: Instant,
 ) -> Result<Waited> {
-    let deadline = Instant::now() + timeout;
     let channel = keys::final_channel(name, p);
     let heard = tokio::time::timeout_at(deadline, channels.listen(&channel)).await;
     let Ok(heard) = heard else {

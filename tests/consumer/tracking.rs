@@ -140,6 +140,7 @@ fn start(
 
 mod ordered;
 mod races;
+mod reshard;
 mod retention;
 
 async fn setup() -> (
@@ -184,19 +185,24 @@ async fn setup_with(
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let service = service.expect("the consumer switched tracking on");
-    let producer = Producer::builder()
-        .name(&name)
-        .redis(server.url())
-        .codec(Json)
-        .connect()
-        .await
-        .unwrap();
+    let producer = producer(&server, &name).await;
     // The instance owns its partitions once a first task ran.
     let probe = producer.enqueue(&Job::Succeed(PROBE)).await.unwrap();
     let probe = producer.handle_of(&probe, None);
     let waited = service.wait(&probe, PATIENCE).await.unwrap();
     assert!(matches!(waited, Waited::Final(_)), "{waited:?}");
     (server, name, runs, stop, task, producer, service)
+}
+
+/// A producer of service `name` with the tests' codec.
+async fn producer(server: &RedisServer, name: &str) -> Producer<Json> {
+    Producer::builder()
+        .name(name)
+        .redis(server.url())
+        .codec(Json)
+        .connect()
+        .await
+        .unwrap()
 }
 
 async fn state(service: &Service, handle: &TaskHandle) -> Option<TaskState> {

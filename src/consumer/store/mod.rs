@@ -24,6 +24,7 @@
 mod acks;
 mod attempts;
 mod completions;
+mod moves;
 mod reader;
 mod records;
 mod reply;

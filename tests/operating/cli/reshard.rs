@@ -84,17 +84,6 @@ async fn reshard_is_refused_by_name_and_status_shows_the_layout() {
         .arg("old-1")
         .query(&mut conn)
         .unwrap();
-    let tracked = peerq(&url, &["tracking", "on", "--name", &name]).await;
-    tracked.ok();
-    let tracking = reshard("8").await;
-    assert!(
-        tracking.failure().contains("reshard refused (`feature`)")
-            && tracking.failure().contains("tracking"),
-        "{tracking:?}"
-    );
-    peerq(&url, &["tracking", "off", "--name", &name])
-        .await
-        .ok();
 
     // The start, on the running service: generation 1, which a second
     // start waits for.
