@@ -173,6 +173,13 @@ pub(crate) fn moved(name: &ServiceName, p: u32) -> String {
     format!("{{{name}/{}}}:moved", Shown(p))
 }
 
+/// The entries a batch (docs/design.md §19) could not add to its home
+/// partition `p` once a reshard sealed it, by `<batch id> <task id>`: the
+/// consumers send them to the layout in use (§21).
+pub(crate) fn parked(name: &ServiceName, p: u32) -> String {
+    format!("{{{name}/{}}}:parked", Shown(p))
+}
+
 /// The fencing record of partition `p`: `<epoch>:<instance id>`.
 pub(crate) fn owner(name: &ServiceName, p: u32) -> String {
     format!("{{{name}/{}}}:owner", Shown(p))

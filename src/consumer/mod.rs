@@ -74,6 +74,7 @@ mod lifecycle;
 mod limiter;
 mod meters;
 mod ownership;
+mod parked;
 mod policy;
 mod retire;
 mod room;

@@ -22,6 +22,15 @@ pub(crate) fn unsigned(bytes: &mut &[u8], width: usize) -> Option<u64> {
     )
 }
 
+/// The value of field `name` in a flat name, value, name, value, … list
+/// (an entry's fields as [`unpack_strings`] reads them).
+pub(crate) fn value_of<'a>(fields: &'a [Vec<u8>], name: &str) -> Option<&'a [u8]> {
+    fields
+        .chunks(2)
+        .find(|kv| kv.len() == 2 && kv[0] == name.as_bytes())
+        .map(|kv| kv[1].as_slice())
+}
+
 /// Decodes a MessagePack array of strings (or binaries), as Redis's
 /// `cmsgpack.pack` writes a Lua list of strings; `None` for anything else.
 pub(crate) fn unpack_strings(mut bytes: &[u8]) -> Option<Vec<Vec<u8>>> {

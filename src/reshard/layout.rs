@@ -61,6 +61,11 @@ pub(crate) struct Layout {
     /// When the reshard started and opened (Redis time, ms).
     pub(crate) started_ms: Option<u64>,
     pub(crate) opened_ms: Option<u64>,
+    /// Every generation before the current one, oldest first (`history`:
+    /// `0:16,1:64`; a layout written before it was kept: `from` alone).
+    /// Their partitions may still hold batch callbacks parked by a sealed
+    /// home (docs/design.md §21).
+    pub(crate) past: Vec<Generation>,
 }
 
 impl Layout {
@@ -110,12 +115,25 @@ impl Layout {
         if phase == Phase::Draining && from.is_none() {
             return Err("a draining layout names no generation it drains".into());
         }
+        let past = match fields.get("history").filter(|h| !h.is_empty()) {
+            Some(history) => history
+                .split(',')
+                .map(|one| {
+                    let bad = || format!("`history` item {one:?} is not <generation>:<partitions>");
+                    let (g, p) = one.split_once(':').ok_or_else(bad)?;
+                    let (g, p) = (g.parse().map_err(|_| bad())?, p.parse().map_err(|_| bad())?);
+                    generation(g, p)
+                })
+                .collect::<Result<Vec<_>, String>>()?,
+            None => from.into_iter().collect(),
+        };
         Ok(Some(Layout {
             current,
             from,
             phase,
             started_ms: number("started_ms")?,
             opened_ms: number("opened_ms")?,
+            past,
         }))
     }
 
@@ -183,6 +201,32 @@ mod tests {
         ]))
         .unwrap()
         .unwrap()
+    }
+
+    #[test]
+    fn the_history_lists_every_generation_before() {
+        assert_eq!(
+            draining().past,
+            vec![Generation {
+                number: 0,
+                partitions: 16
+            }]
+        );
+        let mut f = fields(&[
+            ("generation", "2"),
+            ("partitions", "8"),
+            ("from_generation", "1"),
+            ("from_partitions", "64"),
+            ("state", "draining"),
+            ("history", "0:16,1:64"),
+        ]);
+        let l = Layout::from_fields(&f).unwrap().unwrap();
+        assert_eq!(
+            l.past.iter().map(|g| g.partitions).collect::<Vec<_>>(),
+            [16, 64]
+        );
+        f.insert("history".into(), "0:16,1".into());
+        assert!(Layout::from_fields(&f).unwrap_err().contains("history"));
     }
 
     #[test]

@@ -88,7 +88,12 @@ local function stored(all, prefix)
 end
 
 -- Adds `fields` (an entry's but its attempt and enqueue time) to the home
--- stream, with `more` after them; returns its task id.
+-- stream, with `more` after them; returns its task id. A home partition
+-- that a reshard sealed takes no entry (docs/design.md §21), and nobody
+-- may own it any more by the time the batch completes: the entry is
+-- parked in `{N/h}:parked` (`<batch id> <task id>` → the entry's fields,
+-- packed), in this same step, and the consumers' sweeper sends it to the
+-- layout in use, once (consumer/parked.rs).
 local function enqueue(fields, more)
   for _, v in ipairs({ 'attempt', '1', 'enqueued_at', tostring(now) }) do
     fields[#fields + 1] = v
@@ -96,7 +101,13 @@ local function enqueue(fields, more)
   for _, v in ipairs(more) do
     fields[#fields + 1] = v
   end
-  redis.call('XADD', KEYS[3], '*', unpack(fields))
+  local home = string.sub(KEYS[3], 1, #KEYS[3] - 6)
+  if redis.call('EXISTS', home .. 'sealed') == 1 then
+    redis.call('HSET', home .. 'parked', batch .. ' ' .. field_in(fields, 'id'),
+      cmsgpack.pack(fields))
+  else
+    redis.call('XADD', KEYS[3], '*', unpack(fields))
+  end
   return field_in(fields, 'id')
 end
 

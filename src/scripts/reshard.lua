@@ -59,9 +59,23 @@ end
 if live == 0 then
   return {'idle'}
 end
+-- Every generation before the new one, oldest first: their partitions may
+-- hold batch callbacks parked by a sealed home, which the consumers send on
+-- (docs/design.md §21). A layout written before the history was kept
+-- names only the generation it replaced.
+local history = layout.history
+if not history and layout.from_generation then
+  history = layout.from_generation .. ':' .. layout.from_partitions
+end
+local entry = generation .. ':' .. partitions
+if history and history ~= '' then
+  history = history .. ',' .. entry
+else
+  history = entry
+end
 redis.call('DEL', KEYS[1])
 redis.call('HSET', KEYS[1],
   'generation', generation + 1, 'partitions', want,
   'from_generation', generation, 'from_partitions', partitions,
-  'state', 'draining', 'started_ms', now_ms)
+  'state', 'draining', 'started_ms', now_ms, 'history', history)
 return {'ok', generation + 1, partitions}

@@ -30,6 +30,10 @@ fn layout(from: u32, to: u32, open_epoch: Option<u64>) -> Arc<Layout> {
         phase: open_epoch.map_or(Phase::Draining, |open_epoch| Phase::Open { open_epoch }),
         started_ms: None,
         opened_ms: None,
+        past: vec![Generation {
+            number: 0,
+            partitions: from,
+        }],
     })
 }
 

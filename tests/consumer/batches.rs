@@ -156,6 +156,8 @@ impl Setup {
     }
 }
 
+mod reshard;
+
 fn member(m: u64, fail: bool) -> Job {
     Job::Member {
         m,

@@ -20,6 +20,7 @@ use tracing::{Instrument, error, info, warn};
 
 use super::event::{PartitionChange, PartitionEvent};
 use super::ownership::{Ownership, Report};
+use super::parked;
 use super::retire;
 use super::shared::Shared;
 use super::worker::Worker;
@@ -77,6 +78,9 @@ pub(super) struct Handover {
     idle: bool,
     /// The look for a reshard's cut-over underway (index 1 only).
     opening: Option<tokio::task::JoinHandle<()>>,
+    /// The send of batch entries parked by sealed homes underway (index 1
+    /// only).
+    unparking: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl Handover {
@@ -111,6 +115,7 @@ impl Handover {
             events,
             idle: false,
             opening: None,
+            unparking: None,
         }
     }
 
@@ -161,6 +166,7 @@ impl Handover {
             .get_or_insert_with(|| watch::Sender::new(a.clone()))
             .clone();
         self.look_for_cut_over(&a);
+        self.look_for_parked(&a);
         let effects = self.machine.assigned(a.clone(), now);
         self.apply(effects);
         // The lease only now, with the partitions this assignment stops
@@ -195,6 +201,27 @@ impl Handover {
             async move {
                 if let Err(e) = retire::open_when_retired(shared, layout, timing).await {
                     warn!(cause = %e, "cannot look whether the reshard can open");
+                }
+            }
+            .in_current_span(),
+        ));
+    }
+
+    /// After a reshard, the instance with index 1 sends on, once per
+    /// assignment, the batch entries that sealed home partitions parked
+    /// (`parked.rs`, docs/design.md §21).
+    fn look_for_parked(&mut self, a: &Assignment) {
+        let Some(layout) = a.layout().filter(|l| !l.past.is_empty()) else {
+            return;
+        };
+        if a.index != 1 || self.unparking.as_ref().is_some_and(|o| !o.is_finished()) {
+            return;
+        }
+        let (shared, layout) = (self.shared.clone(), layout.clone());
+        self.unparking = Some(tokio::spawn(
+            async move {
+                if let Err(e) = parked::send_parked(&shared, &layout).await {
+                    warn!(cause = %e, "cannot send the batch entries sealed partitions parked");
                 }
             }
             .in_current_span(),

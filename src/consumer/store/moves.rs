@@ -11,7 +11,7 @@ use std::sync::LazyLock;
 use deadpool_redis::redis::{self, Script, Value};
 
 use super::PartitionStore;
-use crate::entry::{field, unpack_strings};
+use crate::entry::{field, unpack_strings, value_of};
 use crate::error::Result;
 use crate::keys;
 use crate::partition::{Shown, generation_of};
@@ -218,14 +218,6 @@ impl<'a> Moving<'a> {
             request: String::new(),
         }
     }
-}
-
-/// The value of field `name` in a field-value list.
-fn value_of<'a>(fields: &'a [Vec<u8>], name: &str) -> Option<&'a [u8]> {
-    fields
-        .chunks(2)
-        .find(|kv| kv.len() == 2 && kv[0] == name.as_bytes())
-        .map(|kv| kv[1].as_slice())
 }
 
 /// What places a task: its `key`, else its `id` (docs/design.md §3).
