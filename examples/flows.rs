@@ -1,4 +1,16 @@
-//! Batches with a callback (docs/design.md §19), as a program.
+//! Batches with a callback (docs/design.md §19), as a program: members
+//! that succeed or fail for good, and each batch's callback once every
+//! member ended.
+//!
+//! Run a consumer and a producer against a Redis on localhost, each in
+//! its own terminal:
+//!
+//! ```text
+//! cargo run --example flows -- consume --redis redis://127.0.0.1:6379/ --name flows-demo --fail-every 7
+//! cargo run --example flows -- produce --redis redis://127.0.0.1:6379/ --name flows-demo --batches 10 --size 20
+//! ```
+//!
+//! Every flag:
 //!
 //! ```text
 //! flows produce --redis URL [--cluster] --name NAME [--partitions N] --batches B --size S [--rate R]

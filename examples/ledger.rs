@@ -2,6 +2,16 @@
 //! crash or freeze: transfers requested through the Postgres outbox and
 //! booked through the Postgres inbox (feature `postgres`).
 //!
+//! Run a consumer (or several) and a producer against a Redis and a
+//! PostgreSQL database on localhost, each in its own terminal:
+//!
+//! ```text
+//! cargo run --features postgres --example ledger -- consume --redis redis://127.0.0.1:6379/ --postgres postgres://app:secret@127.0.0.1/app --name ledger
+//! cargo run --features postgres --example ledger -- produce --redis redis://127.0.0.1:6379/ --postgres postgres://app:secret@127.0.0.1/app --name ledger --count 1000
+//! ```
+//!
+//! Every flag:
+//!
 //! ```text
 //! ledger produce --redis URL --postgres URL --name NAME --count N [--rate R]
 //! ledger consume --redis URL --postgres URL --name NAME [--work-ms N] [--interval-ms N] [--drain-ms N]

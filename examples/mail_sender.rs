@@ -1,5 +1,20 @@
 //! A service that "sends mails": run several `consume` instances of one
-//! name and a `produce`, and watch them split the work.
+//! name and a `produce`, and watch them split the work. Its flags reach
+//! most of the framework's settings (partitions, indexing, assignors,
+//! codecs, tracking, limits, priorities, singletons, TLS, Clusters), and
+//! the tests run it as separate processes; for a worker to deploy, see
+//! `examples/worker.rs`.
+//!
+//! Run two consumers and a producer against a Redis on localhost, each in
+//! its own terminal:
+//!
+//! ```text
+//! cargo run --example mail_sender -- consume --redis redis://127.0.0.1:6379/ --name mail-demo --print-tasks
+//! cargo run --example mail_sender -- consume --redis redis://127.0.0.1:6379/ --name mail-demo --print-tasks
+//! cargo run --example mail_sender -- produce --redis redis://127.0.0.1:6379/ --name mail-demo --count 1000
+//! ```
+//!
+//! Every flag:
 //!
 //! ```text
 //! mail_sender consume --redis URL [--cluster] [--tls-ca FILE] [--tls-cert FILE --tls-key FILE] [--wait-for-replicas N] --name NAME [--partitions N] [--indexing ranked|incr] [--assignor modulo|rendezvous] [--weight N] [--interval-ms N] [--drain-ms N] [--skew-ms N] [--work-ms N] [--print-tasks] [--print-events] [--http ADDR] [--codec json|bincode] [--track] [--rate-limit N] [--concurrency-per-key N] [--priorities LEVELS] [--ordered] [--singleton NAME]...

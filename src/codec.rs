@@ -16,7 +16,7 @@ use crate::error::CodecError;
 /// Turns typed task payloads into bytes and back.
 ///
 /// Implemented by [`Bincode`] and [`Json`]; the trait is sealed so that the
-/// name stored in Redis always identifies one of the formats the README
+/// name stored in Redis always identifies one of the formats the guide
 /// documents for other languages.
 pub trait Codec: sealed::Sealed + Send + Sync + Clone + fmt::Debug + Default + 'static {
     /// The codec's name, as stored in `{N}:meta` and in each entry.

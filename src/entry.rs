@@ -1,7 +1,7 @@
 //! A task as it travels: its id, and the stream entry format.
 //!
 //! Every entry of a partition stream has these fields, so that a producer
-//! in any language can enqueue (the README documents them):
+//! in any language can enqueue (docs/guide/03-producing.md documents them):
 //!
 //! | field | value |
 //! |---|---|

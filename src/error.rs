@@ -308,13 +308,13 @@ fn acl_hint(e: &RedisError) -> String {
     match command {
         Some(command) => format!(
             "; the redis user may not run `{command}`, which peerq needs: grant it \
-             (ACL SETUSER <user> +{command}; the README's \"TLS and ACL\" has the whole rule)"
+             (ACL SETUSER <user> +{command}; docs/guide/15-cluster-tls-acl.md has the whole rule)"
         ),
         None if detail.contains("keys") => "; the redis user may not use the service's keys: \
-             grant ~{name}:* ~{name/*}:* (the README's \"TLS and ACL\" has the whole rule)"
+             grant ~{name}:* ~{name/*}:* (docs/guide/15-cluster-tls-acl.md has the whole rule)"
             .to_owned(),
-        None => "; the redis user lacks a permission (ACL) peerq needs (the README's \
-                 \"TLS and ACL\" has the rule)"
+        None => "; the redis user lacks a permission (ACL) peerq needs (docs/guide/15-cluster-tls-acl.md \
+                 has the rule)"
             .to_owned(),
     }
 }

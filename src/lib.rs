@@ -126,6 +126,10 @@
 //! crate `peerq-test-support` in `tests/support`: private servers and ways
 //! to break them, no peerq type.
 
+// On docs.rs (`--cfg docsrs`, Cargo.toml's `package.metadata.docs.rs`),
+// every item gated on a feature says which one it needs.
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 pub mod admin;
 pub mod assignment;
 mod clock;
@@ -140,6 +144,7 @@ mod due;
 mod entry;
 pub mod error;
 mod gate;
+pub mod guide;
 pub mod handler;
 mod headers;
 pub mod ids;

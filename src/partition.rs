@@ -2,7 +2,7 @@
 //!
 //! `partition = fnv1a64(key bytes) % P`: FNV-1a, 64 bit, over the key's
 //! UTF-8 bytes, with no seed, so every process, version and language agrees
-//! (the README gives the five lines it takes elsewhere). Rust's default
+//! (the guide gives the five lines it takes elsewhere). Rust's default
 //! hasher is seeded per process and would scatter one key over partitions.
 
 use std::hash::Hasher;

@@ -1,7 +1,7 @@
 //! Looking at and steering services from outside (docs/design.md §7): what
 //! the `peerq` CLI prints and the dashboard shows. It prints nothing; every
 //! answer is a plain struct whose JSON (serde) field names are stable and
-//! listed in the README ("The `peerq` CLI").
+//! listed in the guide (docs/guide/14-operating.md).
 //!
 //! Reading never slows the instances: it reads summaries only. `SCAN` (never
 //! `KEYS`) for the services' `{N}:meta` keys; `HGETALL` of `{N}:meta`,
@@ -31,6 +31,7 @@
 
 mod batches;
 mod delayed;
+mod exporter;
 mod limits;
 mod members;
 mod partitions;
@@ -50,6 +51,7 @@ use deadpool_redis::redis;
 use serde::Serialize;
 
 pub use delayed::{Delayed, DelayedAction, DelayedTask};
+pub use exporter::{Exporter, ServiceGauges};
 pub use members::Member;
 pub use partitions::PartitionState;
 pub use periodic::PeriodicJob;

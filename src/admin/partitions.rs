@@ -141,7 +141,7 @@ pub(super) fn parse<T: FromRedisValue>(value: Value) -> Result<T> {
 
 /// A reply as `T`; `None` for the error replies of a stream or group that
 /// does not exist (yet).
-fn parse_or_missing<T: FromRedisValue>(value: Value) -> Result<Option<T>> {
+pub(super) fn parse_or_missing<T: FromRedisValue>(value: Value) -> Result<Option<T>> {
     match &value {
         Value::ServerError(e)
             if e.code() == "NOGROUP" || e.details().is_some_and(|d| d.contains("no such key")) =>

@@ -197,7 +197,7 @@ impl Service {
     /// Starts a reshard to `partitions` partitions (per level): producers
     /// write the new generation from now on, the old one drains, and the
     /// new one is live once it has (docs/design.md §21). Refused with an
-    /// [`Error::ReshardRefused`](crate::Error::ReshardRefused) naming why:
+    /// [`Error::ReshardRefused`] naming why:
     /// `running` (another has not settled), `partitions` (out of range, or
     /// the count in use), `member` (a running instance takes no part in
     /// a reshard: a consumer of a previous version) or `idle` (no

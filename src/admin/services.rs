@@ -99,7 +99,7 @@ impl Admin {
 
     /// The names of the services whose `{N}:meta` exists, sorted (on a
     /// Cluster, from every master).
-    async fn scan_services(&self) -> Result<Vec<ServiceName>> {
+    pub(super) async fn scan_services(&self) -> Result<Vec<ServiceName>> {
         let mut names = Vec::new();
         for node in self.conn.key_nodes().await? {
             let node = node.as_ref().map(|(host, port)| (host.as_str(), *port));

@@ -267,7 +267,9 @@ impl TaskContext {
         crate::partition::generation_of(self.partition)
     }
 
-    /// The partition as its keys name it (the generation's unit).
+    /// The partition as its keys name it (the generation's unit): the
+    /// Postgres inbox's fences are per unit.
+    #[cfg(feature = "postgres")]
     pub(crate) fn unit(&self) -> u32 {
         self.partition
     }

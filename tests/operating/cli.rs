@@ -10,6 +10,7 @@
 //! `cli/migrate.rs`; `ids`, which needs three servers of its own:
 //! `cli/ids.rs`.
 
+mod exporter;
 mod ids;
 mod limit;
 mod migrate;

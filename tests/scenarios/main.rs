@@ -8,5 +8,6 @@ extern crate peerq_test_support as support;
 mod batches;
 mod delivery;
 mod example;
+mod examples_run;
 mod singleton;
 mod unique;

@@ -142,6 +142,23 @@ pub(crate) enum Command {
         #[arg(long)]
         read_only: bool,
     },
+    /// Serves the services' queue figures as Prometheus gauges (GET
+    /// /metrics), read from Redis at each scrape: a service with no
+    /// instance running still shows its backlog, for an autoscaler that
+    /// scales to zero. Until ctrl-c or SIGTERM.
+    Exporter {
+        /// Where to listen.
+        #[arg(long, default_value = "0.0.0.0:9187", value_name = "ADDR")]
+        listen: std::net::SocketAddr,
+        /// Only this service, and no scan for others (repeat it for more);
+        /// default: every service on the Redis.
+        #[arg(long = "service", value_name = "NAME")]
+        services: Vec<String>,
+        /// How often to look for new services (a SCAN of the keyspace):
+        /// 30s, 5m, ….
+        #[arg(long, value_parser = delay, default_value = "60s", value_name = "DURATION")]
+        rescan: Duration,
+    },
 }
 
 /// `migrate`'s arguments.

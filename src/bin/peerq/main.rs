@@ -22,6 +22,7 @@
 //! peerq limit set --name N [--rate N/PERIOD] [--rate-per-key N/PERIOD] [--concurrency-per-key N] [--json]
 //! peerq limit clear --name N [--rate] [--rate-per-key] [--concurrency-per-key] [--json]
 //! peerq dashboard [--listen 127.0.0.1:8080] [--read-only]
+//! peerq exporter [--listen 0.0.0.0:9187] [--service N]… [--rescan 60s]
 //! peerq migrate --postgres URL [--json]
 //! peerq ids status|repair --servers URL,URL,URL --key K [--json]
 //! peerq ids init --servers URL,URL,URL --key K [--first 1] [--json]
@@ -41,6 +42,7 @@
 
 mod args;
 mod batch;
+mod exporter;
 mod ids;
 mod limit;
 mod migrate;
@@ -253,6 +255,11 @@ async fn run(redis: Redis, command: Command) -> Result<String, String> {
             named.output.show(&paused, || show::paused(&paused))
         }
         Command::Dashboard { listen, read_only } => dashboard(admin, listen, read_only).await,
+        Command::Exporter {
+            listen,
+            services,
+            rescan,
+        } => exporter::serve(admin, listen, &services, rescan).await,
         Command::Migrate(_) | Command::Ids { .. } => {
             unreachable!("`main` runs it without a Redis")
         }
