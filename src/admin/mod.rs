@@ -8,8 +8,9 @@
 //! `{N}:members` and the per-minute counts; per partition `GET` of the owner
 //! record, `XLEN`, `XINFO GROUPS` and the `XPENDING` summary of the stream,
 //! `ZCARD` of the delayed set and `XLEN` of the dead letters. Stream contents
-//! are read only for a page of dead letters or of delayed tasks, and for a
-//! tracked task's headers (its entry, a page at a time). The
+//! are read only for a page of dead letters, of delayed tasks or of a
+//! partition's waiting entries, and for a tracked task's headers (its
+//! entry, a page at a time). The
 //! per-partition reads of one answer go in one pipeline, one command per key
 //! and never a `MULTI` or a script across partitions (under Redis Cluster
 //! the partitions live in different slots).
@@ -41,6 +42,9 @@ mod services;
 mod status;
 mod task_headers;
 mod tasks;
+// The dashboard's page of a partition's backlog, its only reader.
+#[cfg(feature = "dashboard")]
+pub(crate) mod waiting;
 
 use std::collections::HashMap;
 use std::fmt;

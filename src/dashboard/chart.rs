@@ -20,6 +20,16 @@ pub(crate) struct Minute {
     pub(crate) failed: u64,
 }
 
+impl Minute {
+    /// The chart's part of a minute's counts.
+    pub(crate) fn of(counts: &crate::admin::MinuteCounts) -> Minute {
+        Minute {
+            ok: counts.ok,
+            failed: counts.failed,
+        }
+    }
+}
+
 /// The chart of `minutes` (oldest first, one per minute, the last one the
 /// current minute). `label` names it for screen readers.
 pub(crate) fn chart(label: &str, minutes: &[Minute]) -> Markup {

@@ -159,12 +159,7 @@ pub(crate) async fn show(
         Failure::NotFound(format!("no dead letter at {cursor} (replayed or purged?)"))
     })?;
     let frame = dash.frame(&base, &name);
-    let payload = match serde_json::from_slice::<serde_json::Value>(&letter.payload) {
-        Ok(json) if letter.codec == "json" => {
-            serde_json::to_string_pretty(&json).unwrap_or_default()
-        }
-        _ => hex(&letter.payload),
-    };
+    let payload = payload(&letter.codec, &letter.payload);
     Ok(page(
         &frame,
         html! {
@@ -250,6 +245,16 @@ fn millis(t: std::time::SystemTime) -> u64 {
     t.duration_since(std::time::UNIX_EPOCH)
         .unwrap_or_default()
         .as_millis() as u64
+}
+
+/// A payload as the dashboard shows it (a dead letter's, a waiting
+/// entry's): pretty JSON for the json codec, hex for any other (bincode
+/// has no schema to read it by) or for JSON that does not parse.
+pub(super) fn payload(codec: &str, bytes: &[u8]) -> String {
+    match serde_json::from_slice::<serde_json::Value>(bytes) {
+        Ok(json) if codec == "json" => serde_json::to_string_pretty(&json).unwrap_or_default(),
+        _ => hex(bytes),
+    }
 }
 
 /// Bytes as hex, 32 to a line.

@@ -1,8 +1,9 @@
 //! The web dashboard (feature `dashboard`): every service on a Redis, a
-//! service's members and partitions, its dead letters (search, replay,
-//! purge), delayed tasks, periodic jobs, a tracked task (and its cancel),
-//! a batch (its members by state, a chain's step, its callback), and pause
-//! and resume.
+//! service's members, its last hour and its partitions (a heatmap at any
+//! count, and a partition's waiting entries), its dead letters (search,
+//! replay, purge), delayed tasks, periodic jobs, a tracked task (and its
+//! cancel), a batch (its members by state, a chain's step, its callback),
+//! and pause and resume.
 //!
 //! Server-rendered HTML (maud) on axum, with one stylesheet and one small
 //! script of its own, served by the dashboard itself: nothing is loaded
@@ -23,9 +24,10 @@
 //!
 //! What it reads is what the CLI reads ([`crate::admin`]): summaries per
 //! partition, never `KEYS`, never the contents of a stream but a page of
-//! dead letters or delayed tasks. A service's state is read at most every
-//! 2 s however many browsers watch it. Every action is a `POST` carrying
-//! the dashboard's CSRF token; a read-only dashboard shows no action and
+//! dead letters, delayed tasks or a partition's waiting entries. A
+//! service's state and its last hour are read at most every 2 s however
+//! many browsers watch it. Every action is a `POST` carrying the
+//! dashboard's CSRF token; a read-only dashboard shows no action and
 //! refuses them all.
 
 mod batch;
@@ -36,11 +38,13 @@ mod delayed;
 mod guard;
 mod layout;
 mod overview;
+mod partitions;
 mod periodic;
 mod reshard;
 mod search;
 mod service;
 mod task;
+mod waiting;
 
 use std::sync::Arc;
 
@@ -54,8 +58,10 @@ use maud::html;
 pub use guard::{Access, BASIC_AUTH_ENV, TOKEN_ENV};
 
 use self::cache::{Cache, FRESH};
+use self::chart::Minute;
 use self::guard::{Csrf, Refusal};
 use crate::admin::{Admin, Status};
+use crate::config::ServiceName;
 use crate::error::Error;
 
 /// How the dashboard runs.
@@ -107,11 +113,16 @@ pub fn router(admin: Admin, settings: Settings) -> Router {
         csrf: Csrf::new(),
         overview: Cache::new(FRESH),
         statuses: Cache::new(FRESH),
+        minutes: Cache::new(FRESH),
     });
     Router::new()
         .route("/", get(overview::show))
         .route("/services/{name}", get(service::show))
         .route("/services/{name}/live", get(service::live_fragment))
+        .route(
+            "/services/{name}/partitions/{partition}/waiting",
+            get(waiting::list),
+        )
         .route("/services/{name}/pause", post(service::pause))
         .route("/services/{name}/reshard", post(reshard::reshard))
         .route("/services/{name}/resume", post(service::resume))
@@ -145,6 +156,7 @@ pub(crate) struct Dash {
     pub(crate) csrf: Csrf,
     overview: Cache<overview::Overview>,
     statuses: Cache<Status>,
+    minutes: Cache<Vec<Minute>>,
 }
 
 pub(crate) type Shared = Arc<Dash>;
@@ -154,6 +166,18 @@ impl Dash {
     pub(crate) async fn status(&self, name: &str) -> Result<Arc<Status>, Failure> {
         let read = || async { self.admin.service(name).await?.status().await };
         Ok(self.statuses.get(name, read).await?)
+    }
+
+    /// Service `name`'s tasks ok and failed in each minute of the last
+    /// hour (the current minute last), read at most every 2 s.
+    pub(crate) async fn minutes(&self, name: &str) -> Result<Arc<Vec<Minute>>, Failure> {
+        let read = || async {
+            let name = ServiceName::new(name)?;
+            let mut each = self.admin.minutes(&[&name], overview::MINUTES).await?;
+            let minutes = each.pop().unwrap_or_default();
+            Ok::<_, Error>(minutes.iter().map(Minute::of).collect())
+        };
+        Ok(self.minutes.get(name, read).await?)
     }
 
     /// The frame of a page titled `title` at `base`.

@@ -13,7 +13,7 @@ use crate::config::ServiceName;
 use crate::error::Result;
 
 /// The minutes the charts cover.
-const MINUTES: u32 = 60;
+pub(crate) const MINUTES: u32 = 60;
 
 /// What the overview shows, read at most every 2 s.
 pub(crate) struct Overview {
@@ -34,16 +34,7 @@ impl Overview {
         let services = summaries
             .into_iter()
             .zip(charts)
-            .map(|(summary, minutes)| {
-                let minutes = minutes
-                    .iter()
-                    .map(|m| Minute {
-                        ok: m.ok,
-                        failed: m.failed,
-                    })
-                    .collect();
-                (summary, minutes)
-            })
+            .map(|(summary, minutes)| (summary, minutes.iter().map(Minute::of).collect()))
             .collect();
         Ok(Overview { services })
     }

@@ -1,6 +1,6 @@
-//! A service's page: its state in figures, its members, and the grid of
-//! its partitions (owner, fencing token, backlog, pending, oldest pending
-//! age, delayed, dead), refreshed every few seconds without a reload; and
+//! A service's page: its state in figures, the last hour's tasks per
+//! minute, its members and singletons, and its partitions (a heatmap,
+//! `super::partitions`), refreshed every few seconds without a reload; and
 //! the pause and resume actions (and the layout with the reshard action,
 //! `super::reshard`).
 
@@ -10,9 +10,14 @@ use axum::response::{IntoResponse, Redirect, Response};
 use maud::{Markup, html};
 use serde::Deserialize;
 
+use super::chart::{Minute, chart};
 use super::layout::{Base, ago, page, tabs};
 use super::{Dash, Failure, Shared};
-use crate::admin::{PartitionState, Status};
+use crate::admin::Status;
+
+/// Above this many partitions the page refreshes every 10 s, not 3 s:
+/// each refresh of 1,024 partitions carries some 300 KB of cells and rows.
+const MANY_PARTITIONS: usize = 256;
 
 /// `GET /services/{name}`.
 pub(crate) async fn show(
@@ -21,7 +26,13 @@ pub(crate) async fn show(
     base: Base,
 ) -> Result<Markup, Failure> {
     let status = dash.status(&name).await?;
+    let minutes = dash.minutes(&name).await?;
     let frame = dash.frame(&base, &name);
+    let every = if status.partitions.len() > MANY_PARTITIONS {
+        10_000
+    } else {
+        3_000
+    };
     Ok(page(
         &frame,
         html! {
@@ -33,8 +44,8 @@ pub(crate) async fn show(
                 input type="search" name="id" size="48" placeholder="task handle: <partition>/<task id>";
                 button type="submit" id="find-task" { "Find task" }
             }
-            div data-refresh=(base.service(&name, "live")) data-every="3000" {
-                (live(&status))
+            div data-refresh=(base.service(&name, "live")) data-every=(every) {
+                (live(&base, &status, &minutes))
             }
         },
     ))
@@ -44,8 +55,13 @@ pub(crate) async fn show(
 pub(crate) async fn live_fragment(
     State(dash): State<Shared>,
     Path(name): Path<String>,
+    base: Base,
 ) -> Result<Markup, Failure> {
-    Ok(live(&*dash.status(&name).await?))
+    // The status first: it finds no made-up service, whose minutes would
+    // read as zeros and be kept.
+    let status = dash.status(&name).await?;
+    let minutes = dash.minutes(&name).await?;
+    Ok(live(&base, &status, &minutes))
 }
 
 /// Whether the service is paused, and the action that changes it.
@@ -74,8 +90,8 @@ fn pause_bar(dash: &Dash, base: &Base, status: &Status) -> Markup {
     }
 }
 
-/// The figures, the members and the partition grid.
-fn live(status: &Status) -> Markup {
+/// The figures, the last hour, the members and the partitions.
+fn live(base: &Base, status: &Status, minutes: &[Minute]) -> Markup {
     let t = &status.totals;
     let r = &status.rates;
     let cards: [(&str, String); 7] = [
@@ -91,6 +107,17 @@ fn live(status: &Status) -> Markup {
         div.cards {
             @for (label, value) in &cards {
                 div.card { div.n { (value) } div.l { (label) } }
+            }
+        }
+        h2 { "Last hour" }
+        div id="last-hour" {
+            (chart(&status.name, minutes))
+            // The per-minute counts the instances record hold no backlog
+            // (`{N}:stats:<minute>`: ok, failed, dead, retried), so the
+            // backlog has no history to draw: it is shown as it is now.
+            p.muted id="backlog-now" {
+                "Backlog now: " (t.backlog) " (" (t.pending) " delivered and not yet acked). "
+                "Its history is not recorded: instances count outcomes per minute, not the backlog."
             }
         }
         p id="limits" {
@@ -160,40 +187,8 @@ fn live(status: &Status) -> Markup {
                 }
             }
         }
-        h2 { "Partitions" }
-        div.grid id="partitions" {
-            @for p in &status.partitions { (tile(p)) }
-        }
+        (super::partitions::section(base, status))
     }
-}
-
-/// One partition in the grid.
-fn tile(p: &PartitionState) -> Markup {
-    html! {
-        div class={ "tile" @if p.owner.is_none() { " unowned" } } data-partition=(p.partition) {
-            div.p { "p" (p.partition) }
-            div.o title=[p.owner.as_deref()] {
-                @match &p.owner { Some(owner) => (short(owner)), None => "no owner" }
-            }
-            div { "token " @if let Some(t) = p.token { (t) } @else { "–" } }
-            div { "backlog " (p.backlog) " · pending " (p.pending) }
-            @if let Some(age) = p.oldest_pending_age_ms { div { "oldest " (ago(age)) } }
-            @if p.delayed > 0 { div.warn { "delayed " (p.delayed) } }
-            @if p.dead > 0 { div.bad { "dead " (p.dead) } }
-        }
-    }
-}
-
-/// An instance id `<host>-<pid>-<8 hex>`, cut to fit a tile: its host's
-/// start and its suffix.
-fn short(owner: &str) -> String {
-    let chars: Vec<char> = owner.chars().collect();
-    if chars.len() <= 18 {
-        return owner.to_owned();
-    }
-    let head: String = chars[..8].iter().collect();
-    let tail: String = chars[chars.len() - 8..].iter().collect();
-    format!("{head}…{tail}")
 }
 
 fn standing_class(standing: &str, live: bool) -> &'static str {
@@ -249,18 +244,4 @@ async fn set_paused(
     }
     dash.forget(name);
     Ok(Redirect::to(&base.service(name, "")).into_response())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn long_instance_ids_are_cut_to_fit() {
-        assert_eq!(short("web-1-ab12cd34"), "web-1-ab12cd34");
-        assert_eq!(
-            short("ip-10-0-12-7.internal-4242-ab12cd34"),
-            "ip-10-0-…ab12cd34"
-        );
-    }
 }

@@ -2,18 +2,21 @@
 //! consumer: over plain HTTP (mounted under a prefix, actions refused
 //! without the CSRF token or when read-only, credentials, the search's
 //! bound), a tracked task's page (`dashboard/task.rs`), the limits in
-//! force (`dashboard/limits.rs`), and in a real
-//! browser (`dashboard/browser.rs`: headless Chromium through
-//! ChromeDriver).
+//! force (`dashboard/limits.rs`), the service page at P = 1,024
+//! (`dashboard/scale.rs`), a partition's waiting entries
+//! (`dashboard/waiting.rs`), and in a real browser (`dashboard/browser.rs`:
+//! headless Chromium through ChromeDriver).
 
 mod batch;
 mod browser;
 mod headers;
 mod limits;
 mod reshard;
+mod scale;
 mod singleton;
 mod task;
 mod unique;
+mod waiting;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -280,9 +283,9 @@ async fn mounted_under_a_prefix_its_links_and_assets_follow_it() {
     let service = get(addr, &format!("/admin/queues/services/{}", world.name)).await;
     assert_eq!(service.status, 200);
     assert_eq!(
-        service.body.matches(r#"class="tile"#).count(),
+        scale::cells(&service.body),
         P as usize,
-        "{}",
+        "a heatmap cell per partition: {}",
         service.body
     );
     let dead = get(addr, &format!("/admin/queues/services/{}/dead", world.name)).await;
