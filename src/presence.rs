@@ -81,6 +81,10 @@ pub(crate) struct Presence {
     handled: AtomicU64,
     /// Tasks read and held aside for a limit per key (docs/design.md §15).
     aside: AtomicI64,
+    /// The backlog of the partitions it owns, as last read (`None`: an
+    /// instance that owns none, a standalone indexer), written into the
+    /// current minute's counts with each record.
+    backlog: Mutex<Option<u64>>,
     tally: Mutex<Tally>,
 }
 
@@ -98,6 +102,7 @@ impl Presence {
             owned: AtomicU64::new(0),
             in_flight: AtomicU64::new(0),
             handled: AtomicU64::new(0),
+            backlog: Mutex::new(None),
             aside: AtomicI64::new(0),
             tally: Mutex::new(Tally::default()),
         }
@@ -148,6 +153,11 @@ impl Presence {
         }
         let minute = self.now_ms() / 60_000;
         self.tally().next.entry(minute).or_default()[what as usize] += n;
+    }
+
+    /// The backlog of the partitions the instance owns, as just read.
+    pub(crate) fn set_backlog(&self, backlog: u64) {
+        *self.backlog.lock().unwrap_or_else(|e| e.into_inner()) = Some(backlog);
     }
 
     /// The counts to send now: the last flush again while it is not
@@ -219,6 +229,9 @@ impl Presence {
         let flush = self.flush();
         let mut script = PRESENCE.key(keys::members(name));
         script.key(keys::stats_flushed(name));
+        // The backlog goes into the current minute, whatever is flushed.
+        let minute_now = self.now_ms() / 60_000;
+        script.key(keys::stats(name, minute_now));
         let minutes = flush.as_ref().map_or(&[][..], |f| &f.minutes[..]);
         for (minute, _) in minutes {
             script.key(keys::stats(name, *minute));
@@ -233,6 +246,11 @@ impl Presence {
             .arg(gone_before)
             .arg(flush.as_ref().map_or(0, |f| f.seq))
             .arg(STATS_TTL.as_secs());
+        let backlog = *self.backlog.lock().unwrap_or_else(|e| e.into_inner());
+        match backlog {
+            Some(backlog) => script.arg(backlog),
+            None => script.arg(""),
+        };
         for (_, counts) in minutes {
             script.arg(&counts[..]);
         }
@@ -365,5 +383,39 @@ mod tests {
         let record: serde_json::Value = serde_json::from_str(&record).unwrap();
         assert_eq!(record["standing"], "assigned");
         assert_eq!(record["handled"], 2);
+    }
+
+    #[tokio::test]
+    async fn each_instance_records_its_backlog_in_the_minute_and_a_reader_adds_them() {
+        use peerq_test_support as support;
+        let server = support::RedisServer::start();
+        let client = server.client();
+        let conn = client.get_multiplexed_async_connection().await.unwrap();
+        let mut conn = crate::connection::Conn::Node(conn);
+        let name = ServiceName::new(&support::unique_name("presence")).unwrap();
+        let clock: Arc<dyn Clock> = Arc::new(crate::clock::SystemClock);
+        // All in one minute: not in a minute's last seconds.
+        let into = clock.now().as_millis() % 60_000;
+        if into > 55_000 {
+            tokio::time::sleep(std::time::Duration::from_millis(60_100 - into as u64)).await;
+        }
+        // Two instances that own partitions, and one (a standalone
+        // indexer) that owns none and records nothing.
+        for backlog in [Some(17), Some(25), None] {
+            let presence = Presence::new(clock.clone(), 1);
+            if let Some(backlog) = backlog {
+                presence.set_backlog(backlog);
+            }
+            let id = InstanceId::generate();
+            presence
+                .tell(&mut conn, &name, &id, "assigned", None, None)
+                .await
+                .unwrap();
+        }
+        let admin = crate::admin::Admin::connect(server.url()).await.unwrap();
+        let minutes = admin.minutes(&[&name], 2).await.unwrap().pop().unwrap();
+        let now = minutes.last().unwrap();
+        assert_eq!(now.backlog, Some(42), "{minutes:?}");
+        assert_eq!(minutes[0].backlog, None, "the minute before: none recorded");
     }
 }

@@ -165,6 +165,10 @@ pub struct MinuteCounts {
     pub dead: u64,
     /// Failed tasks retried.
     pub retried: u64,
+    /// The backlog, as the instances last read it in that minute (the sum
+    /// of each one's figure for the partitions it owned); `None` when no
+    /// instance recorded one.
+    pub backlog: Option<u64>,
 }
 
 impl Service {
@@ -284,7 +288,10 @@ fn minute_counts(
     for (minute, reply) in minutes.into_iter().zip(replies) {
         let fields: HashMap<String, u64> = parse(reply)?;
         let count = |f: &str| fields.get(f).copied().unwrap_or(0);
+        let backlogs = fields.iter().filter(|(f, _)| f.starts_with("backlog:"));
+        let backlog = backlogs.map(|(_, n)| *n).reduce(|a, b| a + b);
         counts.push(MinuteCounts {
+            backlog,
             minute,
             ok: count("ok"),
             failed: count("failed"),

@@ -258,7 +258,7 @@ where
         runner,
         order,
         metrics: TaskMetrics::new(&name, presence.clone()),
-        queue: QueueGauges::new(&name),
+        queue: QueueGauges::new(&name, presence.clone()),
         due,
         interval: timing.interval,
         gate,

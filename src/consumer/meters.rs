@@ -138,17 +138,22 @@ pub(crate) struct QueueGauges {
     delayed: Gauge,
     /// The last sizes read of each owned partition.
     partitions: Mutex<BTreeMap<u32, Sizes>>,
+    /// Told the backlog too: it records it per minute, for a chart of the
+    /// last hour (the dashboard's).
+    presence: Arc<Presence>,
 }
 
 impl QueueGauges {
-    /// The gauges for `service`, from the recorder installed now.
-    pub(crate) fn new(service: &ServiceName) -> Self {
+    /// The gauges for `service`, from the recorder installed now; the
+    /// backlog goes to `presence` as well.
+    pub(crate) fn new(service: &ServiceName, presence: Arc<Presence>) -> Self {
         let service = service.to_string();
         QueueGauges {
             backlog: metrics::gauge!(m::BACKLOG_ENTRIES, "service" => service.clone()),
             dead: metrics::gauge!(m::DEAD_LETTERS, "service" => service.clone()),
             delayed: metrics::gauge!(m::DELAYED_TASKS, "service" => service),
             partitions: Mutex::new(BTreeMap::new()),
+            presence,
         }
     }
 
@@ -162,6 +167,8 @@ impl QueueGauges {
         };
         let sum = |f: fn(&Sizes) -> u64| partitions.values().map(f).sum::<u64>() as f64;
         self.backlog.set(sum(|s| s.backlog));
+        let backlog = partitions.values().map(|s| s.backlog).sum::<u64>();
+        self.presence.set_backlog(backlog);
         self.dead.set(sum(|s| s.dead));
         self.delayed.set(sum(|s| s.delayed));
     }

@@ -10,7 +10,7 @@ use axum::response::{IntoResponse, Redirect, Response};
 use maud::{Markup, html};
 use serde::Deserialize;
 
-use super::chart::{Minute, chart};
+use super::chart::{Minute, backlog_chart, chart};
 use super::layout::{Base, ago, page, tabs};
 use super::{Dash, Failure, Shared};
 use crate::admin::Status;
@@ -112,12 +112,11 @@ fn live(base: &Base, status: &Status, minutes: &[Minute]) -> Markup {
         h2 { "Last hour" }
         div id="last-hour" {
             (chart(&status.name, minutes))
-            // The per-minute counts the instances record hold no backlog
-            // (`{N}:stats:<minute>`: ok, failed, dead, retried), so the
-            // backlog has no history to draw: it is shown as it is now.
+            // The backlog as the instances read it each minute (each one
+            // records its partitions' figure with its presence).
+            (backlog_chart(&status.name, minutes))
             p.muted id="backlog-now" {
-                "Backlog now: " (t.backlog) " (" (t.pending) " delivered and not yet acked). "
-                "Its history is not recorded: instances count outcomes per minute, not the backlog."
+                "Backlog now: " (t.backlog) " (" (t.pending) " delivered and not yet acked)."
             }
         }
         p id="limits" {

@@ -3,13 +3,21 @@
 -- that Redis applies once however often it is sent.
 --
 -- KEYS[1] = {N}:members   KEYS[2] = {N}:stats:flushed
--- KEYS[3..] = {N}:stats:<minute>, one per minute flushed
+-- KEYS[3] = {N}:stats:<the current minute>
+-- KEYS[4..] = {N}:stats:<minute>, one per minute flushed
 -- ARGV[1] = instance id   ARGV[2] = its record (JSON)
 -- ARGV[3] = remove records last seen before this time (ms; 0: do not look)
 -- ARGV[4] = the flush's sequence number (0: no counts)
 -- ARGV[5] = how long the counts live (s)
--- ARGV[6..] = for each minute key: ok, failed, dead, retried
+-- ARGV[6] = the backlog of the partitions it owns ('': none owned)
+-- ARGV[7..] = for each flushed minute key: ok, failed, dead, retried
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+-- A gauge, not a count: the minute keeps each instance's last figure
+-- (`backlog:<instance id>`), and a reader adds them up.
+if ARGV[6] ~= '' then
+  redis.call('HSET', KEYS[3], 'backlog:' .. ARGV[1], ARGV[6])
+  redis.call('EXPIRE', KEYS[3], ARGV[5])
+end
 local gone_before = tonumber(ARGV[3])
 if gone_before > 0 then
   local all = redis.call('HGETALL', KEYS[1])
@@ -33,8 +41,8 @@ end
 redis.call('HSET', KEYS[2], ARGV[1], seq)
 redis.call('EXPIRE', KEYS[2], ARGV[5])
 local fields = {'ok', 'failed', 'dead', 'retried'}
-for k = 3, #KEYS do
-  local base = 6 + (k - 3) * 4
+for k = 4, #KEYS do
+  local base = 7 + (k - 4) * 4
   for f = 1, 4 do
     local n = tonumber(ARGV[base + f - 1])
     if n > 0 then

@@ -87,7 +87,8 @@ async fn counts(server: &RedisServer, name: &str, since: SystemTime) -> HashMap<
     for m in minute(since)..=minute(SystemTime::now()) {
         let counts: HashMap<String, u64> =
             conn.hgetall(format!("{{{name}}}:stats:{m}")).await.unwrap();
-        for (field, n) in counts {
+        // The counts; `backlog:<instance>` is a gauge, read elsewhere.
+        for (field, n) in counts.into_iter().filter(|(f, _)| !f.starts_with("backlog:")) {
             *sums.entry(field).or_default() += n;
         }
     }

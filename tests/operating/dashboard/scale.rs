@@ -269,6 +269,21 @@ async fn a_thousand_partitions_are_one_heatmap_and_the_page_stays_small() {
     );
     assert!(body.contains("Backlog now: 1370"), "{body}");
     assert!(body.contains(r#"data-every="10000""#), "a slower refresh");
+    // The backlog over the minutes, as the three instances recorded it
+    // with their presence (their sums add up to the service's).
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let page = get(addr, &format!("/services/{}", fleet.name)).await;
+        if page.body.contains("backlog 1370 now, at most 1370 in the last 60 minutes") {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the backlog chart: {}",
+            page.body
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     // The refreshed part carries the same cells.
     let live = get(addr, &format!("/services/{}/live", fleet.name)).await;
     assert_eq!(cells(&live.body), 1_024);
