@@ -17,8 +17,8 @@
 //! Every flag:
 //!
 //! ```text
-//! mail_sender consume --redis URL [--cluster] [--tls-ca FILE] [--tls-cert FILE --tls-key FILE] [--wait-for-replicas N] --name NAME [--partitions N] [--indexing ranked|incr] [--assignor modulo|rendezvous] [--weight N] [--interval-ms N] [--drain-ms N] [--skew-ms N] [--work-ms N] [--print-tasks] [--print-events] [--http ADDR] [--codec json|bincode] [--track] [--rate-limit N] [--concurrency-per-key N] [--priorities LEVELS] [--ordered] [--singleton NAME]...
-//! mail_sender produce --redis URL [--cluster] [--tls-ca FILE] [--tls-cert FILE --tls-key FILE] [--wait-for-replicas N] --name NAME [--partitions N] --count N [--batch N] [--rate N] [--print-enqueued] [--codec json|bincode] [--print-ids] [--keys K] [--first-seq N] [--priority high|normal|low] [--priorities LEVELS]
+//! mail_sender consume --redis URL [--cluster | --sentinel MASTER_NAME] [--tls-ca FILE] [--tls-cert FILE --tls-key FILE] [--wait-for-replicas N] --name NAME [--partitions N] [--indexing ranked|incr] [--assignor modulo|rendezvous] [--weight N] [--interval-ms N] [--drain-ms N] [--skew-ms N] [--work-ms N] [--print-tasks] [--print-events] [--http ADDR] [--codec json|bincode] [--track] [--rate-limit N] [--concurrency-per-key N] [--priorities LEVELS] [--ordered] [--singleton NAME]...
+//! mail_sender produce --redis URL [--cluster | --sentinel MASTER_NAME] [--tls-ca FILE] [--tls-cert FILE --tls-key FILE] [--wait-for-replicas N] --name NAME [--partitions N] --count N [--batch N] [--rate N] [--print-enqueued] [--codec json|bincode] [--print-ids] [--keys K] [--first-seq N] [--priority high|normal|low] [--priorities LEVELS]
 //! ```
 //!
 //! With `--cluster`, `--redis` is a comma-separated list of a Redis
@@ -144,8 +144,12 @@ struct ServiceArgs {
     #[arg(long)]
     redis: String,
     /// --redis names nodes of a Redis Cluster.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "sentinel")]
     cluster: bool,
+    /// --redis names the sentinels (a comma-separated list of their URLs)
+    /// that watch the master of this name.
+    #[arg(long, value_name = "MASTER_NAME")]
+    sentinel: Option<String>,
     #[command(flatten)]
     tls: TlsArgs,
     #[command(flatten)]
@@ -500,14 +504,17 @@ struct ReplicaArgs {
 /// How long `--wait-for-replicas` waits.
 const WAIT_TIMEOUT: Duration = Duration::from_millis(100);
 
-/// The Redis that `--redis`, `--cluster`, the TLS flags and
-/// `--wait-for-replicas` give: one server's URL, or a Cluster's node URLs,
+/// The Redis that `--redis`, `--cluster`, `--sentinel`, the TLS flags and
+/// `--wait-for-replicas` give: one server's URL, a Cluster's node URLs, or
+/// the sentinels' URLs and the master's name,
 /// with TLS settings if any were given, and the replicas writes wait for,
 /// if any.
 fn redis_from_flags(flags: &ServiceArgs) -> Redis {
-    let mut redis = match flags.cluster {
-        true => Redis::cluster(flags.redis.split(',').map(str::trim)),
-        false => Redis::url(&flags.redis),
+    let urls = flags.redis.split(',').map(str::trim);
+    let mut redis = match (&flags.sentinel, flags.cluster) {
+        (Some(master), _) => Redis::sentinel(master, urls),
+        (None, true) => Redis::cluster(urls),
+        (None, false) => Redis::url(&flags.redis),
     };
     let files = &flags.tls;
     if files.tls_ca.is_some() || files.tls_cert.is_some() {

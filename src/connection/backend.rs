@@ -1,6 +1,7 @@
 //! Where a service's Redis is: one server, reached through a deadpool
-//! pool, or a Redis Cluster, reached through its seed nodes; and the
-//! connection each gives.
+//! pool, a master that Redis Sentinel watches, found through the
+//! sentinels on every connect, or a Redis Cluster, reached through its
+//! seed nodes; and the connection each gives.
 
 use std::fmt;
 use std::sync::Arc;
@@ -18,6 +19,7 @@ use deadpool_redis::redis::{
 use super::node::NodeSettings;
 use super::pipeline::{self, Nodes};
 use super::redact::not_a_url;
+use super::sentinel::Sentinel;
 use super::tls::{self, Tls};
 use super::{CONNECT_TIMEOUT, RESPONSE_TIMEOUT, Wait, redact};
 use crate::error::{Error, Result};
@@ -46,6 +48,9 @@ pub(crate) struct Backend {
 pub(crate) enum Servers {
     /// One server, through a pool.
     Node(Pool),
+    /// A master that Redis Sentinel watches: each connection is made to
+    /// the master the sentinels name then (docs/design.md §8).
+    Sentinel(Arc<Sentinel>),
     /// A Redis Cluster (docs/design.md §8).
     Cluster(Arc<Cluster>),
 }
@@ -62,6 +67,7 @@ impl fmt::Debug for Servers {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Servers::Node(pool) => f.debug_tuple("Node").field(pool).finish(),
+            Servers::Sentinel(sentinel) => f.debug_tuple("Sentinel").field(sentinel).finish(),
             Servers::Cluster(_) => f.write_str("Cluster"),
         }
     }
@@ -199,6 +205,10 @@ impl Backend {
                 };
                 conn.set_response_timeout(RESPONSE_TIMEOUT);
                 Ok(Conn::Node(conn))
+            }
+            // Made here always: asking the sentinels is the point.
+            Servers::Sentinel(sentinel) => {
+                Ok(Conn::Node(sentinel.connect(RESPONSE_TIMEOUT).await?))
             }
             Servers::Cluster(cluster) => {
                 let conn = cluster.client.get_async_connection().await?;

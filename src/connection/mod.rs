@@ -1,6 +1,6 @@
 //! Connections to a service's Redis: where it is ([`Redis`], the value
-//! every part takes, and [`Backend`], what it is built into: one server or
-//! a Cluster), the one multiplexed connection each part of
+//! every part takes, and [`Backend`], what it is built into: one server, a
+//! master that Redis Sentinel watches, or a Cluster), the one multiplexed connection each part of
 //! an instance shares, replaced after an error ([`SharedConnection`]), and
 //! the `WAIT` after writes a failover must not lose ([`replicated`]).
 //!
@@ -19,6 +19,7 @@ mod pipeline;
 mod redact;
 mod redis;
 mod replicated;
+mod sentinel;
 mod shared;
 pub(crate) mod subscriber;
 mod tls;
@@ -90,7 +91,12 @@ pub(crate) fn at(target: &str, e: Error) -> Error {
 /// replaced; an error reply from Redis (a BUSYGROUP, a script error)
 /// leaves it usable.
 pub(crate) fn is_broken(error: &RedisError) -> bool {
-    error.is_io_error()
+    // A server that a failover demoted (or cut off from its replicas)
+    // answers every write with an error reply: a connection to the
+    // master Sentinel names now must replace it. On one server given by
+    // its URL the new connection goes to the same server, no worse.
+    sentinel::not_the_master(error)
+        || error.is_io_error()
         || error.is_connection_dropped()
         || error.is_timeout()
         || error.is_unrecoverable_error()

@@ -2,9 +2,9 @@
 //! to talk to it, which every builder and entry point takes, and the check
 //! that turns it into a [`Backend`] when they build.
 //!
-//! What it describes is a private enum of targets, so that a later kind
-//! (a Sentinel-managed master) is one more variant and constructor, not
-//! another setter on every builder.
+//! What it describes is a private enum of targets (a URL, a master that
+//! Sentinel watches, a Cluster, a pool), so that each kind is one variant
+//! and constructor, not another setter on every builder.
 
 use std::fmt;
 use std::sync::Arc;
@@ -13,13 +13,15 @@ use std::time::Duration;
 use deadpool_redis::Pool;
 
 use super::backend::{Cluster, Servers};
+use super::sentinel::Sentinel;
 use super::subscriber::Source;
 use super::tls::Tls;
 use super::{Backend, Wait, redact};
 use crate::error::{Error, Result};
 
 /// Where a service's Redis is and how to talk to it: one server by its URL,
-/// a Redis Cluster by some of its nodes, or a deadpool-redis pool; with TLS
+/// a master that Redis Sentinel watches by its name and the sentinels'
+/// URLs, a Redis Cluster by some of its nodes, or a deadpool-redis pool; with TLS
 /// files and replica waiting as modifiers. Every part of peerq takes one
 /// ([`ConsumerBuilder::redis`](crate::consumer::ConsumerBuilder::redis),
 /// [`ProducerBuilder::redis`](crate::producer::ProducerBuilder::redis),
@@ -28,8 +30,8 @@ use crate::error::{Error, Result};
 ///
 /// Nothing is checked or connected here: the part that takes it checks it
 /// when it builds or connects (an invalid value is an
-/// [`Error::InvalidSetting`] naming `redis`, `redis_cluster`, `tls` or
-/// `wait_for_replicas`). Its `Debug` and `Display`, and every error that
+/// [`Error::InvalidSetting`] naming `redis`, `redis_cluster`,
+/// `redis_sentinel`, `master_auth`, `tls` or `wait_for_replicas`). Its `Debug` and `Display`, and every error that
 /// names it, show URLs without their passwords. Cheap to clone.
 ///
 /// ```no_run
@@ -45,12 +47,21 @@ use crate::error::{Error, Result};
 ///     .tls(Tls::new().ca_file("/etc/redis/ca.pem"))
 ///     .wait_for_replicas(1, Duration::from_millis(100));
 /// let producer = Producer::builder().redis(redis).name("mail-sender").connect().await?;
+///
+/// // The master that Sentinel watches as `mymaster`, whatever server that is now.
+/// let redis = Redis::sentinel("mymaster", ["redis://sentinel-a:26379/", "redis://sentinel-b:26379/"])
+///     .master_auth("app", "secret")
+///     .wait_for_replicas(2, Duration::from_millis(100));
+/// let producer = Producer::builder().redis(redis).name("mail-sender").connect().await?;
 /// # let _ = producer; Ok(()) }
 /// ```
 #[must_use]
 #[derive(Clone)]
 pub struct Redis {
     target: Target,
+    /// With a Sentinel target: the user (empty: the default) and password
+    /// on the master and its replicas.
+    master_auth: Option<(String, String)>,
     tls: Option<Tls>,
     wait: Option<Wait>,
 }
@@ -62,6 +73,8 @@ enum Target {
     Url(String),
     /// A Redis Cluster, by some of its nodes' URLs.
     Cluster(Vec<String>),
+    /// A master that Sentinel watches: its name, the sentinels' URLs.
+    Sentinel(String, Vec<String>),
     /// One server, through the caller's pool.
     Pool(Pool),
     /// What another part of peerq already built (a consumer's, for its
@@ -88,6 +101,40 @@ impl Redis {
         ))
     }
 
+    /// The master that Redis Sentinel monitors as `master_name` (its
+    /// `sentinel monitor` name), found through the sentinels at these URLs:
+    /// `redis://[user:password@]host:port[/db]`, the first URL's user and
+    /// password for every sentinel (their `requirepass`), its `/db` the
+    /// database on the master; `rediss://` for sentinels (and then a
+    /// master) that speak TLS. The master's own user and password are
+    /// [`master_auth`](Self::master_auth); with [`tls`](Self::tls), the
+    /// master speaks TLS with those settings (and `rediss://` sentinels
+    /// too).
+    ///
+    /// Every connection peerq makes asks the sentinels for the master
+    /// first, and checks it is one (`ROLE`); a connection whose server a
+    /// failover demoted breaks, or answers `READONLY`, and is made again:
+    /// an instance follows a failover with no restart. Writes a failover
+    /// must not lose wait for [`wait_for_replicas`](Self::wait_for_replicas);
+    /// what survives, and what does not, is in docs/design.md §8.
+    pub fn sentinel<U: Into<String>>(
+        master_name: impl Into<String>,
+        sentinel_urls: impl IntoIterator<Item = U>,
+    ) -> Redis {
+        Redis::at(Target::Sentinel(
+            master_name.into(),
+            sentinel_urls.into_iter().map(Into::into).collect(),
+        ))
+    }
+
+    /// With [`Redis::sentinel`]: the user (empty for the default user)
+    /// and password on the master and its replicas, which the sentinels'
+    /// URLs do not give (theirs are the sentinels' own).
+    pub fn master_auth(mut self, user: impl Into<String>, password: impl Into<String>) -> Redis {
+        self.master_auth = Some((user.into(), password.into()));
+        self
+    }
+
     /// The one server this pool connects to; the pool's own settings
     /// (URL, TLS) apply, so it takes no [`tls`](Self::tls). Parts take
     /// their connections out of it for good, and blocking reads get
@@ -107,6 +154,7 @@ impl Redis {
     fn at(target: Target) -> Redis {
         Redis {
             target,
+            master_auth: None,
             tls: None,
             wait: None,
         }
@@ -148,7 +196,10 @@ impl Redis {
     /// user. A pool's errors are the pool's, and a part built from another
     /// (an indexer from its consumer) leaves the naming to that part.
     pub(crate) fn names_servers(&self) -> bool {
-        matches!(self.target, Target::Url(_) | Target::Cluster(_))
+        matches!(
+            self.target,
+            Target::Url(_) | Target::Cluster(_) | Target::Sentinel(..)
+        )
     }
 
     /// Checks it and makes what it describes (a pool, a Cluster client);
@@ -156,12 +207,23 @@ impl Redis {
     /// [`Error::InvalidSetting`] naming the setting and what would work.
     pub(crate) fn backend(self) -> Result<Backend> {
         let tls = self.tls;
-        let pubsub = match &self.target {
+        if self.master_auth.is_some() && !matches!(self.target, Target::Sentinel(..)) {
+            return Err(Error::invalid(
+                "master_auth",
+                "the master's user and password go with Redis::sentinel; a URL carries its own",
+            ));
+        }
+        let mut pubsub = match &self.target {
             Target::Url(url) => Some(Source::Node(url.clone(), tls.clone())),
             Target::Cluster(seeds) => Some(Source::Cluster(seeds.clone(), tls.clone())),
             _ => None,
         };
         let servers = match self.target {
+            Target::Sentinel(master, urls) => {
+                let sentinel = Arc::new(Sentinel::new(&master, &urls, self.master_auth, tls)?);
+                pubsub = Some(Source::Sentinel(sentinel.clone()));
+                Servers::Sentinel(sentinel)
+            }
             Target::Built { backend, .. } => return Ok(backend),
             Target::Pool(_) if tls.is_some() => {
                 return Err(Error::invalid(
@@ -200,8 +262,8 @@ pub(crate) fn given(redis: Option<Redis>) -> Result<Redis> {
     redis.ok_or_else(|| {
         Error::invalid(
             "redis",
-            "no Redis given; call .redis(url), or .redis(Redis::cluster(urls)) or \
-             .redis(Redis::pool(pool))",
+            "no Redis given; call .redis(url), or .redis(Redis::cluster(urls)), \
+             .redis(Redis::sentinel(master, urls)) or .redis(Redis::pool(pool))",
         )
     })
 }
@@ -219,6 +281,16 @@ impl fmt::Display for Redis {
                         f.write_str(", ")?;
                     }
                     f.write_str(&redact(seed))?;
+                }
+                Ok(())
+            }
+            Target::Sentinel(master, urls) => {
+                write!(f, "the Redis Sentinel master `{master}` at ")?;
+                for (i, url) in urls.iter().enumerate() {
+                    if i > 0 {
+                        f.write_str(", ")?;
+                    }
+                    f.write_str(&redact(url))?;
                 }
                 Ok(())
             }
@@ -260,105 +332,5 @@ impl From<&String> for Redis {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_url_converts_and_shows_without_its_password() {
-        let redis = Redis::from("redis://app:s3cret@db:6379/2");
-        assert!(matches!(&redis.target, Target::Url(url) if url == "redis://app:s3cret@db:6379/2"));
-        assert_eq!(redis.to_string(), "redis://app:***@db:6379/2");
-        let debug = format!("{redis:?}");
-        assert_eq!(
-            debug,
-            "Redis { at: redis://app:***@db:6379/2, tls: None, wait_for_replicas: None }"
-        );
-        let owned = String::from("redis://:s3cret@db/");
-        for redis in [Redis::from(&owned), Redis::from(owned.clone())] {
-            assert_eq!(redis.to_string(), "redis://:***@db/");
-        }
-    }
-
-    #[test]
-    fn a_cluster_shows_every_seed_without_its_password() {
-        let redis = Redis::cluster(["redis://:s3cret@a:7000/", "redis://app:s3cret@b:7001/"])
-            .tls(Tls::new())
-            .wait_for_replicas(1, Duration::from_millis(100));
-        let shown = redis.to_string();
-        assert_eq!(
-            shown,
-            "the Redis Cluster at redis://:***@a:7000/, redis://app:***@b:7001/"
-        );
-        let debug = format!("{redis:?}");
-        assert!(debug.contains(&shown), "{debug}");
-        assert!(debug.contains("replicas: 1"), "{debug}");
-        assert!(!debug.contains("s3cret"), "{debug}");
-    }
-
-    #[test]
-    fn a_pool_shows_nothing_of_its_url_and_refuses_tls_files() {
-        let pool = deadpool_redis::Config::from_url("redis://app:s3cret@db/")
-            .create_pool(Some(deadpool_redis::Runtime::Tokio1))
-            .unwrap();
-        let redis = Redis::pool(pool).tls(Tls::new());
-        assert_eq!(redis.to_string(), "the given pool");
-        let debug = format!("{redis:?}");
-        assert!(!debug.contains("s3cret"), "{debug}");
-        let msg = redis.backend().unwrap_err().to_string();
-        assert!(msg.contains("invalid setting `tls`"), "{msg}");
-    }
-
-    #[test]
-    fn a_malformed_url_is_refused_without_its_password() {
-        let err = Redis::url("redis//:s3cret@db").backend().unwrap_err();
-        let msg = err.to_string();
-        assert!(msg.contains("invalid setting `redis`"), "{msg}");
-        assert!(msg.contains(":***@db"), "{msg}");
-        assert!(!msg.contains("s3cret"), "{msg}");
-    }
-
-    #[test]
-    fn tls_settings_with_a_plain_seed_node_are_refused_without_its_password() {
-        let redis = Redis::cluster([
-            "rediss://:s3cret@127.0.0.1:7000/",
-            "redis://:s3cret@127.0.0.1:7001/",
-        ])
-        .tls(Tls::new());
-        let msg = redis.backend().unwrap_err().to_string();
-        assert!(msg.contains("invalid setting `tls`"), "{msg}");
-        #[cfg(feature = "tls")]
-        assert!(
-            msg.contains("rediss:// seed URLs; `redis://:***@127.0.0.1:7001/`"),
-            "{msg}"
-        );
-        assert!(!msg.contains("s3cret"), "{msg}");
-    }
-
-    #[test]
-    fn invalid_values_are_refused_naming_the_setting() {
-        let no_seeds = Redis::cluster(Vec::<String>::new()).backend().unwrap_err();
-        assert!(
-            no_seeds
-                .to_string()
-                .contains("invalid setting `redis_cluster`"),
-            "{no_seeds}"
-        );
-        let waits = [
-            (0, Duration::from_millis(10)),
-            (1, Duration::from_micros(500)),
-        ];
-        for (replicas, timeout) in waits {
-            let err = Redis::url("redis://db/")
-                .wait_for_replicas(replicas, timeout)
-                .backend()
-                .unwrap_err();
-            assert!(
-                err.to_string()
-                    .contains("invalid setting `wait_for_replicas`"),
-                "{err}"
-            );
-        }
-        let err = given(None).unwrap_err();
-        assert!(err.to_string().contains("invalid setting `redis`"), "{err}");
-    }
-}
+#[path = "redis_tests.rs"]
+mod tests;

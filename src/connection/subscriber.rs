@@ -24,6 +24,8 @@ use crate::error::{Error, Result};
 #[derive(Clone, Debug)]
 pub(crate) enum Source {
     Node(String, Option<Tls>),
+    /// The master the sentinels name at each (re)connect.
+    Sentinel(std::sync::Arc<super::sentinel::Sentinel>),
     Cluster(Vec<String>, Option<Tls>),
 }
 
@@ -81,6 +83,13 @@ pub(crate) async fn connect_many(
                 .get_multiplexed_async_connection_with_config(&config)
                 .await?;
             Held::Node(conn)
+        }
+        Source::Sentinel(sentinel) => {
+            let config = AsyncConnectionConfig::new()
+                .set_push_sender(pushes)
+                .set_connection_timeout(Some(CONNECT_TIMEOUT))
+                .set_response_timeout(Some(RESPONSE_TIMEOUT));
+            Held::Node(sentinel.connect_resp3(&config).await?)
         }
         Source::Cluster(seeds, tls) => {
             let mut infos = Vec::with_capacity(seeds.len());

@@ -89,7 +89,10 @@ pub(crate) fn backlog_chart(label: &str, minutes: &[Minute]) -> Markup {
             recorded.iter().max().unwrap_or(&0),
             minutes.len()
         ),
-        None => format!("{label}: no backlog recorded in the last {} minutes", minutes.len()),
+        None => format!(
+            "{label}: no backlog recorded in the last {} minutes",
+            minutes.len()
+        ),
     };
     html! {
         svg.chart.backlog viewBox=(format!("0 0 {WIDTH} {HEIGHT}")) preserveAspectRatio="none"
@@ -125,9 +128,21 @@ mod tests {
     #[test]
     fn the_peak_reaches_the_top_and_zero_the_axis() {
         let minutes = [
-            Minute { ok: 0, failed: 0, backlog: None },
-            Minute { ok: 10, failed: 5, backlog: Some(40) },
-            Minute { ok: 5, failed: 0, backlog: Some(20) },
+            Minute {
+                ok: 0,
+                failed: 0,
+                backlog: None,
+            },
+            Minute {
+                ok: 10,
+                failed: 5,
+                backlog: Some(40),
+            },
+            Minute {
+                ok: 5,
+                failed: 0,
+                backlog: Some(20),
+            },
         ];
         let ok = polyline(&minutes, 10, |m| m.ok);
         assert_eq!(ok, "0.0,119.0 300.0,4.0 600.0,61.5");
@@ -142,15 +157,33 @@ mod tests {
     #[test]
     fn the_backlog_is_drawn_where_recorded_on_its_own_scale() {
         let minutes = [
-            Minute { ok: 0, failed: 0, backlog: None },
-            Minute { ok: 10, failed: 5, backlog: Some(40) },
-            Minute { ok: 5, failed: 0, backlog: Some(20) },
+            Minute {
+                ok: 0,
+                failed: 0,
+                backlog: None,
+            },
+            Minute {
+                ok: 10,
+                failed: 5,
+                backlog: Some(40),
+            },
+            Minute {
+                ok: 5,
+                failed: 0,
+                backlog: Some(20),
+            },
         ];
         let svg = backlog_chart("mail-sender", &minutes).into_string();
         assert!(svg.contains(r#"points="300.0,4.0 600.0,61.5""#), "{svg}");
-        assert!(svg.contains("backlog 20 now, at most 40 in the last 3 minutes"), "{svg}");
+        assert!(
+            svg.contains("backlog 20 now, at most 40 in the last 3 minutes"),
+            "{svg}"
+        );
         let none = backlog_chart("idle", &[Minute::default(); 60]).into_string();
-        assert!(none.contains("no backlog recorded in the last 60 minutes"), "{none}");
+        assert!(
+            none.contains("no backlog recorded in the last 60 minutes"),
+            "{none}"
+        );
     }
 
     #[test]

@@ -88,7 +88,10 @@ async fn counts(server: &RedisServer, name: &str, since: SystemTime) -> HashMap<
         let counts: HashMap<String, u64> =
             conn.hgetall(format!("{{{name}}}:stats:{m}")).await.unwrap();
         // The counts; `backlog:<instance>` is a gauge, read elsewhere.
-        for (field, n) in counts.into_iter().filter(|(f, _)| !f.starts_with("backlog:")) {
+        for (field, n) in counts
+            .into_iter()
+            .filter(|(f, _)| !f.starts_with("backlog:"))
+        {
             *sums.entry(field).or_default() += n;
         }
     }

@@ -24,8 +24,31 @@ pub(crate) struct Cli {
     pub(crate) redis: Option<String>,
     /// `--redis` names nodes of a Redis Cluster: a comma-separated list of
     /// node URLs (some of them are enough).
-    #[arg(long, global = true, env = "PEERQ_REDIS_CLUSTER")]
+    #[arg(
+        long,
+        global = true,
+        env = "PEERQ_REDIS_CLUSTER",
+        conflicts_with = "sentinel"
+    )]
     pub(crate) cluster: bool,
+    /// `--redis` names the sentinels that watch the master of this name: a
+    /// comma-separated list of sentinel URLs (their user and password are
+    /// the sentinels'; the master's are --master-user and
+    /// PEERQ_MASTER_PASSWORD).
+    #[arg(
+        long,
+        global = true,
+        env = "PEERQ_REDIS_SENTINEL",
+        value_name = "MASTER_NAME"
+    )]
+    pub(crate) sentinel: Option<String>,
+    /// With --sentinel: the user on the master (default: the default user).
+    #[arg(long, global = true, env = "PEERQ_MASTER_USER", value_name = "USER")]
+    pub(crate) master_user: Option<String>,
+    /// With --sentinel: the password on the master; from the environment
+    /// only, so it shows in no process list.
+    #[arg(skip = std::env::var("PEERQ_MASTER_PASSWORD").ok())]
+    pub(crate) master_password: Option<String>,
     /// For a rediss:// URL: trust the CA certificates in this PEM file
     /// instead of the system's.
     #[arg(long, global = true, env = "PEERQ_TLS_CA", value_name = "FILE")]

@@ -4,7 +4,7 @@
 //! tasks).
 //!
 //! ```text
-//! peerq [--redis URL] [--cluster] services [--json]
+//! peerq [--redis URL] [--cluster | --sentinel MASTER_NAME] services [--json]
 //! peerq status --name N [--json]
 //! peerq dead list --name N [--reason R] [--order newest|oldest] [--limit 20] [--after REF] [--json]
 //! peerq dead show|replay|purge --name N (--id ID | --all [--reason R]) [--json]
@@ -30,7 +30,10 @@
 //!
 //! The Redis is `--redis URL` or the environment's `PEERQ_REDIS_URL`; with
 //! `--cluster` (or `PEERQ_REDIS_CLUSTER=true`), a Redis Cluster whose
-//! comma-separated node URLs `--redis` gives. For a `rediss://` URL,
+//! comma-separated node URLs `--redis` gives; with `--sentinel MASTER_NAME`
+//! (or `PEERQ_REDIS_SENTINEL`), the master those sentinels watch, whose
+//! comma-separated URLs `--redis` gives (the master's user is
+//! `--master-user`, its password `PEERQ_MASTER_PASSWORD`). For a `rediss://` URL,
 //! `--tls-ca FILE` trusts that CA instead of the system's, and
 //! `--tls-cert FILE --tls-key FILE` present a client certificate.
 //! `migrate` needs no Redis: its database is `--postgres URL` or the
@@ -84,20 +87,28 @@ fn main() -> ExitCode {
             .exit();
     };
     let tls = tls(cli.tls_ca, cli.tls_cert.zip(cli.tls_key));
-    finish(runtime.block_on(run(redis(&url, cli.cluster, tls), cli.command)))
+    let mut redis = match &cli.sentinel {
+        Some(master) => Redis::sentinel(master, url.split(',').map(str::trim)),
+        None => redis(&url, cli.cluster),
+    };
+    if cli.sentinel.is_some() && (cli.master_user.is_some() || cli.master_password.is_some()) {
+        let user = cli.master_user.unwrap_or_default();
+        redis = redis.master_auth(user, cli.master_password.unwrap_or_default());
+    }
+    let redis = match tls {
+        Some(tls) => redis.tls(tls),
+        None => redis,
+    };
+    finish(runtime.block_on(run(redis, cli.command)))
 }
 
 /// The Redis the flags give: `--redis URL`, or with `--cluster` a Cluster
-/// whose comma-separated node URLs `--redis` gives; with the `--tls-*`
-/// files, over TLS with them.
-fn redis(url: &str, cluster: bool, tls: Option<peerq::Tls>) -> Redis {
-    let redis = match cluster {
+/// whose comma-separated node URLs `--redis` gives. (With `--sentinel`, the
+/// master those sentinels watch; the `--tls-*` files apply to each.)
+fn redis(url: &str, cluster: bool) -> Redis {
+    match cluster {
         true => Redis::cluster(url.split(',').map(str::trim)),
         false => Redis::url(url),
-    };
-    match tls {
-        Some(tls) => redis.tls(tls),
-        None => redis,
     }
 }
 

@@ -115,6 +115,10 @@ impl BlockingReads {
                 conn.set_response_timeout(timeout);
                 (conn, None)
             }
+            // The master as the sentinels name it now: a reader whose read
+            // failed (its master demoted, killed or cut off) finds the
+            // promoted one here.
+            Servers::Sentinel(sentinel) => (sentinel.connect(timeout).await?, None),
             Servers::Cluster(nodes) => {
                 let Conn::Cluster(map, _) = shared.get().await? else {
                     unreachable!("a Cluster's shared connection is a Cluster connection");

@@ -274,7 +274,10 @@ async fn a_thousand_partitions_are_one_heatmap_and_the_page_stays_small() {
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
     loop {
         let page = get(addr, &format!("/services/{}", fleet.name)).await;
-        if page.body.contains("backlog 1370 now, at most 1370 in the last 60 minutes") {
+        if page
+            .body
+            .contains("backlog 1370 now, at most 1370 in the last 60 minutes")
+        {
             break;
         }
         assert!(

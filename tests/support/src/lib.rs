@@ -1,7 +1,8 @@
 //! Test harness shared by the integration tests: private `redis-server`
 //! processes on free ports ([`RedisServer`]), over TLS if asked
 //! ([`ServerTls`], with a [`TestPki`] made at run time), and private Redis
-//! Clusters of them ([`RedisCluster`]), private PostgreSQL servers with a
+//! Clusters of them ([`RedisCluster`]), a master with two replicas and
+//! three sentinels ([`SentinelSet`]), private PostgreSQL servers with a
 //! fresh database per test ([`PostgresServer`]), a TCP proxy that can cut,
 //! blackhole, hold or delay (jitter) its clients' links to Redis
 //! ([`Proxy`]), unique service
@@ -24,6 +25,7 @@ mod reaper;
 pub mod recorder;
 mod redis_cluster;
 mod redis_server;
+mod sentinel;
 mod tls;
 mod wait;
 
@@ -40,6 +42,7 @@ pub use process::{Proc, child_test, example_binary, signal};
 pub use proxy::Proxy;
 pub use redis_cluster::{Migration, NodeInfo, RedisCluster, SLOTS, slot_of};
 pub use redis_server::{RedisServer, ServerOptions, process_exists, unused_port};
+pub use sentinel::{MASTER_NAME, SentinelSet};
 pub use tls::{CertFiles, ServerTls, TestPki};
 pub use wait::wait_until;
 
