@@ -28,7 +28,7 @@
 mod packed;
 mod raw;
 
-pub(crate) use packed::{take, unpack_strings, unsigned, value_of};
+pub(crate) use packed::{route_key, take, unpack_strings, unsigned, value_of};
 
 use std::borrow::Cow;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};

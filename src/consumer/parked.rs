@@ -15,7 +15,7 @@ use deadpool_redis::redis::{self, Script};
 use tracing::info;
 
 use super::shared::Shared;
-use crate::entry::{field, unpack_strings, value_of};
+use crate::entry::{field, route_key, unpack_strings, value_of};
 use crate::error::Result;
 use crate::keys;
 use crate::reshard::Layout;
@@ -45,8 +45,7 @@ pub(super) async fn send_parked(shared: &Shared, layout: &Layout) -> Result<usiz
                 continue;
             };
             let id = value_of(&fields, field::ID).unwrap_or_default();
-            let key = value_of(&fields, field::KEY).unwrap_or(id);
-            let dest = layout.current.route(key, 0);
+            let dest = layout.current.route(route_key(&fields), 0);
             let task = String::from_utf8_lossy(id);
             let mut script = UNPARK.key(keys::stream(&shared.name, dest));
             script

@@ -31,6 +31,14 @@ pub(crate) fn value_of<'a>(fields: &'a [Vec<u8>], name: &str) -> Option<&'a [u8]
         .map(|kv| kv[1].as_slice())
 }
 
+/// What places a task whose fields are `fields` (docs/design.md §3): its
+/// `key`, else its `id`.
+pub(crate) fn route_key(fields: &[Vec<u8>]) -> &[u8] {
+    value_of(fields, super::field::KEY)
+        .or_else(|| value_of(fields, super::field::ID))
+        .unwrap_or_default()
+}
+
 /// Decodes a MessagePack array of strings (or binaries), as Redis's
 /// `cmsgpack.pack` writes a Lua list of strings; `None` for anything else.
 pub(crate) fn unpack_strings(mut bytes: &[u8]) -> Option<Vec<Vec<u8>>> {

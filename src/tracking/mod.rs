@@ -307,6 +307,16 @@ impl PartitionKeys {
         &self.running
     }
 
+    /// The partition's `{N/p}:final` channel.
+    pub(crate) fn channel(&self) -> &str {
+        &self.channel
+    }
+
+    /// How its scripts publish there (`SPUBLISH` on a Cluster).
+    pub(crate) fn publish(&self) -> &'static str {
+        self.publish
+    }
+
     /// The tracking block (`track.lua`) for `tracking`, as a script's
     /// arguments; an empty block (seven empty values) when `tracking` is
     /// `None`.

@@ -11,7 +11,7 @@ use std::sync::LazyLock;
 use deadpool_redis::redis::{self, Script, Value};
 
 use super::PartitionStore;
-use crate::entry::{field, unpack_strings, value_of};
+use crate::entry::{field, route_key, unpack_strings, value_of};
 use crate::error::Result;
 use crate::keys;
 use crate::partition::{Shown, generation_of};
@@ -187,11 +187,6 @@ impl PartitionStore {
             "delayed" => &self.delayed,
             _ => &self.dead,
         };
-        let publish = if self.conn.backend().is_cluster() {
-            "SPUBLISH"
-        } else {
-            "PUBLISH"
-        };
         let mut script = MOVED.key(source);
         script
             .key(self.records.tasks())
@@ -201,8 +196,8 @@ impl PartitionStore {
             .arg(task.id())
             .arg(task.record.as_slice())
             .arg(&task.request)
-            .arg(publish)
-            .arg(keys::final_channel(&self.name, self.partition));
+            .arg(self.records.publish())
+            .arg(self.records.channel());
         let removed: i64 = self.conn.invoke(&script).await?;
         Ok(removed == 1)
     }
@@ -218,13 +213,6 @@ impl<'a> Moving<'a> {
             request: String::new(),
         }
     }
-}
-
-/// What places a task: its `key`, else its `id` (docs/design.md §3).
-fn route_key(fields: &[Vec<u8>]) -> &[u8] {
-    value_of(fields, field::KEY)
-        .or_else(|| value_of(fields, field::ID))
-        .unwrap_or_default()
 }
 
 #[cfg(test)]
