@@ -18,6 +18,7 @@
 //! the Redis side of the world and ways to break it.
 
 mod browser;
+mod netns;
 mod postgres;
 mod process;
 mod proxy;
@@ -37,12 +38,13 @@ use std::time::Duration;
 use deadpool_redis::redis;
 
 pub use browser::ChromeDriver;
+pub use netns::{Netns, Side, SplitNet};
 pub use postgres::{PostgresServer, TestDatabase, URL_ENV as POSTGRES_URL_ENV};
 pub use process::{Proc, child_test, example_binary, signal};
 pub use proxy::Proxy;
 pub use redis_cluster::{Migration, NodeInfo, RedisCluster, SLOTS, slot_of};
 pub use redis_server::{RedisServer, ServerOptions, process_exists, unused_port};
-pub use sentinel::{MASTER_NAME, SentinelSet};
+pub use sentinel::{MASTER_NAME, MinReplicas, SentinelOptions, SentinelSet};
 pub use tls::{CertFiles, ServerTls, TestPki};
 pub use wait::wait_until;
 
