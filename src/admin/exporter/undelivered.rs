@@ -46,7 +46,13 @@ impl Undelivered {
             Some(group) => {
                 let after = After::Id(group.last_delivered_id);
                 match group.lag {
-                    Some(lag) => (lag as u64, after),
+                    // At most what the stream holds beyond the pending:
+                    // after an AOF reload, Redis can go on counting in the
+                    // lag entries delivered and deleted since.
+                    Some(lag) => {
+                        let upper = length.saturating_sub(group.pending as u64);
+                        ((lag as u64).min(upper), after)
+                    }
                     None => match length.saturating_sub(group.pending as u64) {
                         0 => return Undelivered::None,
                         upper => return Undelivered::Counted { after, upper },
@@ -82,6 +88,9 @@ impl Undelivered {
     pub(super) fn count(&self, read: u64) -> u64 {
         match *self {
             Undelivered::None => 0,
+            // Nothing after the last delivered entry: none waits, whatever
+            // the lag says (see `of`).
+            Undelivered::Known { .. } if read == 0 => 0,
             Undelivered::Known { count, .. } => count,
             // Fewer than asked for: all of them. Else at least those, and
             // at most what the stream holds beyond the pending (acked
@@ -122,6 +131,20 @@ mod tests {
         let lagging = Undelivered::of(9, groups(Some(4), 2));
         assert_eq!(lagging.range(), Some(("(17-3".to_owned(), 1)));
         assert_eq!(lagging.count(1), 4);
+    }
+
+    #[test]
+    fn a_lag_beyond_the_stream_is_not_believed() {
+        // After an AOF reload Redis may count deleted entries in the lag.
+        let overstated = Undelivered::of(3, groups(Some(1145), 1));
+        assert_eq!(
+            overstated.count(1),
+            2,
+            "at most the stream less the pending"
+        );
+        assert_eq!(Undelivered::of(1, groups(Some(1145), 1)), Undelivered::None);
+        let nothing_after = Undelivered::of(9, groups(Some(4), 2));
+        assert_eq!(nothing_after.count(0), 0, "the read found none waiting");
     }
 
     #[test]
