@@ -125,9 +125,10 @@ fn polyline(minutes: &[Minute], peak: u64, value: fn(&Minute) -> u64) -> String 
 mod tests {
     use super::*;
 
-    #[test]
-    fn the_peak_reaches_the_top_and_zero_the_axis() {
-        let minutes = [
+    /// Three minutes: none, then 10 ok and 5 failed with 40 waiting, then
+    /// 5 ok with 20 waiting (the first minute recorded no backlog).
+    fn three_minutes() -> [Minute; 3] {
+        [
             Minute {
                 ok: 0,
                 failed: 0,
@@ -143,7 +144,12 @@ mod tests {
                 failed: 0,
                 backlog: Some(20),
             },
-        ];
+        ]
+    }
+
+    #[test]
+    fn the_peak_reaches_the_top_and_zero_the_axis() {
+        let minutes = three_minutes();
         let ok = polyline(&minutes, 10, |m| m.ok);
         assert_eq!(ok, "0.0,119.0 300.0,4.0 600.0,61.5");
         let svg = chart("mail-sender", &minutes).into_string();
@@ -156,23 +162,7 @@ mod tests {
 
     #[test]
     fn the_backlog_is_drawn_where_recorded_on_its_own_scale() {
-        let minutes = [
-            Minute {
-                ok: 0,
-                failed: 0,
-                backlog: None,
-            },
-            Minute {
-                ok: 10,
-                failed: 5,
-                backlog: Some(40),
-            },
-            Minute {
-                ok: 5,
-                failed: 0,
-                backlog: Some(20),
-            },
-        ];
+        let minutes = three_minutes();
         let svg = backlog_chart("mail-sender", &minutes).into_string();
         assert!(svg.contains(r#"points="300.0,4.0 600.0,61.5""#), "{svg}");
         assert!(

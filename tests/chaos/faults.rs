@@ -15,6 +15,7 @@ use rand::{Rng, SeedableRng};
 use support::RedisServer;
 use tokio::time::{Instant, sleep};
 
+use crate::again;
 use crate::fleet::Slot;
 use crate::history::{FaultKind, Log};
 use crate::plan::{Plan, now_us};
@@ -231,33 +232,19 @@ impl Stage {
             }
             FaultKind::Pause => {
                 for service in &self.admin {
-                    while let Err(e) = service.pause("chaos").await {
-                        eprintln!("pause: {e}");
-                        sleep(Duration::from_millis(200)).await;
-                    }
+                    again("pause", || service.pause("chaos")).await;
                 }
                 sleep(Duration::from_secs_f64(rng.random_range(1.0..3.0))).await;
                 for service in &self.admin {
-                    while let Err(e) = service.resume().await {
-                        eprintln!("resume: {e}");
-                        sleep(Duration::from_millis(200)).await;
-                    }
+                    again("resume", || service.resume()).await;
                 }
                 self.record(kind, "all", start);
             }
-            FaultKind::Replay => loop {
-                // The first command after a Redis restart may find the
-                // connection gone; the next one reconnects.
-                match self.dead.replay_all(None).await {
-                    Ok(n) => {
-                        self.log.write(&format!("# replayed {n} dead letters\n"));
-                        self.record(kind, "all", start);
-                        break;
-                    }
-                    Err(e) => eprintln!("replay: {e}"),
-                }
-                sleep(Duration::from_millis(200)).await;
-            },
+            FaultKind::Replay => {
+                let n = again("replay", || self.dead.replay_all(None)).await;
+                self.log.write(&format!("# replayed {n} dead letters\n"));
+                self.record(kind, "all", start);
+            }
         }
     }
 }

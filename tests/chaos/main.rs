@@ -39,6 +39,22 @@ fn logs() {
         .init();
 }
 
+/// Calls `f` until it succeeds, 200 ms apart, printing each error after
+/// `what`: the run's admin calls, whose first command after a Redis
+/// restart may find the connection gone (the next one reconnects).
+async fn again<T, E: std::fmt::Display, F: std::future::Future<Output = Result<T, E>>>(
+    what: &str,
+    mut f: impl FnMut() -> F,
+) -> T {
+    loop {
+        match f().await {
+            Ok(value) => return value,
+            Err(e) => eprintln!("{what}: {e}; again in 200 ms"),
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+}
+
 /// The chaos run and its check.
 #[test]
 fn run() {

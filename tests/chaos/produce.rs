@@ -15,6 +15,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tokio::signal::unix::{SignalKind, signal};
 
+use crate::again;
 use crate::consume::services;
 use crate::history::{Log, kind_words};
 use crate::plan::{self, Job, Kind, now_us, number};
@@ -81,29 +82,15 @@ pub(crate) fn main() {
 }
 
 async fn connect(redis: &str, name: &str) -> Producer {
-    loop {
-        match Producer::connect(Redis::url(redis), name).await {
-            Ok(p) => return p,
-            Err(e) => {
-                eprintln!("connect {name}: {e}; again in 200 ms");
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
-        }
-    }
+    again("connect", || Producer::connect(Redis::url(redis), name)).await
 }
 
 /// The unordered service's admin view, for cancels.
 async fn admin(redis: &str, name: &str) -> Service {
-    loop {
-        let service = async { Admin::connect(Redis::url(redis)).await?.service(name).await };
-        match service.await {
-            Ok(s) => return s,
-            Err(e) => {
-                eprintln!("admin {name}: {e}; again in 200 ms");
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
-        }
-    }
+    again("admin", || async {
+        Admin::connect(Redis::url(redis)).await?.service(name).await
+    })
+    .await
 }
 
 /// How long after its enqueue a task to cancel is cancelled (it is due

@@ -13,6 +13,7 @@ use peerq::{Bincode, Codec, DeadLetters};
 use support::{RedisServer, ServerOptions, unique_name};
 use tokio::time::{Instant, sleep};
 
+use crate::again;
 use crate::check;
 use crate::faults::Stage;
 use crate::fleet::{self, Process, Slot, rss_kb};
@@ -233,15 +234,10 @@ async fn write_dead_letters(stage: &Stage) {
     let mut after = None;
     let mut lines = String::new();
     loop {
-        // The first command after a Redis restart may find the
-        // connection gone; the next one reconnects.
-        let scan = loop {
-            match stage.dead.scan(after.as_ref(), 1000).await {
-                Ok(scan) => break scan,
-                Err(e) => eprintln!("scan the dead letters: {e}"),
-            }
-            sleep(Duration::from_millis(200)).await;
-        };
+        let scan = again("scan the dead letters", || {
+            stage.dead.scan(after.as_ref(), 1000)
+        })
+        .await;
         for letter in &scan.letters {
             let job: Job = Bincode
                 .decode(&letter.payload)
@@ -269,13 +265,8 @@ async fn write_records(stage: &Stage) {
             .collect();
         for (n, handle) in handles.iter().rev().take(RECORDS) {
             let handle: TaskHandle = handle.parse().expect("a task handle");
-            let state = loop {
-                match stage.admin[0].task(&handle).await {
-                    Ok(record) => break record.and_then(|r| r.state).map(|s| s.as_str()),
-                    Err(e) => eprintln!("task {handle}: {e}"),
-                }
-                sleep(Duration::from_millis(200)).await;
-            };
+            let record = again("read a task", || stage.admin[0].task(&handle)).await;
+            let state = record.and_then(|r| r.state).map(|s| s.as_str());
             lines.push_str(&format!("R {n} {}\n", state.unwrap_or("none")));
         }
     }

@@ -22,7 +22,7 @@ use deadpool_redis::redis;
 use support::{MinReplicas, SentinelOptions};
 
 use super::*;
-use crate::flow::{Enqueue, dedup_records};
+use crate::flow::{Enqueue, Flow, dedup_records};
 
 /// How long the cut lasts once the sentinels promoted a replica and find
 /// the old master down.
@@ -130,18 +130,12 @@ async fn through_a_cut(
         })
     });
     let name = unique_name(prefix);
-    let record = Recorder::default();
-    let instances: Vec<Instance> = (0..2)
-        .map(|_| Instance::start(redis(&set, wait), &name, record.clone()))
-        .collect();
-    let producer = Producer::builder().redis(redis(&set, wait)).name(&name);
-    let producer = Arc::new(producer.connect().await.unwrap());
-    let stop = CancellationToken::new();
-    let flowing = tokio::spawn(enqueue_until(producer, stop.clone(), 1000));
-    wait_until(Duration::from_secs(30), "tasks run", || {
-        record.distinct() > 100
-    })
-    .await;
+    let Flow {
+        record,
+        instances,
+        stop,
+        enqueues: flowing,
+    } = Flow::start(|| redis(&set, wait), &name).await;
     let old = set.master_port();
     let (took, probe, cut, promoted, healed) = tokio::task::block_in_place(|| {
         let before = repl_offset(&set, old);

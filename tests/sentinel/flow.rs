@@ -93,6 +93,41 @@ pub(crate) fn running(instances: &[Instance]) -> bool {
     instances.iter().all(|i| !i.task.is_finished())
 }
 
+/// Two consumer instances and a producer enqueueing one task at a time
+/// ([`enqueue_until`], at least 1,000), under way with more than 100 run.
+pub(crate) struct Flow {
+    pub(crate) record: Recorder,
+    pub(crate) instances: Vec<Instance>,
+    /// Ends the enqueues (once 1,000 were made).
+    pub(crate) stop: CancellationToken,
+    pub(crate) enqueues: tokio::task::JoinHandle<Vec<Enqueue>>,
+}
+
+impl Flow {
+    /// Starts the flow on service `name`, each part on a connection value
+    /// `redis` gives.
+    pub(crate) async fn start(redis: impl Fn() -> Redis, name: &str) -> Flow {
+        let record = Recorder::default();
+        let instances: Vec<Instance> = (0..2)
+            .map(|_| Instance::start(redis(), name, record.clone()))
+            .collect();
+        let producer = Producer::builder().redis(redis()).name(name);
+        let producer = Arc::new(producer.connect().await.unwrap());
+        let stop = CancellationToken::new();
+        let enqueues = tokio::spawn(enqueue_until(producer, stop.clone(), 1000));
+        support::wait_until(Duration::from_secs(30), "tasks run", || {
+            record.distinct() > 100
+        })
+        .await;
+        Flow {
+            record,
+            instances,
+            stop,
+            enqueues,
+        }
+    }
+}
+
 /// One task's enqueue.
 pub(crate) struct Enqueue {
     /// When it returned success.

@@ -18,15 +18,12 @@ mod cut;
 mod flow;
 mod secure;
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use peerq::Redis;
-use peerq::producer::Producer;
-use support::{MASTER_NAME, SentinelSet, unique_name, wait_until};
-use tokio_util::sync::CancellationToken;
+use support::{MASTER_NAME, SentinelSet, unique_name};
 
-use flow::{Instance, MS, Recorder, dedup_records, enqueue_until, wait_ran};
+use flow::{Flow, MS, dedup_records, wait_ran};
 
 /// Every replica of the set: the promoted one holds every write.
 const EVERY_REPLICA: u32 = 2;
@@ -83,18 +80,12 @@ async fn flow_through(
     connect: impl Fn(&SentinelSet) -> Redis,
     fail: impl FnOnce(&mut SentinelSet) -> u16,
 ) -> Counted {
-    let record = Recorder::default();
-    let instances: Vec<Instance> = (0..2)
-        .map(|_| Instance::start(connect(set), name, record.clone()))
-        .collect();
-    let producer = Producer::builder().redis(connect(set)).name(name);
-    let producer = Arc::new(producer.connect().await.unwrap());
-    let stop = CancellationToken::new();
-    let flowing = tokio::spawn(enqueue_until(producer, stop.clone(), 1000));
-    wait_until(Duration::from_secs(30), "tasks run", || {
-        record.distinct() > 100
-    })
-    .await;
+    let Flow {
+        record,
+        instances,
+        stop,
+        enqueues: flowing,
+    } = Flow::start(|| connect(set), name).await;
 
     let old = set.master_port();
     let new = tokio::task::block_in_place(|| fail(set));
