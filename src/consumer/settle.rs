@@ -169,15 +169,11 @@ impl Settle<'_> {
     }
 
     /// A claimed entry (from a crashed or fenced instance, a lost ack) may
-    /// have run there, so it is enqueued again with `attempt + 1`
-    /// (docs/design.md §5.3: a task that may run twice says so in its
-    /// attempt number) and its failures as they were, and runs when
-    /// fetched.
-    pub(crate) async fn take_over(&self, id: &str, entry: &Entry) -> bool {
-        let next = Entry {
-            attempt: entry.attempt + 1,
-            ..entry.clone()
-        };
+    /// have run there, so it is enqueued again with the attempt its
+    /// deliveries gave it (`attempt + 1` after one run, docs/design.md §6;
+    /// §5.3: a task that may run twice says so in its attempt number) and
+    /// its failures as they were, and runs when fetched.
+    pub(crate) async fn take_over(&self, id: &str, next: &Entry) -> bool {
         let track = self.track(&next.id, next.attempt, "", "");
         let moved = self
             .ownership

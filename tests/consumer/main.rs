@@ -28,6 +28,7 @@ mod per_key;
 mod priority;
 mod producer;
 mod release_marks;
+mod rereads;
 mod reshard;
 mod scheduling;
 mod singleton;

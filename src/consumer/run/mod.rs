@@ -23,6 +23,7 @@ mod aside;
 mod entry;
 mod in_place;
 mod ready;
+mod redelivered;
 mod started;
 
 use std::collections::VecDeque;
@@ -112,6 +113,17 @@ impl Batch {
             ownership: self.ownership.clone(),
         });
         let settle = self.settle();
+        // Concurrent: what this instance re-reads may have run before; its
+        // attempt says so (before its record says `running`). A claim
+        // counted them already.
+        if !self.shared.order.attempts_in_redis()
+            && self.source == Source::Redelivered
+            && !Box::pin(self.count_deliveries(&mut entries)).await
+        {
+            self.held
+                .release_all(entries.iter().map(|f| (&*f.id, false)));
+            return false;
+        }
         // Tracked: the tasks' records say `running` before any starts,
         // and those a user cancelled first leave here.
         let mut tracks = Started::default();

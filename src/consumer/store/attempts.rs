@@ -1,9 +1,11 @@
-//! Ordered mode's attempt records (docs/design.md §6, ordered partitions):
-//! an ordered entry is retried in place and never rewritten, so what its
-//! next run must know lives in Redis, beside the entry: its delivery count
-//! (the runs that may have started; each delivery adds one) and its
-//! failure count (`{N/p}:failures`). Read together in one round trip,
-//! written by one fenced script (`fenced_attempt.lua`).
+//! Attempt records in Redis (docs/design.md §6). Ordered mode's (ordered
+//! partitions): an ordered entry is retried in place and never rewritten,
+//! so what its next run must know lives in Redis, beside the entry: its
+//! delivery count (the runs that may have started; each delivery adds
+//! one) and its failure count (`{N/p}:failures`). Read together in one
+//! round trip, written by one fenced script (`fenced_attempt.lua`).
+//! Concurrent mode reads the delivery counts of what it re-reads or
+//! claims.
 
 use std::sync::LazyLock;
 
@@ -65,6 +67,23 @@ pub(crate) enum Deliveries {
 }
 
 impl PartitionStore {
+    /// Concurrent mode: how often Redis has delivered each of `ids` (0:
+    /// not pending any more), in one round trip. Each delivery may have
+    /// been a run (docs/design.md §6, attempt counting).
+    pub(crate) async fn deliveries(&self, ids: &[&str]) -> Result<Vec<u32>> {
+        let mut pipe = redis::pipe();
+        for id in ids {
+            pipe.cmd("XPENDING")
+                .arg(&self.stream)
+                .arg(keys::GROUP)
+                .arg(*id)
+                .arg(*id)
+                .arg(1);
+        }
+        let pending: Vec<StreamPendingCountReply> = self.conn.query_pipe(&pipe).await?;
+        Ok(pending.iter().map(times_delivered).collect())
+    }
+
     /// Ordered mode: what Redis records of entry `id`'s attempts, its
     /// delivery count and its failure count (XPENDING and HGET in one
     /// round trip); a delivery count of 0 when the entry is not pending
@@ -85,12 +104,8 @@ impl PartitionStore {
         // would leave the entry, and its partition, waiting forever.
         let (pending, failures): (StreamPendingCountReply, Option<String>) =
             self.conn.query_pipe(&pipe).await?;
-        let deliveries = pending
-            .ids
-            .first()
-            .map_or(0, |p| u32::try_from(p.times_delivered).unwrap_or(u32::MAX));
         Ok(Attempts {
-            deliveries,
+            deliveries: times_delivered(&pending),
             failures: failures.and_then(|f| f.parse().ok()).unwrap_or(0),
         })
     }
@@ -151,4 +166,13 @@ impl PartitionStore {
             _ => Some(Recorded::Yes),
         })
     }
+}
+
+/// How often the one entry of an `XPENDING <id> <id> 1` reply was
+/// delivered; 0 when it is not pending.
+fn times_delivered(pending: &StreamPendingCountReply) -> u32 {
+    pending
+        .ids
+        .first()
+        .map_or(0, |p| u32::try_from(p.times_delivered).unwrap_or(u32::MAX))
 }

@@ -354,12 +354,20 @@ impl PartitionStore {
             return Ok(None);
         }
         let reply = AutoClaim::from_redis_value(reply).map_err(redis::RedisError::from)?;
+        let mut deliveries = reply.deliveries.into_iter();
+        let entries = reply.entries.into_iter().map(|raw| {
+            let mut fetched = Fetched::parse(raw, self.max_entry_bytes);
+            // Each earlier delivery may have been a run (docs/design.md
+            // §6, earlier deliveries): taken over with the attempt they
+            // give, `attempt + 1` after one run.
+            let earlier = deliveries.next().unwrap_or(1).saturating_sub(1);
+            if let (false, Ok(entry)) = (just_ids, &mut fetched.entry) {
+                entry.attempt = entry.attempt.saturating_add(earlier.max(1));
+            }
+            fetched
+        });
         Ok(Some(Claimed {
-            entries: reply
-                .entries
-                .into_iter()
-                .map(|raw| Fetched::parse(raw, self.max_entry_bytes))
-                .collect(),
+            entries: entries.collect(),
             next: reply.next,
         }))
     }

@@ -58,6 +58,9 @@ impl FromRedisValue for Streams {
 pub(crate) struct AutoClaim {
     pub(crate) next: String,
     pub(crate) entries: Vec<RawEntry>,
+    /// Each entry's delivery count, this claim counted (`fenced_claim.lua`
+    /// adds them without `JUSTID`); empty when not given.
+    pub(crate) deliveries: Vec<u32>,
 }
 
 impl FromRedisValue for AutoClaim {
@@ -71,9 +74,14 @@ impl FromRedisValue for AutoClaim {
         let (Some(next), Some(entries)) = (parts.next(), parts.next()) else {
             return Err("an XAUTOCLAIM reply without its entries".to_owned().into());
         };
+        let deliveries = match parts.nth(1) {
+            Some(counts) => Vec::<u32>::from_redis_value(counts)?,
+            None => Vec::new(),
+        };
         Ok(AutoClaim {
             next: string(next)?,
             entries: self::entries(entries)?,
+            deliveries,
         })
     }
 }
@@ -206,8 +214,13 @@ mod tests {
             Value::Array(vec![entry]),
             Value::Array(vec![]),
         ]);
-        let AutoClaim { next, mut entries } = AutoClaim::from_redis_value(claim).unwrap();
+        let AutoClaim {
+            next,
+            mut entries,
+            deliveries,
+        } = AutoClaim::from_redis_value(claim).unwrap();
         assert_eq!(next, "0-0");
+        assert!(deliveries.is_empty(), "not given");
         let named = entries.remove(0).fields.into_named();
         assert_eq!(named[0], ("\u{fffd}k".to_owned(), b"v".to_vec()));
         assert_eq!(named[1], ("tail".to_owned(), Vec::new()));
@@ -217,6 +230,15 @@ mod tests {
             (entries[0].id.as_str(), entries[0].fields.0.len()),
             ("5-0", 0)
         );
+        // fenced_claim.lua's fourth part: the delivery counts.
+        let counted = Value::Array(vec![
+            bulk("0-0"),
+            Value::Array(vec![bulk("6-0")]),
+            Value::Array(vec![]),
+            Value::Array(vec![Value::Int(3)]),
+        ]);
+        let AutoClaim { deliveries, .. } = AutoClaim::from_redis_value(counted).unwrap();
+        assert_eq!(deliveries, vec![3]);
         assert!(Streams::from_redis_value(Value::Int(3)).is_err());
         let short = Value::Array(vec![Value::Array(vec![bulk("s0")])]);
         assert!(Streams::from_redis_value(short).is_err());
