@@ -10,11 +10,13 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::Path;
 
 use crate::history::{self, Event, Fault, FaultKind, Run, Word};
-use crate::plan::{Kind, Plan};
+use crate::plan::{Kind, MAX_ATTEMPTS, Plan};
 use crate::report::{Dup, Report};
 
 mod precedence;
+mod retention;
 use precedence::{batches, order, stale_effects};
+use retention::Ended;
 
 /// What each kind of fault allows, written down before the run: a task
 /// whose effect was made by a process while (or just before) this fault
@@ -94,6 +96,14 @@ struct History {
     /// What each user's cancel answered, and the records read at the end.
     cancels: HashMap<u64, Word>,
     records: HashMap<u64, Word>,
+    /// When each cancel that made its task final answered (for one
+    /// without a time, its enqueue): a task's end, for the retention.
+    cancelled_at: HashMap<u64, u64>,
+    /// The partition of each task with a handle.
+    handles: HashMap<u64, u32>,
+    /// Each task's last start at the last attempt or later on the
+    /// unordered service (partition, time): a poison task's end.
+    last_attempts: HashMap<u64, (u32, u64)>,
     /// Per process: when its unordered instance was assigned, from, to.
     assigned: HashMap<u16, Vec<(u64, u64)>>,
     /// Per process: when one of its instances fenced itself, and which.
@@ -128,6 +138,12 @@ fn gather(dir: &Path) -> History {
             }
             Event::Start(run) => {
                 h.started.insert(run.n);
+                if !run.ordered && run.attempt >= MAX_ATTEMPTS {
+                    let last = h.last_attempts.entry(run.n).or_insert((run.partition, 0));
+                    if run.at >= last.1 {
+                        *last = (run.partition, run.at);
+                    }
+                }
                 if !run.ordered {
                     *h.starts_per_second.entry(run.at / 1_000_000).or_default() += 1;
                 }
@@ -146,9 +162,14 @@ fn gather(dir: &Path) -> History {
                 .push(Effect { proc, run }),
             Event::Tick(run) => h.ticks.entry(run.n).or_default().push(Effect { proc, run }),
             Event::Dead { n } => *h.dead.entry(n).or_default() += 1,
-            Event::Handle => {}
-            Event::Cancelled { n, outcome } => {
+            Event::Handle { n, partition } => {
+                h.handles.insert(n, partition);
+            }
+            Event::Cancelled { n, outcome, at } => {
                 h.cancels.insert(n, outcome);
+                if outcome.is("cancelled") {
+                    h.cancelled_at.insert(n, at.unwrap_or(0));
+                }
             }
             Event::Record { n, state } => {
                 h.records.insert(n, state);
@@ -277,6 +298,7 @@ fn harmless(kind: FaultKind) -> bool {
 /// began and ended).
 pub(crate) fn check(plan: &Plan) -> Report {
     let h = gather(&plan.dir);
+    let ended = Ended::of(&h);
     let (started, injected_until) = h.window.expect("the history's `W` line");
     let mut counts: BTreeMap<FaultKind, u32> = BTreeMap::new();
     for (kind, _, _) in &h.faults {
@@ -290,7 +312,16 @@ pub(crate) fn check(plan: &Plan) -> Report {
         let dead = h.dead.get(&n).copied().unwrap_or(0);
         let cancel = h.cancels.get(&n).copied();
         if let Some(state) = h.records.get(&n) {
-            record(&mut r, n, kind, *state, !effects.is_empty(), cancel);
+            let evictable = ended.evictable(n);
+            record(
+                &mut r,
+                n,
+                kind,
+                *state,
+                !effects.is_empty(),
+                cancel,
+                evictable,
+            );
         }
         if kind == Kind::Cancel {
             r.to_cancel += 1;
@@ -408,9 +439,22 @@ fn rate(h: &History, r: &mut Report) {
 
 /// Whether task `n`'s record, read after the drain, says what its history
 /// does: `dead` for a poison task, `succeeded` for one that made its
-/// effect, `cancelled` for one a cancel stopped before its effect.
-fn record(r: &mut Report, n: u64, kind: Kind, state: Word, effect: bool, cancel: Option<Word>) {
+/// effect, `cancelled` for one a cancel stopped before its effect; or is
+/// gone, `evictable` by the retention (see [`retention`]).
+fn record(
+    r: &mut Report,
+    n: u64,
+    kind: Kind,
+    state: Word,
+    effect: bool,
+    cancel: Option<Word>,
+    evictable: bool,
+) {
     r.records += 1;
+    if state.is("none") && evictable {
+        r.records_evicted += 1;
+        return;
+    }
     let expected = match kind {
         Kind::Poison => "dead",
         _ if effect => "succeeded",

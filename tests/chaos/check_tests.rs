@@ -241,6 +241,33 @@ fn a_cancelled_task_never_starts_and_records_tell_the_truth() {
 }
 
 #[test]
+fn a_record_is_gone_only_when_its_partition_ended_enough_tasks_after_it() {
+    use crate::plan::KEEP_RECORDS;
+    // Task 1, cancelled on partition 0, then `later` plain tasks ending on
+    // partition 0 after its cancel, and one on partition 1 (not counted).
+    let with_later = |later: u64| {
+        let mut history = "E 1 1000000100 Z\nH 1 0/t1\nQ 1 cancelled 1000000400\n".to_owned();
+        let mut runs = String::new();
+        for (i, p) in (0..later).map(|i| (i, 0)).chain([(later, 1)]) {
+            let (n, at) = (10 + i, 1_000_000_500 + i);
+            history.push_str(&format!("E {n} 1000000100 P\n"));
+            runs.push_str(&format!("F a {n} {p} 1 1 {at} {at}\n"));
+        }
+        let records = "R 1 none\n";
+        checked(
+            &[("p1", &history), ("c0.1", &runs), ("orchestra", records)],
+            5,
+        )
+    };
+    let keep = u64::from(KEEP_RECORDS);
+    let r = with_later(keep - 1);
+    assert_eq!((r.records_wrong.len(), r.records_evicted), (1, 0), "{r:?}");
+    let r = with_later(keep);
+    assert_eq!((r.records_wrong.len(), r.records_evicted), (0, 1), "{r:?}");
+    assert_eq!(r.violations(), 0, "{r:?}");
+}
+
+#[test]
 fn the_rate_limit_holds_in_every_second_without_a_fault() {
     // 10 starts in second 1,001 (at the limit of 10), 12 in 1,003.
     let starts: String = (0..10)

@@ -10,9 +10,10 @@
 //!   kind `P` plain, `R` retry once, `D due_ms`, `X` poison, `Z` cancel,
 //!   `O key seq`, `M batch`, `C batch`;
 //! - `H n handle`: task `n`'s handle (a sample of the plain tasks, and
-//!   every task to cancel);
-//! - `Q n outcome`: a user's cancel of task `n` answered `cancelled`
-//!   (never starts), `requested` (running) or `final` (had ended);
+//!   every task to cancel), `<partition>/<task id>`;
+//! - `Q n outcome at`: a user's cancel of task `n` answered `cancelled`
+//!   (never starts), `requested` (running) or `final` (had ended) at `at`
+//!   (absent in histories written before it was added);
 //! - `R n state`: task `n`'s record said `state` after the run;
 //! - `B batch at`: workflow batch `batch` was sealed (its members' and
 //!   callback's `E` lines follow);
@@ -97,19 +98,48 @@ impl Word {
 /// One event read back.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Event {
-    Enqueued { n: u64, at: u64, kind: Kind },
-    Sealed { batch: u64 },
+    Enqueued {
+        n: u64,
+        at: u64,
+        kind: Kind,
+    },
+    Sealed {
+        batch: u64,
+    },
     Start(Run),
     Effect(Run),
     Tick(Run),
-    Dead { n: u64 },
-    Handle,
-    Cancelled { n: u64, outcome: Word },
-    Record { n: u64, state: Word },
-    Standing { ordered: bool, state: u8, at: u64 },
-    Window { start: u64, end: u64, limit: u64 },
+    Dead {
+        n: u64,
+    },
+    Handle {
+        n: u64,
+        partition: u32,
+    },
+    Cancelled {
+        n: u64,
+        outcome: Word,
+        at: Option<u64>,
+    },
+    Record {
+        n: u64,
+        state: Word,
+    },
+    Standing {
+        ordered: bool,
+        state: u8,
+        at: u64,
+    },
+    Window {
+        start: u64,
+        end: u64,
+        limit: u64,
+    },
     Fault(Fault),
-    Rss { rss_kb: u64, at: u64 },
+    Rss {
+        rss_kb: u64,
+        at: u64,
+    },
 }
 
 /// A handler run's start or effect (`n` is the due time for a tick).
@@ -252,12 +282,20 @@ fn parse(line: &str) -> Option<(Event, Option<&str>)> {
             }
         }
         "L" => Event::Dead { n: num()? },
-        "H" => Event::Handle,
+        "H" => Event::Handle {
+            n: num()?,
+            partition: w.next()?.split_once('/')?.0.parse().ok()?,
+        },
         "Q" | "R" => {
             let n = num()?;
             let word = Word::of(w.next()?);
             if head == "Q" {
-                Event::Cancelled { n, outcome: word }
+                let at = w.next().and_then(|at| at.parse().ok());
+                Event::Cancelled {
+                    n,
+                    outcome: word,
+                    at,
+                }
             } else {
                 Event::Record { n, state: word }
             }

@@ -95,7 +95,7 @@ async fn admin(redis: &str, name: &str) -> Service {
 
 /// How long after its enqueue a task to cancel is cancelled (it is due
 /// 1 to 3 s after it).
-const CANCEL_AFTER: Duration = Duration::from_millis(300);
+pub(crate) const CANCEL_AFTER: Duration = Duration::from_millis(300);
 
 /// A producer's numbering and history.
 struct Sender {
@@ -175,7 +175,7 @@ impl Sender {
                     return;
                 }
             };
-            self.log.write(&format!("Q {n} {outcome}\n"));
+            self.log.write(&format!("Q {n} {outcome} {}\n", now_us()));
             self.cancels.pop_front();
         }
     }
