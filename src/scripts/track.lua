@@ -158,7 +158,10 @@ end
 local function evict(t, length, now, most)
   local over = math.max(length - t.count, 0)
   local oldest = now - tonumber(t.keep)
-  local runs = redis.call('LRANGE', t.list_at, 0, 15)
+  -- Enough runs to take `most` ids even when each holds one (a cancel's),
+  -- and 16 more for runs of none: a window of fixed size let an ack add
+  -- 100 ids behind 16 single ends and take 16, and the count lagged.
+  local runs = redis.call('LRANGE', t.list_at, 0, most + 15)
   -- `n` ids of `whole` runs go, and `cut` more of the run after them.
   local n, whole, cut = 0, 0, 0
   for _, run in ipairs(runs) do

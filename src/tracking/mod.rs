@@ -22,6 +22,8 @@
 //! the consumer's `running` module.
 
 pub(crate) mod cancel;
+#[cfg(test)]
+mod eviction_tests;
 pub mod handle;
 pub(crate) mod packed;
 pub(crate) mod read;
