@@ -132,6 +132,7 @@
 
 pub mod admin;
 pub mod assignment;
+mod backlog;
 mod clock;
 mod codec;
 mod config;

@@ -11,7 +11,7 @@ use serde::Serialize;
 use crate::config::ServiceName;
 use crate::connection::SharedConnection;
 use crate::error::{Error, Result};
-use crate::keys;
+use crate::{backlog, keys};
 
 /// The commands sent per partition, in this order.
 const READS: usize = 6;
@@ -109,11 +109,7 @@ fn state(partition: u32, replies: [Value; READS], now_ms: u64) -> Result<Partiti
     let pending = group.as_ref().map_or(0, |g| g.pending as u64);
     let backlog = match &group {
         Some(g) => match g.lag {
-            // At most what the stream holds beyond the pending: after an
-            // AOF reload, Redis can go on counting in the lag entries that
-            // were delivered and deleted since (seen in the chaos run:
-            // 1,145 in a stream of none, for good).
-            Some(lag) => (lag as u64).min(length.saturating_sub(pending)) + pending,
+            Some(lag) => backlog::undelivered(lag as u64, length, pending) + pending,
             None => length,
         },
         // No group: nothing was ever delivered.

@@ -4,7 +4,7 @@
 
 use deadpool_redis::redis::streams::StreamInfoGroupsReply;
 
-use crate::keys;
+use crate::{backlog, keys};
 
 /// Entries read to count a partition's undelivered ones when Redis cannot
 /// tell the group's lag (before Redis 7): the count is exact below it.
@@ -46,12 +46,9 @@ impl Undelivered {
             Some(group) => {
                 let after = After::Id(group.last_delivered_id);
                 match group.lag {
-                    // At most what the stream holds beyond the pending:
-                    // after an AOF reload, Redis can go on counting in the
-                    // lag entries delivered and deleted since.
                     Some(lag) => {
-                        let upper = length.saturating_sub(group.pending as u64);
-                        ((lag as u64).min(upper), after)
+                        let pending = group.pending as u64;
+                        (backlog::undelivered(lag as u64, length, pending), after)
                     }
                     None => match length.saturating_sub(group.pending as u64) {
                         0 => return Undelivered::None,

@@ -360,9 +360,9 @@ impl PartitionStore {
             // Each earlier delivery may have been a run (docs/design.md
             // §6, earlier deliveries): taken over with the attempt they
             // give, `attempt + 1` after one run.
-            let earlier = deliveries.next().unwrap_or(1).saturating_sub(1);
+            let earlier = deliveries.next().map_or(1, |d| d.saturating_sub(1).max(1));
             if let (false, Ok(entry)) = (just_ids, &mut fetched.entry) {
-                entry.attempt = entry.attempt.saturating_add(earlier.max(1));
+                entry.attempt = entry.attempt.saturating_add(earlier);
             }
             fetched
         });

@@ -14,7 +14,7 @@ use tokio::time::Instant;
 
 use super::PartitionStore;
 use crate::error::Result;
-use crate::keys;
+use crate::{backlog, keys};
 
 /// How much a partition holds, for the queue metrics.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -98,10 +98,7 @@ impl PartitionStore {
             lag: group.lag.map(|lag| lag as u64),
         };
         let backlog = match group.lag {
-            // At most what the stream holds beyond the pending: after an
-            // AOF reload, Redis can go on counting in the lag entries that
-            // were delivered and deleted since (seen in the chaos run).
-            Some(lag) => lag.min(length.saturating_sub(group.pending)) + group.pending,
+            Some(lag) => backlog::undelivered(lag, length, group.pending) + group.pending,
             // Acked entries leave the stream at the next trim, within a
             // second while the partition is busy.
             None => length,
