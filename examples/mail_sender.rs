@@ -17,7 +17,7 @@
 //! Every flag:
 //!
 //! ```text
-//! mail_sender consume --redis URL [--cluster | --sentinel MASTER_NAME] [--tls-ca FILE] [--tls-cert FILE --tls-key FILE] [--wait-for-replicas N] --name NAME [--partitions N] [--indexing ranked|incr] [--assignor modulo|rendezvous] [--weight N] [--interval-ms N] [--drain-ms N] [--skew-ms N] [--work-ms N] [--print-tasks] [--print-events] [--http ADDR] [--codec json|bincode] [--track] [--rate-limit N] [--concurrency-per-key N] [--priorities LEVELS] [--ordered] [--singleton NAME]...
+//! mail_sender consume --redis URL [--cluster | --sentinel MASTER_NAME] [--tls-ca FILE] [--tls-cert FILE --tls-key FILE] [--wait-for-replicas N] --name NAME [--partitions N] [--indexing ranked|incr] [--assignor modulo|rendezvous] [--weight N] [--interval-ms N] [--drain-ms N] [--skew-ms N] [--work-ms N] [--print-tasks] [--print-events] [--http ADDR] [--codec json|bincode] [--track] [--rate-limit N] [--concurrency-per-key N] [--priorities LEVELS] [--ordered] [--singleton NAME]... [--membership redis|etcd --etcd URLS]
 //! mail_sender produce --redis URL [--cluster | --sentinel MASTER_NAME] [--tls-ca FILE] [--tls-cert FILE --tls-key FILE] [--wait-for-replicas N] --name NAME [--partitions N] --count N [--batch N] [--rate N] [--print-enqueued] [--codec json|bincode] [--print-ids] [--keys K] [--first-seq N] [--priority high|normal|low] [--priorities LEVELS]
 //! ```
 //!
@@ -49,6 +49,10 @@
 //! at once and then every 100 ms while `still_owned()` holds (`checked_at`
 //! right before that check, which passed), and `singleton stop
 //! name=<NAME> token=<t> at=<µs>` when it ends.
+//!
+//! `--membership etcd --etcd URLS` keeps the rounds on an etcd cluster (a
+//! comma-separated list of its client URLs; service-wide, docs/design.md
+//! §2.2; build with `--features etcd`); the tasks stay on Redis.
 //!
 //! `--indexing` picks the indexer's mode (service-wide: every instance of a
 //! name must use the same one): `ranked` (default) keeps indices while the
@@ -106,8 +110,8 @@ use peerq::producer::{Options, Producer};
 use peerq::singleton::SingletonContext;
 use peerq::tracking::Tracking;
 use peerq::{
-    Assignor, Bincode, Codec, Consumer, HandlerError, Indexing, Json, Priority, Redis, TaskContext,
-    Tls,
+    Assignor, Bincode, Codec, Consumer, HandlerError, Indexing, Json, Membership, Priority, Redis,
+    TaskContext, Tls,
 };
 use serde::{Deserialize, Serialize};
 
@@ -221,6 +225,12 @@ struct Settings {
     ordered: bool,
     #[command(flatten)]
     levels: LevelsArg,
+    /// Where the rounds keep the service's membership; service-wide.
+    #[arg(long, value_enum, default_value_t = MembershipArg::Redis)]
+    membership: MembershipArg,
+    /// etcd's client URLs, comma-separated (with `--membership etcd`).
+    #[arg(long, value_name = "URLS", value_delimiter = ',')]
+    etcd: Vec<String>,
     /// Also run singleton job NAME (repeatable): it prints `singleton
     /// start`, a `singleton tick` every 100 ms while it holds, and
     /// `singleton stop`.
@@ -325,6 +335,33 @@ impl From<IndexingArg> for Indexing {
         match arg {
             IndexingArg::Ranked => Indexing::Ranked,
             IndexingArg::Incr => Indexing::Incr,
+        }
+    }
+}
+
+/// `--membership`: where the rounds run, as named on the command line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum MembershipArg {
+    /// In the service's Redis.
+    Redis,
+    /// In an etcd cluster (`--etcd URLS`; the `etcd` feature).
+    Etcd,
+}
+
+impl Settings {
+    /// The membership the flags ask for.
+    fn membership(&self) -> peerq::Result<Membership> {
+        match self.membership {
+            MembershipArg::Redis => Ok(Membership::Redis),
+            #[cfg(feature = "etcd")]
+            MembershipArg::Etcd => Ok(Membership::etcd(&self.etcd)),
+            #[cfg(not(feature = "etcd"))]
+            MembershipArg::Etcd => Err(peerq::Error::InvalidSetting {
+                setting: "membership",
+                message: "this example was built without the `etcd` feature; run it with \
+                          `cargo run --features etcd --example mail_sender`"
+                    .into(),
+            }),
         }
     }
 }
@@ -545,6 +582,7 @@ async fn consume<C: Codec>(
         .indexing(settings.indexing.into())
         .assignor(settings.assignor)
         .weight(settings.weight)
+        .membership(settings.membership()?)
         .interval(Duration::from_millis(settings.interval_ms))
         .drain_timeout(Duration::from_millis(settings.drain_ms))
         .skew(Duration::from_millis(settings.skew_ms))

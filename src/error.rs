@@ -159,6 +159,18 @@ pub enum Error {
     #[cfg(feature = "postgres")]
     #[error("peerq migrations: {0}")]
     Migration(String),
+
+    /// The etcd cluster of [`Membership::Etcd`](crate::Membership) cannot
+    /// be used (feature `etcd`): no endpoint answers, it has lost its
+    /// quorum (no leader), refused this user, or a request failed.
+    #[cfg(feature = "etcd")]
+    #[error("etcd at {endpoints}: {source}")]
+    Etcd {
+        /// The endpoints, as given.
+        endpoints: String,
+        /// What failed.
+        source: etcd_client::Error,
+    },
 }
 
 impl Error {
@@ -187,6 +199,14 @@ impl Error {
             Error::Connect { source, .. } => source.is_transient(),
             #[cfg(feature = "postgres")]
             Error::Postgres(e) | Error::PostgresAt { source: e, .. } => sqlx_is_transient(e),
+            // Unreachable, no leader, a request that timed out: a cluster
+            // that may come back. A refused user or a bad TLS setup may not,
+            // but the rounds retry every interval either way.
+            #[cfg(feature = "etcd")]
+            Error::Etcd { source, .. } => !matches!(
+                source,
+                etcd_client::Error::InvalidArgs(_) | etcd_client::Error::InvalidUri(_)
+            ),
             _ => false,
         }
     }

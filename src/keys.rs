@@ -23,6 +23,14 @@ pub(crate) fn round_takers(name: &ServiceName, number: u64) -> String {
     format!("{{{name}}}:{number}:by")
 }
 
+/// The etcd endpoints the service's instances use when its membership is
+/// on etcd (docs/design.md §2.2), JSON: written by each instance at start,
+/// read by `peerq status`. Not in `{N}:meta`: one cluster can be reached
+/// at other URLs from other places, and it changes with the cluster.
+pub(crate) fn etcd(name: &ServiceName) -> String {
+    format!("{{{name}}}:etcd")
+}
+
 /// The hash of service-wide settings, written on first use.
 pub(crate) fn meta(name: &ServiceName) -> String {
     format!("{{{name}}}:meta")

@@ -156,6 +156,7 @@ mod lease;
 pub mod limits;
 mod logs;
 mod marks;
+mod membership;
 mod meta;
 pub mod metrics;
 mod partition;
@@ -190,6 +191,9 @@ pub use handler::{Handler, HandlerError, TaskContext};
 pub use headers::Headers;
 pub use indexer::Indexing;
 pub use instance::InstanceId;
+pub use membership::Membership;
+#[cfg(feature = "etcd")]
+pub use membership::{DEFAULT_ETCD_PREFIX, EtcdAuth};
 pub use partition::{DEFAULT_PARTITIONS, MAX_PARTITIONS, partition_of};
 pub use pause::Pause;
 pub use periodic::{Missed, Periodic};

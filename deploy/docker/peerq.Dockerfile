@@ -1,6 +1,6 @@
 # The operator's binary, `peerq` (admin CLI, `peerq dashboard`, `peerq
-# exporter`), built with the `cli` feature (which takes `dashboard`, `tls`
-# and `postgres` along). From the repository's root:
+# exporter`), built with the `cli` feature (which takes `dashboard`, `tls`,
+# `postgres` and `etcd` along). From the repository's root:
 #
 #   docker build -f deploy/docker/peerq.Dockerfile -t peerq:0.1.0 .
 #
@@ -16,6 +16,10 @@
 # matches.
 FROM rust:1.95.0-slim-bookworm AS builder
 WORKDIR /src
+# `etcd` builds its gRPC client from etcd's .proto files with protoc.
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends protobuf-compiler=3.21.12-3+deb12u1 \
+    && rm -rf /var/lib/apt/lists/*
 COPY . .
 # The registry and target caches persist between builds (BuildKit) and are
 # not part of any layer; the binary is copied out of the cached target.

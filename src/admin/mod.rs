@@ -32,6 +32,7 @@
 
 mod batches;
 mod delayed;
+mod etcd;
 mod exporter;
 mod limits;
 mod members;
@@ -55,6 +56,7 @@ use deadpool_redis::redis;
 use serde::Serialize;
 
 pub use delayed::{Delayed, DelayedAction, DelayedTask};
+pub use etcd::{EtcdMember, EtcdRound, EtcdStatus};
 pub use exporter::{Exporter, ServiceGauges};
 pub use members::Member;
 pub use partitions::PartitionState;
@@ -201,6 +203,11 @@ pub struct Settings {
     /// What the concurrency per key counts a task by: `partition` (its
     /// partition key) or `task` (a function of the task).
     pub limit_key: Option<String>,
+    /// Where the rounds keep the membership: `redis` or `etcd`
+    /// (docs/design.md §2.2); `None` for a service of a peerq before it.
+    pub membership: Option<String>,
+    /// The etcd key prefix of the rounds, with `etcd` membership.
+    pub etcd_prefix: Option<String>,
 }
 
 impl Settings {
@@ -219,6 +226,8 @@ impl Settings {
             ordered: meta.get("ordered").and_then(|o| o.parse().ok()),
             priorities: text(crate::priority::Levels::FIELD),
             limit_key: text("limit_key"),
+            membership: text(crate::membership::FIELD),
+            etcd_prefix: text("etcd_prefix"),
         }
     }
 

@@ -26,7 +26,7 @@ const RATE_MINUTES: u64 = 5;
 /// `open_epoch`, `started_ms`, `opened_ms`, `replaced`, `sealed`,
 /// `retired`), `members`, `partitions`,
 /// `singletons` (each `name`, `instance`, `token`, `since_ms`, `released`),
-/// `totals`, `rates`.
+/// `totals`, `rates`, `etcd` (null unless the membership is on etcd).
 #[derive(Debug, Clone, Serialize)]
 #[non_exhaustive]
 pub struct Status {
@@ -56,6 +56,9 @@ pub struct Status {
     pub totals: Totals,
     /// Tasks per outcome over the last five minutes.
     pub rates: Rates,
+    /// The etcd cluster and its last round, when the membership is there
+    /// (docs/design.md §2.2).
+    pub etcd: Option<super::EtcdStatus>,
 }
 
 /// The flow limits in force (docs/design.md §15). Its JSON: `rate` and
@@ -177,12 +180,21 @@ impl Service {
     /// pipeline and the partitions in another, sent together.
     pub async fn status(&self) -> Result<Status> {
         let conn = &self.admin.conn;
-        let (first, paused, limits, singletons, layout) = tokio::join!(
+        let etcd = async {
+            match (&self.settings.membership, &self.settings.etcd_prefix) {
+                (Some(m), Some(prefix)) if m == "etcd" => {
+                    super::etcd::read(conn, &self.name, prefix).await.map(Some)
+                }
+                _ => Ok(None),
+            }
+        };
+        let (first, paused, limits, singletons, layout, etcd) = tokio::join!(
             self.admin.now_ms(),
             pause::read(conn, &self.name),
             limits::read(conn, &self.name),
             singleton::store::holders(conn, &self.name),
-            self.layout()
+            self.layout(),
+            etcd
         );
         let (now_ms, paused, limits) = (first?, paused?, limits?.unwrap_or_default());
         let minute_now = now_ms / 60_000;
@@ -230,6 +242,7 @@ impl Service {
             members,
             partitions,
             singletons: singletons?,
+            etcd: etcd?,
         })
     }
 

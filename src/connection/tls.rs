@@ -51,6 +51,22 @@ impl Tls {
     }
 }
 
+/// The files, for clients other than redis-rs (etcd's).
+#[cfg(feature = "etcd")]
+impl Tls {
+    /// The CA file to trust, if not the system's store.
+    pub(crate) fn ca(&self) -> Option<&std::path::Path> {
+        self.ca_file.as_deref()
+    }
+
+    /// The client certificate and key files, if any.
+    pub(crate) fn client_cert_files(&self) -> Option<(&std::path::Path, &std::path::Path)> {
+        self.client_cert
+            .as_ref()
+            .map(|(cert, key)| (cert.as_path(), key.as_path()))
+    }
+}
+
 #[cfg(feature = "tls")]
 mod enabled {
     use std::path::Path;

@@ -268,6 +268,7 @@ mod tests {
             singletons: Vec::new(),
             totals: Default::default(),
             rates: Default::default(),
+            etcd: None,
         }
     }
 

@@ -127,6 +127,14 @@ impl IndexerBuilder {
         self
     }
 
+    /// Where the rounds keep the service's membership (default
+    /// [`Membership::Redis`](crate::membership::Membership::Redis); `Membership::Etcd`
+    /// with the `etcd` feature, docs/design.md §2.2). Service-wide.
+    pub fn membership(mut self, membership: crate::membership::Membership) -> Self {
+        self.settings.membership = membership;
+        self
+    }
+
     /// Every setting at once (a consumer's own indexer).
     pub(crate) fn settings(mut self, settings: IndexerSettings) -> Self {
         self.settings = settings;

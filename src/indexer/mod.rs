@@ -104,7 +104,8 @@ impl Indexer {
         }
         let checked = async {
             let mut conn = self.backend.connect(false).await?;
-            meta::ensure(&mut conn, &self.name, &fields).await
+            meta::ensure(&mut conn, &self.name, &fields).await?;
+            self.settings.membership.tell(&mut conn, &self.name).await
         };
         checked.await.map_err(at_redis)?;
         let (tx, rx) = watch::channel(Standing::Joining);
@@ -121,7 +122,8 @@ impl Indexer {
             tx,
         )
         .with_presence(self.presence)
-        .with_liveness(self.liveness);
+        .with_liveness(self.liveness)
+        .with_membership()?;
         let thread = RoundThread::start(rounds, stop.clone(), leave.clone())
             .await
             .map_err(at_redis)?;

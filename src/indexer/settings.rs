@@ -10,6 +10,7 @@ use crate::assignment::{Assignor, DEFAULT_WEIGHT, MAX_WEIGHT};
 use crate::config::fmt_duration;
 use crate::connection::Wait;
 use crate::error::{Error, Result};
+use crate::membership::Membership;
 use crate::timing::Timing;
 
 /// Default round interval `I`.
@@ -65,6 +66,8 @@ pub(crate) struct IndexerSettings {
     pub(crate) assignor: Assignor,
     /// This instance's weight under [`Assignor::Rendezvous`].
     pub(crate) weight: u32,
+    /// Where the rounds run (docs/design.md §2.2): service-wide.
+    pub(crate) membership: Membership,
 }
 
 impl Default for IndexerSettings {
@@ -76,6 +79,7 @@ impl Default for IndexerSettings {
             indexing: Indexing::default(),
             assignor: Assignor::default(),
             weight: DEFAULT_WEIGHT,
+            membership: Membership::Redis,
         }
     }
 }
@@ -110,6 +114,7 @@ impl IndexerSettings {
         // Beyond I/4 - margin the counts of one interval can be read before
         // all its writes landed, and two instances own one partition.
         self.validate_assignor()?;
+        self.membership.validate()?;
         let max_skew = i / 4 - self.lease_margin;
         if self.skew >= max_skew {
             return Err(Error::invalid(
@@ -188,18 +193,21 @@ impl IndexerSettings {
 
     /// The `{N}:meta` fields these settings are recorded as.
     pub(crate) fn meta_fields(&self) -> Vec<(&'static str, String)> {
-        vec![
+        let mut fields = vec![
             ("interval", fmt_duration(self.interval)),
             ("skew", fmt_duration(self.skew)),
             ("lease_margin", fmt_duration(self.lease_margin)),
             ("indexing", self.indexing.as_str().to_owned()),
             ("assignor", self.assignor.as_str().to_owned()),
-        ]
+        ];
+        fields.extend(self.membership.meta_fields());
+        fields
     }
 }
 
 /// The setters of the settings a builder shares with its peer indexer
-/// (`interval`, `skew`, `lease_margin`, `indexing`, `assignor`, `weight`),
+/// (`interval`, `skew`, `lease_margin`, `indexing`, `assignor`, `weight`,
+/// `membership`),
 /// for a builder with a field `indexer: IndexerSettings`: a consumer's and
 /// a standalone singleton's, written once.
 macro_rules! indexer_setters {
@@ -248,6 +256,14 @@ macro_rules! indexer_setters {
             self.indexer.weight = weight;
             self
         }
+
+        /// Where the rounds keep the service's membership (default
+        /// [`Membership::Redis`](crate::membership::Membership::Redis); `Membership::Etcd`
+        /// with the `etcd` feature). Service-wide: `{N}:meta` records it.
+        pub fn membership(mut self, membership: $crate::membership::Membership) -> Self {
+            self.indexer.membership = membership;
+            self
+        }
     };
 }
 pub(crate) use indexer_setters;
@@ -265,6 +281,7 @@ mod tests {
             indexing: Indexing::Ranked,
             assignor: Assignor::Modulo,
             weight: 1,
+            membership: Membership::Redis,
         }
     }
 

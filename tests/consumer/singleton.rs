@@ -226,7 +226,7 @@ async fn refused(url: &str, name: &str) -> peerq::Error {
         .unwrap_err()
 }
 
-/// A standalone singleton of `name` until `stop`.
+/// A standalone singleton of `name` until `stop`, its rounds on Redis.
 fn standalone(
     url: &str,
     name: &str,
@@ -236,12 +236,61 @@ fn standalone(
     CancellationToken,
     tokio::task::JoinHandle<peerq::Result<()>>,
 ) {
+    standalone_on(url, name, label, runs, peerq::Membership::Redis)
+}
+
+/// A standalone singleton of `name` until `stop`, its rounds on `membership`.
+fn standalone_on(
+    url: &str,
+    name: &str,
+    label: &'static str,
+    runs: &Runs,
+    membership: peerq::Membership,
+) -> (
+    CancellationToken,
+    tokio::task::JoinHandle<peerq::Result<()>>,
+) {
     let stop = CancellationToken::new();
-    let run = Singleton::builder().name(name).redis(url).run_until(
+    let builder = Singleton::builder().name(name).redis(url);
+    let run = builder.membership(membership).run_until(
         recording(label, runs, Duration::ZERO),
         stop.clone().cancelled_owned(),
     );
     (stop, tokio::spawn(run))
+}
+
+/// Singletons whose rounds are on etcd (docs/design.md §2.2): one holder
+/// at a time, and the job moves when it leaves.
+#[cfg(feature = "etcd")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_singleton_on_etcd_runs_once_and_moves_when_its_holder_leaves() {
+    let etcd = support::EtcdCluster::start();
+    let server = RedisServer::start();
+    let (url, name) = (server.url(), unique_name("etcd-singleton"));
+    let runs: Runs = Arc::default();
+    let on_etcd = || peerq::Membership::etcd(etcd.endpoints());
+    let mut instances = vec![
+        ("a", standalone_on(&url, &name, "a", &runs, on_etcd())),
+        ("b", standalone_on(&url, &name, "b", &runs, on_etcd())),
+    ];
+    started(&runs, "one instance runs the job").await;
+    let holder = runs.lock().unwrap()[0].label;
+    let at = instances.iter().position(|(l, _)| *l == holder).unwrap();
+    let (_, (stop, task)) = instances.remove(at);
+    stop.cancel();
+    task.await.unwrap().unwrap();
+    wait_until(Duration::from_secs(10), "the job moved", || {
+        runs.lock()
+            .unwrap()
+            .iter()
+            .any(|r| r.label != holder && r.ended.is_none())
+    })
+    .await;
+    for (_, (stop, task)) in instances {
+        stop.cancel();
+        task.await.unwrap().unwrap();
+    }
+    one_at_a_time(&runs);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

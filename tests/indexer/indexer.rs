@@ -12,40 +12,43 @@ use deadpool_redis::Pool;
 use deadpool_redis::redis::AsyncCommands;
 use peerq::assignment::{FenceReason, Standing};
 use peerq::indexer::{Indexer, IndexerHandle};
-use peerq::{Assignment, Assignor, Error, Indexing};
+use peerq::{Assignment, Assignor, Error, Indexing, Membership};
 use peerq::{Clock, OffsetClock, SystemClock};
 use support::{Proxy, RedisServer, unique_name};
 
-const MS: Duration = Duration::from_millis(1);
+pub(crate) const MS: Duration = Duration::from_millis(1);
 
 /// One standing published by one instance.
 #[derive(Debug, Clone)]
-struct Event {
-    instance: usize,
-    standing: Standing,
-    at: Instant,
+pub(crate) struct Event {
+    pub(crate) instance: usize,
+    pub(crate) standing: Standing,
+    pub(crate) at: Instant,
 }
 
 /// Several indexers of one service, with everything they publish recorded.
-struct Fleet {
-    name: String,
-    interval: Duration,
-    skew: Duration,
+pub(crate) struct Fleet {
+    pub(crate) name: String,
+    pub(crate) interval: Duration,
+    pub(crate) skew: Duration,
     indexing: Indexing,
-    assignor: Assignor,
-    handles: BTreeMap<usize, IndexerHandle>,
+    pub(crate) assignor: Assignor,
+    /// Where the rounds run (`tests/indexer/etcd.rs` puts them on etcd).
+    pub(crate) membership: Membership,
+    pub(crate) handles: BTreeMap<usize, IndexerHandle>,
     next: usize,
     log: Arc<Mutex<Vec<Event>>>,
 }
 
 impl Fleet {
-    fn new(prefix: &str, indexing: Indexing, interval: Duration) -> Self {
+    pub(crate) fn new(prefix: &str, indexing: Indexing, interval: Duration) -> Self {
         Fleet {
             name: unique_name(prefix),
             interval,
             skew: 20 * MS,
             indexing,
             assignor: Assignor::Modulo,
+            membership: Membership::Redis,
             handles: BTreeMap::new(),
             next: 0,
             log: Arc::new(Mutex::new(Vec::new())),
@@ -53,7 +56,7 @@ impl Fleet {
     }
 
     /// Starts one more instance with its own pool on `url` and `clock`.
-    async fn join_with(&mut self, url: &str, clock: impl Clock) -> usize {
+    pub(crate) async fn join_with(&mut self, url: &str, clock: impl Clock) -> usize {
         let handle = self
             .builder(url, clock)
             .start()
@@ -71,13 +74,14 @@ impl Fleet {
             .lease_margin(10 * MS)
             .indexing(self.indexing)
             .assignor(self.assignor)
+            .membership(self.membership.clone())
             .clock(clock)
             .build()
             .expect("valid settings")
     }
 
     /// Starts one more instance with `weight` (rendezvous).
-    async fn join_weighted(&mut self, url: &str, weight: u32) -> usize {
+    pub(crate) async fn join_weighted(&mut self, url: &str, weight: u32) -> usize {
         let indexer = Indexer::builder()
             .name(&self.name)
             .redis(url)
@@ -85,6 +89,7 @@ impl Fleet {
             .skew(self.skew)
             .lease_margin(10 * MS)
             .assignor(self.assignor)
+            .membership(self.membership.clone())
             .weight(weight)
             .build()
             .expect("valid settings");
@@ -94,7 +99,10 @@ impl Fleet {
 
     /// The assignments of the epochs in which every instance in `live` was
     /// assigned: epoch -> instance -> assignment.
-    fn full_epochs(&self, live: &BTreeSet<usize>) -> BTreeMap<u64, BTreeMap<usize, Assignment>> {
+    pub(crate) fn full_epochs(
+        &self,
+        live: &BTreeSet<usize>,
+    ) -> BTreeMap<u64, BTreeMap<usize, Assignment>> {
         let mut by_epoch: BTreeMap<u64, BTreeMap<usize, Assignment>> = BTreeMap::new();
         for e in self.events() {
             if let Standing::Assigned(a) = e.standing {
@@ -125,20 +133,20 @@ impl Fleet {
         instance
     }
 
-    async fn join(&mut self, url: &str) -> usize {
+    pub(crate) async fn join(&mut self, url: &str) -> usize {
         self.join_with(url, SystemClock).await
     }
 
-    async fn stop(&mut self, instance: usize) {
+    pub(crate) async fn stop(&mut self, instance: usize) {
         self.handles.remove(&instance).unwrap().stop().await;
     }
 
-    fn events(&self) -> Vec<Event> {
+    pub(crate) fn events(&self) -> Vec<Event> {
         self.log.lock().unwrap().clone()
     }
 
     /// Assignments by epoch: epoch -> [(instance, index, replicas)].
-    fn epochs(&self) -> BTreeMap<u64, Vec<(usize, u32, u32)>> {
+    pub(crate) fn epochs(&self) -> BTreeMap<u64, Vec<(usize, u32, u32)>> {
         let mut by_epoch: BTreeMap<u64, Vec<(usize, u32, u32)>> = BTreeMap::new();
         for e in self.events() {
             if let Standing::Assigned(a) = e.standing {
@@ -152,7 +160,7 @@ impl Fleet {
     }
 
     /// Epochs for which some instance published `Fenced`.
-    fn fenced_epochs(&self) -> BTreeSet<u64> {
+    pub(crate) fn fenced_epochs(&self) -> BTreeSet<u64> {
         self.events()
             .into_iter()
             .filter_map(|e| match e.standing {
@@ -163,7 +171,7 @@ impl Fleet {
     }
 
     /// Waits until `count` epochs have been assigned to every live instance.
-    async fn run_epochs(&self, count: usize) {
+    pub(crate) async fn run_epochs(&self, count: usize) {
         // Generous: on a loaded machine a round may fail now and then.
         let deadline = Instant::now() + self.interval * (2 * count as u32 + 10);
         loop {
@@ -187,7 +195,7 @@ impl Fleet {
 }
 
 /// Within one epoch: one replicas value, indices distinct and in 1..=replicas.
-fn assert_consistent(epoch: u64, assigned: &[(usize, u32, u32)]) {
+pub(crate) fn assert_consistent(epoch: u64, assigned: &[(usize, u32, u32)]) {
     let replicas: BTreeSet<u32> = assigned.iter().map(|a| a.2).collect();
     assert_eq!(
         replicas.len(),
@@ -208,7 +216,7 @@ fn assert_consistent(epoch: u64, assigned: &[(usize, u32, u32)]) {
 }
 
 /// Consistent, and complete: exactly `1..=n`, each once, with `replicas = n`.
-fn assert_exact(epoch: u64, assigned: &[(usize, u32, u32)], n: u32) {
+pub(crate) fn assert_exact(epoch: u64, assigned: &[(usize, u32, u32)], n: u32) {
     assert_consistent(epoch, assigned);
     let indices: BTreeSet<u32> = assigned.iter().map(|a| a.1).collect();
     assert_eq!(
@@ -1303,7 +1311,11 @@ async fn incr_a_lost_round_key_never_gives_one_index_twice() {
 
 /// Each partition's owner in one epoch, by instance; asserts there is
 /// exactly one.
-fn owners_of(epoch: u64, assigned: &BTreeMap<usize, Assignment>, partitions: u32) -> Vec<usize> {
+pub(crate) fn owners_of(
+    epoch: u64,
+    assigned: &BTreeMap<usize, Assignment>,
+    partitions: u32,
+) -> Vec<usize> {
     (0..partitions)
         .map(|p| {
             let owners: Vec<usize> = assigned

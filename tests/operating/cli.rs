@@ -8,8 +8,10 @@
 //! Redis, a wrong password, a usage error) exit 1 or 2 with one line that
 //! never holds the password. `migrate`, which needs a PostgreSQL instead:
 //! `cli/migrate.rs`; `ids`, which needs three servers of its own:
-//! `cli/ids.rs`.
+//! `cli/ids.rs`; `status` of a membership on etcd: `cli/etcd.rs`.
 
+#[cfg(feature = "etcd")]
+mod etcd;
 mod exporter;
 mod ids;
 mod limit;
@@ -258,10 +260,12 @@ async fn status_names_every_member_and_an_owner_for_every_partition() {
             "partitions",
             "singletons",
             "totals",
-            "rates"
+            "rates",
+            "etcd"
         ])
     );
     assert_eq!(status["name"], name.as_str());
+    assert_eq!(status["etcd"], Value::Null, "rounds on redis");
     assert_eq!(status["paused"], Value::Null);
     assert_eq!(
         fields(&status["limits"]),
@@ -287,9 +291,13 @@ async fn status_names_every_member_and_an_owner_for_every_partition() {
             "drain_timeout",
             "ordered",
             "priorities",
-            "limit_key"
+            "limit_key",
+            "membership",
+            "etcd_prefix"
         ])
     );
+    assert_eq!(status["settings"]["membership"], "redis");
+    assert_eq!(status["settings"]["etcd_prefix"], Value::Null);
     assert_eq!(status["settings"]["partitions"], P);
     assert_eq!(status["settings"]["priorities"], "normal");
     assert_eq!(status["settings"]["limit_key"], "partition");

@@ -42,6 +42,33 @@ pub(crate) fn services(services: &[ServiceSummary], redis: &str) -> String {
     table.render()
 }
 
+/// `peerq status`'s lines on the etcd cluster of the rounds.
+fn etcd_status(etcd: &peerq::admin::EtcdStatus, prefix: &str) -> String {
+    let mut out = format!("etcd: {} (prefix {prefix})\n", etcd.endpoints.join(","));
+    for m in &etcd.members {
+        let leader = if m.leader { " leader" } else { "" };
+        let _ = writeln!(
+            out,
+            "  etcd member {} {}{leader}",
+            m.name,
+            m.client_urls.join(",")
+        );
+    }
+    if let Some(round) = &etcd.round {
+        let _ = writeln!(
+            out,
+            "  etcd round {}: {} instances: {}",
+            round.number,
+            round.instances.len(),
+            round.instances.join(" ")
+        );
+    }
+    if let Some(error) = &etcd.error {
+        let _ = writeln!(out, "  etcd not read: {error}");
+    }
+    out
+}
+
 /// `peerq status`.
 pub(crate) fn status(status: &Status) -> String {
     let mut out = String::new();
@@ -71,7 +98,14 @@ pub(crate) fn status(status: &Status) -> String {
         settings.push(format!("{name} {}", value.as_deref().unwrap_or("-")));
     }
     settings.push(format!("ordered {}", opt(s.ordered)));
+    settings.push(format!(
+        "membership {}",
+        s.membership.as_deref().unwrap_or("redis")
+    ));
     let _ = writeln!(out, "settings: {}", settings.join(", "));
+    if let Some(etcd) = &status.etcd {
+        out.push_str(&etcd_status(etcd, s.etcd_prefix.as_deref().unwrap_or("-")));
+    }
     let l = &status.layout;
     if l.state != "settled" || l.generation > 0 {
         let from = match (l.from_generation, l.from_partitions) {

@@ -7,6 +7,9 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
+mod backend;
+#[cfg(feature = "etcd")]
+mod etcd;
 mod script;
 mod skew;
 
@@ -65,6 +68,10 @@ pub(super) struct RoundLoop {
     silent: bool,
     /// Rendezvous: the last round's members this instance read.
     listed: Listed,
+    /// The etcd side of the rounds, when the membership is there
+    /// (docs/design.md §2.2).
+    #[cfg(feature = "etcd")]
+    etcd: Option<etcd::EtcdRounds>,
 }
 
 impl RoundLoop {
@@ -92,6 +99,8 @@ impl RoundLoop {
             liveness: None,
             silent: false,
             listed: Listed::default(),
+            #[cfg(feature = "etcd")]
+            etcd: None,
         }
     }
 
@@ -207,7 +216,9 @@ impl RoundLoop {
         self.tell(&conn, leaving);
         let write = !leaving && !self.clock_fenced && self.runtime_alive();
         let before = self.clock.now();
-        let reply = self.write_and_read(&mut conn, number, write, prev).await?;
+        let reply = self
+            .write_and_read_any(&mut conn, number, write, prev)
+            .await?;
         let after = self.clock.now();
         self.counted = None;
         if let Some(reason) = self.judge_clock(before, after, reply.redis_now) {
@@ -231,6 +242,18 @@ impl RoundLoop {
                 });
             }
             Written::NotAsked => {}
+            #[cfg(feature = "etcd")]
+            Written::Closed => {
+                return Ok(Standing::Fenced {
+                    epoch: number,
+                    reason: FenceReason::RoundFailed {
+                        error: format!(
+                            "etcd refused the round's registration: round {number} was closed \
+                             already by the next round's first reader"
+                        ),
+                    },
+                });
+            }
         }
         Ok(match reply.prev {
             Some((index, replicas)) => {
@@ -254,8 +277,13 @@ impl RoundLoop {
         }
     }
 
-    /// Removes this instance's members record once it has left.
-    async fn forget(&self) {
+    /// Removes this instance's members record once it has left, and gives
+    /// its etcd lease back.
+    async fn forget(&mut self) {
+        #[cfg(feature = "etcd")]
+        if let Some(etcd) = self.etcd.as_mut() {
+            let _ = tokio::time::timeout(self.settings.interval, etcd.leave()).await;
+        }
         if self.presence.is_none() {
             return;
         }

@@ -48,6 +48,9 @@ pub(super) enum Written {
     NotAsked,
     /// Refused by Redis: it arrived after the round's window.
     Refused { late_by: Duration },
+    /// Refused by etcd: the round was closed already (docs/design.md §2.2).
+    #[cfg(feature = "etcd")]
+    Closed,
 }
 
 impl RoundLoop {
@@ -161,16 +164,7 @@ impl RoundLoop {
             }
             Indexing::Incr => Read::Names(Vec::new()),
         };
-        let layout: HashMap<String, String> = parse(&mut values)?;
-        let layout = Layout::from_fields(&layout)
-            .map_err(|e| {
-                redis::RedisError::from((
-                    redis::ErrorKind::UnexpectedReturnType,
-                    "the service's layout does not read",
-                    e,
-                ))
-            })?
-            .map(Arc::new);
+        let layout = read_layout(&parse(&mut values)?)?;
         let written = match written {
             1 => Written::Yes(written_value),
             0 => Written::NotAsked,
@@ -186,6 +180,19 @@ impl RoundLoop {
             layout,
         })
     }
+}
+
+/// The service's layout from its `{N}:layout` fields, as a round reads
+/// them with its count.
+pub(super) fn read_layout(fields: &HashMap<String, String>) -> Result<Option<Arc<Layout>>> {
+    let layout = Layout::from_fields(fields).map_err(|e| {
+        redis::RedisError::from((
+            redis::ErrorKind::UnexpectedReturnType,
+            "the service's layout does not read",
+            e,
+        ))
+    })?;
+    Ok(layout.map(Arc::new))
 }
 
 /// Parses the next value of a script's reply.

@@ -3,7 +3,9 @@
 //! ([`ServerTls`], with a [`TestPki`] made at run time), and private Redis
 //! Clusters of them ([`RedisCluster`]), a master with two replicas and
 //! three sentinels ([`SentinelSet`]), private PostgreSQL servers with a
-//! fresh database per test ([`PostgresServer`]), a TCP proxy that can cut,
+//! fresh database per test ([`PostgresServer`]), private 3-node etcd
+//! clusters whose nodes can be killed and restarted ([`EtcdCluster`]), a
+//! TCP proxy that can cut,
 //! blackhole, hold or delay (jitter) its clients' links to Redis
 //! ([`Proxy`]), unique service
 //! names, a metrics recorder that keeps its values ([`recorder`]), a
@@ -18,6 +20,7 @@
 //! the Redis side of the world and ways to break it.
 
 mod browser;
+mod etcd;
 mod netns;
 mod postgres;
 mod process;
@@ -38,6 +41,7 @@ use std::time::Duration;
 use deadpool_redis::redis;
 
 pub use browser::ChromeDriver;
+pub use etcd::{EtcdCluster, EtcdOptions};
 pub use netns::{Netns, Side, SplitNet};
 pub use postgres::{PostgresServer, TestDatabase, URL_ENV as POSTGRES_URL_ENV};
 pub use process::{Proc, child_test, example_binary, signal};

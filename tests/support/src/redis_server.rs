@@ -649,8 +649,14 @@ fn make_temp_dir() -> PathBuf {
 /// Creates a fresh dir `peerq-<what>-…` under the system temp dir, which
 /// the reaper removes when the test process exits.
 pub(super) fn fresh_dir(what: &str) -> PathBuf {
+    fresh_dir_in(&std::env::temp_dir(), what)
+}
+
+/// Creates a fresh dir `peerq-<what>-…` under `base`, which the reaper
+/// removes when the test process exits.
+pub(super) fn fresh_dir_in(base: &std::path::Path, what: &str) -> PathBuf {
     loop {
-        let dir = std::env::temp_dir().join(format!(
+        let dir = base.join(format!(
             "peerq-{what}-{}-{:08x}",
             std::process::id(),
             rand::random::<u32>()

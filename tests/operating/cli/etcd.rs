@@ -1,0 +1,77 @@
+//! `peerq status` of a service whose rounds are on etcd (docs/design.md
+//! §2.2): the backend among the settings, the cluster's members and leader,
+//! and the newest closed round's instances, in text and JSON.
+
+use std::time::Duration;
+
+use peerq::Membership;
+use peerq::indexer::Indexer;
+use support::EtcdCluster;
+
+use super::*;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_shows_the_etcd_backend_its_members_and_the_last_round() {
+    let etcd = EtcdCluster::start();
+    let server = RedisServer::start();
+    let (url, name) = (server.url(), unique_name("cli-etcd"));
+    let mut indexers = Vec::new();
+    for _ in 0..2 {
+        let indexer = Indexer::builder()
+            .name(&name)
+            .redis(url.as_str())
+            .interval(Duration::from_millis(500))
+            .membership(Membership::etcd(etcd.endpoints()))
+            .build()
+            .unwrap();
+        indexers.push(indexer.start().await.unwrap());
+    }
+    let status = until(
+        "a closed round of two",
+        || peerq(&url, &["status", "--name", &name, "--json"]),
+        |s| {
+            s["etcd"]["round"]["instances"]
+                .as_array()
+                .is_some_and(|i| i.len() == 2)
+        },
+    )
+    .await;
+    assert_eq!(status["settings"]["membership"], "etcd");
+    assert_eq!(status["settings"]["etcd_prefix"], "/peerq");
+    let etcd_status = &status["etcd"];
+    assert_eq!(etcd_status["endpoints"].as_array().unwrap().len(), 3);
+    let members = etcd_status["members"].as_array().unwrap();
+    assert_eq!(members.len(), 3, "{etcd_status}");
+    let leaders = members.iter().filter(|m| m["leader"] == true).count();
+    assert_eq!(leaders, 1, "{etcd_status}");
+    assert!(etcd_status["error"].is_null(), "{etcd_status}");
+
+    let text = peerq(&url, &["status", "--name", &name]).await;
+    let text = text.ok();
+    assert!(text.contains("membership etcd"), "{text}");
+    assert!(
+        text.contains(&format!(
+            "etcd: {} (prefix /peerq)",
+            etcd.endpoints().join(",")
+        )),
+        "{text}"
+    );
+    assert_eq!(text.matches("  etcd member ").count(), 3, "{text}");
+    assert_eq!(text.matches(" leader\n").count(), 1, "{text}");
+    assert!(text.contains(": 2 instances: "), "{text}");
+
+    // A Redis service says so, and has no etcd part.
+    let plain = unique_name("cli-redis");
+    let on_redis = Indexer::builder()
+        .name(&plain)
+        .redis(url.as_str())
+        .build()
+        .unwrap();
+    let on_redis = on_redis.start().await.unwrap();
+    let status = peerq(&url, &["status", "--name", &plain, "--json"])
+        .await
+        .json();
+    assert_eq!(status["settings"]["membership"], "redis");
+    assert!(status["etcd"].is_null());
+    drop((indexers, on_redis));
+}
