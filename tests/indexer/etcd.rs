@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 
 use peerq::assignment::{FenceReason, Standing};
 use peerq::indexer::Indexer;
-use peerq::{Assignor, Error, Indexing, Membership};
-use support::{EtcdCluster, RedisServer, unique_name};
+use peerq::{Assignor, Error, EtcdAuth, Indexing, Membership, Tls};
+use support::{EtcdCluster, EtcdOptions, RedisServer, ServerTls, unique_name};
 
 use super::indexer::{Fleet, MS, assert_consistent, assert_exact, owners_of};
 
@@ -359,4 +359,65 @@ async fn a_mix_of_backends_is_refused_by_name_and_redis_rounds_fence_etcd_ones()
     }
     assert!(standing.borrow().assignment().is_none());
     drop(on_redis);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_over_tls_with_a_client_certificate_and_a_user() {
+    let tls = ServerTls::new(true);
+    let pki = tls.pki;
+    let options = EtcdOptions {
+        auth: Some(("peerq", "s3cret-etcd")),
+        tls: Some(tls),
+    };
+    let etcd = EtcdCluster::start_with(options);
+    let redis = RedisServer::start();
+    let membership = |password: &str| Membership::Etcd {
+        endpoints: etcd.endpoints(),
+        prefix: "/peerq-tls".into(),
+        tls: Some(
+            Tls::new()
+                .ca_file(&pki.ca_cert)
+                .client_cert(&pki.client.cert, &pki.client.key),
+        ),
+        auth: Some(EtcdAuth {
+            user: "peerq".into(),
+            password: password.into(),
+        }),
+    };
+    assert!(etcd.endpoints().iter().all(|e| e.starts_with("https://")));
+    let mut fleet = Fleet::new("etcd-tls", Indexing::Ranked, SECOND);
+    fleet.membership = membership("s3cret-etcd");
+    for _ in 0..2 {
+        fleet.join(&redis.url()).await;
+    }
+    fleet.run_epochs(3).await;
+    assert_whole_epochs(&fleet, 2, 1);
+
+    // A wrong password: every round fails, saying why, and never shows a
+    // password.
+    let mut wrong = Fleet::new("etcd-tls-wrong", Indexing::Ranked, SECOND);
+    wrong.membership = membership("not-the-password");
+    wrong.join(&redis.url()).await;
+    tokio::time::sleep(3 * SECOND).await;
+    let errors: Vec<String> = wrong
+        .events()
+        .into_iter()
+        .filter_map(|e| match e.standing {
+            Standing::Fenced {
+                reason: FenceReason::RoundFailed { error },
+                ..
+            } => Some(error),
+            _ => None,
+        })
+        .collect();
+    assert!(!errors.is_empty(), "{:?}", wrong.events());
+    println!("a wrong etcd password: {}", errors[0]);
+    for error in &errors {
+        assert!(error.contains("etcd at https://"), "{error}");
+        assert!(
+            !error.contains("not-the-password") && !error.contains("s3cret"),
+            "{error}"
+        );
+    }
+    assert!(wrong.epochs().is_empty(), "{:?}", wrong.epochs());
 }
