@@ -11,6 +11,8 @@
 //! consumer and starts there again must be explained by what that consumer
 //! printed about itself ([`restarts`]).
 
+#[cfg(feature = "etcd")]
+mod etcd;
 mod limits;
 mod moves;
 mod pause;
@@ -27,7 +29,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use deadpool_redis::redis;
 use futures_util::StreamExt;
 use restarts::Note;
-use support::{Proc, RedisServer, ServerOptions, signal, unique_name};
+use support::{EtcdCluster, Proc, RedisServer, ServerOptions, signal, unique_name};
 
 /// The scenarios share the machine's two cores: one at a time.
 static SERIAL: Mutex<()> = Mutex::new(());
@@ -171,6 +173,8 @@ struct Fleet {
     notes: Arc<Mutex<Vec<Note>>>,
     consumers: Vec<Option<Proc>>,
     churn: Vec<(u128, Churn)>,
+    /// The consumers' round interval.
+    interval_ms: u64,
     /// How long each task takes on the consumers.
     work_ms: u64,
     /// The consumers' indexing: `ranked` or `incr`.
@@ -198,6 +202,7 @@ impl Fleet {
             notes: Arc::default(),
             consumers: Vec::new(),
             churn: Vec::new(),
+            interval_ms: INTERVAL_MS,
             work_ms: WORK_MS,
             indexing: "ranked",
             assignor: "modulo",
@@ -206,6 +211,14 @@ impl Fleet {
             consume_args: Vec::new(),
             produce_args: Vec::new(),
         }
+    }
+
+    /// Keeps the consumers' rounds on `etcd` (docs/design.md §2.2) instead
+    /// of the service's Redis; the tasks stay there.
+    fn on_etcd(&mut self, etcd: &EtcdCluster) {
+        let endpoints = etcd.endpoints().join(",");
+        let args = ["--membership", "etcd", "--etcd", &endpoints];
+        self.consume_args.extend(args.map(String::from));
     }
 
     /// What the fleet's processes take for task tracking, if on.
@@ -228,7 +241,7 @@ impl Fleet {
                 "--name",
                 &self.name,
             ])
-            .args(["--interval-ms", &INTERVAL_MS.to_string()])
+            .args(["--interval-ms", &self.interval_ms.to_string()])
             .args(["--drain-ms", &DRAIN_MS.to_string()])
             .args(["--skew-ms", &SKEW_MS.to_string()])
             .args(["--work-ms", &self.work_ms.to_string()])
@@ -742,28 +755,32 @@ impl Rng {
 
 #[test]
 fn graceful_churn_runs_every_task_exactly_once() {
-    graceful_churn("ranked", "modulo");
+    graceful_churn("ranked", "modulo", None);
 }
 
 /// The seed's indexing, where indices may also swap while membership is
 /// stable: every swap moves partitions through the same handover.
 #[test]
 fn graceful_churn_with_incr_indexing_runs_every_task_exactly_once() {
-    graceful_churn("incr", "modulo");
+    graceful_churn("incr", "modulo", None);
 }
 
 /// Rendezvous ownership moves fewer partitions through the same handover.
 #[test]
 fn graceful_churn_with_rendezvous_runs_every_task_exactly_once() {
-    graceful_churn("ranked", "rendezvous");
+    graceful_churn("ranked", "rendezvous", None);
 }
 
-fn graceful_churn(indexing: &'static str, assignor: &'static str) {
+/// With `etcd`, the rounds run on that cluster instead of Redis.
+fn graceful_churn(indexing: &'static str, assignor: &'static str, etcd: Option<&EtcdCluster>) {
     let _serial = serial();
     let mut rng = Rng::from_env();
     let mut fleet = Fleet::new("graceful", ServerOptions::default());
     fleet.indexing = indexing;
     fleet.assignor = assignor;
+    if let Some(etcd) = etcd {
+        fleet.on_etcd(etcd);
+    }
     for _ in 0..3 {
         fleet.join();
     }
@@ -807,7 +824,10 @@ fn graceful_churn(indexing: &'static str, assignor: &'static str) {
     let lines = fleet.lines();
     let rows = pauses(&fleet, &lines, end);
     print_pauses(
-        &format!("graceful churn (3 -> 6 -> 2 -> 5, {indexing}, {assignor})"),
+        &format!(
+            "graceful churn (3 -> 6 -> 2 -> 5, {indexing}, {assignor}{})",
+            etcd.map_or("", |_| ", rounds on etcd")
+        ),
         &rows,
     );
     println!(
@@ -923,27 +943,31 @@ fn wait_child(mut proc: Proc, within: Duration) -> Proc {
 
 #[test]
 fn crash_churn_runs_every_task_and_only_tasks_in_flight_on_a_killed_instance_twice() {
-    crash_churn("ranked", "modulo");
+    crash_churn("ranked", "modulo", None);
 }
 
 #[test]
 fn crash_churn_with_incr_indexing_runs_every_task_and_only_tasks_in_flight_on_a_killed_instance_twice()
  {
-    crash_churn("incr", "modulo");
+    crash_churn("incr", "modulo", None);
 }
 
 #[test]
 fn crash_churn_with_rendezvous_runs_every_task_and_only_tasks_in_flight_on_a_killed_instance_twice()
 {
-    crash_churn("ranked", "rendezvous");
+    crash_churn("ranked", "rendezvous", None);
 }
 
-fn crash_churn(indexing: &'static str, assignor: &'static str) {
+/// With `etcd`, the rounds run on that cluster instead of Redis.
+fn crash_churn(indexing: &'static str, assignor: &'static str, etcd: Option<&EtcdCluster>) {
     let _serial = serial();
     let mut rng = Rng::from_env();
     let mut fleet = Fleet::new("crash", ServerOptions::default());
     fleet.indexing = indexing;
     fleet.assignor = assignor;
+    if let Some(etcd) = etcd {
+        fleet.on_etcd(etcd);
+    }
     for _ in 0..4 {
         fleet.join();
     }
@@ -1026,7 +1050,10 @@ fn crash_churn(indexing: &'static str, assignor: &'static str) {
     );
     let rows = pauses(&fleet, &lines, end);
     print_pauses(
-        &format!("crash churn (4 instances, 3 SIGKILLs and replacements, {indexing}, {assignor})"),
+        &format!(
+            "crash churn (4 instances, 3 SIGKILLs and replacements, {indexing}, {assignor}{})",
+            etcd.map_or("", |_| ", rounds on etcd")
+        ),
         &rows,
     );
     println!(
