@@ -72,9 +72,17 @@ pub(super) async fn read(
         ));
         return Ok(status);
     }
+    // One endpoint after the other, until one answers: a node that is
+    // down must not hide the others.
     #[cfg(feature = "etcd")]
-    if let Err(e) = cluster(&mut status, name, prefix).await {
-        status.error = Some(e.to_string());
+    for endpoint in status.endpoints.clone() {
+        match cluster(&mut status, &endpoint, name, prefix).await {
+            Ok(()) => {
+                status.error = None;
+                break;
+            }
+            Err(e) => status.error = Some(format!("{endpoint}: {e}")),
+        }
     }
     #[cfg(not(feature = "etcd"))]
     {
@@ -84,10 +92,12 @@ pub(super) async fn read(
     Ok(status)
 }
 
-/// Fills in the cluster's members and the newest closed round.
+/// Fills in the cluster's members and the newest closed round, as
+/// `endpoint` answers.
 #[cfg(feature = "etcd")]
 async fn cluster(
     status: &mut EtcdStatus,
+    endpoint: &str,
     name: &ServiceName,
     prefix: &str,
 ) -> std::result::Result<(), etcd_client::Error> {
@@ -97,7 +107,7 @@ async fn cluster(
     let options = ConnectOptions::new()
         .with_connect_timeout(Duration::from_secs(2))
         .with_timeout(Duration::from_secs(2));
-    let mut client = Client::connect(&status.endpoints, Some(options)).await?;
+    let mut client = Client::connect([endpoint], Some(options)).await?;
     let leader = client.status().await?.leader();
     status.members = client
         .member_list()

@@ -29,7 +29,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use deadpool_redis::redis;
 use futures_util::StreamExt;
 use restarts::Note;
-use support::{EtcdCluster, Proc, RedisServer, ServerOptions, signal, unique_name};
+use support::{Proc, RedisServer, ServerOptions, signal, unique_name};
 
 /// The scenarios share the machine's two cores: one at a time.
 static SERIAL: Mutex<()> = Mutex::new(());
@@ -213,10 +213,11 @@ impl Fleet {
         }
     }
 
-    /// Keeps the consumers' rounds on `etcd` (docs/design.md §2.2) instead
-    /// of the service's Redis; the tasks stay there.
-    fn on_etcd(&mut self, etcd: &EtcdCluster) {
-        let endpoints = etcd.endpoints().join(",");
+    /// Keeps the consumers' rounds on the etcd cluster at `endpoints`
+    /// (docs/design.md §2.2) instead of the service's Redis; the tasks stay
+    /// there.
+    fn on_etcd(&mut self, endpoints: &[String]) {
+        let endpoints = endpoints.join(",");
         let args = ["--membership", "etcd", "--etcd", &endpoints];
         self.consume_args.extend(args.map(String::from));
     }
@@ -771,8 +772,9 @@ fn graceful_churn_with_rendezvous_runs_every_task_exactly_once() {
     graceful_churn("ranked", "rendezvous", None);
 }
 
-/// With `etcd`, the rounds run on that cluster instead of Redis.
-fn graceful_churn(indexing: &'static str, assignor: &'static str, etcd: Option<&EtcdCluster>) {
+/// With `etcd` (its endpoints), the rounds run on that cluster instead of
+/// Redis.
+fn graceful_churn(indexing: &'static str, assignor: &'static str, etcd: Option<&[String]>) {
     let _serial = serial();
     let mut rng = Rng::from_env();
     let mut fleet = Fleet::new("graceful", ServerOptions::default());
@@ -959,7 +961,7 @@ fn crash_churn_with_rendezvous_runs_every_task_and_only_tasks_in_flight_on_a_kil
 }
 
 /// With `etcd`, the rounds run on that cluster instead of Redis.
-fn crash_churn(indexing: &'static str, assignor: &'static str, etcd: Option<&EtcdCluster>) {
+fn crash_churn(indexing: &'static str, assignor: &'static str, etcd: Option<&[String]>) {
     let _serial = serial();
     let mut rng = Rng::from_env();
     let mut fleet = Fleet::new("crash", ServerOptions::default());

@@ -1,6 +1,7 @@
 //! `peerq status` of a service whose rounds are on etcd (docs/design.md
 //! §2.2): the backend among the settings, the cluster's members and leader,
-//! and the newest closed round's instances, in text and JSON.
+//! and the newest closed round's instances, in text and JSON, also with
+//! the first endpoint down.
 
 use std::time::Duration;
 
@@ -12,7 +13,7 @@ use super::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_shows_the_etcd_backend_its_members_and_the_last_round() {
-    let etcd = EtcdCluster::start();
+    let mut etcd = EtcdCluster::start();
     let server = RedisServer::start();
     let (url, name) = (server.url(), unique_name("cli-etcd"));
     let mut indexers = Vec::new();
@@ -59,6 +60,15 @@ async fn status_shows_the_etcd_backend_its_members_and_the_last_round() {
     assert_eq!(text.matches("  etcd member ").count(), 3, "{text}");
     assert_eq!(text.matches(" leader\n").count(), 1, "{text}");
     assert!(text.contains(": 2 instances: "), "{text}");
+
+    // The first endpoint down: the others answer for the cluster.
+    etcd.kill(0);
+    etcd.wait_healthy();
+    let status = peerq(&url, &["status", "--name", &name, "--json"])
+        .await
+        .json();
+    assert!(status["etcd"]["error"].is_null(), "{}", status["etcd"]);
+    assert_eq!(status["etcd"]["members"].as_array().unwrap().len(), 3);
 
     // A Redis service says so, and has no etcd part.
     let plain = unique_name("cli-redis");

@@ -4,18 +4,43 @@
 //! on Redis. Each test starts its own 3-node etcd cluster; the tasks stay
 //! on the fleet's Redis.
 
+use support::EtcdCluster;
+
 use super::*;
 
+/// Also through the loss of etcd's leader: it is SIGKILLed 6 s into the
+/// churn and started again 8 s later, while consumers join and leave.
 #[test]
 fn graceful_churn_on_etcd_runs_every_task_exactly_once() {
-    let etcd = EtcdCluster::start();
-    graceful_churn("ranked", "modulo", Some(&etcd));
+    let mut etcd = EtcdCluster::start();
+    let endpoints = etcd.endpoints();
+    std::thread::scope(|s| {
+        s.spawn(|| kill_the_leader_and_restart_it(&mut etcd, Duration::from_secs(6)));
+        graceful_churn("ranked", "modulo", Some(&endpoints));
+    });
 }
 
+/// Also through the loss of etcd's leader, as above, 4 s into the churn.
 #[test]
 fn crash_churn_on_etcd_runs_every_task_and_only_tasks_in_flight_on_a_killed_instance_twice() {
-    let etcd = EtcdCluster::start();
-    crash_churn("ranked", "modulo", Some(&etcd));
+    let mut etcd = EtcdCluster::start();
+    let endpoints = etcd.endpoints();
+    std::thread::scope(|s| {
+        s.spawn(|| kill_the_leader_and_restart_it(&mut etcd, Duration::from_secs(4)));
+        crash_churn("ranked", "modulo", Some(&endpoints));
+    });
+}
+
+/// After `after`, SIGKILLs etcd's leader (the node every write goes
+/// through: the survivors elect another) and starts it again 8 s later.
+fn kill_the_leader_and_restart_it(etcd: &mut EtcdCluster, after: Duration) {
+    std::thread::sleep(after);
+    let leader = etcd.leader().unwrap_or(0);
+    etcd.kill(leader);
+    println!("etcd: killed node {leader}, the leader");
+    std::thread::sleep(Duration::from_secs(8));
+    etcd.restart(leader);
+    println!("etcd: node {leader} back");
 }
 
 /// The round interval of the crash-detection measurement. etcd's lease TTL
@@ -47,9 +72,10 @@ const DETECTION_RATE: u64 = 200;
 fn a_sigkill_moves_partitions_sooner_on_etcd_than_on_redis() {
     let _serial = serial();
     let etcd = EtcdCluster::start();
+    let endpoints = etcd.endpoints();
     let (on_redis, on_etcd) = std::thread::scope(|s| {
         let on_redis = s.spawn(|| crash_detection(None));
-        let on_etcd = s.spawn(|| crash_detection(Some(&etcd)));
+        let on_etcd = s.spawn(|| crash_detection(Some(&endpoints)));
         (on_redis.join().unwrap(), on_etcd.join().unwrap())
     });
     println!(
@@ -79,7 +105,7 @@ fn a_sigkill_moves_partitions_sooner_on_etcd_than_on_redis() {
 /// One backend's run: Redis rounds, or the rounds on `etcd`. Returns the
 /// pauses of the victims' partitions, sorted. Checks that every task whose
 /// enqueue succeeded ran at least once.
-fn crash_detection(etcd: Option<&EtcdCluster>) -> Vec<Duration> {
+fn crash_detection(etcd: Option<&[String]>) -> Vec<Duration> {
     let mut fleet = Fleet::new("detect", ServerOptions::default());
     fleet.interval_ms = DETECTION_INTERVAL_MS;
     if let Some(etcd) = etcd {
