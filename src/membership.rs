@@ -37,14 +37,15 @@ pub enum Membership {
     #[cfg(feature = "etcd")]
     Etcd {
         /// The cluster's client URLs, `http://host:2379` (`https://` with
-        /// `tls`). The client balances over them and leaves a dead one.
+        /// TLS). The rounds use one at a time and move to the next when it
+        /// refuses or does not answer.
         endpoints: Vec<String>,
         /// The key prefix the service's rounds live under (default
         /// `/peerq`). Service-wide.
         prefix: String,
         /// TLS to etcd: the CA to trust and a client certificate, if the
-        /// cluster asks for one. `None`: plain TCP (or the system's CA for
-        /// an `https://` endpoint).
+        /// cluster asks for one (needs `https://` endpoints). `None`: plain
+        /// TCP for `http://`, the system's CA certificates for `https://`.
         tls: Option<Tls>,
         /// A user and password, for a cluster with authentication on.
         auth: Option<EtcdAuth>,
@@ -131,7 +132,10 @@ impl Membership {
     pub(crate) fn validate(&self) -> Result<()> {
         #[cfg(feature = "etcd")]
         if let Membership::Etcd {
-            endpoints, prefix, ..
+            endpoints,
+            prefix,
+            tls,
+            ..
         } = self
         {
             if endpoints.is_empty() {
@@ -147,6 +151,19 @@ impl Membership {
                 return Err(Error::invalid(
                     "membership",
                     format!("etcd endpoint {bad:?} is not an http:// or https:// URL"),
+                ));
+            }
+            let https = endpoints.iter().filter(|e| e.starts_with("https://")).count();
+            if https != 0 && https != endpoints.len() {
+                return Err(Error::invalid(
+                    "membership",
+                    "etcd endpoints mix http:// and https://; one cluster speaks one".to_owned(),
+                ));
+            }
+            if tls.is_some() && https == 0 {
+                return Err(Error::invalid(
+                    "membership",
+                    "etcd TLS settings need https:// endpoints".to_owned(),
                 ));
             }
             if !prefix.starts_with('/') || prefix.len() < 2 || prefix.ends_with('/') {
@@ -209,6 +226,15 @@ mod tests {
         let none: [&str; 0] = [];
         assert!(setting(Membership::etcd(none)).starts_with("membership: etcd needs"));
         assert!(setting(Membership::etcd(["127.0.0.1:2379"])).contains("not an http://"));
+        let mixed = Membership::etcd(["http://a:2379", "https://b:2379"]);
+        assert!(setting(mixed).contains("mix http:// and https://"));
+        let Membership::Etcd { endpoints, prefix, auth, .. } = Membership::etcd(["http://a:2379"])
+        else {
+            unreachable!()
+        };
+        let tls = Some(Tls::new());
+        let plain = Membership::Etcd { endpoints, prefix, tls, auth };
+        assert!(setting(plain).contains("need https://"));
         for prefix in ["", "/", "peerq", "/peerq/"] {
             let Membership::Etcd {
                 endpoints,

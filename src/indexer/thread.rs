@@ -29,7 +29,8 @@ pub(super) struct RoundThread {
 
 impl RoundThread {
     /// Checks the clock against Redis on the new thread (a bad clock is
-    /// reported before the first round, which would then write nothing),
+    /// reported before the first round, which would then write nothing)
+    /// and the membership's settings (a wrong etcd password is refused),
     /// then runs the rounds there until `stop`, or until a graceful leave
     /// (`leave`) has ended.
     pub(super) async fn start(
@@ -47,7 +48,10 @@ impl RoundThread {
         let dispatch = tracing::dispatcher::get_default(|d| d.clone());
         let span = tracing::Span::current();
         let body = async move {
-            let clock = rounds.check_clock().await;
+            let clock = match rounds.check_clock().await {
+                Ok(()) => rounds.check_membership().await,
+                failed => failed,
+            };
             let ok = clock.is_ok();
             if checked_tx.send(clock).is_ok() && ok {
                 rounds.run(stop, leave).await;

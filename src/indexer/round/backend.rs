@@ -10,6 +10,17 @@ use crate::connection::Conn;
 use crate::error::Result;
 
 impl RoundLoop {
+    /// Checks the membership's backend once before the first round: on
+    /// etcd, that its settings can work (Redis is checked by the clock's
+    /// first reading).
+    pub(in crate::indexer) async fn check_membership(&mut self) -> Result<()> {
+        #[cfg(feature = "etcd")]
+        if let Some(etcd) = self.etcd.as_mut() {
+            return etcd.check().await;
+        }
+        Ok(())
+    }
+
     /// Runs the rounds on etcd when the settings say so; refuses TLS files
     /// that cannot be read.
     #[cfg(feature = "etcd")]

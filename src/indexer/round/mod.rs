@@ -198,8 +198,9 @@ impl RoundLoop {
         }
     }
 
-    /// The round's Redis work, in one round trip: write this round, read
-    /// the previous one, and measure the clock against Redis's.
+    /// The round's work, in one round trip (on etcd, one to each store at
+    /// once): write this round, read the previous one, and measure the
+    /// clock against Redis's.
     ///
     /// The clock measured in a round decides whether the next round writes:
     /// an instance whose clock went off in this round has already written,
@@ -227,33 +228,17 @@ impl RoundLoop {
                 reason,
             });
         }
-        match reply.written {
-            Written::Yes(incr_value) => self.counted = Some(Counted { number, incr_value }),
-            // Defensive: a reply in time from a script that ran after the
-            // window means the clock stepped during the round.
-            Written::Refused { late_by } => {
-                return Ok(Standing::Fenced {
-                    epoch: number,
-                    reason: FenceReason::RoundFailed {
-                        error: format!(
-                            "redis refused the round's write: it ran {late_by:?} after the round's window"
-                        ),
-                    },
-                });
-            }
-            Written::NotAsked => {}
-            #[cfg(feature = "etcd")]
-            Written::Closed => {
-                return Ok(Standing::Fenced {
-                    epoch: number,
-                    reason: FenceReason::RoundFailed {
-                        error: format!(
-                            "etcd refused the round's registration: round {number} was closed \
-                             already by the next round's first reader"
-                        ),
-                    },
-                });
-            }
+        // Defensive on Redis: a reply in time from a script that ran after
+        // the window means the clock stepped during the round. On etcd:
+        // the round was closed before the registration came.
+        if let Some(error) = reply.written.refusal() {
+            return Ok(Standing::Fenced {
+                epoch: number,
+                reason: FenceReason::RoundFailed { error },
+            });
+        }
+        if let Written::Yes(incr_value) = reply.written {
+            self.counted = Some(Counted { number, incr_value });
         }
         Ok(match reply.prev {
             Some((index, replicas)) => {

@@ -53,6 +53,24 @@ pub(super) enum Written {
     Closed,
 }
 
+impl Written {
+    /// Why the write was refused, if it was: the round is missed.
+    pub(super) fn refusal(&self) -> Option<String> {
+        match self {
+            Written::Yes(_) | Written::NotAsked => None,
+            Written::Refused { late_by } => Some(format!(
+                "redis refused the round's write: it ran {late_by:?} after the round's window"
+            )),
+            #[cfg(feature = "etcd")]
+            Written::Closed => Some(
+                "etcd refused the round's registration: the round was closed already by the \
+                 next round's first reader"
+                    .to_owned(),
+            ),
+        }
+    }
+}
+
 impl RoundLoop {
     /// Runs the round's script: writes this round (if `write`) and reads the
     /// previous one (if this instance was counted there, `prev`), atomically.

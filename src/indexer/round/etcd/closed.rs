@@ -12,7 +12,9 @@
 //! close is refused, and every reader reads the one list the close key
 //! holds: what etcd cannot refuse by the clock, the close refuses by order.
 
-use etcd_client::{Compare, CompareOp, GetOptions, KeyValue, Txn, TxnOp, TxnOpResponse};
+use etcd_client::{
+    Compare, CompareOp, DeleteOptions, GetOptions, KeyValue, Txn, TxnOp, TxnOpResponse,
+};
 
 use super::endpoints::Endpoints;
 
@@ -25,9 +27,11 @@ use crate::indexer::Indexing;
 /// is already rare.
 const CLOSE_TRIES: u32 = 3;
 
-/// How many rounds of keys are kept: a close of round `m` deletes round
-/// `m - KEPT`'s, which no round reads any more (a round reads the one
-/// before it, within one interval).
+/// How many rounds of keys are kept: a close of round `m` deletes the keys
+/// of round `m - KEPT` and every older one, which no round reads any more
+/// (a round reads the one before it, within one interval). Every older
+/// one: rounds that were never closed (no instance read them, the service
+/// stopped, or every read failed) are deleted with the next close.
 const KEPT: u64 = 3;
 
 /// The etcd keys of one service's rounds.
@@ -38,20 +42,27 @@ pub(super) struct RoundKeys {
 }
 
 impl RoundKeys {
+    /// The keys of service `name`'s rounds under `prefix`.
     pub(super) fn new(prefix: &str, name: &str) -> Self {
         RoundKeys {
             base: format!("{prefix}/{name}/rounds/"),
         }
     }
 
-    /// Every key of round `m`: `.../rounds/<m>/`.
+    /// Every round's keys: `.../rounds/`.
+    pub(super) fn base(&self) -> &str {
+        &self.base
+    }
+
+    /// Every key of round `m`: `.../rounds/<m>/`, the number zero-padded
+    /// to 20 digits so that the keys of older rounds sort before it.
     fn round(&self, m: u64) -> String {
-        format!("{}{m}/", self.base)
+        format!("{}{m:020}/", self.base)
     }
 
     /// Round `m`'s registrations: `.../rounds/<m>/members/`.
     pub(super) fn members(&self, m: u64) -> String {
-        format!("{}{m}/members/", self.base)
+        format!("{}members/", self.round(m))
     }
 
     /// `member`'s registration in round `m`.
@@ -61,7 +72,7 @@ impl RoundKeys {
 
     /// Round `m`'s close key.
     pub(super) fn closed(&self, m: u64) -> String {
-        format!("{}{m}/closed", self.base)
+        format!("{}closed", self.round(m))
     }
 }
 
@@ -108,7 +119,8 @@ pub(super) fn closed_in(responses: &[TxnOpResponse]) -> Option<&[u8]> {
 }
 
 /// Round `m`'s closed list: the one stored, or this instance closes the
-/// round (and deletes round `m - KEPT`'s keys). `at` says where an etcd
+/// round (and deletes the keys of round `m - KEPT` and older). `at` says
+/// where an etcd
 /// error came from.
 pub(super) async fn close(
     endpoints: &mut Endpoints,
@@ -142,8 +154,8 @@ pub(super) async fn close(
             .and_then([
                 TxnOp::put(keys.closed(m), value, None),
                 TxnOp::delete(
-                    keys.round(m.saturating_sub(KEPT)),
-                    Some(etcd_client::DeleteOptions::new().with_prefix()),
+                    keys.base.clone(),
+                    Some(DeleteOptions::new().with_range(keys.round(m.saturating_sub(KEPT - 1)))),
                 ),
             ])
             .or_else([TxnOp::get(keys.closed(m), None)]);

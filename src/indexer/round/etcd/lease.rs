@@ -37,9 +37,14 @@ impl Lease {
             .run(|mut client| async move { client.lease_grant(secs, None).await })
             .await?;
         let id = granted.id();
-        let every = Duration::from_secs(granted.ttl().max(1) as u64) / 3;
+        // A keep-alive every quarter of the TTL, each given a quarter on
+        // one endpoint: after one that hangs, the next endpoint is asked
+        // at once, and answers within three quarters of the TTL (etcd
+        // itself finds an expiry up to ~0.5 s late, the safe side here).
+        let ttl = Duration::from_secs(granted.ttl().max(1) as u64);
         let lost = Arc::new(AtomicBool::new(false));
-        let keeper = tokio::spawn(keep(endpoints.fresh(), id, every, lost.clone()));
+        let keeper = keep(endpoints.fresh(ttl / 4), id, ttl / 4, lost.clone());
+        let keeper = tokio::spawn(keeper);
         Ok(Lease { id, lost, keeper })
     }
 
@@ -67,13 +72,18 @@ impl Drop for Lease {
     }
 }
 
-/// Sends a keep-alive every `every` (a third of the TTL), over one stream
-/// opened again after any error (on the next endpoint), until etcd answers
-/// that the lease is gone.
+/// Sends a keep-alive every `every` (a quarter of the TTL), over one
+/// stream opened again at once after any error (on the next endpoint),
+/// until etcd answers that the lease is gone. `endpoints`' patience bounds
+/// both the opening and each answer.
 async fn keep(mut endpoints: Endpoints, id: i64, every: Duration, lost: Arc<AtomicBool>) {
     let mut stream = None;
+    let mut failed = false;
     loop {
-        tokio::time::sleep(every).await;
+        if !failed {
+            tokio::time::sleep(every).await;
+        }
+        failed = false;
         if stream.is_none() {
             let opened = endpoints
                 .run(|mut client| async move { client.lease_keep_alive(id).await })
@@ -87,7 +97,7 @@ async fn keep(mut endpoints: Endpoints, id: i64, every: Duration, lost: Arc<Atom
             keeper.keep_alive().await?;
             answers.message().await
         };
-        match tokio::time::timeout(every, answer).await {
+        match tokio::time::timeout(endpoints.patience(), answer).await {
             Ok(Ok(Some(answer))) if answer.ttl() > 0 => {}
             Ok(Ok(Some(_))) => {
                 debug!(
@@ -103,6 +113,7 @@ async fn keep(mut endpoints: Endpoints, id: i64, every: Duration, lost: Arc<Atom
             _ => {
                 stream = None;
                 endpoints.failed();
+                failed = true;
             }
         }
     }

@@ -19,7 +19,8 @@ use std::time::Duration;
 
 use deadpool_redis::redis::Script;
 use etcd_client::{
-    Certificate, Compare, CompareOp, ConnectOptions, Identity, PutOptions, TlsOptions, Txn, TxnOp,
+    Certificate, Compare, CompareOp, ConnectOptions, GetOptions, Identity, PutOptions, TlsOptions,
+    Txn, TxnOp,
 };
 use tracing::warn;
 
@@ -38,6 +39,10 @@ use crate::reshard::Layout;
 
 static REDIS_SIDE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../../scripts/etcd_round.lua")));
+
+/// The longest a request waits on one etcd endpoint before it asks the
+/// next one.
+const PATIENCE: Duration = Duration::from_secs(2);
 
 /// What a round asks of etcd.
 #[derive(Debug, Clone, Copy)]
@@ -99,12 +104,19 @@ impl EtcdRounds {
         else {
             return Ok(None);
         };
+        // A request's time on one endpoint before the next is asked: a
+        // third of the interval, so that a round still ends in its window
+        // after one endpoint that hangs, and at most 2 s.
+        let patience = (settings.interval / 3).min(PATIENCE);
         let mut options = ConnectOptions::new()
             // Requests fail at once without a leader (a cluster without
             // quorum) instead of waiting: the round is missed and says why.
             .with_require_leader(true)
-            .with_connect_timeout(settings.interval)
-            .with_keep_alive(settings.interval, settings.interval);
+            .with_connect_timeout(patience)
+            .with_keep_alive(patience, patience)
+            // A token that expired (a JWT's TTL, a simple token unused for
+            // five minutes at long intervals) is fetched again.
+            .with_auto_token_refresh(true);
         if let Some(auth) = auth {
             options = options.with_user(&auth.user, &auth.password);
         }
@@ -128,7 +140,7 @@ impl EtcdRounds {
         }
         Ok(Some(EtcdRounds {
             shown: endpoints.join(","),
-            endpoints: Endpoints::new(endpoints.clone(), options),
+            endpoints: Endpoints::new(endpoints.clone(), options, patience),
             keys: RoundKeys::new(prefix, &name.to_string()),
             indexing: settings.indexing,
             ttl: settings.interval / 2,
@@ -254,6 +266,37 @@ impl EtcdRounds {
             }
         };
         Ok((written, Some(list)))
+    }
+
+    /// Reads the service's rounds once, before the first round: a setting
+    /// that cannot work (a wrong password, a user without the rights, a
+    /// bad TLS setup) is refused at start, naming etcd, rather than
+    /// fencing every round. An etcd that cannot be reached now is not
+    /// refused: the rounds fence and try again each interval, as they do
+    /// when it goes away later.
+    pub(in crate::indexer::round) async fn check(&mut self) -> Result<()> {
+        let base = self.keys.base().to_owned();
+        let read = self
+            .endpoints
+            .run(|mut client| {
+                let base = base.clone();
+                async move {
+                    let options = GetOptions::new()
+                        .with_prefix()
+                        .with_keys_only()
+                        .with_limit(1);
+                    client.get(base, Some(options)).await
+                }
+            })
+            .await;
+        match read {
+            Ok(_) => Ok(()),
+            Err(e) if endpoints::moves_on(&e) => {
+                warn!(endpoints = %self.shown, cause = %e, "etcd cannot be reached yet; the rounds fence until it can");
+                Ok(())
+            }
+            Err(e) => Err(self.at()(e)),
+        }
     }
 
     /// Sends `txn`, on the next endpoint while one cannot serve it.
