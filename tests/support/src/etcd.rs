@@ -267,6 +267,17 @@ impl EtcdCluster {
         })
     }
 
+    /// Freezes node `node` (SIGSTOP): its ports still accept connections
+    /// (the kernel's backlog) and nothing answers, as a hung host does.
+    pub fn freeze(&self, node: usize) {
+        self.nodes[node].signal("STOP");
+    }
+
+    /// Lets a frozen node `node` run again (SIGCONT).
+    pub fn thaw(&self, node: usize) {
+        self.nodes[node].signal("CONT");
+    }
+
     /// Node `node`'s Prometheus metrics (its `/metrics`), `None` while it
     /// does not answer: for a bench that counts the requests it served.
     pub fn metrics(&self, node: usize) -> Option<String> {

@@ -114,6 +114,13 @@ impl Node {
         Some(status)
     }
 
+    /// Sends `sig` (`STOP`, `CONT`) to the running process.
+    pub(super) fn signal(&self, sig: &str) {
+        if let Some(child) = &self.child {
+            crate::process::signal(child.id(), sig);
+        }
+    }
+
     /// SIGKILLs the process and reaps it; nothing if it is down. Never
     /// panics: it runs in `Drop`.
     pub(super) fn kill(&mut self) {
