@@ -153,7 +153,10 @@ impl Membership {
                     format!("etcd endpoint {bad:?} is not an http:// or https:// URL"),
                 ));
             }
-            let https = endpoints.iter().filter(|e| e.starts_with("https://")).count();
+            let https = endpoints
+                .iter()
+                .filter(|e| e.starts_with("https://"))
+                .count();
             if https != 0 && https != endpoints.len() {
                 return Err(Error::invalid(
                     "membership",
@@ -178,6 +181,25 @@ impl Membership {
         }
         Ok(())
     }
+}
+
+/// etcd-client's TLS settings for `tls`: the files read now. An error
+/// names the file that cannot be read.
+#[cfg(feature = "etcd")]
+pub(crate) fn tls_options(tls: &Tls) -> std::result::Result<etcd_client::TlsOptions, String> {
+    use etcd_client::{Certificate, Identity, TlsOptions};
+    let read = |path: &std::path::Path| {
+        std::fs::read(path)
+            .map_err(|e| format!("cannot read etcd TLS file {}: {e}", path.display()))
+    };
+    let mut config = TlsOptions::new();
+    if let Some(ca) = tls.ca() {
+        config = config.ca_certificate(Certificate::from_pem(read(ca)?));
+    }
+    if let Some((cert, key)) = tls.client_cert_files() {
+        config = config.identity(Identity::from_pem(read(cert)?, read(key)?));
+    }
+    Ok(config)
 }
 
 impl fmt::Debug for Membership {
@@ -228,12 +250,22 @@ mod tests {
         assert!(setting(Membership::etcd(["127.0.0.1:2379"])).contains("not an http://"));
         let mixed = Membership::etcd(["http://a:2379", "https://b:2379"]);
         assert!(setting(mixed).contains("mix http:// and https://"));
-        let Membership::Etcd { endpoints, prefix, auth, .. } = Membership::etcd(["http://a:2379"])
+        let Membership::Etcd {
+            endpoints,
+            prefix,
+            auth,
+            ..
+        } = Membership::etcd(["http://a:2379"])
         else {
             unreachable!()
         };
         let tls = Some(Tls::new());
-        let plain = Membership::Etcd { endpoints, prefix, tls, auth };
+        let plain = Membership::Etcd {
+            endpoints,
+            prefix,
+            tls,
+            auth,
+        };
         assert!(setting(plain).contains("need https://"));
         for prefix in ["", "/", "peerq", "/peerq/"] {
             let Membership::Etcd {

@@ -5,7 +5,6 @@
 use serde::Serialize;
 
 use crate::config::ServiceName;
-use crate::connection::SharedConnection;
 use crate::error::Result;
 use crate::keys;
 
@@ -49,15 +48,23 @@ pub struct EtcdRound {
     pub instances: Vec<String>,
 }
 
+/// How the admin reaches a cluster that asks for TLS or a user.
+#[cfg(feature = "etcd")]
+#[derive(Debug, Default)]
+pub(super) struct Access {
+    pub(super) tls: Option<crate::connection::Tls>,
+    pub(super) auth: Option<crate::membership::EtcdAuth>,
+}
+
 /// The etcd status of service `name` whose rounds live under `prefix`.
 pub(super) async fn read(
-    conn: &SharedConnection,
+    admin: &super::Admin,
     name: &ServiceName,
     prefix: &str,
 ) -> Result<EtcdStatus> {
     let mut get = deadpool_redis::redis::cmd("GET");
     get.arg(keys::etcd(name));
-    let stored: Option<String> = conn.query(&get).await?;
+    let stored: Option<String> = admin.conn.query(&get).await?;
     let endpoints: Vec<String> = stored
         .and_then(|s| serde_json::from_str(&s).ok())
         .unwrap_or_default();
@@ -76,7 +83,7 @@ pub(super) async fn read(
     // down must not hide the others.
     #[cfg(feature = "etcd")]
     for endpoint in status.endpoints.clone() {
-        match cluster(&mut status, &endpoint, name, prefix).await {
+        match cluster(&mut status, &admin.etcd, &endpoint, name, prefix).await {
             Ok(()) => {
                 status.error = None;
                 break;
@@ -97,6 +104,7 @@ pub(super) async fn read(
 #[cfg(feature = "etcd")]
 async fn cluster(
     status: &mut EtcdStatus,
+    access: &Access,
     endpoint: &str,
     name: &ServiceName,
     prefix: &str,
@@ -104,9 +112,17 @@ async fn cluster(
     use etcd_client::{Client, ConnectOptions, GetOptions, SortOrder, SortTarget};
     use std::time::Duration;
 
-    let options = ConnectOptions::new()
+    let mut options = ConnectOptions::new()
         .with_connect_timeout(Duration::from_secs(2))
         .with_timeout(Duration::from_secs(2));
+    if let Some(auth) = &access.auth {
+        options = options.with_user(&auth.user, &auth.password);
+    }
+    if let Some(tls) = &access.tls {
+        let config =
+            crate::membership::tls_options(tls).map_err(etcd_client::Error::InvalidArgs)?;
+        options = options.with_tls(config);
+    }
     let mut client = Client::connect([endpoint], Some(options)).await?;
     let leader = client.status().await?.leader();
     status.members = client

@@ -89,6 +89,9 @@ pub struct Admin {
     channels: Arc<Channels>,
     /// The URL without its password, for messages.
     redis: Arc<str>,
+    /// How a status reaches an etcd membership's cluster ([`Admin::etcd_access`]).
+    #[cfg(feature = "etcd")]
+    etcd: Arc<etcd::Access>,
 }
 
 impl fmt::Debug for Admin {
@@ -120,7 +123,22 @@ impl Admin {
             channels: Arc::new(Channels::new(conn.backend().pubsub.clone())),
             conn: Arc::new(conn),
             redis: shown,
+            #[cfg(feature = "etcd")]
+            etcd: Arc::default(),
         })
+    }
+
+    /// TLS settings and a user for reading the etcd cluster of a service
+    /// whose membership is there ([`Service::status`]'s `etcd`), for a
+    /// cluster that asks for them (feature `etcd`).
+    #[cfg(feature = "etcd")]
+    pub fn etcd_access(
+        mut self,
+        tls: Option<crate::connection::Tls>,
+        auth: Option<crate::membership::EtcdAuth>,
+    ) -> Admin {
+        self.etcd = Arc::new(etcd::Access { tls, auth });
+        self
     }
 
     /// Its Redis as messages name it: the URL without its password (a

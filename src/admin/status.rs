@@ -183,7 +183,9 @@ impl Service {
         let etcd = async {
             match (&self.settings.membership, &self.settings.etcd_prefix) {
                 (Some(m), Some(prefix)) if m == "etcd" => {
-                    super::etcd::read(conn, &self.name, prefix).await.map(Some)
+                    super::etcd::read(&self.admin, &self.name, prefix)
+                        .await
+                        .map(Some)
                 }
                 _ => Ok(None),
             }

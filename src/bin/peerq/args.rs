@@ -72,6 +72,36 @@ pub(crate) struct Cli {
         requires = "tls_cert"
     )]
     pub(crate) tls_key: Option<std::path::PathBuf>,
+    /// `status` of a service whose membership is on etcd, for a cluster
+    /// that asks for TLS: trust the CA certificates in this PEM file.
+    #[arg(long, global = true, env = "PEERQ_ETCD_CA", value_name = "FILE")]
+    pub(crate) etcd_ca: Option<std::path::PathBuf>,
+    /// ... and present this client certificate (PEM), with --etcd-key.
+    #[arg(
+        long,
+        global = true,
+        env = "PEERQ_ETCD_CERT",
+        value_name = "FILE",
+        requires = "etcd_key"
+    )]
+    pub(crate) etcd_cert: Option<std::path::PathBuf>,
+    /// The private key (PEM) of --etcd-cert.
+    #[arg(
+        long,
+        global = true,
+        env = "PEERQ_ETCD_KEY",
+        value_name = "FILE",
+        requires = "etcd_cert"
+    )]
+    pub(crate) etcd_key: Option<std::path::PathBuf>,
+    /// ... for a cluster that asks for a user: this one, whose password is
+    /// PEERQ_ETCD_PASSWORD (from the environment only, so it shows in no
+    /// process list).
+    #[arg(long, global = true, env = "PEERQ_ETCD_USER", value_name = "USER")]
+    pub(crate) etcd_user: Option<String>,
+    /// The password of --etcd-user.
+    #[arg(skip = std::env::var("PEERQ_ETCD_PASSWORD").ok())]
+    pub(crate) etcd_password: Option<String>,
     #[command(subcommand)]
     pub(crate) command: Command,
 }

@@ -99,7 +99,22 @@ fn main() -> ExitCode {
         Some(tls) => redis.tls(tls),
         None => redis,
     };
-    finish(runtime.block_on(run(redis, cli.command)))
+    let etcd_tls = self::tls(cli.etcd_ca, cli.etcd_cert.zip(cli.etcd_key));
+    let etcd = EtcdAccess {
+        tls: etcd_tls,
+        auth: cli.etcd_user.map(|user| peerq::EtcdAuth {
+            user,
+            password: cli.etcd_password.unwrap_or_default(),
+        }),
+    };
+    finish(runtime.block_on(run(redis, etcd, cli.command)))
+}
+
+/// How `status` reaches an etcd membership's cluster: `--etcd-ca`,
+/// `--etcd-cert`/`--etcd-key`, `--etcd-user` with `PEERQ_ETCD_PASSWORD`.
+struct EtcdAccess {
+    tls: Option<peerq::Tls>,
+    auth: Option<peerq::EtcdAuth>,
 }
 
 /// The Redis the flags give: `--redis URL`, or with `--cluster` a Cluster
@@ -203,8 +218,9 @@ fn tls(
 
 /// Runs `command` on `redis`; its output, or the message of what went
 /// wrong.
-async fn run(redis: Redis, command: Command) -> Result<String, String> {
+async fn run(redis: Redis, etcd: EtcdAccess, command: Command) -> Result<String, String> {
     let admin = Admin::connect(redis).await.map_err(failed)?;
+    let admin = admin.etcd_access(etcd.tls, etcd.auth);
     match command {
         Command::Services(output) => {
             let services = admin.services().await.map_err(failed)?;

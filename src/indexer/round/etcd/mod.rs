@@ -18,10 +18,7 @@ use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use deadpool_redis::redis::Script;
-use etcd_client::{
-    Certificate, Compare, CompareOp, ConnectOptions, GetOptions, Identity, PutOptions, TlsOptions,
-    Txn, TxnOp,
-};
+use etcd_client::{Compare, CompareOp, ConnectOptions, GetOptions, PutOptions, Txn, TxnOp};
 use tracing::warn;
 
 use self::closed::RoundKeys;
@@ -34,7 +31,7 @@ use crate::error::{Error, Result};
 use crate::indexer::listed::Read;
 use crate::indexer::{IndexerSettings, Indexing};
 use crate::keys;
-use crate::membership::Membership;
+use crate::membership::{self, Membership};
 use crate::reshard::Layout;
 
 static REDIS_SIDE: LazyLock<Script> =
@@ -121,21 +118,8 @@ impl EtcdRounds {
             options = options.with_user(&auth.user, &auth.password);
         }
         if let Some(tls) = tls {
-            let read = |path: &std::path::Path| {
-                std::fs::read(path).map_err(|e| {
-                    Error::invalid(
-                        "membership",
-                        format!("cannot read etcd TLS file {}: {e}", path.display()),
-                    )
-                })
-            };
-            let mut config = TlsOptions::new();
-            if let Some(ca) = tls.ca() {
-                config = config.ca_certificate(Certificate::from_pem(read(ca)?));
-            }
-            if let Some((cert, key)) = tls.client_cert_files() {
-                config = config.identity(Identity::from_pem(read(cert)?, read(key)?));
-            }
+            let config =
+                membership::tls_options(tls).map_err(|e| Error::invalid("membership", e))?;
             options = options.with_tls(config);
         }
         Ok(Some(EtcdRounds {
