@@ -187,7 +187,14 @@ impl RoundLoop {
             Ok(standing) => standing,
             Err(e) => {
                 self.counted = None;
-                self.conn.reset();
+                // An etcd failure says nothing of the Redis connection.
+                #[cfg(feature = "etcd")]
+                let redis_failed = !matches!(e, Error::Etcd { .. });
+                #[cfg(not(feature = "etcd"))]
+                let redis_failed = true;
+                if redis_failed {
+                    self.conn.reset();
+                }
                 Standing::Fenced {
                     epoch: number,
                     reason: FenceReason::RoundFailed {
