@@ -1,4 +1,4 @@
-//! The `ledger` example as separate processes, through chaos: while 20,000
+//! The `ledger` example as separate processes, through chaos: while 12,000
 //! transfers flow from the producer's outbox to the consumers' inbox, the
 //! test SIGKILLs consumers and starts new ones, freezes consumers (SIGSTOP)
 //! past their lease and resumes them, and SIGKILLs the producer once and
@@ -29,9 +29,13 @@ use sqlx::postgres::PgPoolOptions;
 use support::{PostgresServer, Proc, RedisServer, example_binary, signal, unique_name};
 use tokio_util::sync::CancellationToken;
 
-/// The transfers requested.
-const COUNT: i64 = 20_000;
-/// Transfers per second from the producer: about 50 s of flow.
+/// The transfers requested: enough for the chaos to run handlers twice
+/// and the inbox to refuse runs, which the check requires (four runs
+/// here: 186 to 891 run twice, 34 to 50 refused; one of 20,000: 559 and
+/// 66).
+const COUNT: i64 = 12_000;
+/// Transfers per second from the producer: about 30 s of flow, past the
+/// producer's kill (8 to 20 s in) by 10 s at least.
 const RATE: u64 = 400;
 /// The consumers' timing: a lease of 600 ms, drains under half an interval.
 const INTERVAL_MS: u64 = 400;
