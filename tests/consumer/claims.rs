@@ -183,6 +183,29 @@ async fn an_entry_whose_read_reply_never_arrived_is_claimed_by_its_owner_after_c
         tokio::time::sleep(10 * MS).await;
     }
     let owner = owner_of(&mut conn, &name, 0).await;
+    // A task the owner reads itself, and runs: its fetch loop has passed
+    // the re-read of its own pending list that a partition starts with
+    // (which would find the entry below at once, as it should), and
+    // reads only new entries now.
+    let first = Bincode.encode(&Job { seq: 0 }).unwrap();
+    let _: String = redis::cmd("XADD")
+        .arg(stream(&name, 0))
+        .arg("*")
+        .arg(&[
+            ("id", "first-0"),
+            ("attempt", "1"),
+            ("enqueued_at", "1"),
+            ("codec", "bincode"),
+        ])
+        .arg("payload")
+        .arg(first)
+        .query_async(&mut *conn)
+        .await
+        .unwrap();
+    wait_until(Duration::from_secs(10), "the first task to run", || {
+        !runs_of(&runs, 0).is_empty()
+    })
+    .await;
 
     // One entry read into the owner's own pending list by a read whose
     // reply the owner never saw: a read command the network delayed past
