@@ -226,16 +226,14 @@ async fn refused(url: &str, name: &str) -> peerq::Error {
         .unwrap_err()
 }
 
-/// A standalone singleton of `name` until `stop`, its rounds on Redis.
-fn standalone(
-    url: &str,
-    name: &str,
-    label: &'static str,
-    runs: &Runs,
-) -> (
+/// A running standalone singleton: what stops it, and its task.
+type Standalone = (
     CancellationToken,
     tokio::task::JoinHandle<peerq::Result<()>>,
-) {
+);
+
+/// A standalone singleton of `name` until `stop`, its rounds on Redis.
+fn standalone(url: &str, name: &str, label: &'static str, runs: &Runs) -> Standalone {
     standalone_on(url, name, label, runs, peerq::Membership::Redis)
 }
 
@@ -246,10 +244,7 @@ fn standalone_on(
     label: &'static str,
     runs: &Runs,
     membership: peerq::Membership,
-) -> (
-    CancellationToken,
-    tokio::task::JoinHandle<peerq::Result<()>>,
-) {
+) -> Standalone {
     let stop = CancellationToken::new();
     let builder = Singleton::builder().name(name).redis(url);
     let run = builder.membership(membership).run_until(
@@ -257,6 +252,32 @@ fn standalone_on(
         stop.clone().cancelled_owned(),
     );
     (stop, tokio::spawn(run))
+}
+
+/// Stops the instance labelled `holder` of `instances`, waits until
+/// another runs the job, stops the rest, and checks the job never ran on
+/// two at once.
+async fn the_job_moves_when_its_holder_leaves(
+    runs: &Runs,
+    mut instances: Vec<(&'static str, Standalone)>,
+    holder: &'static str,
+) {
+    let at = instances.iter().position(|(l, _)| *l == holder).unwrap();
+    let (_, (stop, task)) = instances.remove(at);
+    stop.cancel();
+    task.await.unwrap().unwrap();
+    wait_until(Duration::from_secs(10), "the job moved", || {
+        runs.lock()
+            .unwrap()
+            .iter()
+            .any(|r| r.label != holder && r.ended.is_none())
+    })
+    .await;
+    for (_, (stop, task)) in instances {
+        stop.cancel();
+        task.await.unwrap().unwrap();
+    }
+    one_at_a_time(runs);
 }
 
 /// Singletons whose rounds are on etcd (docs/design.md §2.2): one holder
@@ -269,28 +290,13 @@ async fn a_singleton_on_etcd_runs_once_and_moves_when_its_holder_leaves() {
     let (url, name) = (server.url(), unique_name("etcd-singleton"));
     let runs: Runs = Arc::default();
     let on_etcd = || peerq::Membership::etcd(etcd.endpoints());
-    let mut instances = vec![
+    let instances = vec![
         ("a", standalone_on(&url, &name, "a", &runs, on_etcd())),
         ("b", standalone_on(&url, &name, "b", &runs, on_etcd())),
     ];
     started(&runs, "one instance runs the job").await;
     let holder = runs.lock().unwrap()[0].label;
-    let at = instances.iter().position(|(l, _)| *l == holder).unwrap();
-    let (_, (stop, task)) = instances.remove(at);
-    stop.cancel();
-    task.await.unwrap().unwrap();
-    wait_until(Duration::from_secs(10), "the job moved", || {
-        runs.lock()
-            .unwrap()
-            .iter()
-            .any(|r| r.label != holder && r.ended.is_none())
-    })
-    .await;
-    for (_, (stop, task)) in instances {
-        stop.cancel();
-        task.await.unwrap().unwrap();
-    }
-    one_at_a_time(&runs);
+    the_job_moves_when_its_holder_leaves(&runs, instances, holder).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -300,7 +306,7 @@ async fn a_standalone_singleton_runs_once_and_moves_when_its_holder_leaves() {
     let url = server.url();
     let name = unique_name("standalone");
     let runs: Runs = Arc::default();
-    let mut instances = vec![
+    let instances = vec![
         ("a", standalone(&url, &name, "a", &runs)),
         ("b", standalone(&url, &name, "b", &runs)),
     ];
@@ -312,22 +318,7 @@ async fn a_standalone_singleton_runs_once_and_moves_when_its_holder_leaves() {
         assert_eq!(live.len(), 1, "{runs:?}");
         live[0].label
     };
-    let at = instances.iter().position(|(l, _)| *l == holder).unwrap();
-    let (_, (stop, task)) = instances.remove(at);
-    stop.cancel();
-    task.await.unwrap().unwrap();
-    wait_until(Duration::from_secs(10), "the job moved", || {
-        runs.lock()
-            .unwrap()
-            .iter()
-            .any(|r| r.label != holder && r.ended.is_none())
-    })
-    .await;
-    for (_, (stop, task)) in instances {
-        stop.cancel();
-        task.await.unwrap().unwrap();
-    }
-    one_at_a_time(&runs);
+    the_job_moves_when_its_holder_leaves(&runs, instances, holder).await;
 
     // A consumer's name is refused, naming the setting.
     let taken = unique_name("taken");
